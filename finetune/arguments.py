@@ -1,0 +1,211 @@
+"""Command-line and YAML arguments of `finetune/run.py`.
+
+A run is described by four dataclasses parsed together by `HfArgumentParser`: `ModelArguments`, `DataArguments`,
+`ScratchViTArguments` (every `ScratchViTConfig` field, generated from the config so it stays the single source of
+truth) and transformers' `TrainingArguments`. A YAML config is a flat map onto their fields; values given on the
+command line override the file.
+"""
+
+import dataclasses
+import difflib
+import inspect
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+from transformers import HfArgumentParser, TrainingArguments
+
+from scratch_vit import ScratchViTConfig
+
+
+MODEL_TYPES = ("pretrained", "scratch", "both")
+CORRUPT_IMAGE_POLICIES = ("skip", "error")
+
+
+@dataclass
+class ModelArguments:
+    """Which model to train: a pretrained checkpoint, a ScratchViT built from its config fields, or both."""
+
+    model_type: str = field(
+        default="pretrained",
+        metadata={
+            "help": "`pretrained`: fine-tune `model_name_or_path`. `scratch`: train a ScratchViT built from the "
+            "ScratchViTConfig fields given (image_size, patch_size, hidden_size, ...). `both`: train both on the "
+            "same data and split, then write a comparison report.",
+            "choices": list(MODEL_TYPES),
+        },
+    )
+    model_name_or_path: str = field(
+        default="google/vit-base-patch16-224-in21k",
+        metadata={"help": "Pretrained image-classification checkpoint: a Hub model id or a local directory."},
+    )
+    model_revision: str = field(default="main", metadata={"help": "Branch, tag or commit of the Hub checkpoint."})
+    image_processor_name: str | None = field(
+        default=None, metadata={"help": "Image processor to use, if not the one next to `model_name_or_path`."}
+    )
+    ignore_mismatched_sizes: bool = field(
+        default=True,
+        metadata={"help": "Replace the checkpoint's classification head when its size differs from the dataset's."},
+    )
+    trust_remote_code: bool = field(
+        default=False,
+        metadata={"help": "Allow checkpoints whose modeling code lives in the repository (e.g. a pushed ScratchViT)."},
+    )
+    cache_dir: str | None = field(
+        default=None, metadata={"help": "Where to store checkpoints downloaded from the Hub."}
+    )
+    token: str | None = field(
+        default=None,
+        metadata={"help": "Hub token; prefer the HF_TOKEN environment variable or `hf auth login`. Never saved."},
+    )
+
+    def __post_init__(self):
+        if self.model_type not in MODEL_TYPES:
+            raise ValueError(f"`model_type` must be one of {list(MODEL_TYPES)}, got {self.model_type!r}.")
+
+
+@dataclass
+class DataArguments:
+    """Where the images come from, how they are split, and how batches are augmented on the device."""
+
+    dataset_name: str = field(
+        default="uoft-cs/cifar10",
+        metadata={
+            "help": "A Hub dataset id (`uoft-cs/cifar10`, `ylecun/mnist`), `sklearn:digits` (shipped with "
+            "scikit-learn), or a local path: a parquet/arrow/csv file, a folder of such files, an image folder "
+            "(one subfolder per class, optionally under train/ validation/ test/), or `cifar-10-batches-py`."
+        },
+    )
+    dataset_config_name: str | None = field(default=None, metadata={"help": "Configuration of the Hub dataset."})
+    train_file: str | None = field(default=None, metadata={"help": "A local parquet/arrow/csv file for training."})
+    validation_file: str | None = field(default=None, metadata={"help": "A local file for validation."})
+    test_file: str | None = field(default=None, metadata={"help": "A local file for the final test evaluation."})
+    image_column_name: str | None = field(
+        default=None, metadata={"help": "Column holding the images; found automatically (`img`, `image`)."}
+    )
+    label_column_name: str | None = field(
+        default=None, metadata={"help": "Column holding the labels; found automatically (`label`, `labels`)."}
+    )
+    validation_size: float = field(
+        default=0.1,
+        metadata={
+            "help": "Without a validation split, this much of train is held out (stratified by label, seeded by "
+            "`data_seed` or `seed`): a fraction below 1, or a number of images (5000 for CIFAR-10)."
+        },
+    )
+    max_train_samples: int | None = field(default=None, metadata={"help": "Keep only this many training images."})
+    max_eval_samples: int | None = field(
+        default=None, metadata={"help": "Keep only this many validation (and test) images."}
+    )
+    corrupt_images: str = field(
+        default="skip",
+        metadata={
+            "help": "`skip`: drop images that cannot be decoded and log their count and indices. `error`: stop.",
+            "choices": list(CORRUPT_IMAGE_POLICIES),
+        },
+    )
+    decoded_cache_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "Where decoded uint8 images are cached so a second run skips decoding "
+            "(default: $HF_HOME/vit-finetune/decoded). Set to `none` to disable the cache."
+        },
+    )
+    decode_size: int | None = field(
+        default=None,
+        metadata={
+            "help": "Resize images to this square size when decoding. Needed only when images differ in size "
+            "(defaults then to the model's resolution); same-size images are stored as they are."
+        },
+    )
+    random_crop_padding: int = field(
+        default=4, metadata={"help": "Random crop with this much zero padding (in source pixels); 0 disables it."}
+    )
+    horizontal_flip: bool = field(default=True, metadata={"help": "Random horizontal flips of training images."})
+
+    def __post_init__(self):
+        if self.corrupt_images not in CORRUPT_IMAGE_POLICIES:
+            raise ValueError(
+                f"`corrupt_images` must be one of {list(CORRUPT_IMAGE_POLICIES)}, got {self.corrupt_images!r}."
+            )
+        if self.validation_size <= 0:
+            raise ValueError(
+                f"`validation_size` must be a fraction in (0, 1) or a number of images >= 1, got {self.validation_size}."
+            )
+        if self.random_crop_padding < 0:
+            raise ValueError(f"`random_crop_padding` must be >= 0, got {self.random_crop_padding}.")
+
+
+def _scratch_vit_fields() -> list[tuple[str, Any, dataclasses.Field]]:
+    """One optional field per `ScratchViTConfig.__init__` argument; `None` keeps the config's default."""
+    fields = []
+    for name, parameter in inspect.signature(ScratchViTConfig.__init__).parameters.items():
+        if name == "self" or parameter.kind is inspect.Parameter.VAR_KEYWORD:
+            continue
+        annotation = parameter.annotation
+        base = annotation if annotation in (int, float, str, bool) else int
+        help_text = f"ScratchViTConfig.{name} (default {parameter.default!r}); used with model_type scratch/both."
+        fields.append((name, base | None, field(default=None, metadata={"help": help_text})))
+    return fields
+
+
+ScratchViTArguments = dataclasses.make_dataclass("ScratchViTArguments", _scratch_vit_fields())
+ScratchViTArguments.__doc__ = "The `ScratchViTConfig` fields of the scratch model; unset fields keep their defaults."
+
+
+def scratch_config_kwargs(scratch_args) -> dict[str, Any]:
+    """The `ScratchViTConfig` fields that the run sets explicitly."""
+    return {k: v for k, v in dataclasses.asdict(scratch_args).items() if v is not None}
+
+
+def parse_args(argv: list[str] | None = None):
+    """Parse `--config FILE.yaml` (optional) and command-line overrides into the four argument dataclasses.
+
+    Returns `(model_args, data_args, scratch_args, training_args)`. An unknown key in the YAML file fails with the
+    closest known names; unknown command-line flags fail the same way.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = HfArgumentParser((ModelArguments, DataArguments, ScratchViTArguments, TrainingArguments))
+    config_path = None
+    if "--config" in argv:
+        i = argv.index("--config")
+        if i + 1 >= len(argv):
+            raise ValueError("`--config` needs a path to a YAML file, e.g. `--config configs/quickstart.yaml`.")
+        config_path = argv[i + 1]
+        del argv[i : i + 2]
+    if config_path is not None:
+        # argparse type-converts string defaults, so YAML's `2e-5` (read as a string) still becomes a float.
+        parser.set_defaults(**load_yaml_config(config_path, parser))
+    known = {action.dest for action in parser._actions}
+    unknown_flags = [a[2:].split("=")[0] for a in argv if a.startswith("--") and a[2:].split("=")[0] not in known]
+    if unknown_flags:
+        raise ValueError(_unknown_keys_message(unknown_flags, known, "on the command line"))
+    return parser.parse_args_into_dataclasses(args=argv)
+
+
+def load_yaml_config(path: str | os.PathLike, parser: HfArgumentParser | None = None) -> dict[str, Any]:
+    """Read a flat YAML config and check every key against the parser's arguments."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"Config file {path!r} does not exist. Pass an existing YAML file, e.g. configs/.")
+    with open(path) as f:
+        values = yaml.safe_load(f) or {}
+    if not isinstance(values, dict):
+        raise ValueError(f"Config file {path!r} must be a flat YAML map of `key: value`, got {type(values).__name__}.")
+    if parser is not None:
+        known = {action.dest for action in parser._actions}
+        unknown = [k for k in values if k not in known]
+        if unknown:
+            raise ValueError(_unknown_keys_message(unknown, known, f"in {path}"))
+    return values
+
+
+def _unknown_keys_message(unknown: list[str], known: set[str], where: str) -> str:
+    lines = [f"Unknown argument(s) {where}:"]
+    for key in unknown:
+        close = difflib.get_close_matches(key, known, n=3)
+        hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        lines.append(f"  {key!r}.{hint}")
+    lines.append("Run `python finetune/run.py --help` for the full list of arguments.")
+    return "\n".join(lines)

@@ -132,7 +132,7 @@ class DataArguments:
             )
         if self.validation_size <= 0:
             raise ValueError(
-                f"`validation_size` must be a fraction in (0, 1) or a number of images >= 1, got {self.validation_size}."
+                f"`validation_size` must be a fraction in (0, 1) or an image count >= 1, got {self.validation_size}."
             )
         if self.random_crop_padding < 0:
             raise ValueError(f"`random_crop_padding` must be >= 0, got {self.random_crop_padding}.")

@@ -1,9 +1,9 @@
 """Command-line and YAML arguments of `finetune/run.py`.
 
-A run is described by four dataclasses parsed together by `HfArgumentParser`: `ModelArguments`, `DataArguments`,
+A run is described by five dataclasses parsed together by `HfArgumentParser`: `ModelArguments`, `DataArguments`,
 `ScratchViTArguments` (every `ScratchViTConfig` field, generated from the config so it stays the single source of
-truth) and transformers' `TrainingArguments`. A YAML config is a flat map onto their fields; values given on the
-command line override the file.
+truth), `RunArguments` and transformers' `TrainingArguments` (with the pipeline's defaults, `TRAINING_DEFAULTS`).
+A YAML config is a flat map onto their fields; values given on the command line override the file.
 """
 
 import dataclasses
@@ -59,6 +59,13 @@ class ModelArguments:
     token: str | None = field(
         default=None,
         metadata={"help": "Hub token; prefer the HF_TOKEN environment variable or `hf auth login`. Never saved."},
+    )
+    convert_channels: bool = field(
+        default=True,
+        metadata={
+            "help": "Feed grayscale data to an RGB model (repeat the channel) and RGB data to a grayscale model "
+            "(luma). When false, a channel mismatch is an error."
+        },
     )
 
     def __post_init__(self):
@@ -138,6 +145,39 @@ class DataArguments:
             raise ValueError(f"`random_crop_padding` must be >= 0, got {self.random_crop_padding}.")
 
 
+@dataclass
+class RunArguments:
+    """What happens around training: where results go and how they are published."""
+
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "Allow training into an `output_dir` that already holds checkpoints or results of another run. "
+            "Without it such a run stops before touching them (use `resume_from_checkpoint` to continue one)."
+        },
+    )
+    hub_commit_message: str = field(
+        default="Upload fine-tuned model", metadata={"help": "Commit message of the push to the Hub."}
+    )
+
+
+# The pipeline's defaults where they differ from the Trainer's: evaluate and save every epoch and keep the best model
+# by validation accuracy (the one saved and tested); images stay in memory, so no loader workers and no column pruning.
+TRAINING_DEFAULTS = {
+    "eval_strategy": "epoch",
+    "save_strategy": "epoch",
+    "logging_strategy": "steps",
+    "logging_steps": 50,
+    "load_best_model_at_end": True,
+    "metric_for_best_model": "accuracy",
+    "greater_is_better": True,
+    "save_total_limit": 2,
+    "remove_unused_columns": False,
+    "dataloader_num_workers": 0,
+    "output_dir": "outputs/run",
+}
+
+
 def _scratch_vit_fields() -> list[tuple[str, Any, dataclasses.Field]]:
     """One optional field per `ScratchViTConfig.__init__` argument; `None` keeps the config's default."""
     fields = []
@@ -161,13 +201,14 @@ def scratch_config_kwargs(scratch_args) -> dict[str, Any]:
 
 
 def parse_args(argv: list[str] | None = None):
-    """Parse `--config FILE.yaml` (optional) and command-line overrides into the four argument dataclasses.
+    """Parse `--config FILE.yaml` (optional) and command-line overrides into the argument dataclasses.
 
-    Returns `(model_args, data_args, scratch_args, training_args)`. An unknown key in the YAML file fails with the
-    closest known names; unknown command-line flags fail the same way.
+    Returns `(model_args, data_args, scratch_args, run_args, training_args)`. An unknown key in the YAML file fails
+    with the closest known names; unknown command-line flags fail the same way.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = HfArgumentParser((ModelArguments, DataArguments, ScratchViTArguments, TrainingArguments))
+    parser = HfArgumentParser((ModelArguments, DataArguments, ScratchViTArguments, RunArguments, TrainingArguments))
+    parser.set_defaults(**TRAINING_DEFAULTS)
     config_path = None
     if "--config" in argv:
         i = argv.index("--config")

@@ -1,0 +1,178 @@
+"""The two model paths of the pipeline and their image processors.
+
+`pretrained`: any image-classification checkpoint (a Hub id or a local directory) through
+`AutoModelForImageClassification`, given the dataset's labels and a new head where sizes differ; its image processor
+supplies resolution and normalisation. `scratch`: a `ScratchViTForImageClassification` built from the run's
+`ScratchViTConfig` fields, with a `ViTImageProcessor` whose mean and std are measured on the training images.
+"""
+
+import os
+from dataclasses import dataclass
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoImageProcessor,
+    AutoModelForImageClassification,
+    PreTrainedModel,
+    ViTImageProcessor,
+)
+from transformers.utils import logging
+
+from scratch_vit import ScratchViTConfig, ScratchViTForImageClassification
+
+from .arguments import ModelArguments, scratch_config_kwargs
+from .data import ImageData
+
+
+logger = logging.get_logger(__name__)
+
+
+@dataclass
+class Preprocessing:
+    """What the device-side batch transform needs to feed the model: resolution, channels and normalisation."""
+
+    image_size: tuple[int, int]
+    num_channels: int
+    image_mean: list[float]
+    image_std: list[float]
+
+
+def build_model(
+    model_type: str, model_args: ModelArguments, scratch_args, data: ImageData
+) -> tuple[PreTrainedModel, ViTImageProcessor, Preprocessing]:
+    """Build the model of `model_type` (`pretrained` or `scratch`) for `data`'s labels, its image processor (saved
+    with the model so `pipeline()` works) and the preprocessing the batch transform applies."""
+    if model_type == "pretrained":
+        model, processor = _load_pretrained(model_args, data)
+    elif model_type == "scratch":
+        model, processor = _build_scratch(scratch_args, data)
+    else:
+        raise ValueError(f"`model_type` must be `pretrained` or `scratch` here, got {model_type!r}.")
+    preprocessing = preprocessing_from(processor, model.config)
+    check_channels(data.num_channels, preprocessing.num_channels, model_args.convert_channels)
+    logger.info(
+        f"Model {type(model).__name__}: {count_parameters(model):,} parameters, input "
+        f"{preprocessing.num_channels}x{preprocessing.image_size[0]}x{preprocessing.image_size[1]}."
+    )
+    return model, processor, preprocessing
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    """Number of parameters (trainable or not)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def _hub_kwargs(model_args: ModelArguments) -> dict:
+    return {
+        "revision": model_args.model_revision,
+        "cache_dir": model_args.cache_dir,
+        "token": model_args.token,
+        "trust_remote_code": model_args.trust_remote_code,
+    }
+
+
+def _load_pretrained(model_args: ModelArguments, data: ImageData):
+    path = model_args.model_name_or_path
+    looks_local = path.startswith((".", "/", "~")) or os.path.isdir(path) or path.count("/") > 1
+    if looks_local and not os.path.isdir(os.path.expanduser(path)):
+        raise FileNotFoundError(
+            f"`model_name_or_path` {path!r} is not a directory. Pass a local checkpoint folder (with config.json "
+            "and the weights) or a Hub model id such as `google/vit-base-patch16-224-in21k`."
+        )
+    kwargs = _hub_kwargs(model_args)
+    try:
+        config = AutoConfig.from_pretrained(
+            path, num_labels=len(data.label_names), id2label=data.id2label, label2id=data.label2id, **kwargs
+        )
+        model = AutoModelForImageClassification.from_pretrained(
+            path, config=config, ignore_mismatched_sizes=model_args.ignore_mismatched_sizes, **kwargs
+        )
+    except OSError as error:
+        raise OSError(_unreachable_message("model", path, error)) from error
+    processor_path = model_args.image_processor_name or path
+    try:
+        processor = AutoImageProcessor.from_pretrained(processor_path, **kwargs)
+    except OSError as error:
+        if os.path.isdir(processor_path):
+            raise OSError(
+                f"No image processor in {processor_path!r} (preprocessor_config.json is missing). Save one next to "
+                "the model, e.g. `ViTImageProcessor(size={'height': 224, 'width': 224}).save_pretrained(dir)`, or "
+                "set `image_processor_name`."
+            ) from error
+        raise OSError(_unreachable_message("image processor", processor_path, error)) from error
+    return model, processor
+
+
+def _unreachable_message(what: str, path: str, error: Exception) -> str:
+    offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
+    reason = "the Hub is switched off (HF_HUB_OFFLINE=1)" if offline else "the Hub could not be reached or refused"
+    return (
+        f"Could not load the {what} {path!r}: {reason} ({type(error).__name__}: {str(error).splitlines()[0]}). "
+        "Fix: connect to the Hub (and `hf auth login` for gated or private repos), or download it once and pass "
+        "the local directory as `model_name_or_path`."
+    )
+
+
+def _build_scratch(scratch_args, data: ImageData):
+    kwargs = scratch_config_kwargs(scratch_args)
+    kwargs.setdefault("num_channels", data.num_channels)
+    config = ScratchViTConfig(
+        **kwargs, num_labels=len(data.label_names), id2label=data.id2label, label2id=data.label2id
+    )
+    model = ScratchViTForImageClassification(config)
+    mean, std = channel_statistics(data.train.pixel_values, config.num_channels)
+    processor = ViTImageProcessor(
+        size={"height": config.image_size, "width": config.image_size}, image_mean=mean, image_std=std
+    )
+    return model, processor
+
+
+def channel_statistics(pixel_values: torch.Tensor, num_channels: int) -> tuple[list[float], list[float]]:
+    """Per-channel mean and std in [0, 1] of uint8 images `(N, C, H, W)`, after conversion to `num_channels`."""
+    sample = pixel_values[:10_000].float().div(255)  # a subset is plenty for 3 significant digits
+    if sample.shape[1] != num_channels:
+        sample = sample.mean(dim=1, keepdim=True).expand(-1, num_channels, -1, -1)
+    mean = sample.mean(dim=(0, 2, 3))
+    std = sample.std(dim=(0, 2, 3)).clamp_min(1e-3)  # a constant channel must not divide by zero
+    return [round(v, 4) for v in mean.tolist()], [round(v, 4) for v in std.tolist()]
+
+
+def preprocessing_from(processor, config) -> Preprocessing:
+    """Read resolution and normalisation from an image processor (`size` as height/width or shortest_edge)."""
+    size = processor.size if isinstance(processor.size, dict) else {"height": processor.size, "width": processor.size}
+    if "height" in size and "width" in size:
+        image_size = (int(size["height"]), int(size["width"]))
+    elif "shortest_edge" in size:
+        image_size = (int(size["shortest_edge"]),) * 2
+    else:
+        image_size = (int(config.image_size),) * 2
+    crop = getattr(processor, "crop_size", None)
+    if getattr(processor, "do_center_crop", False) and isinstance(crop, dict) and "height" in crop:
+        image_size = (int(crop["height"]), int(crop["width"]))
+    num_channels = int(getattr(config, "num_channels", 3))
+    do_normalize = getattr(processor, "do_normalize", True)
+    mean = list(processor.image_mean) if do_normalize else [0.0] * num_channels
+    std = list(processor.image_std) if do_normalize else [1.0] * num_channels
+    if len(mean) != num_channels:
+        mean, std = [sum(mean) / len(mean)] * num_channels, [sum(std) / len(std)] * num_channels
+    return Preprocessing(image_size=image_size, num_channels=num_channels, image_mean=mean, image_std=std)
+
+
+def check_channels(data_channels: int, model_channels: int, convert: bool) -> None:
+    """Grayscale data may feed an RGB model (repeat) and RGB data a grayscale model (luma); nothing else."""
+    if data_channels == model_channels:
+        return
+    convertible = {data_channels, model_channels} == {1, 3}
+    if not convertible or not convert:
+        fix = (
+            f"set `convert_channels: true` to convert {data_channels}->{model_channels} channels on the fly"
+            if convertible
+            else f"use a model with `num_channels: {data_channels}` or convert the images"
+        )
+        raise ValueError(
+            f"The model expects {model_channels}-channel images but the data has {data_channels} channel(s). "
+            f"Fix: {fix}."
+        )
+    how = "repeating the gray channel" if data_channels == 1 else "taking the luma (0.299 R + 0.587 G + 0.114 B)"
+    logger.warning(f"Converting {data_channels}-channel images to {model_channels} channels by {how}.")

@@ -1,0 +1,157 @@
+"""BatchTransform: values against direct references, and each random op checked image by image."""
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from finetune.augment import BatchTransform, RandomCrop, RandomHorizontalFlip
+
+
+MEAN = (0.485, 0.456, 0.406)
+STD = (0.229, 0.224, 0.225)
+
+
+def _images(batch=8, channels=3, size=12, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (batch, channels, size, size), dtype=torch.uint8, generator=generator)
+
+
+def _normalized(x, mean=MEAN, std=STD):
+    mean = torch.tensor(mean).view(1, -1, 1, 1)
+    std = torch.tensor(std).view(1, -1, 1, 1)
+    return (x.float() / 255 - mean) / std
+
+
+def test_eval_path_is_exact_normalization():
+    x = torch.tensor([0, 1, 127, 128, 254, 255], dtype=torch.uint8).view(1, 1, 2, 3).repeat(2, 3, 1, 1)
+    transform = BatchTransform((2, 3), MEAN, STD, in_channels=3, out_channels=3)
+    out = transform(x, train=False)
+    assert out.dtype == torch.float32 and out.shape == (2, 3, 2, 3)
+    torch.testing.assert_close(out, _normalized(x), rtol=0, atol=0)
+    # Spot check against numbers written out by hand: channel 0 at pixel value 255 and 0.
+    assert out[0, 0, 1, 2].item() == pytest.approx((1.0 - 0.485) / 0.229, abs=1e-6)
+    assert out[0, 0, 0, 0].item() == pytest.approx(-0.485 / 0.229, abs=1e-6)
+
+
+def test_eval_path_is_deterministic_and_train_is_random():
+    x = _images(batch=32)
+    transform = BatchTransform(12, MEAN, STD, 3, 3)
+    assert torch.equal(transform(x, train=False), transform(x, train=False))
+    torch.manual_seed(0)
+    first = transform(x, train=True)
+    torch.manual_seed(0)
+    assert torch.equal(first, transform(x, train=True)), "the global seed must make training batches reproducible"
+    assert not torch.equal(first, transform(x, train=True))
+
+
+def test_flip_with_probability_one_mirrors_every_image():
+    x = _images()
+    assert torch.equal(RandomHorizontalFlip(p=1.0)(x), x.flip(-1))
+    assert torch.equal(RandomHorizontalFlip(p=0.0)(x), x)
+
+
+def test_train_flip_leaves_each_image_whole_or_mirrored():
+    x = _images(batch=64)
+    transform = BatchTransform(12, MEAN, STD, 3, 3, random_crop_padding=0, horizontal_flip=True)
+    torch.manual_seed(1)
+    out = transform(x, train=True)
+    same = (out == _normalized(x)).flatten(1).all(1)
+    mirrored = (out == _normalized(x.flip(-1))).flatten(1).all(1)
+    assert bool((same | mirrored).all())
+    assert 10 < int(mirrored.sum()) < 54, "about half the images should be flipped"
+
+
+def test_no_augmentation_when_both_are_off():
+    x = _images()
+    transform = BatchTransform(12, MEAN, STD, 3, 3, random_crop_padding=0, horizontal_flip=False)
+    assert torch.equal(transform(x, train=True), transform(x, train=False))
+
+
+def test_crop_is_a_shifted_window_of_the_zero_padded_image():
+    padding = 3
+    x = _images(batch=40, size=10)
+    torch.manual_seed(2)
+    out = RandomCrop(padding)(x)
+    assert out.shape == x.shape and out.dtype == torch.uint8
+    padded = F.pad(x, (padding,) * 4)
+    offsets = set()
+    for i in range(len(x)):
+        # Reference: slide the window over every offset and keep those that reproduce the output exactly.
+        matches = [
+            (top, left)
+            for top in range(2 * padding + 1)
+            for left in range(2 * padding + 1)
+            if torch.equal(out[i], padded[i, :, top : top + 10, left : left + 10])
+        ]
+        assert matches, f"image {i} is not a window of its padded input"
+        offsets.update(matches)
+    assert len(offsets) > 10, "offsets must differ between images"
+
+
+def test_crop_uses_each_images_own_offset():
+    # Constant images with distinct values: a crop that mixed images would show another image's value.
+    x = torch.arange(1, 17, dtype=torch.uint8).view(16, 1, 1, 1).expand(16, 3, 8, 8).contiguous()
+    out = RandomCrop(2)(x)
+    for i in range(16):
+        assert set(out[i].unique().tolist()) <= {0, i + 1}
+
+
+def test_resize_to_224():
+    x = _images(batch=2, size=32)
+    out = BatchTransform(224, MEAN, STD, 3, 3)(x, train=True)
+    assert out.shape == (2, 3, 224, 224) and out.dtype == torch.float32
+    # Upscaling a constant image keeps it constant.
+    flat = torch.full((1, 3, 32, 32), 200, dtype=torch.uint8)
+    torch.testing.assert_close(
+        BatchTransform(224, MEAN, STD, 3, 3)(flat, train=False), _normalized(torch.full((1, 3, 224, 224), 200))
+    )
+
+
+def test_downscale_is_antialiased():
+    # A 1-pixel checkerboard averages to mid-gray when shrunk 4x; without antialiasing it would alias to 0 or 255.
+    board = ((torch.arange(32).view(-1, 1) + torch.arange(32)) % 2 * 255).to(torch.uint8).view(1, 1, 32, 32)
+    out = BatchTransform(8, (0.0,), (1.0,), 1, 1)(board, train=False) * 255
+    torch.testing.assert_close(out, torch.full_like(out, 127.5), atol=1.0, rtol=0)
+
+
+def test_grayscale_to_rgb_repeats(caplog):
+    x = _images(channels=1)
+    with caplog.at_level(logging.INFO, logger="finetune.augment"):
+        transform = BatchTransform(12, MEAN, STD, in_channels=1, out_channels=3)
+    assert "converting 1-channel (grayscale) images to 3 channels by repeating" in caplog.text.lower()
+    out = transform(x, train=False)
+    assert out.shape == (8, 3, 12, 12)
+    torch.testing.assert_close(out, _normalized(x.expand(-1, 3, -1, -1)), rtol=0, atol=0)
+
+
+def test_rgb_to_grayscale_uses_luma_weights():
+    x = torch.zeros(3, 3, 2, 2, dtype=torch.uint8)
+    for c in range(3):
+        x[c, c] = 255  # a pure red, a pure green and a pure blue image
+    out = BatchTransform(2, (0.0,), (1.0,), in_channels=3, out_channels=1)(x, train=False)
+    assert out.shape == (3, 1, 2, 2)
+    torch.testing.assert_close(out[:, 0, 0, 0], torch.tensor([0.299, 0.587, 0.114]))
+    rgb = _images(batch=4)
+    expected = (0.299 * rgb[:, 0:1].float() + 0.587 * rgb[:, 1:2].float() + 0.114 * rgb[:, 2:3].float()) / 255
+    out = BatchTransform(12, (0.0,), (1.0,), in_channels=3, out_channels=1)(rgb, train=False)
+    torch.testing.assert_close(out, expected)
+
+
+def test_device_and_dtype_are_preserved():
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    for device in devices:
+        x = _images().to(device)
+        out = BatchTransform(16, MEAN, STD, 3, 3)(x, train=True)
+        assert out.device.type == device and out.dtype == torch.float32 and out.shape == (8, 3, 16, 16)
+
+
+def test_bad_input_is_rejected():
+    transform = BatchTransform(12, MEAN, STD, 3, 3)
+    with pytest.raises(ValueError, match="uint8"):
+        transform(_images().float(), train=False)
+    with pytest.raises(ValueError, match=r"\(B, 3, h, w\)"):
+        transform(_images(channels=1), train=False)
+    with pytest.raises(ValueError, match="out_channels"):
+        BatchTransform(12, (0.5, 0.5), STD, 3, 3)

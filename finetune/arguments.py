@@ -102,6 +102,13 @@ class DataArguments:
             "`data_seed` or `seed`): a fraction below 1, or a number of images (5000 for CIFAR-10)."
         },
     )
+    include_labels: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Keep only images of these classes (label names), renumbered in this order; e.g. a source "
+            "task for transfer learning. Default: all classes."
+        },
+    )
     max_train_samples: int | None = field(default=None, metadata={"help": "Keep only this many training images."})
     max_eval_samples: int | None = field(
         default=None, metadata={"help": "Keep only this many validation (and test) images."}

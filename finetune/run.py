@@ -12,6 +12,7 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -106,7 +107,8 @@ def setup_logging(training_args: TrainingArguments) -> None:
 
 
 def mixed_precision(args: TrainingArguments) -> str:
-    return "bf16" if args.bf16 else "fp16" if args.fp16 else "no"
+    """`bf16`, `fp16` or `no`, from the arguments or `accelerate launch --mixed_precision`."""
+    return str(args.mixed_precision)
 
 
 def resolve_checkpoint(run_dir: Path, training_args: TrainingArguments, run_args: RunArguments) -> str | None:
@@ -134,6 +136,12 @@ def resolve_checkpoint(run_dir: Path, training_args: TrainingArguments, run_args
             "`--resume_from_checkpoint true` to continue it, a new `--output_dir`, or `--overwrite_output_dir true` "
             "to replace it."
         )
+    if earlier and training_args.process_index == 0:
+        # Asked to replace the run: its old checkpoints would otherwise mix with the new ones in rotation.
+        logger.warning(f"--overwrite_output_dir: removing the earlier run's {', '.join(earlier)} in {run_dir}")
+        for name in earlier:
+            path = run_dir / name
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
     return None
 
 

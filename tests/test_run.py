@@ -1,0 +1,168 @@
+"""End-to-end runs of `finetune/run.py` on tiny data: real Trainer, real datasets, real processes, no network.
+
+The data is scikit-learn's digits (shipped with the package); the "Hub checkpoint" of the pretrained path is a small
+`ViTForImageClassification` saved to a temporary directory.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForImageClassification, ViTConfig, ViTForImageClassification, ViTImageProcessor
+
+from finetune import run
+from finetune.arguments import DataArguments
+from finetune.augment import BatchTransform
+from finetune.data import load_image_data
+from finetune.models import preprocessing_from
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# A tiny ScratchViT on digits: 8 px images, patch 2, one epoch over 240 images.
+TINY_SCRATCH = [
+    "--model_type", "scratch", "--dataset_name", "sklearn:digits", "--max_train_samples", "240",
+    "--max_eval_samples", "45", "--validation_size", "0.2", "--image_size", "8", "--patch_size", "2",
+    "--hidden_size", "16", "--num_hidden_layers", "2", "--num_attention_heads", "2", "--intermediate_size", "32",
+    "--per_device_train_batch_size", "32", "--per_device_eval_batch_size", "16", "--num_train_epochs", "2",
+    "--learning_rate", "3e-3", "--logging_steps", "2", "--horizontal_flip", "false", "--seed", "0",
+    "--decoded_cache_dir", "none",
+]  # fmt: skip
+
+
+def tiny_vit_checkpoint(path: Path, num_channels: int = 1, num_labels: int = 3) -> Path:
+    """A small transformers ViT with an image processor, standing in for a Hub checkpoint."""
+    config = ViTConfig(
+        image_size=8, patch_size=2, num_channels=num_channels, hidden_size=16, num_hidden_layers=2,
+        num_attention_heads=2, intermediate_size=32, num_labels=num_labels,
+    )  # fmt: skip
+    ViTForImageClassification(config).save_pretrained(path)
+    ViTImageProcessor(
+        size={"height": 8, "width": 8}, image_mean=[0.5] * num_channels, image_std=[0.5] * num_channels
+    ).save_pretrained(path)
+    return path
+
+
+def read_results(run_dir: Path) -> dict:
+    return json.loads((run_dir / "results.json").read_text())
+
+
+def evaluate_independently(run_dir: Path, split: str) -> tuple[float, int]:
+    """Accuracy of a saved model on a split, computed with a plain loop (no Trainer, one process)."""
+    model = AutoModelForImageClassification.from_pretrained(run_dir).eval()
+    processor = ViTImageProcessor.from_pretrained(run_dir)
+    data = load_image_data(
+        DataArguments(dataset_name="sklearn:digits", max_train_samples=240, max_eval_samples=45, validation_size=0.2,
+                      decoded_cache_dir="none"),
+        seed=0,
+        target_size=8,
+    )  # fmt: skip
+    images = getattr(data, split)
+    prep = preprocessing_from(processor, model.config)
+    transform = BatchTransform(prep.image_size, prep.image_mean, prep.image_std, data.num_channels, prep.num_channels)
+    with torch.no_grad():
+        logits = model(pixel_values=transform(images.pixel_values, train=False)).logits
+    correct = (logits.argmax(-1) == images.labels).sum().item()
+    return correct / len(images), len(images)
+
+
+def test_scratch_run_writes_a_loadable_model_repo_and_results(tmp_path):
+    out = tmp_path / "scratch"
+    results = run.main([*TINY_SCRATCH, "--output_dir", str(out), "--report_to", "tensorboard"])["scratch"]
+
+    for name in ("config.json", "model.safetensors", "preprocessor_config.json", "modeling_scratch_vit.py",
+                 "configuration_scratch_vit.py", "results.json", "trainer_state.json"):  # fmt: skip
+        assert (out / name).is_file(), name
+    assert list((out / "runs").rglob("events.out.tfevents*")), "TensorBoard logs were asked for"
+    saved = read_results(out)
+    assert saved["architecture"] == "ScratchViTForImageClassification"
+    assert saved["num_samples"] == {"train": 240, "validation": 45, "test": None}
+    assert saved["label_names"] == [str(i) for i in range(10)]
+    assert saved["num_parameters"] == sum(
+        p.numel() for p in AutoModelForImageClassification.from_pretrained(out).parameters()
+    )
+    assert len(saved["history"]) == 2 and saved["history"][-1]["epoch"] == pytest.approx(2.0)
+    assert np.array(saved["confusion_matrix"]).sum() == 45 and saved["confusion_split"] == "validation"
+    assert saved["train_images_per_second"] > 0 and saved["wall_time_seconds"] > 0
+    assert results["validation"]["accuracy"] == saved["validation"]["accuracy"]
+
+    # The saved (best) model really has the reported validation accuracy.
+    accuracy, n = evaluate_independently(out, "validation")
+    assert n == 45
+    assert accuracy == pytest.approx(saved["validation"]["accuracy"], abs=1e-9)
+    best = max(row["eval_accuracy"] for row in saved["history"])
+    assert saved["validation"]["accuracy"] == pytest.approx(best)
+
+
+def test_pretrained_path_replaces_the_head_and_uses_the_checkpoint_processor(tmp_path):
+    checkpoint = tiny_vit_checkpoint(tmp_path / "hub_stand_in", num_channels=3, num_labels=3)
+    out = tmp_path / "pretrained"
+    args = [a for a in TINY_SCRATCH]
+    args[args.index("scratch")] = "pretrained"
+    results = run.main([*args, "--model_name_or_path", str(checkpoint), "--output_dir", str(out)])["pretrained"]
+
+    model = AutoModelForImageClassification.from_pretrained(out)
+    assert type(model).__name__ == "ViTForImageClassification"
+    assert model.config.num_labels == 10 and model.config.id2label[3] == "3"
+    assert model.config.num_channels == 3  # grayscale digits were converted for the RGB checkpoint
+    assert ViTImageProcessor.from_pretrained(out).image_mean == [0.5, 0.5, 0.5]
+    assert results["model_name_or_path"] == str(checkpoint)
+    assert results["validation"]["accuracy"] == pytest.approx(evaluate_independently(out, "validation")[0])
+
+
+def test_resume_continues_an_interrupted_run(tmp_path):
+    out = tmp_path / "resume"
+    # "Interrupted": stop after the first epoch's checkpoint (max_steps = one epoch of 240 / 32 = 8 steps).
+    every_8_steps = ["--save_strategy", "steps", "--save_steps", "8", "--eval_strategy", "steps", "--eval_steps", "8"]
+    run.main([*TINY_SCRATCH, *every_8_steps, "--output_dir", str(out), "--max_steps", "8"])
+    assert (out / "checkpoint-8").is_dir()
+    with pytest.raises(FileExistsError, match="resume_from_checkpoint"):
+        run.main([*TINY_SCRATCH, "--output_dir", str(out)])
+    assert (out / "checkpoint-8").is_dir(), "a refused run must not touch the earlier run"
+
+    run.main([*TINY_SCRATCH, *every_8_steps, "--output_dir", str(out), "--resume_from_checkpoint", "true",
+              "--max_steps", "16"])  # fmt: skip
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert state["global_step"] == 16
+    steps_logged = [e["step"] for e in state["log_history"] if "loss" in e]
+    assert steps_logged == sorted(set(steps_logged)), "resumed run must continue, not restart, the step count"
+    assert read_results(out)["epochs"] == pytest.approx(2.0)
+
+
+def launch_two_processes(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+        str(ROOT / "configs" / "accelerate" / "cpu_2proc.yaml"), "--main_process_port", "0",
+        str(ROOT / "finetune" / "run.py"), *args,
+    ]  # fmt: skip
+    return subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+
+
+def test_two_processes_give_the_metrics_of_one(tmp_path):
+    out = tmp_path / "ddp"
+    proc = launch_two_processes([*TINY_SCRATCH, "--output_dir", str(out)], tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = read_results(out)
+    assert results["hyperparameters"]["world_size"] == 2, "accelerate must really have started two processes"
+    assert "Process 1 of 2" in proc.stdout + proc.stderr
+    # 45 validation images over 2 processes x batch 16 pads the last batch: no image may count twice or be dropped.
+    assert np.array(results["confusion_matrix"]).sum() == 45
+    accuracy, _ = evaluate_independently(out, "validation")
+    assert results["validation"]["accuracy"] == pytest.approx(accuracy, abs=1e-9)
+
+
+def test_two_processes_pretrained_path(tmp_path):
+    args = [a for a in TINY_SCRATCH]
+    args[args.index("scratch")] = "pretrained"
+    args += ["--model_name_or_path", str(tiny_vit_checkpoint(tmp_path / "hub_stand_in"))]
+    out = tmp_path / "run"
+    proc = launch_two_processes([*args, "--output_dir", str(out), "--num_train_epochs", "1"], tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert read_results(out)["hyperparameters"]["world_size"] == 2
+    assert AutoModelForImageClassification.from_pretrained(out).config.num_labels == 10

@@ -1,0 +1,280 @@
+"""Attention maps of a saved ViT classifier: what the CLS token attends to in each layer, and attention rollout.
+
+    python -m finetune.attention OUTPUT_DIR cat.jpg dog.png --output attention_maps/
+
+For every image this writes `<name>_attention.png` (the input, the rollout, and the CLS token's attention to the
+patches in every layer, heads averaged, each upsampled and overlaid on the image) and `<name>_rollout.png` (the
+rollout overlaid on the image alone, at the image's aspect ratio).
+
+Attention rollout (Abnar & Zuidema, 2020, "Quantifying Attention Flow in Transformers"): average the heads, add the
+identity for the residual connection, renormalize the rows, multiply the layers' matrices, and read the CLS row. A
+mean-pooled ScratchViT has no CLS token; its classifier sees the mean of all tokens, so the maps use the mean over all
+query tokens instead, and the figure title says so.
+"""
+
+import argparse
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+import torch
+import torch.nn.functional as F
+from matplotlib.figure import Figure
+from PIL import Image
+from transformers.utils import logging
+
+from finetune.predict import image_mode, load_classifier, needs_interpolation, open_image, preprocess
+
+
+logger = logging.get_logger(__name__)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Pure functions on attention probabilities
+
+
+def attention_rollout(attentions: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Attention rollout of Abnar & Zuidema (2020) through all layers.
+
+    Args:
+        attentions: one tensor per layer, first layer first, of shape `(..., heads, T, T)` (e.g. `(B, heads, T, T)`
+            as models return with `output_attentions=True`), rows summing to 1.
+
+    Returns:
+        `(..., T, T)` float32: row `i` is how much output token `i` of the last layer draws on each input token.
+        Each layer's matrix is `A = normalize_rows(mean_heads(attention) + I)`; the result is `A_L @ ... @ A_1`.
+    """
+    if len(attentions) == 0:
+        raise ValueError("`attentions` is empty: pass one attention tensor per layer (output_attentions=True).")
+    rollout = None
+    for attention in attentions:
+        fused = attention.float().mean(dim=-3)  # (..., nh, T, T) -> (..., T, T)
+        # The identity stands for the residual connection that carries each token past the attention.
+        fused = fused + torch.eye(fused.shape[-1], dtype=fused.dtype, device=fused.device)
+        fused = fused / fused.sum(dim=-1, keepdim=True)
+        rollout = fused if rollout is None else fused @ rollout  # (..., T, T)
+    return rollout
+
+
+def query_to_patch_scores(matrix: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
+    """From a `(..., T, T)` attention (or rollout) matrix, the weight the classifier's query puts on each patch:
+    the CLS row (token 0) when there are prefix tokens, else the mean over all query rows. Returns `(..., N)` with
+    `N = T - num_prefix_tokens` patches."""
+    queries = matrix[..., 0, :] if num_prefix_tokens > 0 else matrix.mean(dim=-2)  # (..., T, T) -> (..., T)
+    return queries[..., num_prefix_tokens:]  # (..., T) -> (..., N)
+
+
+def _grid(scores: torch.Tensor, grid_size: tuple[int, int]) -> torch.Tensor:
+    grid_height, grid_width = grid_size
+    if scores.shape[-1] != grid_height * grid_width:
+        raise ValueError(
+            f"Got {scores.shape[-1]} patch tokens, which do not fill a {grid_height}x{grid_width} patch grid. Check "
+            "`grid_size` (image height and width divided by the patch size) and `num_prefix_tokens`."
+        )
+    return scores.reshape(*scores.shape[:-1], grid_height, grid_width)  # (..., N) -> (..., gh, gw)
+
+
+def cls_attention_maps(
+    attentions: Sequence[torch.Tensor], grid_size: tuple[int, int], num_prefix_tokens: int = 1
+) -> torch.Tensor:
+    """Per-layer attention of the CLS token to the patches, heads averaged.
+
+    Args:
+        attentions: one `(..., heads, T, T)` tensor per layer.
+        grid_size: `(grid_height, grid_width)`, the patch grid of the image (`T = num_prefix_tokens + gh * gw`).
+        num_prefix_tokens: tokens before the patches (1 for a CLS token; 0 for a mean-pooled model, whose maps are
+            then the mean attention over all query tokens).
+
+    Returns:
+        `(layers, ..., gh, gw)` float32; for unbatched `(heads, T, T)` inputs, `(layers, gh, gw)`.
+    """
+    maps = [query_to_patch_scores(a.float().mean(dim=-3), num_prefix_tokens) for a in attentions]  # (..., N) each
+    return _grid(torch.stack(maps), grid_size)  # (L, ..., N) -> (L, ..., gh, gw)
+
+
+def rollout_map(
+    attentions: Sequence[torch.Tensor], grid_size: tuple[int, int], num_prefix_tokens: int = 1
+) -> torch.Tensor:
+    """The attention rollout read at the CLS token (or averaged over all queries without one), as a
+    `(..., gh, gw)` map over the patch grid."""
+    return _grid(query_to_patch_scores(attention_rollout(attentions), num_prefix_tokens), grid_size)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Images
+
+
+def upsample_map(heatmap: torch.Tensor, size: tuple[int, int]) -> np.ndarray:
+    """Bilinearly upsample a `(gh, gw)` map to `size` = (height, width) and scale it to [0, 1]."""
+    upsampled = F.interpolate(heatmap[None, None].float(), size=size, mode="bilinear", align_corners=False)[0, 0]
+    low, high = upsampled.min(), upsampled.max()
+    scaled = (upsampled - low) / (high - low) if high > low else torch.zeros_like(upsampled)
+    return scaled.numpy()
+
+
+def overlay_heatmap(image: Image.Image, heatmap: torch.Tensor, alpha: float = 0.5, cmap: str = "jet") -> np.ndarray:
+    """The image (RGB) blended with the colored, upsampled heatmap: `(H, W, 3)` uint8 at the image's size."""
+    base = np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0  # (H, W, 3)
+    colored = matplotlib.colormaps[cmap](upsample_map(heatmap, base.shape[:2]))[..., :3]  # (H, W) -> (H, W, 3)
+    return (255 * ((1 - alpha) * base + alpha * colored)).round().astype(np.uint8)
+
+
+def display_image(image: Image.Image, min_side: int = 224) -> Image.Image:
+    """The image in RGB, enlarged (keeping its aspect ratio) so its longer side is at least `min_side` pixels:
+    a 32x32 CIFAR image would show as a few blocks."""
+    image = image.convert("RGB")
+    scale = min_side / max(image.size)
+    if scale > 1:
+        image = image.resize((round(image.width * scale), round(image.height * scale)), Image.Resampling.BICUBIC)
+    return image
+
+
+@dataclass
+class AttentionMaps:
+    """The attention of one image: per-layer maps `(layers, gh, gw)`, the rollout `(gh, gw)`, whether they are read
+    at a CLS token (else averaged over all queries), and the top prediction."""
+
+    layer_maps: torch.Tensor
+    rollout: torch.Tensor
+    uses_cls_token: bool
+    label: str
+    score: float
+
+
+@torch.inference_mode()
+def compute_attention_maps(model, processor, image: Image.Image, image_size: int | None = None) -> AttentionMaps:
+    """Run one image through the model with `output_attentions=True` and reduce the attentions to maps.
+
+    The model must return real attention probabilities: ScratchViT always does when asked; load transformers' ViT
+    with `attn_implementation="eager"` (SDPA returns none).
+    """
+    pixel_values = preprocess([image.convert(image_mode(model))], processor, image_size)  # (1, C, H, W)
+    kwargs = {"interpolate_pos_encoding": True} if needs_interpolation(model, image_size) else {}
+    device = next(model.parameters()).device
+    outputs = model(pixel_values=pixel_values.to(device), output_attentions=True, **kwargs)
+    if not outputs.attentions:
+        raise ValueError(
+            "The model returned no attention probabilities. Load it with `attn_implementation='eager'` "
+            "(SDPA and flash attention do not compute them)."
+        )
+    attentions = [a[0].cpu() for a in outputs.attentions]  # L x (nh, T, T)
+    patch_size = model.config.patch_size
+    patch_height, patch_width = (patch_size, patch_size) if isinstance(patch_size, int) else tuple(patch_size)
+    grid_size = (pixel_values.shape[-2] // patch_height, pixel_values.shape[-1] // patch_width)
+    num_prefix_tokens = attentions[0].shape[-1] - grid_size[0] * grid_size[1]
+    probabilities = outputs.logits[0].float().softmax(dim=-1)
+    top = int(probabilities.argmax())
+    return AttentionMaps(
+        layer_maps=cls_attention_maps(attentions, grid_size, num_prefix_tokens),
+        rollout=rollout_map(attentions, grid_size, num_prefix_tokens),
+        uses_cls_token=num_prefix_tokens > 0,
+        label=str(model.config.id2label[top]),
+        score=float(probabilities[top]),
+    )
+
+
+def attention_heading(maps: AttentionMaps) -> str:
+    """The figure's heading: which query the maps read (CLS token, or the mean over all queries) and the prediction."""
+    query = (
+        "CLS token's attention to the patches"
+        if maps.uses_cls_token
+        else "Mean attention over all query tokens (mean-pooled model: no CLS token)"
+    )
+    return f"{query}, heads averaged\nPrediction: {maps.label} ({maps.score:.1%})"
+
+
+def plot_attention_figure(
+    image: Image.Image, maps: AttentionMaps, path: str | os.PathLike, title: str | None = None
+) -> Path:
+    """One PNG: the input, the rollout and each layer's map overlaid on the image, in a grid of equal panels."""
+    shown = display_image(image)
+    panels = [("Input", np.asarray(shown)), ("Attention rollout", overlay_heatmap(shown, maps.rollout))]
+    panels += [(f"Layer {i + 1}", overlay_heatmap(shown, m)) for i, m in enumerate(maps.layer_maps)]
+    ncols = min(len(panels), 5)
+    nrows = -(-len(panels) // ncols)
+    panel_width = 2.6
+    panel_height = panel_width * shown.height / shown.width
+    fig = Figure(figsize=(ncols * panel_width, nrows * (panel_height + 0.35) + 0.9), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    for ax in axes.flat:
+        ax.set_axis_off()
+    for ax, (name, array) in zip(axes.flat, panels):
+        ax.imshow(array)
+        ax.set_title(name, fontsize=10)
+    heading = attention_heading(maps)
+    fig.suptitle(f"{title}\n{heading}" if title else heading, fontsize=11)
+    path = Path(path)
+    fig.savefig(path, dpi=100)
+    return path
+
+
+def save_rollout_overlay(image: Image.Image, maps: AttentionMaps, path: str | os.PathLike) -> Path:
+    """The rollout overlaid on the image as a plain PNG with the image's aspect ratio (enlarged if tiny)."""
+    path = Path(path)
+    shown = display_image(image)
+    Image.fromarray(overlay_heatmap(shown, maps.rollout)).save(path)
+    return path
+
+
+def write_attention_maps(
+    model,
+    processor,
+    image_paths: Sequence[str | os.PathLike],
+    output_dir: str | os.PathLike,
+    image_size: int | None = None,
+) -> list[Path]:
+    """Write `<name>_attention.png` and `<name>_rollout.png` for every image into `output_dir`; returns the paths.
+    Images that cannot be read are logged and skipped."""
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    written, used_names = [], set()
+    for image_path in map(Path, image_paths):
+        try:
+            image = open_image(image_path, "RGB")
+        except OSError as error:
+            logger.warning(f"Skipping {image_path}: cannot read it as an image ({type(error).__name__}: {error}).")
+            continue
+        name, n = image_path.stem, 1
+        while name in used_names:
+            n += 1
+            name = f"{image_path.stem}_{n}"
+        used_names.add(name)
+        maps = compute_attention_maps(model, processor, image, image_size)
+        title = f"{image_path.name}, {type(model).__name__}"
+        written.append(plot_attention_figure(image, maps, output_dir / f"{name}_attention.png", title))
+        written.append(save_rollout_overlay(image, maps, output_dir / f"{name}_rollout.png"))
+    return written
+
+
+def main(argv: list[str] | None = None) -> list[Path]:
+    """Command-line entry: `python -m finetune.attention MODEL_DIR IMAGE [IMAGE ...] --output DIR`."""
+    parser = argparse.ArgumentParser(
+        prog="python -m finetune.attention",
+        description="Plot per-layer CLS attention maps and attention rollout of a saved ViT classifier.",
+    )
+    parser.add_argument("model_dir", metavar="MODEL_DIR", help="Output directory of a run (config.json, weights).")
+    parser.add_argument("images", nargs="+", metavar="IMAGE", help="Image files.")
+    parser.add_argument("--output", required=True, metavar="DIR", help="Where to write the PNGs.")
+    parser.add_argument("--image-size", type=int, metavar="N", help="Run at N x N instead of the training resolution.")
+    parser.add_argument("--device", help="torch device (default: cuda when available, else cpu).")
+    parser.add_argument(
+        "--trust-remote-code", action="store_true", help="Use the code files saved next to the weights."
+    )
+    args = parser.parse_args(argv)
+    missing = [p for p in args.images if not os.path.isfile(p)]
+    if missing:
+        parser.error(f"Not found: {', '.join(missing)}")
+    model, processor = load_classifier(
+        args.model_dir, args.trust_remote_code, attn_implementation="eager", device=args.device
+    )
+    written = write_attention_maps(model, processor, args.images, args.output, args.image_size)
+    for path in written:
+        print(path)
+    return written
+
+
+if __name__ == "__main__":
+    main()

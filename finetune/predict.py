@@ -1,0 +1,257 @@
+"""Classify image files with a saved model: a ScratchViT or transformers' ViT, as `finetune/run.py` saves them.
+
+    python -m finetune.predict OUTPUT_DIR photo.jpg images/ --top-k 3 --output predictions.csv
+
+Files of any size and format Pillow reads (JPEG, PNG, BMP, WebP, GIF, TIFF; grayscale, RGBA, palette) are converted
+to the model's channels, then resized, rescaled and normalized by the saved image processor. Folders are searched
+recursively for image files. Files that cannot be read are reported and skipped.
+"""
+
+import argparse
+import csv
+import json
+import os
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, ImageOps, UnidentifiedImageError
+from transformers import AutoImageProcessor, AutoModelForImageClassification
+from transformers.utils import logging
+
+import scratch_vit  # noqa: F401  (registers ScratchViT with the Auto classes, so local runs load without remote code)
+
+
+logger = logging.get_logger(__name__)
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff", ".ppm", ".pgm", ".pbm")
+
+
+@dataclass
+class Prediction:
+    """The top-k classes of one image, best first, and the probabilities of all classes."""
+
+    path: str
+    labels: list[str]
+    scores: list[float]
+    probabilities: list[float] = field(repr=False)
+
+    def to_dict(self) -> dict:
+        return {
+            "path": self.path,
+            "label": self.labels[0],
+            "score": self.scores[0],
+            "top_k": [{"label": label, "score": score} for label, score in zip(self.labels, self.scores)],
+        }
+
+
+def load_classifier(
+    model_dir: str | os.PathLike,
+    trust_remote_code: bool = False,
+    attn_implementation: str | None = None,
+    device: str | torch.device | None = None,
+):
+    """Load a saved image classifier and its image processor with the Auto classes; returns `(model, processor)`
+    with the model in eval mode on `device` (default: CUDA when available, else CPU).
+
+    ScratchViT folders load without `trust_remote_code` since importing this module registers the local code;
+    with it, the code files saved next to the weights are used instead.
+    """
+    model_dir = str(model_dir)
+    if not os.path.isfile(os.path.join(model_dir, "config.json")) and os.path.isdir(model_dir):
+        raise FileNotFoundError(
+            f"{model_dir} has no config.json: pass the output directory of a run (for `model_type: both`, "
+            "OUTPUT/pretrained or OUTPUT/scratch) or a checkpoint-* folder."
+        )
+    kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    model = AutoModelForImageClassification.from_pretrained(model_dir, trust_remote_code=trust_remote_code, **kwargs)
+    processor = AutoImageProcessor.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    return model.to(device).eval(), processor
+
+
+def collect_image_paths(paths: Iterable[str | os.PathLike]) -> list[Path]:
+    """Expand the given paths: a file is taken as it is (whatever its extension), a folder is searched
+    recursively for files with an image extension, sorted. Raises `FileNotFoundError` for a path that does not
+    exist."""
+    found: list[Path] = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            found.extend(sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS))
+        elif path.is_file():
+            found.append(path)
+        else:
+            raise FileNotFoundError(f"{path} does not exist. Pass image files or folders of images.")
+    return found
+
+
+def open_image(path: str | os.PathLike, mode: str = "RGB") -> Image.Image:
+    """Open an image in `mode` (`"RGB"` or `"L"`), upright per its EXIF orientation. Transparent pixels (RGBA, or a
+    palette with a transparent color) are composited on white rather than dropped, which would show the hidden
+    (often black) color underneath."""
+    with Image.open(path) as image:
+        image.load()
+        image = ImageOps.exif_transpose(image)
+    if image.mode == "P" and "transparency" in image.info:
+        image = image.convert("RGBA")
+    if image.mode in ("RGBA", "LA"):
+        background = Image.new("RGBA", image.size, (255, 255, 255, 255))
+        image = Image.alpha_composite(background, image.convert("RGBA"))
+    return image.convert(mode)
+
+
+def image_mode(model) -> str:
+    """The Pillow mode the model's inputs are built from: `"L"` for a one-channel model, else `"RGB"`."""
+    return "L" if getattr(model.config, "num_channels", 3) == 1 else "RGB"
+
+
+def preprocess(images: Sequence[Image.Image], processor, image_size: int | None = None) -> torch.Tensor:
+    """Resize, rescale and normalize images with the saved processor; `(B, C, H, W)` float pixel values.
+
+    With `image_size`, images are resized to `image_size` x `image_size` instead of the processor's size.
+    """
+    # Pillow -> channels-last arrays, stated explicitly: the processor cannot tell channels from pixels in a 3x3 image.
+    arrays = [np.array(image)[..., None] if image.mode == "L" else np.array(image) for image in images]
+    kwargs = {}
+    if image_size is not None:
+        kwargs["size"] = {"height": image_size, "width": image_size}
+        if getattr(processor, "do_center_crop", False):
+            kwargs["crop_size"] = {"height": image_size, "width": image_size}
+    return processor(arrays, return_tensors="pt", input_data_format="channels_last", **kwargs)["pixel_values"]
+
+
+def needs_interpolation(model, image_size: int | None) -> bool:
+    """Whether inputs of `image_size` differ from the resolution the model was trained on."""
+    return image_size is not None and image_size != getattr(model.config, "image_size", image_size)
+
+
+@torch.inference_mode()
+def class_probabilities(model, pixel_values: torch.Tensor, interpolate_pos_encoding: bool = False) -> torch.Tensor:
+    """Softmax over all classes of the model's logits, `(B, num_labels)`, in float32."""
+    device = next(model.parameters()).device
+    kwargs = {"interpolate_pos_encoding": True} if interpolate_pos_encoding else {}
+    logits = model(pixel_values=pixel_values.to(device), **kwargs).logits  # (B, num_labels)
+    return logits.float().softmax(dim=-1).cpu()
+
+
+def predict_files(
+    model,
+    processor,
+    paths: Sequence[str | os.PathLike],
+    top_k: int = 5,
+    batch_size: int = 32,
+    image_size: int | None = None,
+) -> tuple[list[Prediction], list[tuple[str, str]]]:
+    """Classify image files in batches. Returns the predictions (in the order of `paths`) and the files skipped
+    because they could not be read, as `(path, reason)` pairs (each also logged as a warning)."""
+    if top_k < 1:
+        raise ValueError(f"`top_k` must be >= 1, got {top_k}.")
+    if batch_size < 1:
+        raise ValueError(f"`batch_size` must be >= 1, got {batch_size}.")
+    id2label = model.config.id2label
+    top_k = min(top_k, model.config.num_labels)
+    mode = image_mode(model)
+    interpolate = needs_interpolation(model, image_size)
+    predictions: list[Prediction] = []
+    skipped: list[tuple[str, str]] = []
+    for start in range(0, len(paths), batch_size):
+        images, names = [], []
+        for path in paths[start : start + batch_size]:
+            try:
+                images.append(open_image(path, mode))
+                names.append(str(path))
+            except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as error:
+                reason = f"{type(error).__name__}: {error}"
+                logger.warning(f"Skipping {path}: cannot read it as an image ({reason}).")
+                skipped.append((str(path), reason))
+        if not images:
+            continue
+        probabilities = class_probabilities(model, preprocess(images, processor, image_size), interpolate)
+        scores, indices = probabilities.topk(top_k, dim=-1)  # (B, k)
+        for name, row, top_scores, top_indices in zip(names, probabilities, scores, indices):
+            predictions.append(
+                Prediction(
+                    path=name,
+                    labels=[str(id2label[int(i)]) for i in top_indices],
+                    scores=[float(s) for s in top_scores],
+                    probabilities=[float(p) for p in row],
+                )
+            )
+    return predictions, skipped
+
+
+def write_predictions(
+    predictions: Sequence[Prediction], output: str | os.PathLike, skipped: Sequence[tuple[str, str]] = ()
+) -> Path:
+    """Write predictions as CSV (one row per file: path, then label and probability for each rank) or JSON (a list
+    of `{path, label, score, top_k}` plus the skipped files), chosen by the file's extension."""
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    suffix = output.suffix.lower()
+    if suffix == ".json":
+        payload = {
+            "predictions": [p.to_dict() for p in predictions],
+            "skipped": [{"path": path, "reason": reason} for path, reason in skipped],
+        }
+        output.write_text(json.dumps(payload, indent=2) + "\n")
+    elif suffix == ".csv":
+        k = max((len(p.labels) for p in predictions), default=1)
+        header = ["path"] + [f"top{r}_{what}" for r in range(1, k + 1) for what in ("label", "probability")]
+        with open(output, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(header)
+            for p in predictions:
+                ranked = [value for label, score in zip(p.labels, p.scores) for value in (label, f"{score:.6f}")]
+                writer.writerow([p.path] + ranked)
+    else:
+        raise ValueError(f"Cannot tell the format of {output}: use a .csv or .json file name.")
+    return output
+
+
+def main(argv: list[str] | None = None) -> list[Prediction]:
+    """Command-line entry; prints each file's top-k labels and probabilities, then the skipped files."""
+    parser = argparse.ArgumentParser(
+        prog="python -m finetune.predict",
+        description="Classify image files (any size or format) with a saved ScratchViT or ViT classifier.",
+    )
+    parser.add_argument("model_dir", metavar="MODEL_DIR", help="Output directory of a run (config.json, weights).")
+    parser.add_argument("paths", nargs="+", metavar="PATH", help="Image files, or folders searched recursively.")
+    parser.add_argument("--top-k", type=int, default=5, help="How many classes to report per image (default 5).")
+    parser.add_argument("--output", metavar="FILE", help="Also write the predictions to a .csv or .json file.")
+    parser.add_argument(
+        "--image-size",
+        type=int,
+        metavar="N",
+        help="Resize images to N x N instead of the training resolution (position embeddings are interpolated).",
+    )
+    parser.add_argument("--batch-size", type=int, default=32, help="Images per forward pass (default 32).")
+    parser.add_argument("--device", help="torch device (default: cuda when available, else cpu).")
+    parser.add_argument(
+        "--trust-remote-code", action="store_true", help="Use the code files saved next to the weights."
+    )
+    args = parser.parse_args(argv)
+    if args.output and Path(args.output).suffix.lower() not in (".csv", ".json"):
+        parser.error(f"--output must end in .csv or .json, got {args.output}.")
+    try:
+        paths = collect_image_paths(args.paths)
+    except FileNotFoundError as error:
+        parser.error(str(error))
+    model, processor = load_classifier(args.model_dir, args.trust_remote_code, device=args.device)
+    predictions, skipped = predict_files(model, processor, paths, args.top_k, args.batch_size, args.image_size)
+
+    for p in predictions:
+        print(f"{p.path}: " + ", ".join(f"{label} {score:.4f}" for label, score in zip(p.labels, p.scores)))
+    if args.output:
+        print(f"Wrote {len(predictions)} prediction(s) to {write_predictions(predictions, args.output, skipped)}")
+    if skipped:
+        print(f"Skipped {len(skipped)} unreadable file(s): " + ", ".join(path for path, _ in skipped), file=sys.stderr)
+    if not predictions and not skipped:
+        print("No image files found.", file=sys.stderr)
+    return predictions
+
+
+if __name__ == "__main__":
+    main()

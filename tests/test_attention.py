@@ -1,0 +1,140 @@
+"""Attention maps: rollout and per-layer maps against hand-computed values, real attentions from both kinds of model,
+and the written PNGs."""
+
+import numpy as np
+import pytest
+import torch
+from helpers_runs import make_run_dir, tiny_scratch_model, tiny_vit_model
+from PIL import Image
+
+from finetune import attention
+from finetune.predict import load_classifier
+
+
+def random_attention(generator, *shape):
+    """Row-stochastic attention probabilities of the given shape (..., T, T)."""
+    return torch.rand(*shape, generator=generator).softmax(dim=-1)
+
+
+def test_rollout_of_identity_attention_is_identity():
+    attentions = [torch.eye(5).expand(3, 5, 5) for _ in range(4)]  # 4 layers, 3 heads, 5 tokens
+    torch.testing.assert_close(attention.attention_rollout(attentions), torch.eye(5))
+
+
+def test_rollout_of_uniform_attention_has_closed_form():
+    # With U = uniform attention (U @ U = U), each layer is (U + I) / 2, and L layers give 2^-L I + (1 - 2^-L) U.
+    tokens, layers = 6, 3
+    uniform = torch.full((tokens, tokens), 1.0 / tokens)
+    rollout = attention.attention_rollout([uniform.expand(2, tokens, tokens)] * layers)
+    expected = 0.5**layers * torch.eye(tokens) + (1 - 0.5**layers) * uniform
+    torch.testing.assert_close(rollout, expected)
+
+
+def test_rollout_of_two_layers_is_the_manual_product():
+    g = torch.Generator().manual_seed(0)
+    first, second = random_attention(g, 1, 4, 7, 7), random_attention(g, 1, 4, 7, 7)  # (B, heads, T, T)
+    a1 = first[0].double().numpy().mean(axis=0) + np.eye(7)
+    a2 = second[0].double().numpy().mean(axis=0) + np.eye(7)
+    a1 /= a1.sum(axis=1, keepdims=True)
+    a2 /= a2.sum(axis=1, keepdims=True)
+    rollout = attention.attention_rollout([first, second])
+    assert rollout.shape == (1, 7, 7)
+    np.testing.assert_allclose(rollout[0].numpy(), a2 @ a1, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(rollout.sum(dim=-1).numpy(), 1.0, rtol=1e-5)  # rows stay distributions
+    # read at the CLS token and laid out on the 2x3 patch grid
+    grid = attention.rollout_map([first[0], second[0]], (2, 3), num_prefix_tokens=1)
+    np.testing.assert_allclose(grid.numpy(), (a2 @ a1)[0, 1:].reshape(2, 3), rtol=1e-5, atol=1e-6)
+
+
+def test_cls_attention_maps_values_and_shape():
+    g = torch.Generator().manual_seed(1)
+    attentions = [random_attention(g, 3, 1 + 12, 1 + 12) for _ in range(4)]  # 4 layers, 3 heads, CLS + 3x4 grid
+    maps = attention.cls_attention_maps(attentions, (3, 4), num_prefix_tokens=1)
+    assert maps.shape == (4, 3, 4)
+    for layer, a in enumerate(attentions):
+        expected = a.mean(dim=0)[0, 1:].reshape(3, 4)
+        torch.testing.assert_close(maps[layer], expected)
+
+
+def test_mean_pooled_maps_average_all_queries():
+    g = torch.Generator().manual_seed(2)
+    attentions = [random_attention(g, 2, 9, 9) for _ in range(2)]  # no CLS: 3x3 patches only
+    maps = attention.cls_attention_maps(attentions, (3, 3), num_prefix_tokens=0)
+    torch.testing.assert_close(maps[1], attentions[1].mean(dim=0).mean(dim=0).reshape(3, 3))
+    rollout = attention.rollout_map(attentions, (3, 3), num_prefix_tokens=0)
+    torch.testing.assert_close(rollout, attention.attention_rollout(attentions).mean(dim=0).reshape(3, 3))
+
+
+def test_grid_mismatch_is_an_error():
+    with pytest.raises(ValueError, match="patch grid"):
+        attention.cls_attention_maps([torch.eye(10).expand(1, 10, 10)], (3, 4), num_prefix_tokens=1)
+
+
+def test_overlay_puts_the_hot_patch_where_it_is():
+    image = Image.new("RGB", (80, 40), (128, 128, 128))
+    heatmap = torch.zeros(2, 4)
+    heatmap[0, 3] = 1.0  # top-right patch
+    overlay = attention.overlay_heatmap(image, heatmap)
+    assert overlay.shape == (40, 80, 3)
+    # jet maps the hottest value to dark red: the red channel peaks in the top-right patch area
+    red_minus_blue = overlay[..., 0].astype(int) - overlay[..., 2].astype(int)
+    row, col = np.unravel_index(red_minus_blue.argmax(), red_minus_blue.shape)
+    assert row < 20 and col >= 60
+
+
+@pytest.mark.parametrize(
+    "kind, pooling",
+    [("scratch", "cls"), ("scratch", "mean"), ("vit", "cls")],
+)
+def test_model_attentions_match_the_maps(kind, pooling):
+    model = tiny_vit_model() if kind == "vit" else tiny_scratch_model(pooling=pooling)
+    if kind == "vit":
+        model.set_attn_implementation("eager")
+    from transformers import ViTImageProcessor
+
+    processor = ViTImageProcessor(size={"height": 16, "width": 16})
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (20, 30, 3), dtype=np.uint8))
+    maps = attention.compute_attention_maps(model, processor, image)
+    assert maps.layer_maps.shape == (2, 4, 4) and maps.rollout.shape == (4, 4)
+    assert maps.uses_cls_token == (pooling == "cls")
+    with torch.no_grad():
+        pixel_values = processor(image, return_tensors="pt")["pixel_values"]
+        outputs = model(pixel_values=pixel_values, output_attentions=True)
+    first = outputs.attentions[0][0].mean(dim=0)  # (T, T)
+    expected = first[0, 1:] if pooling == "cls" else first.mean(dim=0)
+    torch.testing.assert_close(maps.layer_maps[0].flatten(), expected, rtol=1e-4, atol=1e-5)
+    assert ("Mean attention over all query tokens" in attention.attention_heading(maps)) == (pooling == "mean")
+    assert maps.label == model.config.id2label[int(outputs.logits.argmax())]
+
+
+@pytest.mark.parametrize("kind", ["scratch", "scratch-mean", "vit"])
+def test_cli_writes_pngs_with_the_image_aspect(tmp_path, kind):
+    model = {
+        "scratch": lambda: tiny_scratch_model(),
+        "scratch-mean": lambda: tiny_scratch_model(pooling="mean", position_embedding_type="sinusoidal"),
+        "vit": lambda: tiny_vit_model(),
+    }[kind]()
+    run = make_run_dir(tmp_path / "run", "pretrained" if kind == "vit" else "scratch", model=model, extras=False)
+    image_path = tmp_path / "wide.jpg"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (60, 150, 3), dtype=np.uint8)).save(image_path)
+    gray_path = tmp_path / "gray.png"
+    Image.fromarray(np.random.default_rng(1).integers(0, 256, (33, 21), dtype=np.uint8), "L").save(gray_path)
+
+    written = attention.main([str(run), str(image_path), str(gray_path), "--output", str(tmp_path / "maps")])
+    names = sorted(p.name for p in written)
+    assert names == ["gray_attention.png", "gray_rollout.png", "wide_attention.png", "wide_rollout.png"]
+    for path, (width, height) in (("wide_rollout.png", (150, 60)), ("gray_rollout.png", (21, 33))):
+        with Image.open(tmp_path / "maps" / path) as png:
+            assert png.width / png.height == pytest.approx(width / height, rel=0.02)
+            assert max(png.size) >= 224  # small images are enlarged to stay visible
+    with Image.open(tmp_path / "maps" / "wide_attention.png") as png:
+        png.load()
+        assert png.width > png.height  # 4 panels in a row
+
+
+def test_other_resolution_gives_a_finer_grid(tmp_path):
+    run = make_run_dir(tmp_path / "run", "pretrained", model=tiny_vit_model(), extras=False)
+    model, processor = load_classifier(run, attn_implementation="eager")
+    image = Image.new("RGB", (40, 40), (10, 200, 30))
+    maps = attention.compute_attention_maps(model, processor, image, image_size=24)
+    assert maps.layer_maps.shape == (2, 6, 6)

@@ -1,0 +1,145 @@
+"""Comparison report: tables hold the results.json numbers, plots are written and readable, history falls back to
+trainer_state.json."""
+
+import json
+
+import numpy as np
+import pytest
+from helpers_runs import make_run_dir, tiny_scratch_model
+from PIL import Image
+
+from finetune import compare
+
+
+TEN_LABELS = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+
+
+@pytest.fixture(scope="module")
+def both_output(tmp_path_factory):
+    """A `model_type: both` output: pretrained/ (with history) and scratch/ (history only in trainer_state.json,
+    10 classes, no test split)."""
+    root = tmp_path_factory.mktemp("both")
+    make_run_dir(root / "pretrained", "pretrained", validation_accuracy=0.9134, test_accuracy=0.9021, seed=1)
+    make_run_dir(
+        root / "scratch",
+        "scratch",
+        model=tiny_scratch_model(labels=TEN_LABELS),
+        validation_accuracy=0.6245,
+        test_accuracy=None,
+        seed=2,
+        with_history=False,
+    )
+    return root
+
+
+@pytest.fixture(scope="module")
+def report(both_output):
+    return compare.write_comparison([both_output], both_output / "comparison")
+
+
+def parse_table(markdown: str, first_header: str) -> list[dict[str, str]]:
+    """The rows of the Markdown table whose header starts with `| first_header |`, as dicts by column name."""
+    lines = markdown.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first_header} |"))
+    headers = [c.strip() for c in lines[start].strip("|").split("|")]
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append(dict(zip(headers, (c.strip() for c in line.strip("|").split("|")))))
+    return rows
+
+
+def percent(cell: str) -> float:
+    return float(cell.rstrip("%")) / 100
+
+
+def test_report_files_exist_and_pngs_are_readable(report, both_output):
+    out = both_output / "comparison"
+    assert report == out / "report.md"
+    for name in ("learning_curves.png", "confusion_matrix_pretrained.png", "confusion_matrix_scratch.png"):
+        with Image.open(out / name) as image:
+            image.load()
+            assert image.format == "PNG"
+            assert image.width >= 400 and image.height >= 300
+    with Image.open(out / "learning_curves.png") as image:
+        assert image.width > 2 * image.height * 0.9  # two panels side by side
+    text = report.read_text()
+    for name in ("learning_curves.png", "confusion_matrix_pretrained.png", "confusion_matrix_scratch.png"):
+        assert f"]({name})" in text
+
+
+def test_summary_table_equals_results(report, both_output):
+    rows = {row["Run"]: row for row in parse_table(report.read_text(), "Run")}
+    assert set(rows) == {"pretrained", "scratch"}
+    for name in rows:
+        results = json.loads((both_output / name / "results.json").read_text())
+        row = rows[name]
+        assert percent(row["Validation accuracy"]) == pytest.approx(results["validation"]["accuracy"], abs=5e-5)
+        if results["test"] is None:
+            assert row["Test accuracy"] == compare.MISSING
+        else:
+            assert percent(row["Test accuracy"]) == pytest.approx(results["test"]["accuracy"], abs=5e-5)
+        assert row["Architecture"] == f"`{results['architecture']}`"
+        assert row["Parameters"] == compare.format_count(results["num_parameters"])
+        assert float(row["Epochs"]) == results["epochs"]
+        assert float(row["Images/s"].replace(",", "")) == pytest.approx(results["train_images_per_second"], abs=0.05)
+        assert row["Training time"] == compare.format_duration(results["train"]["runtime_seconds"])
+        assert row["Dataset"] == f"`{results['dataset']}`"
+    assert rows["pretrained"]["Initialisation"] == "pretrained (`google/vit-base-patch16-224-in21k`)"
+    assert rows["scratch"]["Initialisation"] == "scratch"
+
+
+def test_per_class_table_equals_results(report, both_output):
+    rows = parse_table(report.read_text(), "Class")
+    pretrained = json.loads((both_output / "pretrained" / "results.json").read_text())
+    scratch = json.loads((both_output / "scratch" / "results.json").read_text())
+    assert [row["Class"] for row in rows] == TEN_LABELS  # union of both runs' classes, in label order
+    by_class = {row["Class"]: row for row in rows}
+    for label, accuracy in pretrained["per_class_accuracy"].items():
+        assert percent(by_class[label]["pretrained (test)"]) == pytest.approx(accuracy, abs=5e-5)
+    for label, accuracy in scratch["per_class_accuracy"].items():
+        assert percent(by_class[label]["scratch (validation)"]) == pytest.approx(accuracy, abs=5e-5)
+    assert by_class["truck"]["pretrained (test)"] == compare.MISSING
+
+
+def test_history_falls_back_to_trainer_state(both_output):
+    run = compare.load_run(both_output / "scratch")
+    state = json.loads((both_output / "scratch" / "trainer_state.json").read_text())
+    evals = [e for e in state["log_history"] if "eval_accuracy" in e]
+    assert [h["eval_accuracy"] for h in run["history"]] == [e["eval_accuracy"] for e in evals]
+    assert [h["epoch"] for h in run["history"]] == [e["epoch"] for e in evals]
+    # the training loss of a row is the last one logged before that evaluation
+    assert run["history"][0]["train_loss"] == state["log_history"][0]["loss"]
+
+
+def test_summary_json_for_the_model_card(report, both_output):
+    summary = json.loads((both_output / "comparison" / "comparison.json").read_text())
+    assert [row["run_dir"] for row in summary["runs"]] == ["pretrained", "scratch"]
+    assert compare.summary_table(summary["runs"]) in report.read_text()
+
+
+def test_normalize_confusion_rows():
+    normalized = compare.normalize_confusion([[3, 1], [0, 0]])
+    np.testing.assert_allclose(normalized, [[0.75, 0.25], [0.0, 0.0]])
+
+
+def test_missing_values_and_cli(tmp_path, capsys):
+    run = make_run_dir(tmp_path / "a", "scratch", extras=False, test_accuracy=None)
+    results = json.loads((run / "results.json").read_text())
+    results.update(train_images_per_second=None, train={"loss": None, "runtime_seconds": None})
+    results["confusion_matrix"] = []
+    (run / "results.json").write_text(json.dumps(results))
+    report = compare.main([str(run), "--output", str(tmp_path / "report")])
+    assert capsys.readouterr().out.strip() == str(report)
+    row = parse_table(report.read_text(), "Run")[0]
+    assert row["Test accuracy"] == row["Images/s"] == compare.MISSING
+    assert row["Training time"] == compare.format_duration(results["wall_time_seconds"])
+    assert not list((tmp_path / "report").glob("confusion_matrix_*.png"))
+
+
+def test_not_a_run_directory(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no results.json"):
+        compare.find_run_dirs([tmp_path])
+    with pytest.raises(SystemExit):
+        compare.main([str(tmp_path), "--output", str(tmp_path / "out")])

@@ -1,0 +1,124 @@
+"""Prediction on image files of every kind, with both kinds of model, at the training and at other resolutions."""
+
+import csv
+import json
+
+import numpy as np
+import pytest
+import torch
+from helpers_runs import make_images, make_run_dir, tiny_scratch_model, tiny_vit_model
+from PIL import Image
+
+from finetune import predict
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    return make_images(tmp_path_factory.mktemp("images"))
+
+
+@pytest.fixture(scope="module")
+def run_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    models = {
+        "scratch-learned": tiny_scratch_model(),
+        "scratch-sinusoidal-mean": tiny_scratch_model(position_embedding_type="sinusoidal", pooling="mean", seed=1),
+        "scratch-gray": tiny_scratch_model(num_channels=1, seed=2),
+        "vit": tiny_vit_model(seed=3),
+    }
+    return {
+        name: make_run_dir(root / name, "pretrained" if name == "vit" else "scratch", model=model, extras=False)
+        for name, model in models.items()
+    }
+
+
+def test_collect_image_paths_recurses_and_keeps_explicit_files(images):
+    folder = images["jpg"].parent
+    found = predict.collect_image_paths([folder])
+    expected = {p for name, p in images.items()}  # broken.jpg is named like an image: found, then skipped
+    assert set(found) == expected
+    assert predict.collect_image_paths([folder / "notes.txt"]) == [folder / "notes.txt"]
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        predict.collect_image_paths([folder / "missing.png"])
+
+
+@pytest.mark.parametrize("name", ["scratch-learned", "scratch-sinusoidal-mean", "scratch-gray", "vit"])
+def test_predictions_on_every_kind_of_image(run_dirs, images, name):
+    model, processor = predict.load_classifier(run_dirs[name])
+    paths = predict.collect_image_paths([images["jpg"].parent])
+    predictions, skipped = predict.predict_files(model, processor, paths, top_k=2, batch_size=3)
+    assert [path for path, _ in skipped] == [str(images["broken"])]
+    assert "UnidentifiedImageError" in skipped[0][1]
+    assert len(predictions) == len(paths) - 1
+    labels = [model.config.id2label[i] for i in range(model.config.num_labels)]
+    for p in predictions:
+        assert sum(p.probabilities) == pytest.approx(1.0, abs=1e-5)
+        assert len(p.labels) == 2 and p.scores[0] >= p.scores[1]
+        assert p.labels[0] == labels[int(np.argmax(p.probabilities))]
+
+
+@pytest.mark.parametrize("name", ["scratch-learned", "vit"])
+def test_top1_is_argmax_of_the_models_logits(run_dirs, images, name):
+    model, processor = predict.load_classifier(run_dirs[name])
+    [p], _ = predict.predict_files(model, processor, [images["jpg"]], top_k=3)
+    with Image.open(images["jpg"]) as image:
+        pixel_values = processor(image.convert("RGB"), return_tensors="pt")["pixel_values"]
+    with torch.no_grad():
+        logits = model(pixel_values=pixel_values).logits[0]
+    assert p.labels[0] == model.config.id2label[int(logits.argmax())]
+    np.testing.assert_allclose(p.probabilities, logits.softmax(-1).numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["scratch-learned", "scratch-sinusoidal-mean", "vit"])
+def test_other_resolution(run_dirs, images, name):
+    model, processor = predict.load_classifier(run_dirs[name])
+    assert model.config.image_size == 16
+    pixel_values = predict.preprocess([Image.open(images["png"]).convert("RGB")], processor, image_size=24)
+    assert pixel_values.shape == (1, 3, 24, 24)
+    with pytest.raises(ValueError):  # without interpolation the model refuses another grid
+        model(pixel_values=pixel_values)
+    predictions, skipped = predict.predict_files(model, processor, [images["png"], images["gray"]], image_size=24)
+    assert len(predictions) == 2 and not skipped
+    for p in predictions:
+        assert sum(p.probabilities) == pytest.approx(1.0, abs=1e-5)
+    probabilities = predict.class_probabilities(model, pixel_values, interpolate_pos_encoding=True)
+    np.testing.assert_allclose(predictions[0].probabilities, probabilities[0].numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_open_image_modes(images, tmp_path):
+    assert predict.open_image(images["gray"], "RGB").mode == "RGB"
+    assert predict.open_image(images["rgba"], "L").mode == "L"
+    assert predict.open_image(images["palette"], "RGB").size == (33, 17)
+    transparent = tmp_path / "transparent.png"
+    Image.new("RGBA", (4, 4), (0, 0, 0, 0)).save(transparent)
+    assert predict.open_image(transparent).getpixel((0, 0)) == (255, 255, 255)  # composited on white
+
+
+def test_cli_json_and_csv(run_dirs, images, tmp_path, capsys):
+    folder = images["jpg"].parent
+    json_path = tmp_path / "preds.json"
+    predictions = predict.main([str(run_dirs["vit"]), str(folder), "--top-k", "5", "--output", str(json_path)])
+    out, err = capsys.readouterr()
+    assert f"{images['jpg']}: " in out and f"Wrote {len(images) - 1} prediction(s)" in out
+    assert "Skipped 1 unreadable file(s): " + str(images["broken"]) in err
+    payload = json.loads(json_path.read_text())
+    assert [p["path"] for p in payload["predictions"]] == [p.path for p in predictions]
+    assert payload["skipped"][0]["path"] == str(images["broken"])
+    first = payload["predictions"][0]
+    assert len(first["top_k"]) == 3  # top-k is capped at the number of classes
+    assert first["label"] == first["top_k"][0]["label"] and first["score"] == pytest.approx(predictions[0].scores[0])
+
+    csv_path = tmp_path / "preds.csv"
+    predict.main([str(run_dirs["scratch-gray"]), str(images["rgba"]), str(images["bmp"]), "--output", str(csv_path)])
+    with open(csv_path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [row["path"] for row in rows] == [str(images["rgba"]), str(images["bmp"])]
+    assert {"top1_label", "top1_probability", "top3_label"} <= set(rows[0])
+    assert float(rows[0]["top1_probability"]) >= float(rows[0]["top2_probability"])
+
+
+def test_cli_rejects_unknown_output_format(run_dirs, images):
+    with pytest.raises(SystemExit):
+        predict.main([str(run_dirs["vit"]), str(images["jpg"]), "--output", "preds.txt"])
+    with pytest.raises(ValueError, match=".csv or .json"):
+        predict.write_predictions([], "preds.txt")

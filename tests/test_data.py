@@ -1,0 +1,538 @@
+"""load_image_data on tiny synthetic datasets of every source type, written in tmp_path with the real libraries.
+
+Each synthetic image carries its own index in pixel (channel 0, row 0, column 0), so a decoded image can be matched
+with its source whatever the order of the splits, and compared pixel for pixel.
+"""
+
+import logging
+import os
+import pickle
+
+import datasets
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import finetune.data as data_module
+from finetune.arguments import DataArguments
+from finetune.data import ImageSplit, collate_batch, load_image_data, stratified_split
+
+
+NAMES = ["cat", "dog", "frog"]
+
+
+def _images(n, size=8, channels=3, seed=0):
+    """uint8 images (N, H, W, C), or (N, H, W) for grayscale, with image i holding i at its first pixel."""
+    shape = (n, size, size, channels) if channels == 3 else (n, size, size)
+    images = np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8)
+    images.reshape(n, -1)[:, 0] = np.arange(n)
+    return images
+
+
+def _labels(n):
+    return [i % len(NAMES) for i in range(n)]
+
+
+def _chw(images):
+    return images[:, None] if images.ndim == 3 else images.transpose(0, 3, 1, 2)
+
+
+def _args(**kwargs):
+    kwargs.setdefault("decoded_cache_dir", "none")
+    return DataArguments(**kwargs)
+
+
+def _dataset(images, labels, image_column="img", label_column="label", names=NAMES):
+    features = datasets.Features({image_column: datasets.Image(), label_column: datasets.ClassLabel(names=names)})
+    pil = [Image.fromarray(a) for a in images]
+    return datasets.Dataset.from_dict({image_column: pil, label_column: labels}, features=features)
+
+
+def _write_png_folder(root, images, labels):
+    paths = []
+    for i, (image, label) in enumerate(zip(images, labels)):
+        os.makedirs(root / NAMES[label], exist_ok=True)
+        paths.append(root / NAMES[label] / f"{i}.png")
+        Image.fromarray(image).save(paths[-1])
+    return paths
+
+
+def _assert_split_matches(split, images, labels):
+    """Every image of `split` equals the source image with the same index, and carries its label."""
+    assert isinstance(split, ImageSplit)
+    assert split.pixel_values.dtype == torch.uint8 and split.labels.dtype == torch.int64
+    source = _chw(images)
+    assert split.pixel_values.shape[1:] == source.shape[1:]
+    ids = split.pixel_values[:, 0, 0, 0].numpy().astype(np.int64)
+    np.testing.assert_array_equal(split.pixel_values.numpy(), source[ids])
+    np.testing.assert_array_equal(split.labels.numpy(), np.asarray(labels)[ids])
+    return set(ids.tolist())
+
+
+def _assert_covers(data, images, labels):
+    """train + validation (+ test) hold every source image exactly once."""
+    splits = [data.train, data.validation] + ([data.test] if data.test is not None else [])
+    ids = [_assert_split_matches(split, images, labels) for split in splits]
+    assert sum(len(s) for s in splits) == len(images)
+    assert set().union(*ids) == set(range(len(images)))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Sources
+
+
+def test_parquet_with_image_and_classlabel_features(tmp_path):
+    images, labels = _images(30), _labels(30)
+    path = tmp_path / "train.parquet"
+    _dataset(images, labels).to_parquet(path)
+    data = load_image_data(_args(dataset_name=str(path), validation_size=6), seed=0)
+    assert (len(data.train), len(data.validation), data.test) == (24, 6, None)
+    assert data.label_names == NAMES and data.num_channels == 3 and str(path) in data.source
+    assert data.id2label == {0: "cat", 1: "dog", 2: "frog"} and data.label2id["frog"] == 2
+    assert data.train.pixel_values.shape == (24, 3, 8, 8)
+    _assert_covers(data, images, labels)
+
+
+def test_grayscale_source_stays_one_channel(tmp_path):
+    images, labels = _images(12, channels=1), _labels(12)
+    path = tmp_path / "gray.parquet"
+    _dataset(images, labels, image_column="image").to_parquet(path)
+    data = load_image_data(_args(dataset_name=str(path), validation_size=3), seed=0)
+    assert data.num_channels == 1 and data.train.pixel_values.shape == (9, 1, 8, 8)
+    _assert_covers(data, images, labels)
+
+
+def test_save_to_disk_folder_keeps_its_test_split(tmp_path):
+    images, labels = _images(20), _labels(20)
+    dataset_dict = datasets.DatasetDict(
+        train=_dataset(images[:14], labels[:14]), test=_dataset(images[14:], labels[14:])
+    )
+    dataset_dict.save_to_disk(tmp_path / "saved")
+    data = load_image_data(_args(dataset_name=str(tmp_path / "saved"), validation_size=4), seed=0)
+    assert (len(data.train), len(data.validation), len(data.test)) == (10, 4, 6)
+    assert _assert_split_matches(data.test, images, labels) == set(range(14, 20))
+    _assert_covers(data, images, labels)
+
+
+def test_arrow_file(tmp_path):
+    images, labels = _images(10), _labels(10)
+    _dataset(images, labels).save_to_disk(tmp_path / "saved")
+    arrow_file = next((tmp_path / "saved").glob("*.arrow"))
+    data = load_image_data(_args(dataset_name=str(arrow_file), validation_size=3), seed=0)
+    _assert_covers(data, images, labels)
+
+
+def test_folder_of_parquet_files_split_by_file_name(tmp_path):
+    images, labels = _images(24), _labels(24)
+    _dataset(images[:12], labels[:12]).to_parquet(tmp_path / "train-00000-of-00001.parquet")
+    _dataset(images[12:18], labels[12:18]).to_parquet(tmp_path / "val.parquet")
+    _dataset(images[18:], labels[18:]).to_parquet(tmp_path / "test.parquet")
+    data = load_image_data(_args(dataset_name=str(tmp_path)), seed=0)
+    assert _assert_split_matches(data.train, images, labels) == set(range(12))
+    assert _assert_split_matches(data.validation, images, labels) == set(range(12, 18))
+    assert _assert_split_matches(data.test, images, labels) == set(range(18, 24))
+
+
+def test_explicit_train_validation_test_files(tmp_path):
+    images, labels = _images(18), _labels(18)
+    for name, part in (("a", slice(0, 10)), ("b", slice(10, 14)), ("c", slice(14, 18))):
+        _dataset(images[part], labels[part]).to_parquet(tmp_path / f"{name}.parquet")
+    args = _args(
+        train_file=str(tmp_path / "a.parquet"),
+        validation_file=str(tmp_path / "b.parquet"),
+        test_file=str(tmp_path / "c.parquet"),
+    )
+    data = load_image_data(args, seed=0)
+    assert _assert_split_matches(data.validation, images, labels) == set(range(10, 14))
+    assert _assert_split_matches(data.test, images, labels) == set(range(14, 18))
+    _assert_covers(data, images, labels)
+
+
+def test_csv_with_relative_image_paths_and_string_labels(tmp_path):
+    images, labels = _images(15), _labels(15)
+    paths = _write_png_folder(tmp_path / "pictures", images, labels)
+    lines = ["file,category"] + [f"{p.relative_to(tmp_path)},{NAMES[y]}" for p, y in zip(paths, labels)]
+    (tmp_path / "index.csv").write_text("\n".join(lines) + "\n")
+    args = _args(
+        dataset_name=str(tmp_path / "index.csv"),
+        image_column_name="file",
+        label_column_name="category",
+        validation_size=3,
+    )
+    data = load_image_data(args, seed=0)
+    assert data.label_names == sorted(NAMES)  # string labels: sorted unique names
+    _assert_covers(data, images, labels)
+
+
+def test_folder_of_csv_files_with_default_columns(tmp_path):
+    images, labels = _images(12), _labels(12)
+    paths = _write_png_folder(tmp_path / "data" / "pictures", images, labels)
+    for name, part in (("train", slice(0, 8)), ("test", slice(8, 12))):
+        rows = [f"pictures/{p.parent.name}/{p.name},{y}" for p, y in zip(paths[part], labels[part])]
+        (tmp_path / "data" / f"{name}.csv").write_text("image,label\n" + "\n".join(rows) + "\n")
+    data = load_image_data(_args(dataset_name=str(tmp_path / "data"), validation_size=2), seed=0)
+    assert data.label_names == ["0", "1", "2"]  # int labels without a ClassLabel
+    assert _assert_split_matches(data.test, images, labels) == set(range(8, 12))
+    _assert_covers(data, images, labels)
+
+
+def test_image_folder_with_one_subfolder_per_class(tmp_path):
+    images, labels = _images(18), _labels(18)
+    _write_png_folder(tmp_path / "pets", images, labels)
+    data = load_image_data(_args(dataset_name=str(tmp_path / "pets"), validation_size=6), seed=0)
+    assert data.label_names == NAMES and data.test is None
+    _assert_covers(data, images, labels)
+
+
+def test_image_folder_with_split_subfolders(tmp_path):
+    images, labels = _images(24), _labels(24)
+    _write_png_folder(tmp_path / "pets" / "train", images[:12], labels[:12])
+    for i in range(12, 18):
+        os.makedirs(tmp_path / "pets" / "val" / NAMES[labels[i]], exist_ok=True)
+        Image.fromarray(images[i]).save(tmp_path / "pets" / "val" / NAMES[labels[i]] / f"{i}.png")
+    for i in range(18, 24):
+        os.makedirs(tmp_path / "pets" / "test" / NAMES[labels[i]], exist_ok=True)
+        Image.fromarray(images[i]).save(tmp_path / "pets" / "test" / NAMES[labels[i]] / f"{i}.png")
+    data = load_image_data(_args(dataset_name=str(tmp_path / "pets")), seed=0)
+    assert data.label_names == NAMES
+    assert _assert_split_matches(data.train, images, labels) == set(range(12))
+    assert _assert_split_matches(data.validation, images, labels) == set(range(12, 18))
+    assert _assert_split_matches(data.test, images, labels) == set(range(18, 24))
+
+
+def _write_cifar_batches(root, per_batch=6):
+    """The real format: pickled dicts with b"data" uint8 (N, 3072) in CHW row-major order and b"labels"."""
+    os.makedirs(root)
+    rng = np.random.default_rng(0)
+    batches = {}
+    for name in ("data_batch_1", "data_batch_2", "test_batch"):
+        data = rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8)
+        labels = rng.integers(0, 10, per_batch).tolist()
+        batches[name] = (data, labels)
+        with open(root / name, "wb") as f:
+            pickle.dump({b"batch_label": name.encode(), b"data": data, b"labels": labels}, f)
+    names = [b"airplane", b"automobile", b"bird", b"cat", b"deer", b"dog", b"frog", b"horse", b"ship", b"truck"]
+    with open(root / "batches.meta", "wb") as f:
+        pickle.dump({b"label_names": names, b"num_vis": 3072}, f)
+    return batches
+
+
+def test_cifar_10_batches_py_folder(tmp_path):
+    batches = _write_cifar_batches(tmp_path / "cifar-10-batches-py")
+    args = _args(dataset_name=str(tmp_path / "cifar-10-batches-py"), validation_size=2)
+    data = load_image_data(args, seed=0)
+    assert data.label_names[:3] == ["airplane", "automobile", "bird"] and len(data.label_names) == 10
+    assert (len(data.train), len(data.validation), len(data.test)) == (10, 2, 6)
+    test_data, test_labels = batches["test_batch"]
+    # Row layout: 1024 red values, then green, then blue, each 32 rows of 32.
+    assert data.test.pixel_values[0, 1, 0, 5].item() == test_data[0, 1024 + 5]
+    assert data.test.pixel_values[3, 2, 31, 31].item() == test_data[3, 3071]
+    np.testing.assert_array_equal(data.test.pixel_values.numpy(), test_data.reshape(6, 3, 32, 32))
+    np.testing.assert_array_equal(data.test.labels.numpy(), test_labels)
+    train = np.concatenate([batches["data_batch_1"][0], batches["data_batch_2"][0]]).reshape(12, 3, 32, 32)
+    seen = np.concatenate([data.train.pixel_values.numpy(), data.validation.pixel_values.numpy()])
+    assert sorted(map(bytes, seen)) == sorted(map(bytes, train))
+
+
+def test_sklearn_digits():
+    from sklearn.datasets import load_digits
+
+    data = load_image_data(_args(dataset_name="sklearn:digits", validation_size=0.2), seed=0)
+    assert data.label_names == [str(i) for i in range(10)] and data.num_channels == 1 and data.test is None
+    assert (len(data.train), len(data.validation)) == (1438, 359)
+    assert data.train.pixel_values.shape[1:] == (1, 8, 8)
+    digits = load_digits()
+    expected = np.round(digits.images * 255 / 16).astype(np.uint8)
+    assert int(data.train.pixel_values.max()) == 255 and int(data.train.pixel_values.min()) == 0
+    seen = np.concatenate([data.train.pixel_values.numpy(), data.validation.pixel_values.numpy()])[:, 0]
+    assert sorted(map(bytes, seen)) == sorted(map(bytes, expected))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Columns and errors
+
+
+def test_columns_found_by_type_or_given_by_name(tmp_path):
+    images, labels = _images(9), _labels(9)
+    path = tmp_path / "train.parquet"
+    _dataset(images, labels, image_column="picture", label_column="target").to_parquet(path)
+    found = load_image_data(_args(dataset_name=str(path), validation_size=3), seed=0)
+    named = load_image_data(
+        _args(dataset_name=str(path), validation_size=3, image_column_name="picture", label_column_name="target"),
+        seed=0,
+    )
+    assert torch.equal(found.train.pixel_values, named.train.pixel_values)
+    _assert_covers(named, images, labels)
+    with pytest.raises(ValueError, match=r"`image_column_name`='photo' is not a column .*\['picture', 'target'\]"):
+        load_image_data(_args(dataset_name=str(path), image_column_name="photo"), seed=0)
+
+
+def test_no_label_column_lists_columns_and_names_the_argument(tmp_path):
+    images = _images(9)
+    features = datasets.Features({"img": datasets.Image(), "target": datasets.Value("int64")})
+    dataset = datasets.Dataset.from_dict(
+        {"img": [Image.fromarray(a) for a in images], "target": _labels(9)}, features=features
+    )
+    path = tmp_path / "train.parquet"
+    dataset.to_parquet(path)
+    with pytest.raises(ValueError, match="label_column_name") as error:
+        load_image_data(_args(dataset_name=str(path)), seed=0)
+    assert "['img', 'target']" in str(error.value)
+    data = load_image_data(_args(dataset_name=str(path), label_column_name="target", validation_size=3), seed=0)
+    assert data.label_names == ["0", "1", "2"]
+    _assert_covers(data, images, _labels(9))
+
+
+def test_no_image_column_lists_columns_and_names_the_argument(tmp_path):
+    images, labels = _images(6), _labels(6)
+    paths = _write_png_folder(tmp_path / "pictures", images, labels)
+    rows = [f"{p.relative_to(tmp_path)},{y}" for p, y in zip(paths, labels)]
+    (tmp_path / "train.csv").write_text("path,label\n" + "\n".join(rows) + "\n")
+    with pytest.raises(ValueError, match="image_column_name") as error:
+        load_image_data(_args(dataset_name=str(tmp_path / "train.csv")), seed=0)
+    assert "['path', 'label']" in str(error.value)
+
+
+def test_missing_path_says_what_is_accepted(tmp_path):
+    missing = str(tmp_path / "nowhere" / "train.parquet")
+    with pytest.raises(FileNotFoundError, match="does not exist") as error:
+        load_image_data(_args(dataset_name=missing), seed=0)
+    assert missing in str(error.value) and "image folder" in str(error.value)
+    with pytest.raises(FileNotFoundError, match="nowhere.parquet"):
+        load_image_data(_args(train_file=str(tmp_path / "nowhere.parquet")), seed=0)
+
+
+@pytest.mark.skipif(not os.environ.get("HF_HUB_OFFLINE"), reason="checks the offline error without network access")
+def test_unreachable_hub_dataset_explains_the_fix():
+    with pytest.raises(ConnectionError, match="hf-internal-testing-nonexistent/dataset") as error:
+        load_image_data(_args(dataset_name="hf-internal-testing-nonexistent/dataset"), seed=0)
+    assert "local copy" in str(error.value) and "dataset_name" in str(error.value)
+
+
+def test_corrupt_image_is_skipped_with_a_warning(tmp_path, caplog):
+    images, labels = _images(12), _labels(12)
+    _write_png_folder(tmp_path / "pets", images, labels)
+    (tmp_path / "pets" / "dog" / "broken.png").write_bytes(b"this is not a png")
+    with caplog.at_level(logging.WARNING, logger="finetune.data"):
+        data = load_image_data(_args(dataset_name=str(tmp_path / "pets"), validation_size=3), seed=0)
+    _assert_covers(data, images, labels)  # the 12 good images, nothing else
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("Skipped 1 corrupt image" in m and "broken.png" in m for m in warnings), warnings
+
+
+def test_corrupt_image_raises_with_policy_error(tmp_path):
+    _write_png_folder(tmp_path / "pets", _images(6), _labels(6))
+    (tmp_path / "pets" / "cat" / "broken.png").write_bytes(b"\x89PNG garbage")
+    with pytest.raises(ValueError, match="broken.png") as error:
+        load_image_data(_args(dataset_name=str(tmp_path / "pets"), corrupt_images="error"), seed=0)
+    assert "corrupt_images=skip" in str(error.value)
+
+
+def test_images_of_different_sizes_are_resized(tmp_path):
+    images = [np.full((8, 8, 3), 10 * i, np.uint8) for i in range(4)] + [np.full((10, 6, 3), 99, np.uint8)] * 2
+    dataset = _dataset([np.asarray(a) for a in images], _labels(6))
+    path = tmp_path / "mixed.parquet"
+    dataset.to_parquet(path)
+    with pytest.raises(ValueError, match="decode_size"):
+        load_image_data(_args(dataset_name=str(path), validation_size=3), seed=0)
+    data = load_image_data(_args(dataset_name=str(path), validation_size=3), seed=0, target_size=5)
+    assert data.train.image_size == (5, 5) and data.validation.image_size == (5, 5)
+    values = torch.cat([data.train.pixel_values, data.validation.pixel_values])
+    assert sorted(int(v) for v in values[:, 0, 2, 2]) == [0, 10, 20, 30, 99, 99]  # constant images stay constant
+    data = load_image_data(_args(dataset_name=str(path), validation_size=3, decode_size=4), seed=0, target_size=5)
+    assert data.train.image_size == (4, 4)
+
+
+def test_same_size_images_stay_native_whatever_the_target(tmp_path):
+    images, labels = _images(6), _labels(6)
+    path = tmp_path / "train.parquet"
+    _dataset(images, labels).to_parquet(path)
+    data = load_image_data(_args(dataset_name=str(path), validation_size=3), seed=0, target_size=224)
+    assert data.train.image_size == (8, 8)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Splits
+
+
+def test_stratified_split_keeps_class_proportions():
+    labels = np.array([0] * 100 + [1] * 50 + [2] * 10)
+    train, validation = stratified_split(labels, 0.2, seed=0)
+    assert np.bincount(labels[validation]).tolist() == [20, 10, 2]
+    assert len(np.intersect1d(train, validation)) == 0 and len(train) + len(validation) == 160
+    assert sorted(np.concatenate([train, validation]).tolist()) == list(range(160))
+    again_train, again_validation = stratified_split(labels, 0.2, seed=0)
+    assert np.array_equal(validation, again_validation) and np.array_equal(train, again_train)
+    assert not np.array_equal(validation, stratified_split(labels, 0.2, seed=1)[1])
+    _, absolute = stratified_split(labels, 16, seed=0)
+    assert len(absolute) == 16 and np.bincount(labels[absolute]).tolist() == [10, 5, 1]
+
+
+def test_stratified_split_rounds_to_the_exact_size():
+    labels = np.repeat(np.arange(7), [13, 7, 29, 3, 11, 5, 2])
+    for size in (0.1, 0.33, 17, 1):
+        _, validation = stratified_split(labels, size, seed=3)
+        expected = int(round(size * len(labels))) if size < 1 else size
+        assert len(validation) == expected
+        share = np.bincount(labels, minlength=7) * expected / len(labels)
+        assert np.all(np.abs(np.bincount(labels[validation], minlength=7) - share) < 1)
+    with pytest.raises(ValueError, match="validation_size"):
+        stratified_split(labels, len(labels), seed=0)
+
+
+def test_validation_split_end_to_end_is_seeded_and_disjoint():
+    args = _args(dataset_name="sklearn:digits", validation_size=0.25)
+    first, again, other = (load_image_data(args, seed=s) for s in (7, 7, 8))
+    assert torch.equal(first.validation.pixel_values, again.validation.pixel_values)
+    assert torch.equal(first.train.labels, again.train.labels)
+    assert not torch.equal(first.validation.pixel_values, other.validation.pixel_values)
+    counts = torch.bincount(first.validation.labels, minlength=10).float()
+    totals = counts + torch.bincount(first.train.labels, minlength=10).float()
+    assert torch.all((counts - totals * 0.25).abs() < 1)
+    train, validation = (set(map(bytes, s.pixel_values.numpy())) for s in (first.train, first.validation))
+    assert len(first.train) + len(first.validation) == 1797
+    # digits has a few duplicate images; beyond those, no image may sit on both sides.
+    assert len(train & validation) <= 5
+
+
+def test_max_samples_take_a_seeded_subset(tmp_path):
+    full = load_image_data(_args(dataset_name="sklearn:digits", validation_size=0.2), seed=0)
+    args = _args(dataset_name="sklearn:digits", validation_size=0.2, max_train_samples=100, max_eval_samples=50)
+    small, again = load_image_data(args, seed=0), load_image_data(args, seed=0)
+    assert (len(small.train), len(small.validation)) == (100, 50)
+    assert torch.equal(small.train.pixel_values, again.train.pixel_values)
+    # The validation split is carved before subsetting, so it is the same whatever max_train_samples is.
+    assert set(map(bytes, small.validation.pixel_values.numpy())) <= set(
+        map(bytes, full.validation.pixel_values.numpy())
+    )
+    assert set(map(bytes, small.train.pixel_values.numpy())) <= set(map(bytes, full.train.pixel_values.numpy()))
+    _write_cifar_batches(tmp_path / "cifar-10-batches-py")
+    cifar = load_image_data(
+        _args(dataset_name=str(tmp_path / "cifar-10-batches-py"), validation_size=2, max_eval_samples=4), seed=0
+    )
+    assert (len(cifar.validation), len(cifar.test)) == (2, 4)
+
+
+def test_include_labels_keeps_and_renumbers_classes():
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    pixels = np.round(digits.images * 255 / 16).astype(np.uint8)
+    data = load_image_data(_args(dataset_name="sklearn:digits", include_labels=["7", "2"]), seed=0)
+    assert data.label_names == ["7", "2"]
+    images = torch.cat([data.train.pixel_values, data.validation.pixel_values])[:, 0].numpy()
+    labels = torch.cat([data.train.labels, data.validation.labels]).numpy()
+    for new_id, digit in enumerate((7, 2)):
+        assert sorted(map(bytes, images[labels == new_id])) == sorted(map(bytes, pixels[digits.target == digit]))
+    assert set(labels.tolist()) == {0, 1}
+    with pytest.raises(ValueError, match="unknown label"):
+        load_image_data(_args(dataset_name="sklearn:digits", include_labels=["ten"]), seed=0)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The decoded cache
+
+
+def _count_decodes(monkeypatch):
+    calls = []
+    real = data_module._decode_images
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(data_module, "_decode_images", counting)
+    return calls
+
+
+def test_second_load_reads_the_cache_without_decoding(tmp_path, monkeypatch, caplog):
+    images, labels = _images(12), _labels(12)
+    path = tmp_path / "train.parquet"
+    _dataset(images, labels).to_parquet(path)
+    args = _args(dataset_name=str(path), validation_size=3, decoded_cache_dir=str(tmp_path / "cache"))
+    calls = _count_decodes(monkeypatch)
+    first = load_image_data(args, seed=0)
+    assert len(calls) == 1
+    entries = os.listdir(tmp_path / "cache")
+    assert len(entries) == 1 and not entries[0].startswith(".tmp")
+    assert sorted(os.listdir(tmp_path / "cache" / entries[0])) == ["labels.npy", "meta.json", "pixel_values.npy"]
+
+    def fail(*args, **kwargs):
+        raise AssertionError("decoded again despite the cache")
+
+    monkeypatch.setattr(data_module, "_decode_images", fail)
+    with caplog.at_level(logging.INFO, logger="finetune.data"):
+        second = load_image_data(args, seed=0)
+    assert "skipped decoding" in caplog.text
+    assert torch.equal(first.train.pixel_values, second.train.pixel_values)
+    assert torch.equal(first.validation.labels, second.validation.labels)
+    assert second.label_names == NAMES
+
+
+def test_cache_key_follows_decode_size_and_source_changes(tmp_path, monkeypatch):
+    images, labels = _images(9), _labels(9)
+    path = tmp_path / "train.parquet"
+    _dataset(images, labels).to_parquet(path)
+    args = _args(dataset_name=str(path), validation_size=3, decoded_cache_dir=str(tmp_path / "cache"))
+    calls = _count_decodes(monkeypatch)
+    load_image_data(args, seed=0)
+    load_image_data(args, seed=0, target_size=224)  # same-size images: the model's size does not matter
+    assert len(calls) == 1
+    resized = load_image_data(_args(**{**vars(args), "decode_size": 4}), seed=0)
+    assert len(calls) == 2 and resized.train.image_size == (4, 4)
+    _dataset(images[::-1].copy(), labels[::-1]).to_parquet(path)  # same size, new content
+    os.utime(path, ns=(1, 1))
+    load_image_data(args, seed=0)
+    assert len(calls) == 3 and len(os.listdir(tmp_path / "cache")) == 3
+
+
+def test_failed_cache_write_leaves_no_cache_entry(tmp_path, monkeypatch):
+    images, labels = _images(6), _labels(6)
+    path = tmp_path / "train.parquet"
+    _dataset(images, labels).to_parquet(path)
+    args = _args(dataset_name=str(path), validation_size=2, decoded_cache_dir=str(tmp_path / "cache"))
+    real_save = np.save
+
+    def crash_on_labels(file, array, *a, **kw):
+        if str(file).endswith("labels.npy"):
+            raise OSError("disk full")
+        return real_save(file, array, *a, **kw)
+
+    monkeypatch.setattr(data_module.np, "save", crash_on_labels)
+    data = load_image_data(args, seed=0)  # the run goes on without a cache
+    _assert_covers(data, images, labels)
+    assert os.listdir(tmp_path / "cache") == []
+    monkeypatch.setattr(data_module.np, "save", real_save)
+    calls = _count_decodes(monkeypatch)
+    load_image_data(args, seed=0)
+    assert len(calls) == 1, "a half-written cache must not be read"
+
+
+def test_cache_disabled_with_none(tmp_path, monkeypatch):
+    path = tmp_path / "train.parquet"
+    _dataset(_images(6), _labels(6)).to_parquet(path)
+    calls = _count_decodes(monkeypatch)
+    for _ in range(2):
+        load_image_data(_args(dataset_name=str(path), validation_size=2, decoded_cache_dir="none"), seed=0)
+    assert len(calls) == 2
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# ImageSplit and batching
+
+
+def test_image_split_batches_with_and_without_getitems():
+    split = ImageSplit(torch.arange(10, dtype=torch.uint8).view(10, 1, 1, 1).expand(10, 3, 4, 4), torch.arange(10))
+    item = split[3]
+    assert item["pixel_values"].shape == (3, 4, 4) and item["labels"].item() == 3 and item["labels"].ndim == 0
+    batch = collate_batch(split.__getitems__([4, 1, 7]))
+    assert batch["pixel_values"].shape == (3, 3, 4, 4) and batch["labels"].tolist() == [4, 1, 7]
+    stacked = collate_batch([split[4], split[1], split[7]])
+    assert torch.equal(stacked["pixel_values"], batch["pixel_values"]) and torch.equal(
+        stacked["labels"], batch["labels"]
+    )
+    loader = torch.utils.data.DataLoader(split, batch_size=4, collate_fn=collate_batch)
+    batches = list(loader)
+    assert [len(b["labels"]) for b in batches] == [4, 4, 2]
+    assert batches[0]["pixel_values"].dtype == torch.uint8 and batches[2]["labels"].tolist() == [8, 9]

@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 import yaml
 from transformers import HfArgumentParser, TrainingArguments
 
@@ -181,6 +182,7 @@ TRAINING_DEFAULTS = {
     "save_total_limit": 2,
     "remove_unused_columns": False,
     "dataloader_num_workers": 0,
+    "dataloader_pin_memory": torch.cuda.is_available(),
     "output_dir": "outputs/run",
 }
 

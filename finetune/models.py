@@ -140,16 +140,9 @@ def channel_statistics(pixel_values: torch.Tensor, num_channels: int) -> tuple[l
 
 def preprocessing_from(processor, config) -> Preprocessing:
     """Read resolution and normalisation from an image processor (`size` as height/width or shortest_edge)."""
-    size = processor.size if isinstance(processor.size, dict) else {"height": processor.size, "width": processor.size}
-    if "height" in size and "width" in size:
-        image_size = (int(size["height"]), int(size["width"]))
-    elif "shortest_edge" in size:
-        image_size = (int(size["shortest_edge"]),) * 2
-    else:
-        image_size = (int(config.image_size),) * 2
-    crop = getattr(processor, "crop_size", None)
-    if getattr(processor, "do_center_crop", False) and isinstance(crop, dict) and "height" in crop:
-        image_size = (int(crop["height"]), int(crop["width"]))
+    image_size = _height_width(processor.size) or (int(config.image_size),) * 2
+    if getattr(processor, "do_center_crop", False) and _height_width(getattr(processor, "crop_size", None)):
+        image_size = _height_width(processor.crop_size)
     num_channels = int(getattr(config, "num_channels", 3))
     do_normalize = getattr(processor, "do_normalize", True)
     mean = list(processor.image_mean) if do_normalize else [0.0] * num_channels
@@ -157,6 +150,21 @@ def preprocessing_from(processor, config) -> Preprocessing:
     if len(mean) != num_channels:
         mean, std = [sum(mean) / len(mean)] * num_channels, [sum(std) / len(std)] * num_channels
     return Preprocessing(image_size=image_size, num_channels=num_channels, image_mean=mean, image_std=std)
+
+
+def _height_width(size) -> tuple[int, int] | None:
+    """`(height, width)` of an image processor's `size` (a dict or transformers 5's `SizeDict`; height/width or
+    shortest_edge), or None when it names neither."""
+    if size is None:
+        return None
+    if isinstance(size, int):
+        return (size, size)
+    get = size.get if isinstance(size, dict) else lambda key: getattr(size, key, None)
+    if get("height") and get("width"):
+        return (int(get("height")), int(get("width")))
+    if get("shortest_edge"):
+        return (int(get("shortest_edge")),) * 2
+    return None
 
 
 def check_channels(data_channels: int, model_channels: int, convert: bool) -> None:

@@ -1,0 +1,325 @@
+"""The model card (README.md) of a run's output directory, for the Hub.
+
+The metadata is built with huggingface_hub's `ModelCardData` and `EvalResult`, so it parses back with
+`ModelCard.load(path).data` (tags, datasets, base model, pipeline tag, and a `model-index` with validation and test
+accuracy). The body is written from `results.json`, `config.json` and, when the run is part of a comparison, the
+comparison's summary.
+"""
+
+import argparse
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import huggingface_hub
+import torch
+import transformers
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+from transformers.utils import logging
+
+from finetune.compare import (
+    MISSING,
+    REPORT_NAME,
+    SUMMARY_NAME,
+    display_dataset,
+    format_count,
+    format_duration,
+    format_number,
+    format_percent,
+    is_hub_id,
+    load_run,
+    summary_table,
+)
+
+
+logger = logging.get_logger(__name__)
+
+CARD_NAME = "README.md"
+COMPARISON_DIR_NAME = "comparison"
+# Licenses of base checkpoints this project fine-tunes; a fine-tuned model inherits its base's license.
+KNOWN_BASE_LICENSES = {"google/vit-": "apache-2.0", "facebook/deit-": "apache-2.0"}
+HISTORY_ROWS = 30
+
+
+def find_comparison_dir(output_dir: str | os.PathLike) -> Path | None:
+    """The comparison report that covers this run, if any: `output_dir/comparison/`, or a sibling
+    `../comparison/` (the `model_type: both` layout) whose `comparison.json` lists this run."""
+    output_dir = Path(output_dir)
+    child = output_dir / COMPARISON_DIR_NAME
+    if (child / REPORT_NAME).is_file():
+        return child
+    sibling = output_dir.resolve().parent / COMPARISON_DIR_NAME
+    if not (sibling / REPORT_NAME).is_file():
+        return None
+    summary = _read_json(sibling / SUMMARY_NAME)
+    if summary is None:
+        return sibling
+    listed = {row.get("run_dir") for row in summary.get("runs", [])}
+    return sibling if output_dir.resolve().name in listed else None
+
+
+def _read_json(path: Path) -> Any:
+    if not path.is_file():
+        return None
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError) as error:
+        logger.warning(f"Ignoring {path}: {error}")
+        return None
+
+
+def is_scratch(results: dict) -> bool:
+    """Whether the run trained a ScratchViT (whose code ships with the weights)."""
+    return results.get("model_type") == "scratch" or "ScratchViT" in str(results.get("architecture"))
+
+
+def card_license(results: dict) -> str | None:
+    """`results.json`'s `license`, else the license of a known base checkpoint, else unknown (None)."""
+    if results.get("license"):
+        return results["license"]
+    base = results.get("model_name_or_path") or ""
+    if results.get("model_type") == "pretrained":
+        for prefix, license_name in KNOWN_BASE_LICENSES.items():
+            if base.startswith(prefix):
+                return license_name
+    return None
+
+
+def card_data(results: dict, model_name: str) -> ModelCardData:
+    """The card's YAML metadata: tags, dataset, base model, license, pipeline tag and model-index accuracies."""
+    scratch = is_scratch(results)
+    dataset = results.get("dataset")
+    dataset_name = display_dataset(dataset)
+    dataset_type = dataset if is_hub_id(dataset) else dataset_name
+    eval_results = []
+    for split, metric_name in (("validation", "Validation accuracy"), ("test", "Test accuracy")):
+        accuracy = (results.get(split) or {}).get("accuracy")
+        if accuracy is not None:
+            eval_results.append(
+                EvalResult(
+                    task_type="image-classification",
+                    task_name="Image Classification",
+                    dataset_type=dataset_type,
+                    dataset_name=dataset_name,
+                    dataset_split=split,
+                    metric_type="accuracy",
+                    metric_value=accuracy,
+                    metric_name=metric_name,
+                )
+            )
+    base_model = results.get("model_name_or_path")
+    return ModelCardData(
+        library_name="transformers",
+        license=card_license(results),
+        tags=["image-classification", "vision", "vit"] + (["scratch-vit", "custom_code"] if scratch else []),
+        datasets=[dataset] if is_hub_id(dataset) else None,
+        base_model=base_model if not scratch and is_hub_id(base_model) else None,
+        pipeline_tag="image-classification",
+        model_name=model_name,
+        eval_results=eval_results or None,
+    )
+
+
+def _table(headers: list[str], rows: list[list[Any]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _description(results: dict, config: dict, model_name: str) -> str:
+    dataset = f"`{display_dataset(results.get('dataset'))}`"
+    size = f"{results.get('image_size') or config.get('image_size', '?')} px"
+    params = format_count(results.get("num_parameters"))
+    base = results.get("model_name_or_path")
+    if is_scratch(results):
+        variant = ", ".join(
+            f"{key.replace('_', ' ')} {config[key]}"
+            for key in ("position_embedding_type", "pooling", "head_type")
+            if key in config
+        )
+        return (
+            f"**{model_name}** is a ScratchViT, a Vision Transformer written from scratch as a transformers model, "
+            f"trained from random initialisation on {dataset} at {size} ({params} parameters; {variant}). "
+            "Its modeling code is stored with the weights, so it loads with `trust_remote_code=True`."
+        )
+    base_text = f"[`{base}`](https://huggingface.co/{base})" if is_hub_id(base) else "a pretrained ViT checkpoint"
+    return (
+        f"**{model_name}** is {base_text} fine-tuned for image classification on {dataset} at {size} "
+        f"({params} parameters)."
+    )
+
+
+def _architecture_rows(config: dict) -> list[list[Any]]:
+    keys = (
+        "image_size",
+        "patch_size",
+        "num_channels",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "intermediate_size",
+        "position_embedding_type",
+        "pooling",
+        "head_type",
+    )
+    return [[f"`{key}`", config[key]] for key in keys if key in config]
+
+
+def _usage(results: dict, config: dict, repo: str) -> str:
+    scratch = is_scratch(results)
+    remote = ", trust_remote_code=True" if scratch else ""
+    mode = "L" if config.get("num_channels") == 1 else "RGB"
+    return "\n".join(
+        [
+            "```python",
+            "import torch",
+            "from PIL import Image",
+            "from transformers import AutoImageProcessor, AutoModelForImageClassification, pipeline",
+            "",
+            f'repo = "{repo}"',
+            "processor = AutoImageProcessor.from_pretrained(repo)",
+            f"model = AutoModelForImageClassification.from_pretrained(repo{remote})",
+            "",
+            f'inputs = processor(Image.open("image.jpg").convert("{mode}"), return_tensors="pt")',
+            "with torch.no_grad():",
+            "    logits = model(**inputs).logits",
+            "print(model.config.id2label[logits.argmax(-1).item()])",
+            "",
+            "# or, in one line:",
+            f'classifier = pipeline("image-classification", model=repo{remote})',
+            'print(classifier("image.jpg"))',
+            "```",
+            "",
+            "With this project's code, `python -m finetune.predict MODEL_DIR image.jpg` prints the top-5 classes, "
+            "and `python -m finetune.attention MODEL_DIR image.jpg --output maps/` plots the attention maps.",
+        ]
+    )
+
+
+def _results_section(results: dict) -> list[str]:
+    num_samples = results.get("num_samples") or {}
+    rows = []
+    for split in ("validation", "test"):
+        metrics = results.get(split)
+        if metrics:
+            rows.append(
+                [
+                    split,
+                    format_percent(metrics.get("accuracy")),
+                    format_number(metrics.get("loss"), 4),
+                    num_samples.get(split) if num_samples.get(split) is not None else MISSING,
+                ]
+            )
+    sections = ["## Results", _table(["Split", "Accuracy", "Loss", "Images"], rows)]
+    per_class = results.get("per_class_accuracy") or {}
+    if per_class:
+        split = results.get("confusion_split") or "evaluation"
+        sections += [
+            f"Per-class accuracy on the {split} split:",
+            _table(["Class", "Accuracy"], [[label, format_percent(acc)] for label, acc in per_class.items()]),
+        ]
+    return sections
+
+
+def _training_section(results: dict) -> list[str]:
+    hyperparameters = results.get("hyperparameters") or {}
+    train = results.get("train") or {}
+    rows = [[f"`{key}`", value] for key, value in hyperparameters.items()]
+    rows += [
+        ["epochs trained", format_number(results.get("epochs"), 2)],
+        ["training images", (results.get("num_samples") or {}).get("train", MISSING)],
+        ["training time", format_duration(train.get("runtime_seconds"))],
+        ["training images/s", format_number(results.get("train_images_per_second"), 1)],
+        ["final training loss", format_number(train.get("loss"), 4)],
+    ]
+    sections = ["## Training", "### Hyperparameters", _table(["Hyperparameter", "Value"], rows)]
+    history = results.get("history") or []
+    if history:
+        shown = history[:: math.ceil(len(history) / HISTORY_ROWS)]  # at most HISTORY_ROWS rows
+        sections += [
+            "### Training history",
+            _table(
+                ["Epoch", "Step", "Training loss", "Validation loss", "Validation accuracy"],
+                [
+                    [
+                        format_number(h.get("epoch"), 2),
+                        h.get("step", MISSING),
+                        format_number(h.get("train_loss"), 4),
+                        format_number(h.get("eval_loss"), 4),
+                        format_percent(h.get("eval_accuracy")),
+                    ]
+                    for h in shown
+                ],
+            ),
+        ]
+    return sections
+
+
+def build_model_card(output_dir: str | os.PathLike, repo_id: str | None = None) -> ModelCard:
+    """The `ModelCard` of a run's output directory (not written; see `write_model_card`)."""
+    output_dir = Path(output_dir)
+    results = load_run(output_dir)
+    config = _read_json(output_dir / "config.json") or {}
+    model_name = repo_id.split("/")[-1] if repo_id else str(results.get("run_name") or output_dir.name)
+    repo = repo_id or f"path/to/{output_dir.resolve().name}"
+
+    sections = [f"# {model_name}", _description(results, config, model_name)]
+    sections += _results_section(results)
+    comparison_dir = find_comparison_dir(output_dir)
+    summary = _read_json(comparison_dir / SUMMARY_NAME) if comparison_dir else None
+    if summary and summary.get("runs"):
+        sections += [
+            "## Comparison",
+            "This run was trained alongside the others below on the same data and splits "
+            f"(full report with learning curves and confusion matrices: [comparison/{REPORT_NAME}]"
+            f"(comparison/{REPORT_NAME})).",
+            summary_table(summary["runs"]),
+        ]
+    sections += ["## How to use", _usage(results, config, repo)]
+    sections += _training_section(results)
+    architecture_rows = _architecture_rows(config)
+    if architecture_rows:
+        sections += [
+            "## Architecture",
+            f"`{results.get('architecture') or (config.get('architectures') or ['?'])[0]}`:",
+            _table(["Field", "Value"], architecture_rows),
+        ]
+    sections += [
+        "## Framework versions",
+        f"- Transformers {transformers.__version__}\n- PyTorch {torch.__version__}\n"
+        f"- huggingface_hub {huggingface_hub.__version__}",
+    ]
+    data = card_data(results, model_name)
+    return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n\n".join(sections) + "\n")
+
+
+def write_model_card(output_dir: str | os.PathLike, repo_id: str | None = None) -> str:
+    """Write the model card of a run to `output_dir/README.md` and return its text.
+
+    Args:
+        output_dir: a run's output directory (`results.json`, `config.json`).
+        repo_id: the Hub repo the model goes to; names the model and fills the loading snippet.
+    """
+    card = build_model_card(output_dir, repo_id)
+    path = Path(output_dir) / CARD_NAME
+    card.save(path)
+    return path.read_text()
+
+
+def main(argv: list[str] | None = None) -> Path:
+    """Command-line entry: `python -m finetune.model_card OUTPUT_DIR [--repo-id ID]` writes OUTPUT_DIR/README.md."""
+    parser = argparse.ArgumentParser(prog="python -m finetune.model_card", description=main.__doc__)
+    parser.add_argument("output_dir", metavar="OUTPUT_DIR", help="A run's output directory (with results.json).")
+    parser.add_argument("--repo-id", help="The Hub repo id the card is for (names the model in the card).")
+    args = parser.parse_args(argv)
+    write_model_card(args.output_dir, args.repo_id)
+    path = Path(args.output_dir) / CARD_NAME
+    print(path)
+    return path
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,413 @@
+"""Pushing a run to the Hub: what is uploaded, that it loads anywhere, the model card, the token, and failures.
+
+The Hub is a local stdlib HTTP server implementing just what `HfApi.create_repo`, `create_branch` and
+`create_commit` call (repo creation, README metadata validation, preupload, commit with inline base64 files).
+"""
+
+import base64
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from helpers_runs import make_run_dir
+from huggingface_hub import ModelCard, constants
+from PIL import Image
+from transformers import AutoImageProcessor, AutoModelForImageClassification
+
+from finetune import hub
+from finetune.compare import write_comparison
+
+
+TOKEN = "hf_secret123"
+
+
+class FakeHub:
+    """A threaded local HTTP server standing in for the Hub API; records every request.
+
+    `fail` maps a route (`create`, `branch`, `commit`) to an HTTP status to answer with, or to `"close"` to drop the
+    connection without answering.
+    """
+
+    def __init__(self, fail: dict | None = None):
+        self.fail = fail or {}
+        self.requests: list[dict] = []
+        self.created: list[dict] = []
+        self.branches: list[tuple[str, str]] = []
+        self.commits: list[dict] = []
+        hub_ = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):  # keep the test output quiet
+                pass
+
+            def do_GET(self):
+                hub_.requests.append(
+                    {"method": "GET", "path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()}}
+                )
+                self.reply(404, {"error": "Not found"})
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                path = self.path.split("?")[0]
+                hub_.requests.append(
+                    {
+                        "method": "POST",
+                        "path": path,
+                        "headers": {k.lower(): v for k, v in self.headers.items()},
+                        "body": body,
+                    }
+                )
+                routes = [
+                    ("create", r"/api/repos/create"),
+                    ("validate", r"/api/validate-yaml"),
+                    ("branch", r"/api/models/(?P<repo>[^/]+/[^/]+)/branch/(?P<rev>[^/]+)"),
+                    ("preupload", r"/api/models/(?P<repo>[^/]+/[^/]+)/preupload/(?P<rev>[^/]+)"),
+                    ("commit", r"/api/models/(?P<repo>[^/]+/[^/]+)/commit/(?P<rev>[^/]+)"),
+                ]
+                matches = [(route, re.fullmatch(pattern, path)) for route, pattern in routes]
+                route, match = next(((r, m) for r, m in matches if m), (None, None))
+                if match is None:
+                    return self.reply(404, {"error": f"no route {path}"})
+                failure = hub_.fail.get(route)
+                if failure == "close":
+                    self.close_connection = True
+                    return
+                if failure is not None:
+                    return self.reply(failure, {"error": f"Simulated failure of {route}"})
+                getattr(self, f"handle_{route}")(body, **match.groupdict())
+
+            def handle_create(self, body):
+                payload = json.loads(body)
+                hub_.created.append(payload)
+                self.reply(200, {"url": f"{hub_.url}/{payload['organization']}/{payload['name']}"})
+
+            def handle_validate(self, body):
+                self.reply(200, {"errors": [], "warnings": []})
+
+            def handle_branch(self, body, repo, rev):
+                hub_.branches.append((repo, rev))
+                self.reply(200, {})
+
+            def handle_preupload(self, body, repo, rev):
+                files = json.loads(body)["files"]
+                answer = [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False} for f in files]
+                self.reply(200, {"files": answer, "commitOid": "0" * 40})
+
+            def handle_commit(self, body, repo, rev):
+                lines = [json.loads(line) for line in body.decode().splitlines() if line.strip()]
+                files = {
+                    line["value"]["path"]: base64.b64decode(line["value"]["content"])
+                    for line in lines
+                    if line["key"] == "file"
+                }
+                header = next(line["value"] for line in lines if line["key"] == "header")
+                others = [line["key"] for line in lines if line["key"] not in ("file", "header")]
+                oid = hashlib.sha1(body).hexdigest()
+                hub_.commits.append(
+                    {"repo": repo, "revision": rev, "summary": header["summary"], "files": files, "others": others}
+                )
+                self.reply(200, {"commitUrl": f"{hub_.url}/{repo}/commit/{oid}", "commitOid": oid})
+
+            def reply(self, status, payload):
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(autouse=True)
+def online(monkeypatch):
+    """The suite runs with HF_HUB_OFFLINE=1, which blocks every request; these tests only talk to localhost."""
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+
+
+@pytest.fixture(scope="module")
+def both_output_template(tmp_path_factory):
+    root = tmp_path_factory.mktemp("template") / "out"
+    make_run_dir(root / "pretrained", "pretrained", validation_accuracy=0.9134, test_accuracy=0.9021)
+    make_run_dir(root / "scratch", "scratch", validation_accuracy=0.6245, test_accuracy=None, seed=1)
+    write_comparison([root], root / "comparison")
+    return root
+
+
+@pytest.fixture
+def both_output(both_output_template, tmp_path):
+    """A fresh copy of a `model_type: both` output with its comparison, and the files a push must leave behind."""
+    return Path(shutil.copytree(both_output_template, tmp_path / "out"))
+
+
+def tree_hashes(folder: Path, skip: str = "README.md") -> dict[str, str]:
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != skip
+    }
+
+
+def test_upload_plan_has_the_model_and_nothing_big_or_private(both_output):
+    scratch = both_output / "scratch"
+    hub.write_model_card(scratch)
+    plan = dict(hub.upload_plan(scratch))
+    comparison = {f"comparison/{p.name}" for p in (both_output / "comparison").iterdir()}
+    model_files = {
+        "README.md",
+        "config.json",
+        "configuration_scratch_vit.py",
+        "model.safetensors",
+        "modeling_scratch_vit.py",
+        "preprocessor_config.json",
+        "results.json",
+    }
+    assert set(plan) == model_files | comparison
+    assert "comparison/report.md" in plan and "comparison/learning_curves.png" in plan
+    assert not any(path.startswith(("checkpoint-", "runs/")) for path in plan)
+    for left_out in ("training_args.bin", "trainer_state.json", "optimizer.pt"):
+        assert left_out not in plan
+    assert plan["config.json"] == scratch / "config.json"
+
+    pretrained = dict(hub.upload_plan(both_output / "pretrained"))
+    assert not any(path.endswith(".py") for path in pretrained)  # transformers' ViT ships no code
+
+
+def test_uploaded_folder_loads_in_a_clean_process(both_output, tmp_path):
+    """The files exactly as pushed load with trust_remote_code=True where neither scratch_vit nor finetune can be
+    imported, and give the logits of the model loaded here."""
+    image_path = tmp_path / "image.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (23, 31, 3), dtype=np.uint8)).save(image_path)
+    uploaded, expected = {}, {}
+    for name in ("scratch", "pretrained"):
+        run = both_output / name
+        hub.write_model_card(run, f"me/{name}")
+        target = tmp_path / "uploaded" / name
+        for path_in_repo, local in hub.upload_plan(run):
+            (target / path_in_repo).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(local, target / path_in_repo)
+        uploaded[name] = str(target)
+        model = AutoModelForImageClassification.from_pretrained(run).eval()
+        processor = AutoImageProcessor.from_pretrained(run)
+        with torch.no_grad():
+            expected[name] = model(**processor(Image.open(image_path).convert("RGB"), return_tensors="pt")).logits
+
+    child = tmp_path / "child.py"
+    child.write_text(
+        textwrap.dedent(
+            """
+            import importlib.abc, json, sys
+
+            class Block(importlib.abc.MetaPathFinder):
+                def find_spec(self, name, path=None, target=None):
+                    if name.split(".")[0] in ("scratch_vit", "finetune"):
+                        raise ImportError(f"{name} is blocked in this process")
+
+            sys.meta_path.insert(0, Block())
+            try:
+                import scratch_vit  # noqa
+            except ImportError:
+                pass
+            else:
+                raise SystemExit("scratch_vit is importable")
+
+            import torch
+            from PIL import Image
+            from transformers import AutoImageProcessor, AutoModelForImageClassification
+
+            dirs, image_path, out_path = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
+            logits, modules = {}, {}
+            for name, folder in dirs.items():
+                model = AutoModelForImageClassification.from_pretrained(folder, trust_remote_code=True).eval()
+                processor = AutoImageProcessor.from_pretrained(folder, trust_remote_code=True)
+                with torch.no_grad():
+                    inputs = processor(Image.open(image_path).convert("RGB"), return_tensors="pt")
+                    logits[name] = model(**inputs).logits
+                modules[name] = type(model).__module__
+            torch.save({"logits": logits, "modules": modules}, out_path)
+            """
+        )
+    )
+    workdir = tmp_path / "empty"
+    workdir.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "HF_TOKEN")}
+    env.update(HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"), HF_HOME=str(tmp_path / "hf_home"))
+    out = tmp_path / "child_out.pt"
+    result = subprocess.run(
+        [sys.executable, str(child), json.dumps(uploaded), str(image_path), str(out)],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    child_out = torch.load(out)
+    assert child_out["modules"]["scratch"].startswith("transformers_modules.")  # the uploaded code, not ours
+    for name in ("scratch", "pretrained"):
+        torch.testing.assert_close(child_out["logits"][name], expected[name], rtol=0, atol=0)
+
+
+def test_push_to_a_local_hub(both_output, caplog):
+    caplog.set_level(logging.DEBUG)
+    scratch = both_output / "scratch"
+    before = tree_hashes(both_output)
+    with FakeHub() as server:
+        url = hub.push_output_dir(
+            scratch, "me/vit-scratch", private=True, revision="dev", token=TOKEN, endpoint=server.url
+        )
+    assert url.startswith(f"{server.url}/me/vit-scratch/commit/")
+    assert server.created == [{"name": "vit-scratch", "organization": "me", "visibility": "private", "type": "model"}]
+    assert server.branches == [("me/vit-scratch", "dev")]
+    [commit] = server.commits
+    assert commit["revision"] == "dev" and commit["others"] == []
+    plan = dict(hub.upload_plan(scratch))
+    assert set(commit["files"]) == set(plan)
+    for path, content in commit["files"].items():
+        assert content == plan[path].read_bytes()
+    # the token went in the Authorization header of every request, and nowhere else
+    assert server.requests and all(r["headers"].get("authorization") == f"Bearer {TOKEN}" for r in server.requests)
+    assert not any(TOKEN.encode() in r.get("body", b"") for r in server.requests)
+    for path in both_output.rglob("*"):
+        if path.is_file():
+            assert TOKEN.encode() not in path.read_bytes(), path
+    assert caplog.records and not any(TOKEN in r.getMessage() for r in caplog.records)
+    # nothing local changed but the card
+    assert tree_hashes(both_output) == before
+
+    card = commit["files"]["README.md"].decode()
+    assert "trust_remote_code=True" in card
+    assert "## Comparison" in card and "comparison/report.md" in card
+
+
+def test_model_card_metadata_parses_back(both_output):
+    for name in ("pretrained", "scratch"):
+        run = both_output / name
+        hub.write_model_card(run, f"me/vit-{name}")
+        results = json.loads((run / "results.json").read_text())
+        card = ModelCard.load(run / "README.md")
+        data = card.data
+        assert data.library_name == "transformers" and data.pipeline_tag == "image-classification"
+        assert data.datasets == [results["dataset"]]
+        assert {"image-classification", "vision", "vit"} <= set(data.tags)
+        values = {r.metric_name: r.metric_value for r in data.eval_results}
+        expected = {"Validation accuracy": results["validation"]["accuracy"]}
+        if results["test"] is not None:
+            expected["Test accuracy"] = results["test"]["accuracy"]
+        assert values == expected
+        assert all(r.task_type == "image-classification" and r.metric_type == "accuracy" for r in data.eval_results)
+        assert data.model_name == f"vit-{name}"
+        assert f'repo = "me/vit-{name}"' in card.text
+        if name == "pretrained":
+            assert data.base_model == results["model_name_or_path"] and data.license == "apache-2.0"
+            assert "trust_remote_code" not in card.text and "custom_code" not in data.tags
+        else:
+            assert data.base_model is None
+            assert {"scratch-vit", "custom_code"} <= set(data.tags)
+            assert "from_pretrained(repo, trust_remote_code=True)" in card.text
+        assert "| `learning_rate` |" in card.text and "Per-class accuracy" in card.text
+
+
+def test_local_base_model_is_not_a_hub_id(both_output):
+    run = both_output / "pretrained"
+    results = json.loads((run / "results.json").read_text())
+    results.update(model_name_or_path=str(both_output / "scratch"), dataset="/data/my_images")
+    (run / "results.json").write_text(json.dumps(results))
+    data = ModelCard(hub.write_model_card(run)).data
+    assert data.base_model is None and data.datasets is None
+    assert str(both_output) not in hub.write_model_card(run)  # no local paths in a public card
+    assert data.eval_results[0].dataset_name == "my_images"
+
+
+@pytest.mark.parametrize(
+    "fail, cause",
+    [
+        ({"create": 500}, "HTTP 500 on POST /api/repos/create: Simulated failure of create"),
+        ({"commit": 500}, "HTTP 500 on POST /api/models/me/vit/commit/main"),
+        ({"create": 401}, "HTTP 401"),
+        ({"create": "close"}, "RemoteProtocolError"),
+    ],
+)
+def test_failed_push_says_why_and_how_to_retry(both_output, caplog, fail, cause):
+    caplog.set_level(logging.DEBUG)
+    run = both_output / "pretrained"
+    before = tree_hashes(both_output)
+    with FakeHub(fail=fail) as server:
+        with pytest.raises(hub.HubPushError) as error:
+            hub.push_output_dir(run, "me/vit", commit_message="first try", token=TOKEN, endpoint=server.url)
+    message = str(error.value)
+    assert cause in message
+    assert "Every local file" in message and "still in place" in message
+    assert f"python -m finetune.hub push {run} --repo-id me/vit --commit-message 'first try'" in message
+    if fail.get("create") == 401:
+        assert "token was rejected" in message
+    assert TOKEN not in message and not any(TOKEN in r.getMessage() for r in caplog.records)
+    assert tree_hashes(both_output) == before
+    assert (run / "README.md").is_file()  # the card is written even when the push fails
+
+
+def test_unreachable_hub(both_output):
+    with FakeHub() as server:
+        url = server.url  # a port that nothing listens on once the server is closed
+    with pytest.raises(hub.HubPushError, match=r"Could not reach http://127\.0\.0\.1"):
+        hub.push_output_dir(both_output / "scratch", "me/vit", token=TOKEN, endpoint=url)
+
+
+def test_no_token(both_output, monkeypatch):
+    monkeypatch.setattr(hub, "get_token", lambda: None)
+    with pytest.raises(hub.HubPushError, match="no Hub token") as error:
+        hub.push_output_dir(both_output / "scratch", "me/vit", private=True, revision="v1")
+    assert f"python -m finetune.hub push {both_output / 'scratch'} --repo-id me/vit --private --revision v1" in str(
+        error.value
+    )
+
+
+def test_not_a_run_directory(both_output):
+    with pytest.raises(FileNotFoundError, match="push pretrained, scratch separately|push scratch, pretrained"):
+        hub.push_output_dir(both_output, "me/vit", token=TOKEN)
+
+
+def test_cli(both_output, monkeypatch, capsys):
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    run = both_output / "scratch"
+    assert "model.safetensors" in hub.main(["files", str(run)])
+    capsys.readouterr()
+    with FakeHub() as server:
+        monkeypatch.setattr(constants, "ENDPOINT", server.url)
+        url = hub.main(["push", str(run), "--repo-id", "me/cli", "--commit-message", "hello"])
+    assert capsys.readouterr().out.strip() == url
+    assert server.commits[0]["summary"] == "hello"
+    assert server.requests[0]["headers"]["authorization"] == f"Bearer {TOKEN}"
+    with FakeHub(fail={"commit": 503}) as server:
+        monkeypatch.setattr(constants, "ENDPOINT", server.url)
+        with pytest.raises(SystemExit) as exit_info:
+            hub.main(["push", str(run), "--repo-id", "me/cli"])
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err
+    assert "HTTP 503" in err and f"python -m finetune.hub push {run} --repo-id me/cli" in err

@@ -1,0 +1,284 @@
+"""Epoch time of this project's data pipeline against the transformers example's, for the same model and images.
+
+- **example**: the style of transformers' `examples/pytorch/image-classification/run_image_classification.py`: a
+  `datasets.Dataset` with `set_transform` running torchvision transforms (RandomResizedCrop, RandomHorizontalFlip,
+  ToTensor, Normalize) on one PIL image at a time, a `DataLoader` with `--num-workers` workers and a stacking collate.
+- **ours**: `load_image_data` (every image decoded once to uint8, then read from the decoded cache), a `DataLoader`
+  over `ImageSplit` that serves whole batches with `__getitems__`, and `BatchTransform` on the device.
+
+For each pipeline: pure data throughput (no model), then `--steps` training steps (forward, backward, AdamW) with the
+time spent getting the next batch and transforming it measured apart from the model's compute. The training rate
+gives the extrapolated time of a 50,000-image CIFAR-10 epoch. Prints a Markdown table; `--output` writes JSON.
+
+    python benchmarks/data_pipeline.py                      # ScratchViT at 32 px (default config)
+    python benchmarks/data_pipeline.py --model vit-b16-tiny-224 --batch-size 32 --steps 10
+"""
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import datasets
+import torch
+from torch.utils.data import DataLoader
+from torchvision import transforms
+from transformers.utils import logging as transformers_logging
+
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from finetune.arguments import DataArguments  # noqa: E402
+from finetune.augment import BatchTransform  # noqa: E402
+from finetune.data import collate_batch, load_image_data  # noqa: E402
+
+
+EPOCH_IMAGES = 50_000
+MODELS = ("scratch", "vit-b16-tiny-224")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", default=str(ROOT.parent / "shared/data/cifar10-jpeg/train.parquet"))
+    parser.add_argument("--num-images", type=int, default=10_000, help="Use the first M images of --data.")
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--num-workers", type=int, default=2, help="DataLoader workers of the example pipeline.")
+    parser.add_argument(
+        "--our-num-workers", type=int, default=0, help="DataLoader workers of ours (batches are one tensor index)."
+    )
+    parser.add_argument("--steps", type=int, default=60, help="Training steps per pipeline (after 3 warm-up steps).")
+    parser.add_argument("--data-batches", type=int, default=60, help="Batches for the data-only throughput.")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--model", choices=MODELS, default="scratch")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice, one per core)."
+    )
+    parser.add_argument("--decoded-cache-dir", default=None, help="Default: a fresh temporary folder (first run).")
+    parser.add_argument("--output", default=None, help="Also write the results as JSON here.")
+    return parser.parse_args(argv)
+
+
+def build_model(name: str, num_labels: int):
+    """The model and its input size, mean and std."""
+    if name == "scratch":
+        from scratch_vit import ScratchViTConfig, ScratchViTForImageClassification
+
+        config = ScratchViTConfig(num_labels=num_labels)
+        return ScratchViTForImageClassification(config), config.image_size, [0.5] * 3, [0.5] * 3
+    from transformers import ViTConfig, ViTForImageClassification
+
+    config = ViTConfig(
+        hidden_size=192,
+        num_hidden_layers=12,
+        num_attention_heads=3,
+        intermediate_size=768,
+        image_size=224,
+        patch_size=16,
+        num_labels=num_labels,
+    )
+    return ViTForImageClassification(config), config.image_size, [0.5] * 3, [0.5] * 3
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def example_pipeline(args, image_size: int, mean, std):
+    """A `next_batch()` over the example script's pipeline, yielding normalized float batches on the device."""
+    dataset = datasets.load_dataset("parquet", data_files={"train": args.data}, split="train")
+    dataset = dataset.select(range(min(args.num_images, len(dataset))))
+    image_column = "img" if "img" in dataset.column_names else "image"
+    train_transforms = transforms.Compose(
+        [
+            transforms.RandomResizedCrop(image_size),
+            transforms.RandomHorizontalFlip(),
+            transforms.ToTensor(),
+            transforms.Normalize(mean=mean, std=std),
+        ]
+    )
+
+    def preprocess(batch):
+        batch["pixel_values"] = [train_transforms(image.convert("RGB")) for image in batch[image_column]]
+        return batch
+
+    dataset.set_transform(preprocess)
+
+    def collate(examples):
+        pixel_values = torch.stack([example["pixel_values"] for example in examples])
+        return {"pixel_values": pixel_values, "labels": torch.tensor([example["label"] for example in examples])}
+
+    loader = DataLoader(
+        dataset,
+        batch_size=args.batch_size,
+        shuffle=True,
+        num_workers=args.num_workers,
+        collate_fn=collate,
+        pin_memory=args.device.type == "cuda",
+        persistent_workers=args.num_workers > 0,
+        drop_last=True,
+    )
+    next_batch = _cycle(loader, lambda batch: batch["pixel_values"].to(args.device, non_blocking=True), args.device)
+    return next_batch, len(dataset)
+
+
+def our_pipeline(args, image_size: int, mean, std, timings: dict):
+    cache_dir = args.decoded_cache_dir or tempfile.mkdtemp(prefix="decoded-")
+    data_args = DataArguments(dataset_name=args.data, validation_size=1000, decoded_cache_dir=cache_dir)
+    for run in ("first_load_s", "cached_load_s"):
+        start = time.perf_counter()
+        data = load_image_data(data_args, seed=0, target_size=image_size)
+        timings[run] = time.perf_counter() - start
+    train = data.train.select(range(min(args.num_images, len(data.train))))
+    transform = BatchTransform(image_size, mean, std, data.num_channels, 3).to(args.device)
+    loader = DataLoader(
+        train,
+        batch_size=args.batch_size,
+        shuffle=True,
+        num_workers=args.our_num_workers,
+        collate_fn=collate_batch,
+        pin_memory=args.device.type == "cuda",
+        drop_last=True,
+    )
+
+    def to_model_input(batch):
+        return transform(batch["pixel_values"].to(args.device, non_blocking=True), train=True)
+
+    return _cycle(loader, to_model_input, args.device), len(train)
+
+
+def _cycle(loader, to_model_input, device):
+    """`next_batch()` -> (pixel_values, labels) on the device, over the loader endlessly."""
+    iterator = iter(loader)
+
+    def next_batch():
+        nonlocal iterator
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            iterator = iter(loader)
+            batch = next(iterator)
+        return to_model_input(batch), batch["labels"].to(device, non_blocking=True)
+
+    return next_batch
+
+
+def data_throughput(next_batch, num_batches: int, device) -> float:
+    next_batch()  # starts the workers
+    sync(device)
+    images, start = 0, time.perf_counter()
+    for _ in range(num_batches):
+        pixel_values, _ = next_batch()
+        images += len(pixel_values)
+    sync(device)
+    return images / (time.perf_counter() - start)
+
+
+def train_steps(next_batch, model, steps: int, device) -> dict:
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    model.train()
+    data_time = model_time = 0.0
+    images = 0
+    for step in range(steps + 3):
+        start = time.perf_counter()
+        pixel_values, labels = next_batch()
+        sync(device)
+        fetched = time.perf_counter()
+        loss = model(pixel_values=pixel_values, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        sync(device)
+        done = time.perf_counter()
+        if step >= 3:  # the first steps pay for worker start-up and allocator warm-up
+            data_time += fetched - start
+            model_time += done - fetched
+            images += len(labels)
+    total = data_time + model_time
+    return {
+        "train_images_per_s": images / total,
+        "epoch_s": EPOCH_IMAGES * total / images,
+        "data_share": data_time / total,
+        "data_ms_per_step": 1000 * data_time / steps,
+        "model_ms_per_step": 1000 * model_time / steps,
+    }
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    args.device = torch.device(args.device)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    datasets.disable_progress_bars()
+    transformers_logging.disable_progress_bar()
+    load_before = os.getloadavg()
+    results = {
+        "model": args.model,
+        "device": str(args.device),
+        "batch_size": args.batch_size,
+        "num_images": args.num_images,
+        "steps": args.steps,
+        "torch_threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+    }
+
+    timings = {}
+    _, image_size, mean, std = build_model(args.model, num_labels=10)
+    pipelines = {
+        "example": (lambda: example_pipeline(args, image_size, mean, std), args.num_workers),
+        "ours": (lambda: our_pipeline(args, image_size, mean, std, timings), args.our_num_workers),
+    }
+    for name, (build_pipeline, workers) in pipelines.items():
+        # One pipeline at a time, so the example's workers never compete with ours for the CPU.
+        next_batch, num_images = build_pipeline()
+        torch.manual_seed(0)
+        model = build_model(args.model, num_labels=10)[0].to(args.device)
+        row = {
+            "num_workers": workers,
+            "data_images_per_s": data_throughput(next_batch, args.data_batches, args.device),
+        }
+        row.update(train_steps(next_batch, model, args.steps, args.device))
+        results[name] = row
+        results["num_images"] = min(results["num_images"], num_images)
+        del next_batch, model
+    results.update(timings)
+    results["load_average"] = {"before": load_before, "after": os.getloadavg()}
+    print(markdown(results))
+    if args.output:
+        Path(args.output).write_text(json.dumps(results, indent=2))
+    return results
+
+
+def markdown(results: dict) -> str:
+    lines = [
+        f"Model `{results['model']}` on {results['device']} ({results['torch_threads']} torch threads, "
+        f"{results['cpu_count']} CPUs), batch {results['batch_size']}, first {results['num_images']:,} images, "
+        f"{results['steps']} timed training steps. Load average before/after: "
+        f"{' '.join(f'{x:.2f}' for x in results['load_average']['before'])} / "
+        f"{' '.join(f'{x:.2f}' for x in results['load_average']['after'])}.",
+        "",
+        "| pipeline | workers | data only (img/s) | training (img/s) | epoch of 50k (s) | data share of step | "
+        "data ms/step | model ms/step |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name in ("example", "ours"):
+        r = results[name]
+        lines.append(
+            f"| {name} | {r['num_workers']} | {r['data_images_per_s']:,.0f} | {r['train_images_per_s']:,.0f} | "
+            f"{r['epoch_s']:,.1f} | {100 * r['data_share']:.0f}% | {r['data_ms_per_step']:.1f} | "
+            f"{r['model_ms_per_step']:.1f} |"
+        )
+    lines += [
+        "",
+        f"Ours, one-off: decoding the whole file and caching it took {results['first_load_s']:.1f}s; "
+        f"loading it again from the decoded cache {results['cached_load_s']:.2f}s.",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,349 @@
+"""ScratchViTModel / ScratchViTForImageClassification: outputs, losses, options, checkpointing and loading."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers.modeling_outputs import BaseModelOutputWithPooling, ImageClassifierOutput
+
+from scratch_vit import ScratchViTConfig, ScratchViTForImageClassification, ScratchViTModel
+
+
+BATCH = 3
+
+
+def tiny_config(**overrides) -> ScratchViTConfig:
+    """A 16 px, 2-layer, 2-head model: 16 patches, fast enough to build dozens of times."""
+    fields = {
+        "image_size": 16,
+        "patch_size": 4,
+        "hidden_size": 16,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 32,
+        "num_labels": 5,
+    }
+    fields.update(overrides)
+    return ScratchViTConfig(**fields)
+
+
+def images(size: int = 16, channels: int = 3, batch: int = BATCH, seed: int = 0) -> torch.Tensor:
+    return torch.randn(batch, channels, size, size, generator=torch.Generator().manual_seed(seed))
+
+
+def build(model_class, config, seed: int = 0):
+    torch.manual_seed(seed)
+    return model_class(config).eval()
+
+
+VARIANTS = [
+    {"position_embedding_type": "learned", "pooling": "cls"},
+    {"position_embedding_type": "sinusoidal", "pooling": "mean"},
+]
+VARIANT_IDS = ["learned-cls", "sinusoidal-mean"]
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+def test_output_shapes_and_types(variant):
+    config = tiny_config(**variant)
+    num_tokens = 16 + (1 if config.pooling == "cls" else 0)
+    model = build(ScratchViTModel, config)
+    out = model(images())
+    assert isinstance(out, BaseModelOutputWithPooling)
+    assert out.last_hidden_state.shape == (BATCH, num_tokens, 16)
+    assert out.pooler_output.shape == (BATCH, 16)
+    assert out.hidden_states is None and out.attentions is None
+
+    classifier = build(ScratchViTForImageClassification, config)
+    out = classifier(images())
+    assert isinstance(out, ImageClassifierOutput)
+    assert out.logits.shape == (BATCH, 5)
+    assert out.loss is None
+
+
+def test_pooling_selects_cls_token_or_mean_of_patches():
+    out = build(ScratchViTModel, tiny_config(pooling="cls"))(images())
+    torch.testing.assert_close(out.pooler_output, out.last_hidden_state[:, 0], rtol=0, atol=0)
+    out = build(ScratchViTModel, tiny_config(pooling="mean"))(images())
+    assert out.last_hidden_state.shape[1] == 16  # no CLS token among the tokens
+    torch.testing.assert_close(out.pooler_output, out.last_hidden_state.mean(dim=1))
+
+
+def test_optional_parameters_are_absent_when_switched_off():
+    names = dict(
+        build(ScratchViTModel, tiny_config(pooling="cls", position_embedding_type="learned")).named_parameters()
+    )
+    assert names["embeddings.cls_token"].shape == (1, 1, 16)
+    assert names["embeddings.position_embeddings.position_embeddings"].shape == (1, 17, 16)
+
+    mean = build(ScratchViTModel, tiny_config(pooling="mean", position_embedding_type="learned"))
+    assert not any("cls_token" in name for name in mean.state_dict())
+    assert mean.embeddings.position_embeddings.position_embeddings.shape == (1, 16, 16)
+
+    sinusoidal = build(ScratchViTModel, tiny_config(pooling="cls", position_embedding_type="sinusoidal"))
+    assert not any("position" in name for name in sinusoidal.state_dict())
+
+
+def test_single_label_loss_is_cross_entropy():
+    model = build(ScratchViTForImageClassification, tiny_config())
+    labels = torch.tensor([0, 4, 2])
+    out = model(images(), labels=labels)
+    assert model.config.problem_type == "single_label_classification"
+    torch.testing.assert_close(out.loss, F.cross_entropy(out.logits, labels))
+
+
+def test_one_label_is_mse_regression():
+    model = build(ScratchViTForImageClassification, tiny_config(num_labels=1))
+    targets = torch.tensor([0.5, -1.0, 2.0])
+    out = model(images(), labels=targets)
+    assert out.logits.shape == (BATCH, 1)
+    assert model.config.problem_type == "regression"
+    torch.testing.assert_close(out.loss, F.mse_loss(out.logits.squeeze(-1), targets))
+
+
+def test_float_multi_hot_labels_are_multi_label_bce():
+    model = build(ScratchViTForImageClassification, tiny_config())
+    labels = torch.tensor([[1, 0, 1, 0, 0], [0, 0, 0, 0, 1], [1, 1, 1, 1, 1]], dtype=torch.float32)
+    assert model.config.problem_type is None
+    out = model(images(), labels=labels)
+    assert model.config.problem_type == "multi_label_classification"
+    torch.testing.assert_close(out.loss, F.binary_cross_entropy_with_logits(out.logits, labels))
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+def test_attentions_and_hidden_states(variant):
+    config = tiny_config(**variant)
+    num_tokens = 16 + (1 if config.pooling == "cls" else 0)
+    model = build(ScratchViTForImageClassification, config)
+    fast = model(images())
+    out = model(images(), output_attentions=True, output_hidden_states=True)
+
+    assert len(out.attentions) == config.num_hidden_layers
+    for probs in out.attentions:
+        assert probs.shape == (BATCH, 2, num_tokens, num_tokens)
+        assert (probs >= 0).all()
+        torch.testing.assert_close(probs.sum(dim=-1), torch.ones(BATCH, 2, num_tokens))
+    assert len(out.hidden_states) == config.num_hidden_layers + 1
+    assert all(h.shape == (BATCH, num_tokens, 16) for h in out.hidden_states)
+    # The explicit-softmax path (taken for output_attentions) must compute what SDPA computes.
+    torch.testing.assert_close(out.logits, fast.logits, rtol=0, atol=1e-6)
+
+
+def test_attentions_from_config_flag():
+    config = tiny_config(output_attentions=True, output_hidden_states=True)
+    out = build(ScratchViTModel, config)(images())
+    assert len(out.attentions) == 2 and len(out.hidden_states) == 3
+
+
+def test_return_dict_false_gives_tuples_in_output_order():
+    model = build(ScratchViTModel, tiny_config())
+    kwargs = {"output_attentions": True, "output_hidden_states": True}
+    as_dict = model(images(), **kwargs)
+    as_tuple = model(images(), return_dict=False, **kwargs)
+    assert isinstance(as_tuple, tuple) and len(as_tuple) == 4
+    torch.testing.assert_close(as_tuple[0], as_dict.last_hidden_state)
+    torch.testing.assert_close(as_tuple[1], as_dict.pooler_output)
+    assert len(as_tuple[2]) == 3 and len(as_tuple[3]) == 2
+    assert len(model(images(), return_dict=False)) == 2
+
+    classifier = build(ScratchViTForImageClassification, tiny_config())
+    labels = torch.tensor([1, 2, 3])
+    as_dict = classifier(images(), labels=labels, output_hidden_states=True)
+    as_tuple = classifier(images(), labels=labels, output_hidden_states=True, return_dict=False)
+    assert isinstance(as_tuple, tuple) and len(as_tuple) == 3
+    torch.testing.assert_close(as_tuple[0], as_dict.loss)
+    torch.testing.assert_close(as_tuple[1], as_dict.logits)
+    assert len(as_tuple[2]) == 3
+    logits_only = classifier(images(), return_dict=False)
+    assert len(logits_only) == 1
+    torch.testing.assert_close(logits_only[0], as_dict.logits)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+@pytest.mark.parametrize("height, width", [(24, 24), (8, 8), (16, 24)])
+def test_other_resolution_needs_interpolate_pos_encoding(variant, height, width):
+    config = tiny_config(**variant)
+    model = build(ScratchViTForImageClassification, config)
+    pixels = torch.randn(2, 3, height, width)
+    with pytest.raises(ValueError, match="interpolate_pos_encoding=True") as error:
+        model(pixels)
+    assert f"{height // 4}x{width // 4}" in str(error.value)
+
+    out = model(pixels, interpolate_pos_encoding=True, output_hidden_states=True)
+    num_tokens = (height // 4) * (width // 4) + (1 if config.pooling == "cls" else 0)
+    assert out.logits.shape == (2, 5)
+    assert out.hidden_states[0].shape == (2, num_tokens, 16)
+    assert torch.isfinite(out.logits).all()
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+def test_interpolate_pos_encoding_at_native_size_changes_nothing(variant):
+    model = build(ScratchViTForImageClassification, tiny_config(**variant))
+    torch.testing.assert_close(
+        model(images(), interpolate_pos_encoding=True).logits, model(images()).logits, rtol=0, atol=0
+    )
+
+
+def test_learned_positions_are_interpolated_not_reset():
+    """Upsampling the position grid keeps the trained values where the grids coincide in a smooth field."""
+    model = build(ScratchViTModel, tiny_config())
+    positions = model.embeddings.position_embeddings
+    with torch.no_grad():
+        # A constant grid must stay constant under bicubic resizing; the CLS position is kept as is.
+        positions.position_embeddings[:, 1:] = 0.7
+        positions.position_embeddings[:, 0] = -3.0
+    resized = positions(6, 6, interpolate=True)
+    assert resized.shape == (1, 37, 16)
+    torch.testing.assert_close(resized[:, 0], torch.full((1, 16), -3.0))
+    torch.testing.assert_close(resized[:, 1:], torch.full((1, 36, 16), 0.7))
+
+
+def test_wrong_channel_count_raises():
+    model = build(ScratchViTModel, tiny_config())
+    with pytest.raises(ValueError, match=r"Expected 3 channel\(s\).*got 1.*num_channels=1"):
+        model(images(channels=1))
+    grayscale = build(ScratchViTModel, tiny_config(num_channels=1))
+    assert grayscale(images(channels=1)).last_hidden_state.shape == (BATCH, 17, 16)
+
+
+def test_image_size_not_multiple_of_patch_raises():
+    model = build(ScratchViTModel, tiny_config())
+    with pytest.raises(ValueError, match=r"\(18x18\) must be a multiple of `patch_size` \(4\)"):
+        model(torch.randn(1, 3, 18, 18), interpolate_pos_encoding=True)
+
+
+def test_missing_pixel_values_raises():
+    with pytest.raises(ValueError, match="pixel_values"):
+        build(ScratchViTModel, tiny_config())()
+
+
+@pytest.mark.parametrize(
+    "dropout",
+    [
+        {"hidden_dropout_prob": 0.2},
+        {"attention_probs_dropout_prob": 0.3},
+        {"head_dropout_prob": 0.5, "head_type": "mlp"},
+    ],
+    ids=["hidden", "attention", "head"],
+)
+@pytest.mark.parametrize("output_attentions", [False, True], ids=["sdpa", "explicit"])
+def test_dropout_only_in_train_mode(dropout, output_attentions):
+    model = build(ScratchViTForImageClassification, tiny_config(**dropout))
+    pixels = images()
+    first = model(pixels, output_attentions=output_attentions).logits
+    second = model(pixels, output_attentions=output_attentions).logits
+    torch.testing.assert_close(first, second, rtol=0, atol=0)
+
+    model.train()
+    first = model(pixels, output_attentions=output_attentions).logits
+    second = model(pixels, output_attentions=output_attentions).logits
+    assert not torch.allclose(first, second)
+
+
+def test_no_dropout_train_equals_eval():
+    model = build(ScratchViTForImageClassification, tiny_config())
+    eval_logits = model(images()).logits
+    torch.testing.assert_close(model.train()(images()).logits, eval_logits)
+
+
+def _loss_and_grads(model, pixels, labels, seed):
+    model.zero_grad()
+    torch.manual_seed(seed)
+    loss = model(pixels, labels=labels).loss
+    loss.backward()
+    return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+def test_gradient_checkpointing_gives_same_loss_and_gradients(variant):
+    # Dropout on: checkpointing must replay the same random masks when it recomputes a block.
+    config = tiny_config(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, **variant)
+    model = build(ScratchViTForImageClassification, config).train()
+    pixels, labels = images(), torch.tensor([0, 1, 4])
+
+    # Count MLP calls: a checkpointed block runs its forward a second time during backward. A pre-hook, since
+    # non-reentrant checkpointing stops the replay once every saved tensor is recomputed, before forward hooks run.
+    calls = []
+    for layer in model.vit.encoder.layer:
+        layer.mlp.register_forward_pre_hook(lambda *_: calls.append(1))
+
+    loss, grads = _loss_and_grads(model, pixels, labels, seed=123)
+    assert len(calls) == config.num_hidden_layers
+    calls.clear()
+
+    model.gradient_checkpointing_enable()
+    assert model.is_gradient_checkpointing
+    checkpointed_loss, checkpointed_grads = _loss_and_grads(model, pixels, labels, seed=123)
+    assert len(calls) == 2 * config.num_hidden_layers
+
+    torch.testing.assert_close(checkpointed_loss, loss)
+    assert checkpointed_grads.keys() == grads.keys()
+    for name, grad in grads.items():
+        assert grad.abs().sum() > 0, name
+        torch.testing.assert_close(checkpointed_grads[name], grad, msg=name)
+
+
+def _perturb(model, seed: int = 1) -> None:
+    """Give every parameter values no initialiser would produce, as training would."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.copy_(torch.randn(param.shape, generator=generator) * 0.5 + 1.0)
+
+
+LOAD_VARIANTS = [
+    {},
+    {"position_embedding_type": "sinusoidal", "pooling": "mean", "head_type": "mlp"},
+]
+
+
+@pytest.mark.parametrize("variant", LOAD_VARIANTS, ids=["learned-cls-linear", "sinusoidal-mean-mlp"])
+@pytest.mark.parametrize("model_class", [ScratchViTModel, ScratchViTForImageClassification])
+def test_from_pretrained_keeps_every_saved_tensor(tmp_path, model_class, variant):
+    model = build(model_class, tiny_config(**variant))
+    _perturb(model)
+    model.save_pretrained(tmp_path)
+
+    loaded = model_class.from_pretrained(tmp_path).eval()
+    expected = model.state_dict()
+    actual = loaded.state_dict()
+    assert actual.keys() == expected.keys()
+    for name, tensor in expected.items():
+        assert torch.equal(actual[name], tensor), f"{name} was re-initialised or changed on load"
+    torch.testing.assert_close(loaded(images()).to_tuple(), model(images()).to_tuple(), rtol=0, atol=0)
+
+
+def test_base_checkpoint_into_classifier_initialises_only_the_head(tmp_path):
+    base = build(ScratchViTModel, tiny_config())
+    _perturb(base)
+    base.save_pretrained(tmp_path)
+
+    id2label = {i: f"class_{i}" for i in range(7)}
+    classifier = ScratchViTForImageClassification.from_pretrained(
+        tmp_path, id2label=id2label, label2id={v: k for k, v in id2label.items()}
+    )
+    base_state = base.state_dict()
+    for name, tensor in classifier.state_dict().items():
+        if name.startswith("vit."):
+            assert torch.equal(tensor, base_state[name.removeprefix("vit.")]), name
+    assert len([name for name in classifier.state_dict() if name.startswith("vit.")]) == len(base_state)
+
+    # The new head gets the config's initialisation (std `initializer_range`, zero bias), not the perturbed values.
+    head = classifier.classifier[-1]
+    assert head.weight.shape == (7, 16)
+    assert torch.equal(head.bias, torch.zeros(7))
+    std = classifier.config.initializer_range
+    assert 0.5 * std < head.weight.std() < 1.5 * std
+
+
+def test_fresh_model_initialisation():
+    model = build(ScratchViTForImageClassification, tiny_config(initializer_range=0.02))
+    std = model.config.initializer_range
+    for name, param in model.named_parameters():
+        if "layernorm" in name:
+            expected = torch.ones_like(param) if name.endswith("weight") else torch.zeros_like(param)
+            assert torch.equal(param, expected), name
+        elif name.endswith("bias"):
+            assert torch.equal(param, torch.zeros_like(param)), name
+        else:
+            # Truncated normal with std `initializer_range` (cut at +-2 absolute, as in transformers' ViT).
+            assert 0.5 * std < param.std() < 1.5 * std, name

@@ -24,7 +24,13 @@ import torch
 from helpers_runs import make_run_dir
 from huggingface_hub import ModelCard, constants
 from PIL import Image
-from transformers import AutoImageProcessor, AutoModelForImageClassification
+from transformers import (
+    AutoImageProcessor,
+    AutoModelForImageClassification,
+    ViTConfig,
+    ViTForImageClassification,
+    ViTImageProcessor,
+)
 
 from finetune import hub
 from finetune.compare import write_comparison
@@ -411,3 +417,45 @@ def test_cli(both_output, monkeypatch, capsys):
     assert exit_info.value.code == 1
     err = capsys.readouterr().err
     assert "HTTP 503" in err and f"python -m finetune.hub push {run} --repo-id me/cli" in err
+
+
+def test_real_tiny_run_is_compared_and_pushed(tmp_path, monkeypatch, caplog):
+    """`finetune/run.py` with `model_type: both` on scikit-learn's digits writes the comparison through
+    `write_comparison` and pushes both runs through `push_output_dir`; the token stays out of every file."""
+    from finetune import run
+
+    checkpoint = tmp_path / "base"
+    config = ViTConfig(
+        image_size=8, patch_size=2, num_channels=1, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=32, num_labels=3,
+    )  # fmt: skip
+    ViTForImageClassification(config).save_pretrained(checkpoint)
+    ViTImageProcessor(size={"height": 8, "width": 8}, image_mean=[0.5], image_std=[0.5]).save_pretrained(checkpoint)
+    out = tmp_path / "out"
+    args = [
+        "--model_type", "both", "--model_name_or_path", str(checkpoint), "--dataset_name", "sklearn:digits",
+        "--max_train_samples", "64", "--max_eval_samples", "20", "--validation_size", "0.2", "--image_size", "8",
+        "--patch_size", "2", "--hidden_size", "16", "--num_hidden_layers", "2", "--num_attention_heads", "2",
+        "--intermediate_size", "32", "--per_device_train_batch_size", "32", "--num_train_epochs", "1",
+        "--logging_steps", "2", "--horizontal_flip", "false", "--seed", "0", "--decoded_cache_dir", "none",
+        "--report_to", "none", "--output_dir", str(out),
+        "--push_to_hub", "true", "--hub_model_id", "me/digits", "--hub_token", TOKEN,
+    ]  # fmt: skip
+    caplog.set_level(logging.INFO)
+    with FakeHub() as server:
+        monkeypatch.setattr(constants, "ENDPOINT", server.url)
+        run.main(args)
+    assert (out / "comparison" / "report.md").is_file()
+    assert sorted(c["repo"] for c in server.commits) == ["me/digits-pretrained", "me/digits-scratch"]
+    for commit in server.commits:
+        name = commit["repo"].split("-")[-1]
+        assert set(commit["files"]) == {path for path, _ in hub.upload_plan(out / name)}
+        assert "comparison/report.md" in commit["files"] and "results.json" in commit["files"]
+        assert not any(p.startswith("checkpoint-") or p == "training_args.bin" for p in commit["files"])
+        card = ModelCard(commit["files"]["README.md"].decode())
+        results = json.loads((out / name / "results.json").read_text())
+        assert card.data.eval_results[0].metric_value == results["validation"]["accuracy"]
+    for path in out.rglob("*"):
+        if path.is_file():
+            assert TOKEN.encode() not in path.read_bytes(), path
+    assert not any(TOKEN in r.getMessage() for r in caplog.records)

@@ -50,8 +50,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--our-num-workers", type=int, default=0, help="DataLoader workers of ours (batches are one tensor index)."
     )
-    parser.add_argument("--steps", type=int, default=60, help="Training steps per pipeline (after 3 warm-up steps).")
-    parser.add_argument("--data-batches", type=int, default=60, help="Batches for the data-only throughput.")
+    parser.add_argument("--steps", type=int, default=40, help="Training steps per pipeline (after 3 warm-up steps).")
+    parser.add_argument("--data-batches", type=int, default=40, help="Batches for the data-only throughput.")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--model", choices=MODELS, default="scratch")
     parser.add_argument(

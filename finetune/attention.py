@@ -13,7 +13,9 @@ query tokens instead, and the figure title says so.
 """
 
 import argparse
+import math
 import os
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -183,7 +185,10 @@ def attention_heading(maps: AttentionMaps) -> str:
         if maps.uses_cls_token
         else "Mean attention over all query tokens (mean-pooled model: no CLS token)"
     )
-    return f"{query}, heads averaged\nPrediction: {maps.label} ({maps.score:.1%})"
+    return (
+        f"{query}, heads averaged\n"
+        f"Prediction: {maps.label} ({maps.score:.1%}); each map scaled to its own range, red = most attention"
+    )
 
 
 def plot_attention_figure(
@@ -193,8 +198,8 @@ def plot_attention_figure(
     shown = display_image(image)
     panels = [("Input", np.asarray(shown)), ("Attention rollout", overlay_heatmap(shown, maps.rollout))]
     panels += [(f"Layer {i + 1}", overlay_heatmap(shown, m)) for i, m in enumerate(maps.layer_maps)]
-    ncols = min(len(panels), 5)
-    nrows = -(-len(panels) // ncols)
+    nrows = math.ceil(len(panels) / 5)
+    ncols = math.ceil(len(panels) / nrows)  # balanced rows: 6 panels as 2 x 3, not 5 + 1
     panel_width = 2.6
     panel_height = panel_width * shown.height / shown.width
     fig = Figure(figsize=(ncols * panel_width, nrows * (panel_height + 0.35) + 0.9), layout="constrained")
@@ -205,7 +210,10 @@ def plot_attention_figure(
         ax.imshow(array)
         ax.set_title(name, fontsize=10)
     heading = attention_heading(maps)
-    fig.suptitle(f"{title}\n{heading}" if title else heading, fontsize=11)
+    lines = ([title] if title else []) + heading.splitlines()
+    # Wrap to the figure's width (about 13 characters per inch at this size) so no line is cut off.
+    width = int(ncols * panel_width * 13)
+    fig.suptitle("\n".join(textwrap.fill(line, width) for line in lines), fontsize=10)
     path = Path(path)
     fig.savefig(path, dpi=100)
     return path

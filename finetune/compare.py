@@ -294,7 +294,7 @@ def plot_confusion_matrix(
     matrix: Sequence[Sequence[int]], label_names: Sequence[str], title: str, path: str | os.PathLike
 ) -> Path:
     """A confusion matrix PNG normalized per true class (rows), with label names on both axes; the cell values are
-    written in when there are at most 20 classes."""
+    written in when there are at most 20 classes ("–" in the row of a class with no samples)."""
     normalized = normalize_confusion(matrix)
     n = normalized.shape[0]
     labels = list(label_names) if len(label_names) == n else [str(i) for i in range(n)]
@@ -309,13 +309,14 @@ def plot_confusion_matrix(
     ax.set_yticks(range(n), labels)
     ax.set(xlabel="Predicted label", ylabel="True label", title=title)
     if n <= 20:
+        empty_rows = np.asarray(matrix).reshape(n, n).sum(axis=1) == 0
         for i in range(n):
             for j in range(n):
                 value = normalized[i, j]
                 ax.text(
                     j,
                     i,
-                    f"{value:.2f}",
+                    "–" if empty_rows[i] else f"{value:.2f}",  # a class absent from the split has no fractions
                     ha="center",
                     va="center",
                     fontsize=8 if n > 10 else 9,

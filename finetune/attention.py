@@ -28,7 +28,14 @@ from matplotlib.figure import Figure
 from PIL import Image
 from transformers.utils import logging
 
-from finetune.predict import image_mode, load_classifier, needs_interpolation, open_image, preprocess
+from finetune.predict import (
+    check_image_size,
+    image_mode,
+    load_classifier,
+    needs_interpolation,
+    open_image,
+    preprocess,
+)
 
 
 logger = logging.get_logger(__name__)
@@ -153,6 +160,7 @@ def compute_attention_maps(model, processor, image: Image.Image, image_size: int
     The model must return real attention probabilities: ScratchViT always does when asked; load transformers' ViT
     with `attn_implementation="eager"` (SDPA returns none).
     """
+    check_image_size(model, image_size)
     pixel_values = preprocess([image.convert(image_mode(model))], processor, image_size)  # (1, C, H, W)
     kwargs = {"interpolate_pos_encoding": True} if needs_interpolation(model, image_size) else {}
     device = next(model.parameters()).device
@@ -278,6 +286,10 @@ def main(argv: list[str] | None = None) -> list[Path]:
     model, processor = load_classifier(
         args.model_dir, args.trust_remote_code, attn_implementation="eager", device=args.device
     )
+    try:
+        check_image_size(model, args.image_size)
+    except ValueError as error:
+        parser.error(str(error))
     written = write_attention_maps(model, processor, args.images, args.output, args.image_size)
     for path in written:
         print(path)

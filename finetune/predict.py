@@ -123,6 +123,19 @@ def preprocess(images: Sequence[Image.Image], processor, image_size: int | None 
     return processor(arrays, return_tensors="pt", input_data_format="channels_last", **kwargs)["pixel_values"]
 
 
+def check_image_size(model, image_size: int | None) -> None:
+    """Raise `ValueError` unless `image_size` (if given) is a positive multiple of the model's patch size."""
+    if image_size is None:
+        return
+    patch_size = getattr(model.config, "patch_size", 1)
+    patch_size = patch_size if isinstance(patch_size, int) else max(patch_size)
+    if image_size < 1 or image_size % patch_size:
+        raise ValueError(
+            f"`image_size` must be a positive multiple of the model's patch size ({patch_size}), got {image_size}. "
+            f"Try {max(patch_size, round(image_size / patch_size) * patch_size)}."
+        )
+
+
 def needs_interpolation(model, image_size: int | None) -> bool:
     """Whether inputs of `image_size` differ from the resolution the model was trained on."""
     return image_size is not None and image_size != getattr(model.config, "image_size", image_size)
@@ -151,6 +164,7 @@ def predict_files(
         raise ValueError(f"`top_k` must be >= 1, got {top_k}.")
     if batch_size < 1:
         raise ValueError(f"`batch_size` must be >= 1, got {batch_size}.")
+    check_image_size(model, image_size)
     id2label = model.config.id2label
     top_k = min(top_k, model.config.num_labels)
     mode = image_mode(model)
@@ -240,6 +254,10 @@ def main(argv: list[str] | None = None) -> list[Prediction]:
     except FileNotFoundError as error:
         parser.error(str(error))
     model, processor = load_classifier(args.model_dir, args.trust_remote_code, device=args.device)
+    try:
+        check_image_size(model, args.image_size)
+    except ValueError as error:
+        parser.error(str(error))
     predictions, skipped = predict_files(model, processor, paths, args.top_k, args.batch_size, args.image_size)
 
     for p in predictions:

@@ -117,6 +117,15 @@ def test_cli_json_and_csv(run_dirs, images, tmp_path, capsys):
     assert float(rows[0]["top1_probability"]) >= float(rows[0]["top2_probability"])
 
 
+def test_image_size_must_fit_the_patches(run_dirs, images, capsys):
+    model, processor = predict.load_classifier(run_dirs["vit"])
+    with pytest.raises(ValueError, match=r"multiple of the model's patch size \(4\), got 18. Try 16"):
+        predict.predict_files(model, processor, [images["jpg"]], image_size=18)
+    with pytest.raises(SystemExit):
+        predict.main([str(run_dirs["vit"]), str(images["jpg"]), "--image-size", "18"])
+    assert "multiple of the model's patch size" in capsys.readouterr().err
+
+
 def test_cli_rejects_unknown_output_format(run_dirs, images):
     with pytest.raises(SystemExit):
         predict.main([str(run_dirs["vit"]), str(images["jpg"]), "--output", "preds.txt"])

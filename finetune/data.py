@@ -253,7 +253,8 @@ def _open_hub(name: str, config_name: str | None) -> _Source:
             else ""
         )
         raise ConnectionError(
-            f"Could not load the Hub dataset {name!r}{config}: {type(error).__name__}: {error}\n{why}Fix: connect to "
+            f"Could not load the Hub dataset {name!r}{config} (there is no local path of that name either): "
+            f"{type(error).__name__}: {error}\n{why}Fix: connect to "
             "the internet (and log in with `hf auth login` for gated datasets), or point `dataset_name` at a local "
             "copy: a parquet file or folder, an image folder, or a cifar-10-batches-py folder."
         ) from error

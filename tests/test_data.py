@@ -352,6 +352,18 @@ def test_same_size_images_stay_native_whatever_the_target(tmp_path):
     assert data.train.image_size == (8, 8)
 
 
+def test_grayscale_then_colour_images_decode_as_rgb(tmp_path):
+    gray, colour = _images(4, channels=1), _images(4, seed=1)
+    dataset = _dataset(list(gray) + list(colour), _labels(8))  # the first images decide "L", a later one says RGB
+    path = tmp_path / "mixed_modes.parquet"
+    dataset.to_parquet(path)
+    data = load_image_data(_args(dataset_name=str(path), validation_size=2), seed=0)
+    assert data.num_channels == 3
+    pixels = torch.cat([data.train.pixel_values, data.validation.pixel_values]).numpy()
+    expected = [np.repeat(g[None], 3, axis=0) for g in gray] + list(colour.transpose(0, 3, 1, 2))
+    assert sorted(map(bytes, pixels)) == sorted(map(bytes, expected))
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Splits
 

@@ -270,7 +270,7 @@ def _open_sklearn(name: str) -> _Source:
     from sklearn.datasets import load_digits
 
     digits = load_digits()
-    # The pixels are counts 0..16 of an 4x4 block; stretch them to the uint8 range of ordinary images.
+    # The pixels are counts 0..16 of set pixels in a 4x4 block; stretch them to the uint8 range of ordinary images.
     pixels = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)[:, None]  # (N, 8, 8) -> (N, 1, 8, 8)
     labels = digits.target.astype(np.int64)
     return _Source(name, name, decoded={"train": (pixels, labels)}, label_names=[str(i) for i in range(10)])

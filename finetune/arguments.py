@@ -139,6 +139,26 @@ class DataArguments:
         default=4, metadata={"help": "Random crop with this much zero padding (in source pixels); 0 disables it."}
     )
     horizontal_flip: bool = field(default=True, metadata={"help": "Random horizontal flips of training images."})
+    rand_augment_ops: int = field(
+        default=0,
+        metadata={
+            "help": "Random photometric/geometric ops per training image, on the device: 0 off, 1 TrivialAugment, "
+            "N > 1 RandAugment-style (N ops in a row, random magnitudes)."
+        },
+    )
+    rand_augment_magnitude: float = field(
+        default=1.0, metadata={"help": "Largest magnitude of `rand_augment_ops`, as a share of each op's range."}
+    )
+    mixup_alpha: float = field(
+        default=0.0, metadata={"help": "MixUp of training batches with ratio ~ Beta(alpha, alpha); 0 disables it."}
+    )
+    cutmix_alpha: float = field(
+        default=0.0,
+        metadata={
+            "help": "CutMix of training batches with ratio ~ Beta(alpha, alpha); 0 disables it. With MixUp also on, "
+            "each batch uses one of the two at random."
+        },
+    )
 
     def __post_init__(self):
         if self.corrupt_images not in CORRUPT_IMAGE_POLICIES:
@@ -151,6 +171,14 @@ class DataArguments:
             )
         if self.random_crop_padding < 0:
             raise ValueError(f"`random_crop_padding` must be >= 0, got {self.random_crop_padding}.")
+        if self.rand_augment_ops < 0:
+            raise ValueError(f"`rand_augment_ops` must be >= 0, got {self.rand_augment_ops}.")
+        if not 0 < self.rand_augment_magnitude <= 1:
+            raise ValueError(f"`rand_augment_magnitude` must be in (0, 1], got {self.rand_augment_magnitude}.")
+        if self.mixup_alpha < 0 or self.cutmix_alpha < 0:
+            raise ValueError(
+                f"`mixup_alpha` and `cutmix_alpha` must be >= 0, got {self.mixup_alpha} and {self.cutmix_alpha}."
+            )
 
 
 @dataclass
@@ -167,6 +195,45 @@ class RunArguments:
     hub_commit_message: str = field(
         default="Upload fine-tuned model", metadata={"help": "Commit message of the push to the Hub."}
     )
+    max_train_minutes: float | None = field(
+        default=None,
+        metadata={
+            "help": "Stop training after this many minutes of wall-clock time (evaluations included); the best "
+            "model is then evaluated, tested and saved as usual. Default: no budget."
+        },
+    )
+    budget_schedule: bool = field(
+        default=False,
+        metadata={
+            "help": "With `max_train_minutes`: measure the time per step early on and re-plan the learning-rate "
+            "schedule (cosine, linear, ...) to end exactly at the budget; `num_train_epochs` is then only an upper "
+            "bound."
+        },
+    )
+    ema_decay: float | None = field(
+        default=None,
+        metadata={
+            "help": "Keep an exponential moving average of the weights with this decay (e.g. 0.999, warmed up as "
+            "min(decay, (1 + t) / (10 + t))); evaluations, checkpoints and the final model use it. Default: off."
+        },
+    )
+    flip_tta: bool = field(
+        default=False,
+        metadata={"help": "At evaluation, average the logits of each image and its mirror image."},
+    )
+
+    def __post_init__(self):
+        if self.max_train_minutes is not None and self.max_train_minutes <= 0:
+            raise ValueError(f"`max_train_minutes` must be > 0, got {self.max_train_minutes}.")
+        if self.budget_schedule and self.max_train_minutes is None:
+            raise ValueError("`budget_schedule: true` needs `max_train_minutes`.")
+        if self.ema_decay is not None and not 0 < self.ema_decay < 1:
+            raise ValueError(f"`ema_decay` must be in (0, 1), got {self.ema_decay}.")
+
+
+def _has_accelerator() -> bool:
+    accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6
+    return accelerator.is_available() if accelerator is not None else torch.cuda.is_available()
 
 
 # The pipeline's defaults where they differ from the Trainer's: evaluate and save every epoch and keep the best model
@@ -183,6 +250,10 @@ TRAINING_DEFAULTS = {
     "remove_unused_columns": False,
     "dataloader_num_workers": 0,
     "dataloader_pin_memory": torch.cuda.is_available(),
+    "ddp_find_unused_parameters": False,  # every parameter is used; searching costs a graph walk per step
+    # Without it, processes started by `accelerate launch --multi_gpu` or `torchrun` on a machine with no GPU each
+    # train alone (world size 1); with it they join one gloo process group.
+    "use_cpu": not _has_accelerator(),
     "output_dir": "outputs/run",
 }
 

@@ -29,7 +29,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from finetune.arguments import DataArguments, ModelArguments, RunArguments, parse_args  # noqa: E402
-from finetune.augment import BatchTransform  # noqa: E402
+from finetune.augment import BatchTransform, MixUpCutMix  # noqa: E402
+from finetune.callbacks import training_callbacks  # noqa: E402
 from finetune.data import ImageData, collate_batch, load_image_data  # noqa: E402
 from finetune.metrics import compute_metrics, confusion_report  # noqa: E402
 from finetune.models import build_model, count_parameters  # noqa: E402
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
         args = dataclasses.replace(training_args, output_dir=str(run_dirs[model_type]))
         args.push_to_hub, args.hub_token = False, None
         results[model_type] = train_and_evaluate(
-            model_type, model_args, data_args, scratch_args, args, data, checkpoints[model_type], start
+            model_type, model_args, data_args, scratch_args, args, data, checkpoints[model_type], start, run_args
         )
 
     is_main = training_args.process_index == 0
@@ -93,6 +94,9 @@ def setup_logging(training_args: TrainingArguments) -> None:
         datefmt="%m/%d/%Y %H:%M:%S",
         handlers=[logging.StreamHandler(sys.stdout)],
     )
+    if training_args.should_log:
+        # The main process logs at INFO unless `log_level` says otherwise; replicas follow `log_level_replica`.
+        transformers.utils.logging.set_verbosity_info()
     log_level = training_args.get_process_log_level()
     for name in ("finetune", "scratch_vit", __name__):
         logging.getLogger(name).setLevel(log_level)
@@ -154,6 +158,7 @@ def train_and_evaluate(
     data: ImageData,
     checkpoint: str | None,
     start: float,
+    run_args: RunArguments | None = None,
 ) -> dict:
     """Train one model, keep the best by validation accuracy, test it and write `results.json`."""
     logger.info(f"==== {model_type} model -> {args.output_dir}")
@@ -167,8 +172,14 @@ def train_and_evaluate(
         out_channels=prep.num_channels,
         random_crop_padding=data_args.random_crop_padding,
         horizontal_flip=data_args.horizontal_flip,
+        rand_augment_ops=data_args.rand_augment_ops,
+        rand_augment_magnitude=data_args.rand_augment_magnitude,
     )
+    mix = None
+    if data_args.mixup_alpha > 0 or data_args.cutmix_alpha > 0:
+        mix = MixUpCutMix(len(data.label_names), data_args.mixup_alpha, data_args.cutmix_alpha)
     timer = TrainingTimeCallback()
+    budget_callbacks, ema = training_callbacks(run_args, model)
     trainer = ImageClassificationTrainer(
         model=model,
         args=args,
@@ -177,12 +188,16 @@ def train_and_evaluate(
         data_collator=collate_batch,
         compute_metrics=compute_metrics,
         processing_class=processor,
-        callbacks=[timer],
+        callbacks=[timer, *budget_callbacks],
         batch_transform=batch_transform,
+        mix=mix,
+        flip_tta=run_args.flip_tta if run_args is not None else False,
+        ema=ema,
     )
 
     # ---- Training. With `load_best_model_at_end` the best checkpoint by validation accuracy is reloaded here.
     train_result = trainer.train(resume_from_checkpoint=checkpoint)
+    history = epoch_history(trainer.state.log_history)  # before the final evaluations add their own entries
     trainer.save_model()
     trainer.log_metrics("train", train_result.metrics)
     trainer.save_metrics("train", train_result.metrics)
@@ -203,21 +218,22 @@ def train_and_evaluate(
     confusion = confusion_report(prediction.predictions, prediction.label_ids, data.label_names)
 
     results = build_results(
-        model_type,
-        model_args,
-        data,
-        model,
-        prep,
-        args,
-        train_result.metrics,
-        validation,
-        test,
-        confusion,
-        confusion_split,
-        trainer,
-        timer,
-        time.perf_counter() - start,
+        model_type=model_type,
+        model_args=model_args,
+        data=data,
+        model=model,
+        prep=prep,
+        args=args,
+        train_metrics=train_result.metrics,
+        validation=validation,
+        test=test,
+        confusion={**confusion, "confusion_split": confusion_split},
+        history=history,
+        timer=timer,
+        wall_time=time.perf_counter() - start,
     )
+    # Where the training time went: the data path (loader + device transforms) against all training steps.
+    results["train"].update(seconds=timer.train_seconds, data_seconds=trainer.data_seconds)
     if trainer.is_world_process_zero():
         with open(Path(args.output_dir) / "results.json", "w") as f:
             json.dump(results, f, indent=2)
@@ -251,30 +267,20 @@ def epoch_history(log_history: list[dict]) -> list[dict]:
                     "train_loss": last_train_loss,
                     "eval_loss": entry.get("eval_loss"),
                     "eval_accuracy": entry["eval_accuracy"],
+                    "elapsed_seconds": entry.get("elapsed_seconds"),
                 }
             )
     return rows
 
 
 def build_results(
-    model_type,
-    model_args,
-    data,
-    model,
-    prep,
-    args,
-    train_metrics,
-    validation,
-    test,
-    confusion,
-    confusion_split,
-    trainer,
-    timer,
-    wall_time,
-) -> dict:
+    *, model_type, model_args, data, model, prep, args, train_metrics, validation, test, confusion, history,
+    timer, wall_time,
+) -> dict:  # fmt: skip
     """The run's `results.json`: everything the comparison report and the model card need."""
-    num_train_images = len(data.train) * float(train_metrics.get("epoch", args.num_train_epochs))
-    train_seconds = timer.train_seconds or train_metrics.get("train_runtime", float("nan"))
+    total_batch_size = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
+    # Steps x batch size overcounts the last, partial batch of each epoch by less than one batch.
+    images_per_second = timer.steps * total_batch_size / timer.train_seconds if timer.train_seconds else None
     return {
         "run_name": args.run_name or Path(args.output_dir).name,
         "model_type": model_type,
@@ -293,9 +299,7 @@ def build_results(
         "hyperparameters": {
             "learning_rate": args.learning_rate,
             "per_device_train_batch_size": args.per_device_train_batch_size,
-            "total_train_batch_size": args.per_device_train_batch_size
-            * args.gradient_accumulation_steps
-            * args.world_size,
+            "total_train_batch_size": total_batch_size,
             "num_train_epochs": args.num_train_epochs,
             "optim": str(getattr(args.optim, "value", args.optim)),
             "lr_scheduler_type": str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)),
@@ -309,16 +313,14 @@ def build_results(
         "train": {
             "loss": train_metrics.get("train_loss"),
             "runtime_seconds": train_metrics.get("train_runtime"),
-            "images_per_second": num_train_images / train_seconds if train_seconds else None,
+            "images_per_second": images_per_second,
         },
         "validation": _strip(validation, "eval"),
         "test": _strip(test, "test"),
-        "per_class_accuracy": confusion["per_class_accuracy"],
-        "confusion_matrix": confusion["confusion_matrix"],
-        "confusion_split": confusion_split,
+        **confusion,
         "wall_time_seconds": wall_time,
-        "train_images_per_second": num_train_images / train_seconds if train_seconds else None,
-        "history": epoch_history(trainer.state.log_history),
+        "train_images_per_second": images_per_second,
+        "history": history,
     }
 
 

@@ -10,7 +10,9 @@ PIL image in loader workers is what makes the input pipeline fast, and it keeps 
 import time
 
 import torch
+import torch.nn.functional as F
 from transformers import PreTrainedModel, Trainer, TrainerCallback
+from transformers.modeling_outputs import ImageClassifierOutput
 from transformers.utils import logging
 
 
@@ -18,11 +20,34 @@ logger = logging.get_logger(__name__)
 
 
 class ImageClassificationTrainer(Trainer):
-    """`Trainer` that applies `batch_transform(pixel_values, train=...)` to every batch on the device."""
+    """`Trainer` that applies `batch_transform(pixel_values, train=...)` to every batch on the device.
 
-    def __init__(self, *args, batch_transform: torch.nn.Module, **kwargs):
+    Options, each off by default:
+        mix: a `MixUpCutMix`; training batches are mixed and trained on the mixed (soft) targets, with the
+            Trainer's `label_smoothing_factor` applied to those targets.
+        flip_tta: at evaluation, average the logits of each image and its mirror image (one forward pass on both).
+        ema: a `ModelEMA` (kept up to date by an `EMACallback`): evaluations and checkpoints use the averaged
+            weights, and the model ends training holding them.
+
+    It also times the training batches' data path (fetching from the loader, moving to the device and
+    `batch_transform`) in `data_seconds`, to compare with the training time (`TrainingTimeCallback`).
+    """
+
+    def __init__(
+        self,
+        *args,
+        batch_transform: torch.nn.Module,
+        mix: torch.nn.Module | None = None,
+        flip_tta: bool = False,
+        ema=None,
+        **kwargs,
+    ):
         super().__init__(*args, **kwargs)
         self.batch_transform = batch_transform.to(self.args.device)
+        self.mix = mix
+        self.flip_tta = flip_tta
+        self.ema = ema
+        self.data_seconds = 0.0
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: torch.nn.Module | None = None) -> None:
         if self.is_deepspeed_enabled or self.is_fsdp_enabled:
@@ -36,11 +61,73 @@ class ImageClassificationTrainer(Trainer):
         logger.info(f"Loading the best model from {checkpoint} (accuracy {self.state.best_metric}).")
         load_checkpoint_weights(self.accelerator.unwrap_model(self.model), checkpoint)
 
+    def _sync(self) -> None:
+        # CUDA runs asynchronously: without a sync the timers would measure kernel launches, not the work.
+        if self.args.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        start = time.perf_counter()
+        batches = super().get_batch_samples(epoch_iterator, num_batches, device)
+        self.data_seconds += time.perf_counter() - start
+        return batches
+
     def _prepare_inputs(self, inputs: dict) -> dict:
+        training = self.model.training
+        if training:
+            self._sync()
+            start = time.perf_counter()
         inputs = super()._prepare_inputs(inputs)
         # `training_step` switches the model to train mode before calling us; evaluation switches it to eval mode.
-        inputs["pixel_values"] = self.batch_transform(inputs["pixel_values"], train=self.model.training)
+        inputs["pixel_values"] = self.batch_transform(inputs["pixel_values"], train=training)
+        if training and self.mix is not None:
+            inputs["pixel_values"], inputs["soft_labels"] = self.mix(inputs["pixel_values"], inputs.pop("labels"))
+        if training:
+            self._sync()
+            self.data_seconds += time.perf_counter() - start
         return inputs
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if "soft_labels" in inputs:
+            return self._soft_target_loss(model, inputs, return_outputs)
+        if self.flip_tta and not model.training and "labels" in inputs:
+            return self._flip_tta_loss(model, inputs, return_outputs)
+        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+    def _soft_target_loss(self, model, inputs, return_outputs):
+        targets = inputs.pop("soft_labels")  # (B, K)
+        outputs = model(**inputs)
+        smoothing = self.args.label_smoothing_factor
+        targets = targets * (1 - smoothing) + smoothing / targets.shape[-1]
+        loss = -(targets * outputs.logits.float().log_softmax(dim=-1)).sum(dim=-1).mean()
+        return (loss, outputs) if return_outputs else loss
+
+    def _flip_tta_loss(self, model, inputs, return_outputs):
+        pixel_values, labels = inputs["pixel_values"], inputs["labels"]
+        B = pixel_values.shape[0]
+        both = torch.cat([pixel_values, pixel_values.flip(-1)])  # (B, C, H, W) -> (2B, C, H, W)
+        logits = model(pixel_values=both).logits
+        logits = (logits[:B] + logits[B:]) / 2  # (2B, K) -> (B, K)
+        loss = F.cross_entropy(logits.float(), labels)
+        return (loss, ImageClassifierOutput(loss=loss, logits=logits)) if return_outputs else loss
+
+    def _maybe_log_save_evaluate(self, *args, **kwargs):
+        # Evaluate and checkpoint the averaged weights, then train on with the raw ones.
+        swap = self.ema is not None and (self.control.should_evaluate or self.control.should_save)
+        if swap:
+            self.ema.swap(self.model)
+        try:
+            return super()._maybe_log_save_evaluate(*args, **kwargs)
+        finally:
+            if swap:
+                self.ema.swap(self.model)
+
+    def train(self, *args, **kwargs):
+        output = super().train(*args, **kwargs)
+        if self.ema is not None and not (self.args.load_best_model_at_end and self.state.best_model_checkpoint):
+            # Without a best checkpoint to reload (which holds averaged weights already), keep the final average.
+            self.ema.copy_to(self.model)
+        return output
 
 
 def load_checkpoint_weights(model: PreTrainedModel, checkpoint: str) -> None:
@@ -57,11 +144,16 @@ def load_checkpoint_weights(model: PreTrainedModel, checkpoint: str) -> None:
 
 
 class TrainingTimeCallback(TrainerCallback):
-    """Measures time spent in training steps alone (without evaluation and saving) for an honest images/s."""
+    """Measures the time and optimizer steps of this session's training alone (without the end-of-epoch evaluation
+    and checkpoint), for an honest images/s also when a run resumes."""
 
     def __init__(self):
         self.train_seconds = 0.0
+        self.steps = 0
         self._epoch_start = None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.steps += 1
 
     def on_epoch_begin(self, args, state, control, **kwargs):
         self._epoch_start = time.perf_counter()

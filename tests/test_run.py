@@ -110,7 +110,7 @@ def test_pretrained_path_replaces_the_head_and_uses_the_checkpoint_processor(tmp
     assert type(model).__name__ == "ViTForImageClassification"
     assert model.config.num_labels == 10 and model.config.id2label[3] == "3"
     assert model.config.num_channels == 3  # grayscale digits were converted for the RGB checkpoint
-    assert ViTImageProcessor.from_pretrained(out).image_mean == [0.5, 0.5, 0.5]
+    assert list(ViTImageProcessor.from_pretrained(out).image_mean) == [0.5, 0.5, 0.5]
     assert results["model_name_or_path"] == str(checkpoint)
     assert results["validation"]["accuracy"] == pytest.approx(evaluate_independently(out, "validation")[0])
 
@@ -150,7 +150,7 @@ def test_two_processes_give_the_metrics_of_one(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = read_results(out)
     assert results["hyperparameters"]["world_size"] == 2, "accelerate must really have started two processes"
-    assert "Process 1 of 2" in proc.stdout + proc.stderr
+    assert "Process 0 of 2" in proc.stdout + proc.stderr
     # 45 validation images over 2 processes x batch 16 pads the last batch: no image may count twice or be dropped.
     assert np.array(results["confusion_matrix"]).sum() == 45
     accuracy, _ = evaluate_independently(out, "validation")
@@ -166,3 +166,16 @@ def test_two_processes_pretrained_path(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert read_results(out)["hyperparameters"]["world_size"] == 2
     assert AutoModelForImageClassification.from_pretrained(out).config.num_labels == 10
+
+
+def test_checkpoint_weights_reach_a_transformers_vit(tmp_path):
+    """Resuming and keeping the best model load every tensor, also where transformers renames ViT's keys."""
+    from finetune.trainer import load_checkpoint_weights
+
+    checkpoint = tiny_vit_checkpoint(tmp_path / "ckpt", num_channels=3, num_labels=4)
+    saved = ViTForImageClassification.from_pretrained(checkpoint).state_dict()
+    model = ViTForImageClassification(ViTForImageClassification.config_class.from_pretrained(checkpoint))
+    assert any(not torch.equal(saved[k], v) for k, v in model.state_dict().items())
+    load_checkpoint_weights(model, str(checkpoint))
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, saved[key]), key

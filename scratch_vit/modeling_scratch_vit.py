@@ -158,11 +158,14 @@ class ScratchViTAttention(nn.Module):
 
     Runs `scaled_dot_product_attention` (flash / memory-efficient kernels where available). When the attention
     probabilities are requested, it computes softmax(QK^T / sqrt(d)) explicitly instead, since SDPA does not
-    return them; both paths give the same output.
+    return them; both paths give the same output. The explicit path is also taken with `attn_implementation="eager"`
+    (read from the config at every call, as transformers sets it after `__init__`): on CPU under bf16 autocast the
+    SDPA kernel is several times slower than matmul + softmax at small head sizes.
     """
 
     def __init__(self, config: ScratchViTConfig):
         super().__init__()
+        self.config = config
         self.num_heads = config.num_attention_heads
         self.head_dim = config.hidden_size // config.num_attention_heads
         self.scale = self.head_dim**-0.5
@@ -180,7 +183,7 @@ class ScratchViTAttention(nn.Module):
             B, T, 3, self.num_heads, self.head_dim
         )  # (B, T, 3C) -> (B, T, 3, nh, hs)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (B, T, 3, nh, hs) -> 3 x (B, nh, T, hs)
-        if output_attentions:
+        if output_attentions or self.config._attn_implementation == "eager":
             probs = (q @ k.transpose(-2, -1) * self.scale).softmax(dim=-1)  # (B, nh, T, T)
             context = self.attn_drop(probs) @ v  # (B, nh, T, T) @ (B, nh, T, hs) -> (B, nh, T, hs)
         else:
@@ -188,7 +191,7 @@ class ScratchViTAttention(nn.Module):
             dropout = self.attention_dropout if self.training else 0.0
             context = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)  # (B, nh, T, hs)
         context = context.transpose(1, 2).reshape(B, T, C)  # (B, nh, T, hs) -> (B, T, C)
-        return self.proj_drop(self.out_proj(context)), probs
+        return self.proj_drop(self.out_proj(context)), probs if output_attentions else None
 
 
 class ScratchViTMLP(nn.Module):

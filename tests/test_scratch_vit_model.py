@@ -3,6 +3,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 from transformers.modeling_outputs import BaseModelOutputWithPooling, ImageClassifierOutput
 
 from scratch_vit import ScratchViTConfig, ScratchViTForImageClassification, ScratchViTModel
@@ -132,6 +133,37 @@ def test_attentions_from_config_flag():
     config = tiny_config(output_attentions=True, output_hidden_states=True)
     out = build(ScratchViTModel, config)(images())
     assert len(out.attentions) == 2 and len(out.hidden_states) == 3
+
+
+class RecordTorchCalls(TorchFunctionMode):
+    """Records the name of every torch function called inside the `with` block."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.names.append(getattr(func, "__name__", str(func)))
+        return func(*args, **(kwargs or {}))
+
+
+def test_attn_implementation_eager_uses_explicit_softmax(tmp_path):
+    sdpa = build(ScratchViTForImageClassification, tiny_config())
+    assert sdpa.config._attn_implementation == "sdpa"
+    sdpa.save_pretrained(tmp_path)
+    eager = ScratchViTForImageClassification.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    assert eager.config._attn_implementation == "eager"
+
+    with RecordTorchCalls() as calls:
+        sdpa_out = sdpa(images())
+    assert "scaled_dot_product_attention" in calls.names
+    with RecordTorchCalls() as calls:
+        eager_out = eager(images())
+    assert "scaled_dot_product_attention" not in calls.names
+    assert "softmax" in calls.names
+    assert eager_out.attentions is None  # computed, but only returned when asked
+    torch.testing.assert_close(eager_out.logits, sdpa_out.logits, rtol=0, atol=1e-6)
+    assert len(eager(images(), output_attentions=True).attentions) == 2
 
 
 def test_return_dict_false_gives_tuples_in_output_order():

@@ -3,6 +3,5 @@
 import os
 
 
-# Set before any test module imports transformers / huggingface_hub, which read these once at import time.
+# Set before any test module imports huggingface_hub, which reads it once at import time.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

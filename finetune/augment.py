@@ -11,6 +11,7 @@ Training-time augmentations are the uint8 -> uint8 modules in `BatchTransform.au
 ops, ...) is one more module in that `nn.Sequential`, switched off as `nn.Identity()`.
 """
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -111,6 +112,197 @@ class Normalize(nn.Module):
         return (x / 255 - self.mean.to(x.device)) / self.std.to(x.device)
 
 
+class RandomAugmentOps(nn.Module):
+    """TrivialAugment / RandAugment-style photometric and geometric ops on a uint8 batch, vectorized.
+
+    Each of `num_ops` rounds gives every image one op drawn uniformly from `OPS` (identity included) with a
+    magnitude drawn uniformly from `[0, magnitude]` of the op's range (and a random sign for signed ops): one op per
+    image is TrivialAugment, two or more in a row is RandAugment with random magnitudes. The ranges are RandAugment's
+    (rotate 30 degrees, shear 0.3, translate 45% ... of the size, colour factors 1 +- 0.9). All images are processed
+    at once: the geometric ops share one `grid_sample` with a per-image affine matrix, and every colour op is a
+    per-image blend picked with `torch.where`, so the cost is a few passes over the batch, with no Python loop over
+    images.
+    """
+
+    OPS = (
+        "identity",
+        "rotate",
+        "shear_x",
+        "shear_y",
+        "translate_x",
+        "translate_y",
+        "brightness",
+        "color",
+        "contrast",
+        "sharpness",
+        "posterize",
+        "solarize",
+        "autocontrast",
+    )
+
+    def __init__(self, num_ops: int = 1, magnitude: float = 1.0):
+        super().__init__()
+        if num_ops < 1:
+            raise ValueError(f"`num_ops` must be >= 1 (use nn.Identity() for none), got {num_ops}.")
+        if not 0.0 < magnitude <= 1.0:
+            raise ValueError(f"`magnitude` must be in (0, 1], got {magnitude}.")
+        self.num_ops = num_ops
+        self.magnitude = magnitude
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = x.float()
+        for _ in range(self.num_ops):
+            # Back to whole pixel values after each op, as with PIL: posterize's floor needs integers.
+            out = self._one_round(out).round_()
+        return out.clamp_(0, 255).to(torch.uint8)
+
+    def _one_round(self, x: torch.Tensor) -> torch.Tensor:
+        B = x.shape[0]
+        op = torch.randint(0, len(self.OPS), (B,), device=x.device)
+        sign = torch.where(torch.rand(B, device=x.device) < 0.5, -1.0, 1.0)
+        m = torch.rand(B, device=x.device) * self.magnitude * sign  # (B,) signed magnitude in [-mag, mag]
+        x = _affine(x, op, m, self.OPS)
+        out = x.clone()
+        # Each colour op runs only on the images that drew it: one loop over ops, none over images.
+        for name, fn in COLOR_OPS.items():
+            index = (op == self.OPS.index(name)).nonzero().squeeze(1)
+            if len(index):
+                out[index] = fn(x[index], m[index].view(-1, 1, 1, 1)).clamp(0, 255)
+        return out
+
+
+def _brightness(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    return _blend(x, torch.zeros_like(x), 1.0 + 0.9 * m)
+
+
+def _color(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    return _blend(x, _grayscale(x), 1.0 + 0.9 * m)
+
+
+def _contrast(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    return _blend(x, _grayscale(x).mean(dim=(-2, -1), keepdim=True), 1.0 + 0.9 * m)
+
+
+def _sharpness(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    return _blend(x, _smooth(x), 1.0 + 0.9 * m)
+
+
+def _posterize(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    step = 2.0 ** (4 * m.abs()).round()  # keep 8..4 bits
+    return torch.floor(x / step) * step
+
+
+def _solarize(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    return torch.where(x >= 256 - 256 * m.abs(), 255 - x, x)  # invert pixels above 256..0
+
+
+def _autocontrast(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    low = x.amin(dim=(-2, -1), keepdim=True)  # (b, C, 1, 1), per channel as PIL does
+    high = x.amax(dim=(-2, -1), keepdim=True)
+    return torch.where(high > low, (x - low) * (255 / (high - low).clamp_min(1)), x)
+
+
+# Colour factors are 1 +- 0.9 as in RandAugment; a factor of 1 is the identity.
+COLOR_OPS = {
+    "brightness": _brightness,
+    "color": _color,
+    "contrast": _contrast,
+    "sharpness": _sharpness,
+    "posterize": _posterize,
+    "solarize": _solarize,
+    "autocontrast": _autocontrast,
+}
+
+
+def _affine(x: torch.Tensor, op: torch.Tensor, m: torch.Tensor, ops: tuple[str, ...]) -> torch.Tensor:
+    """Rotate, shear or translate each image by its op and magnitude (others keep the identity), zero fill."""
+    B = x.shape[0]
+    theta = torch.zeros(B, 2, 3, device=x.device)  # (B, 2, 3) affine matrices in normalized coordinates
+    angle = torch.where(op == ops.index("rotate"), m * math.radians(30.0), torch.zeros_like(m))
+    theta[:, 0, 0], theta[:, 0, 1] = torch.cos(angle), -torch.sin(angle)
+    theta[:, 1, 0], theta[:, 1, 1] = torch.sin(angle), torch.cos(angle)
+    theta[:, 0, 1] += torch.where(op == ops.index("shear_x"), 0.3 * m, torch.zeros_like(m))
+    theta[:, 1, 0] += torch.where(op == ops.index("shear_y"), 0.3 * m, torch.zeros_like(m))
+    # Translations of up to 0.45 of the size: 0.9 in normalized coordinates, which span 2.
+    theta[:, 0, 2] = torch.where(op == ops.index("translate_x"), 0.9 * m, torch.zeros_like(m))
+    theta[:, 1, 2] = torch.where(op == ops.index("translate_y"), 0.9 * m, torch.zeros_like(m))
+    geometric = torch.isin(op, torch.tensor([ops.index(n) for n in GEOMETRIC_OPS], device=x.device))
+    if not bool(geometric.any()):
+        return x
+    grid = F.affine_grid(theta[geometric], list(x[geometric].shape), align_corners=False)
+    warped = F.grid_sample(x[geometric], grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+    out = x.clone()
+    out[geometric] = warped
+    return out
+
+
+GEOMETRIC_OPS = ("rotate", "shear_x", "shear_y", "translate_x", "translate_y")
+
+
+def _grayscale(x: torch.Tensor) -> torch.Tensor:
+    if x.shape[1] == 1:
+        return x
+    weights = torch.tensor(LUMA_WEIGHTS, device=x.device, dtype=x.dtype).view(1, 3, 1, 1)
+    return (x * weights).sum(dim=1, keepdim=True)  # (B, 3, H, W) -> (B, 1, H, W)
+
+
+def _blend(x: torch.Tensor, base: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """PIL's ImageEnhance: `base + factor * (x - base)`, clipped to [0, 255]."""
+    return (base + factor * (x - base)).clamp(0, 255)
+
+
+def _smooth(x: torch.Tensor) -> torch.Tensor:
+    """PIL's SMOOTH filter (centre 5, neighbours 1, over 13), border pixels kept, as ImageEnhance.Sharpness uses."""
+    C = x.shape[1]
+    kernel = torch.ones(C, 1, 3, 3, device=x.device, dtype=x.dtype)
+    kernel[:, :, 1, 1] = 5.0
+    smooth = F.conv2d(x, kernel / 13.0, padding=1, groups=C)
+    border = torch.ones_like(x, dtype=torch.bool)
+    border[..., 1:-1, 1:-1] = False
+    return torch.where(border, x, smooth)
+
+
+class MixUpCutMix(nn.Module):
+    """MixUp and/or CutMix of a float batch with its labels, as one-hot targets mixed in the same proportion.
+
+    Each image is paired with the image at the same index of a random permutation of the batch and mixed with one
+    ratio `lam ~ Beta(alpha, alpha)` per batch (timm's batch mode): MixUp blends whole images,
+    `lam * x + (1 - lam) * x[perm]`; CutMix pastes a box covering `1 - lam` of the area from `x[perm]` (lam is then
+    the exact share of kept pixels). With both alphas > 0, each batch uses one of the two, at random.
+
+    Returns `(images, targets)` with `targets = lam * onehot(y) + (1 - lam) * onehot(y[perm])`, `(B, num_labels)`.
+    """
+
+    def __init__(self, num_labels: int, mixup_alpha: float = 0.0, cutmix_alpha: float = 0.0):
+        super().__init__()
+        if mixup_alpha < 0 or cutmix_alpha < 0 or mixup_alpha == cutmix_alpha == 0:
+            raise ValueError(
+                f"`mixup_alpha` and `cutmix_alpha` must be >= 0 with at least one > 0, got {mixup_alpha} and "
+                f"{cutmix_alpha}."
+            )
+        self.num_labels = num_labels
+        self.mixup_alpha, self.cutmix_alpha = mixup_alpha, cutmix_alpha
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        B, _, H, W = x.shape
+        use_cutmix = self.cutmix_alpha > 0 and (self.mixup_alpha == 0 or torch.rand(()).item() < 0.5)
+        alpha = self.cutmix_alpha if use_cutmix else self.mixup_alpha
+        lam = float(torch.distributions.Beta(alpha, alpha).sample())
+        perm = torch.randperm(B, device=x.device)
+        if use_cutmix:
+            cut_h, cut_w = int(H * math.sqrt(1 - lam)), int(W * math.sqrt(1 - lam))
+            cy, cx = int(torch.randint(0, H, ())), int(torch.randint(0, W, ()))
+            top, bottom = max(cy - cut_h // 2, 0), min(cy + cut_h // 2 + cut_h % 2, H)
+            left, right = max(cx - cut_w // 2, 0), min(cx + cut_w // 2 + cut_w % 2, W)
+            x = x.clone()
+            x[:, :, top:bottom, left:right] = x[perm, :, top:bottom, left:right]
+            lam = 1.0 - (bottom - top) * (right - left) / (H * W)
+        else:
+            x = lam * x + (1 - lam) * x[perm]
+        onehot = F.one_hot(labels, self.num_labels).to(x.dtype)  # (B,) -> (B, num_labels)
+        return x, lam * onehot + (1 - lam) * onehot[perm]
+
+
 class BatchTransform(torch.nn.Module):
     """uint8 image batches -> the model's float32 normalized `pixel_values`, augmented when training.
 
@@ -121,6 +313,9 @@ class BatchTransform(torch.nn.Module):
         out_channels: channels the model takes; 1 -> 3 repeats the gray channel, 3 -> 1 takes the luma.
         random_crop_padding: random crop with this much zero padding, in source pixels (before resizing); 0: off.
         horizontal_flip: mirror half of the training images at random.
+        rand_augment_ops: 0: off; 1: TrivialAugment (one random op per image); N > 1: N random ops in a row
+            (RandAugment with random magnitudes). See `RandomAugmentOps`.
+        rand_augment_magnitude: the largest magnitude drawn, as a share of each op's range.
     """
 
     def __init__(
@@ -132,6 +327,8 @@ class BatchTransform(torch.nn.Module):
         out_channels: int,
         random_crop_padding: int = 4,
         horizontal_flip: bool = True,
+        rand_augment_ops: int = 0,
+        rand_augment_magnitude: float = 1.0,
     ):
         super().__init__()
         self.image_size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
@@ -146,6 +343,7 @@ class BatchTransform(torch.nn.Module):
         self.augment = nn.Sequential(
             RandomCrop(random_crop_padding) if random_crop_padding > 0 else nn.Identity(),
             RandomHorizontalFlip() if horizontal_flip else nn.Identity(),
+            RandomAugmentOps(rand_augment_ops, rand_augment_magnitude) if rand_augment_ops > 0 else nn.Identity(),
         )
         self.resize = Resize(self.image_size)
         self.convert_channels = _channel_conversion(in_channels, out_channels)

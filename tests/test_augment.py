@@ -2,11 +2,12 @@
 
 import logging
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from finetune.augment import BatchTransform, RandomCrop, RandomHorizontalFlip
+from finetune.augment import BatchTransform, MixUpCutMix, RandomAugmentOps, RandomCrop, RandomHorizontalFlip
 
 
 MEAN = (0.485, 0.456, 0.406)
@@ -155,3 +156,79 @@ def test_bad_input_is_rejected():
         transform(_images(channels=1), train=False)
     with pytest.raises(ValueError, match="out_channels"):
         BatchTransform(12, (0.5, 0.5), STD, 3, 3)
+
+
+def _constant_images(batch=10, size=8):
+    # Image i is filled with the value i: every output pixel then tells which source image it came from.
+    return torch.arange(batch, dtype=torch.float32).view(batch, 1, 1, 1).expand(batch, 3, size, size).clone()
+
+
+def test_mixup_is_a_convex_combination_with_labels_mixed_alike():
+    x, labels = _constant_images(), torch.arange(10)
+    torch.manual_seed(0)
+    out, targets = MixUpCutMix(num_labels=10, mixup_alpha=0.8)(x, labels)
+    assert targets.shape == (10, 10) and bool((targets >= 0).all())
+    torch.testing.assert_close(targets.sum(1), torch.ones(10))
+    # Pixel value = sum_k targets[i, k] * k, since image k holds k and has label k.
+    expected = targets @ torch.arange(10, dtype=torch.float32)
+    torch.testing.assert_close(out, expected.view(10, 1, 1, 1).expand_as(out))
+    assert (targets > 0).sum(1).max() <= 2, "each image mixes with one partner"
+
+
+def test_cutmix_pastes_a_box_whose_area_is_the_label_weight():
+    x, labels = _constant_images(size=16), torch.arange(10)
+    for seed in range(5):
+        torch.manual_seed(seed)
+        out, targets = MixUpCutMix(num_labels=10, cutmix_alpha=1.0)(x, labels)
+        for i in range(10):
+            partner = [k for k in range(10) if k != i and targets[i, k] > 0]
+            pasted = (out[i] != i).float().mean()
+            if partner:
+                assert bool(((out[i] == i) | (out[i] == partner[0])).all())
+                assert float(pasted) == pytest.approx(float(targets[i, partner[0]]), abs=1e-6)
+            else:  # paired with itself, or an empty box
+                assert float(pasted) == 0.0
+
+
+def test_rand_augment_with_tiny_magnitude_is_the_identity():
+    x = _images(batch=64, size=16)
+    x[..., 0, 0], x[..., 0, 1] = 0, 255  # full range in every channel: autocontrast (no magnitude) changes nothing
+    torch.manual_seed(0)
+    out = RandomAugmentOps(num_ops=2, magnitude=1e-6)(x)
+    assert out.dtype == torch.uint8 and out.shape == x.shape
+    assert torch.equal(out, x)
+
+
+def test_rand_augment_changes_images_and_is_seeded():
+    x = _images(batch=64, size=16)
+    ops = RandomAugmentOps(num_ops=1)
+    torch.manual_seed(3)
+    first = ops(x)
+    torch.manual_seed(3)
+    assert torch.equal(first, ops(x))
+    changed = (first != x).flatten(1).any(1)
+    # 13 ops, identity among them: most images change, a few stay as they are.
+    assert 40 < int(changed.sum()) < 64
+
+
+def test_solarize_posterize_autocontrast_match_pil():
+    from PIL import Image, ImageOps
+
+    from finetune.augment import _autocontrast, _posterize, _solarize
+
+    x = _images(batch=1, size=16)
+    pil = Image.fromarray(x[0].permute(1, 2, 0).numpy())
+
+    def to_tensor(image):
+        return torch.from_numpy(np.asarray(image)).permute(2, 0, 1)[None].float()
+
+    m = torch.tensor(0.5).view(1, 1, 1, 1)
+    torch.testing.assert_close(_solarize(x.float(), m), to_tensor(ImageOps.solarize(pil, 128)))
+    torch.testing.assert_close(_posterize(x.float(), m), to_tensor(ImageOps.posterize(pil, 6)))
+    # PIL truncates the stretched values where we round: at most one level apart.
+    assert (_autocontrast(x.float(), m).round() - to_tensor(ImageOps.autocontrast(pil))).abs().max() <= 1
+
+
+def test_batch_transform_rand_augment_option_is_off_by_default():
+    assert isinstance(BatchTransform(12, MEAN, STD, 3, 3).augment[2], torch.nn.Identity)
+    assert isinstance(BatchTransform(12, MEAN, STD, 3, 3, rand_augment_ops=1).augment[2], RandomAugmentOps)

@@ -1,0 +1,224 @@
+"""Trainer callbacks for training to a wall-clock budget: the budget itself, a schedule that ends at it, the
+elapsed time of every log entry, and an exponential moving average (EMA) of the weights.
+
+- `TrainingBudgetCallback` stops training once `max_train_minutes` of wall-clock time (training, evaluation and
+  saving alike, since that is what the budget buys) is spent; the Trainer then still loads the best model and
+  `run.py` evaluates, tests and saves it as after any run. With `fit_schedule=True` it also stretches or shrinks the
+  learning-rate schedule so that it reaches its end exactly at the budget: after `calibration_fraction` of the budget
+  it measures the seconds per step (evaluations included) and sets the schedule's `num_training_steps` to the steps
+  that fit (at most the Trainer's own `max_steps`, so `num_train_epochs` is an upper bound); it re-plans at every
+  epoch end, so a machine that slows down or speeds up is followed. Give `warmup_steps` as a number of steps then:
+  a ratio would be taken of the upper bound.
+- `ElapsedTimeCallback` stamps each entry of `state.log_history` with `elapsed_seconds` since training began, so
+  accuracy can be plotted against wall-clock minutes.
+- `EMACallback` keeps `ModelEMA` up to date after every optimizer step; `ImageClassificationTrainer` evaluates and
+  saves the EMA weights (see `finetune/trainer.py`).
+"""
+
+import functools
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from transformers import TrainerCallback
+from transformers.utils import logging
+
+
+logger = logging.get_logger(__name__)
+
+
+class TrainingBudgetCallback(TrainerCallback):
+    """Stop training when `max_minutes` of wall-clock time have passed since training began.
+
+    Args:
+        max_minutes: the budget, in minutes of wall-clock time from `on_train_begin`.
+        fit_schedule: re-plan the learning-rate schedule's length so that it ends at the budget.
+        calibration_fraction: share of the budget after which the seconds per step are first measured.
+        clock: a function returning seconds (`time.perf_counter`); tests pass a fake one.
+    """
+
+    def __init__(
+        self,
+        max_minutes: float,
+        fit_schedule: bool = False,
+        calibration_fraction: float = 0.02,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
+        if max_minutes <= 0:
+            raise ValueError(f"`max_minutes` must be > 0, got {max_minutes}.")
+        self.budget_seconds = 60.0 * max_minutes
+        self.fit_schedule = fit_schedule
+        self.calibration_fraction = calibration_fraction
+        self.clock = clock
+        self.start = None
+        self.planned_steps = None
+        self.stopped_at = None
+
+    def elapsed(self) -> float:
+        return self.clock() - self.start
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.start = self.clock()
+        self.start_step = state.global_step
+
+    def on_step_end(self, args, state, control, lr_scheduler=None, **kwargs):
+        elapsed = self.elapsed()
+        calibrated = elapsed >= self.calibration_fraction * self.budget_seconds
+        if self.fit_schedule and self.planned_steps is None and calibrated:
+            self._plan(state, lr_scheduler, elapsed)
+        schedule_done = self.planned_steps is not None and state.global_step >= self.planned_steps
+        if elapsed >= self.budget_seconds or schedule_done:
+            self._stop(args, state, control, elapsed)
+
+    def on_epoch_end(self, args, state, control, lr_scheduler=None, **kwargs):
+        if self.fit_schedule and self.planned_steps is not None:
+            self._plan(state, lr_scheduler, self.elapsed())
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        # An evaluation can be what spends the budget; stop before the next step starts.
+        elapsed = self.elapsed()
+        if elapsed >= self.budget_seconds:
+            self._stop(args, state, control, elapsed)
+
+    def _stop(self, args, state, control, elapsed: float) -> None:
+        if not control.should_training_stop:
+            logger.info(
+                f"Training budget of {self.budget_seconds / 60:.2f} min spent ({elapsed / 60:.2f} min, step "
+                f"{state.global_step}, epoch {state.epoch:.2f}): stopping."
+            )
+        self.stopped_at = state.global_step
+        control.should_training_stop = True
+        # Evaluate and save at the stopping point, so the final model is a candidate for the best one. With the
+        # `epoch` strategies the Trainer does so anyway at the end of the interrupted epoch.
+        if args.eval_strategy == "steps":
+            control.should_evaluate = True
+        if args.save_strategy == "steps":
+            control.should_save = True
+
+    def _plan(self, state, lr_scheduler, elapsed: float) -> None:
+        steps_done = state.global_step - self.start_step
+        if steps_done <= 0 or lr_scheduler is None:
+            return
+        seconds_per_step = elapsed / steps_done
+        total = state.global_step + int((self.budget_seconds - elapsed) / seconds_per_step)
+        # Never past the Trainer's own end (`num_train_epochs` / `max_steps`): on a faster machine the schedule then
+        # ends there, before the budget, instead of being cut off mid-decay.
+        total = max(min(total, state.max_steps or total), state.global_step + 1)
+        if set_schedule_length(lr_scheduler, total):
+            if self.planned_steps is None:
+                logger.info(
+                    f"Budget schedule: {seconds_per_step * 1000:.1f} ms per step so far; the learning-rate schedule "
+                    f"now ends at step {total} (was {state.max_steps})."
+                )
+            self.planned_steps = total
+        elif self.planned_steps is None:
+            logger.warning("Budget schedule: the learning-rate schedule has no `num_training_steps`; left as is.")
+            self.fit_schedule = False
+
+
+def set_schedule_length(lr_scheduler, num_training_steps: int) -> bool:
+    """Set `num_training_steps` of a transformers `LambdaLR` schedule (cosine, linear, ...) in place.
+
+    transformers builds those schedules as `functools.partial(lr_lambda, num_warmup_steps=...,
+    num_training_steps=...)`; replacing the keyword changes where the decay ends while keeping the warmup. Returns
+    False for schedules without a length (constant).
+    """
+    lambdas = getattr(lr_scheduler, "lr_lambdas", None)
+    if not lambdas or not all(
+        isinstance(f, functools.partial) and "num_training_steps" in f.keywords for f in lambdas
+    ):
+        return False
+    lr_scheduler.lr_lambdas = [
+        functools.partial(f.func, *f.args, **{**f.keywords, "num_training_steps": num_training_steps}) for f in lambdas
+    ]
+    return True
+
+
+class ElapsedTimeCallback(TrainerCallback):
+    """Adds `elapsed_seconds` (wall clock since training began) to every entry of `state.log_history`."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter):
+        self.clock = clock
+        self.start = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.start = self.clock()
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.start is not None and state.log_history:
+            state.log_history[-1]["elapsed_seconds"] = round(self.clock() - self.start, 3)
+
+
+class ModelEMA:
+    """Exponential moving average of a model's floating-point parameters and buffers.
+
+    After each `update(model)`, `ema = decay_t * ema + (1 - decay_t) * weights`, with `decay_t = decay` or, with
+    `warmup=True`, `min(decay, (1 + t) / (10 + t))` at update `t` (as timm does), so early, random weights fade fast.
+    The average is kept in float32 on the model's device.
+    """
+
+    def __init__(self, model: nn.Module, decay: float, warmup: bool = True):
+        if not 0.0 < decay < 1.0:
+            raise ValueError(f"`decay` must be in (0, 1), got {decay}.")
+        self.decay = decay
+        self.warmup = warmup
+        self.num_updates = 0
+        self.shadow = {name: t.detach().float().clone() for name, t in _averaged_tensors(model)}
+
+    def current_decay(self) -> float:
+        if not self.warmup:
+            return self.decay
+        return min(self.decay, (1 + self.num_updates) / (10 + self.num_updates))
+
+    @torch.no_grad()
+    def update(self, model: nn.Module) -> None:
+        decay = self.current_decay()
+        names, tensors = zip(*_averaged_tensors(model))
+        shadow = [self.shadow[name] for name in names]
+        torch._foreach_lerp_(shadow, [t.float() for t in tensors], 1.0 - decay)
+        self.num_updates += 1
+
+    @torch.no_grad()
+    def swap(self, model: nn.Module) -> None:
+        """Exchange the model's weights with the average (call twice to swap back)."""
+        for name, tensor in _averaged_tensors(model):
+            current = tensor.detach().float().clone()
+            tensor.copy_(self.shadow[name])
+            self.shadow[name] = current
+
+    @torch.no_grad()
+    def copy_to(self, model: nn.Module) -> None:
+        for name, tensor in _averaged_tensors(model):
+            tensor.copy_(self.shadow[name])
+
+
+def _averaged_tensors(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    named = list(model.named_parameters()) + list(model.named_buffers())
+    return [(name, t) for name, t in named if t.is_floating_point()]
+
+
+class EMACallback(TrainerCallback):
+    """Updates `ema` from the model after every optimizer step (every `every` steps)."""
+
+    def __init__(self, ema: ModelEMA, every: int = 1):
+        self.ema = ema
+        self.every = every
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if model is not None and state.global_step % self.every == 0:
+            self.ema.update(model)
+
+
+def training_callbacks(run_args, model: nn.Module) -> tuple[list[TrainerCallback], ModelEMA | None]:
+    """The callbacks `RunArguments` ask for, and the `ModelEMA` the Trainer should evaluate (or None)."""
+    callbacks: list[TrainerCallback] = [ElapsedTimeCallback()]
+    ema = None
+    if run_args is None:
+        return callbacks, ema
+    if run_args.max_train_minutes is not None:
+        callbacks.append(TrainingBudgetCallback(run_args.max_train_minutes, fit_schedule=run_args.budget_schedule))
+    if run_args.ema_decay is not None:
+        ema = ModelEMA(model, run_args.ema_decay)
+        callbacks.append(EMACallback(ema))
+    return callbacks, ema

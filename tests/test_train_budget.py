@@ -1,0 +1,64 @@
+"""benchmarks/train_budget.py: the report from finished runs, the README update, and one real budgeted run (slow)."""
+
+import json
+
+import pytest
+
+from benchmarks import train_budget
+
+
+def _fake_run(root, name, accuracies):
+    run = root / "runs" / name
+    run.mkdir(parents=True)
+    history = [
+        {"epoch": i + 1.0, "step": 10 * (i + 1), "eval_accuracy": a, "elapsed_seconds": 30.0 * (i + 1)}
+        for i, a in enumerate(accuracies)
+    ]
+    results = {
+        "history": history,
+        "train": {"images_per_second": 1000.0, "seconds": 80.0, "data_seconds": 8.0},
+        "validation": {"accuracy": max(accuracies)},
+        "test": None,
+        "epochs": float(len(accuracies)),
+        "num_parameters": 1234,
+    }
+    (run / "results.json").write_text(json.dumps(results))
+    (run / "command.txt").write_text(f"python finetune/run.py --config {name}.yaml\n")
+
+
+def test_report_tables_plot_and_readme_section(tmp_path):
+    _fake_run(tmp_path, "a", [0.3, 0.5, 0.6])
+    _fake_run(tmp_path, "b", [0.4, 0.45])
+    text = train_budget.report(tmp_path)
+    assert (tmp_path / "curve.png").stat().st_size > 1000
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [r["name"] for r in summary] == ["a", "b"]
+    assert summary[0]["data_share"] == pytest.approx(0.1) and summary[0]["minutes"] == pytest.approx(1.5)
+    assert "| a | 60.00% | 60.00% | - | 1.5 | 3.0 | 1000 | 10.0% | 1,234 |" in text
+    assert "| 1.0 | 2.0 | 50.00% |" in text and "`python finetune/run.py --config a.yaml`" in text
+
+    readme = tmp_path / "README.md"
+    name = tmp_path.name
+    readme.write_text(f"# T\n\n<!-- train_budget:{name}:start -->\nold\n<!-- train_budget:{name}:end -->\nafter\n")
+    train_budget.update_readme(readme, name, text)
+    content = readme.read_text()
+    assert "old" not in content and text in content and content.endswith("after\n")
+    with pytest.raises(ValueError, match="markers"):
+        train_budget.update_readme(readme, "other", text)
+
+
+@pytest.mark.slow
+def test_budgeted_run_end_to_end(tmp_path):
+    config = tmp_path / "tiny.yaml"
+    config.write_text(
+        "model_type: scratch\ndataset_name: sklearn:digits\nvalidation_size: 0.2\nimage_size: 8\npatch_size: 2\n"
+        "hidden_size: 16\nnum_hidden_layers: 1\nnum_attention_heads: 2\nintermediate_size: 32\n"
+        "lr_scheduler_type: cosine\nwarmup_steps: 5\nnum_train_epochs: 1000\nbudget_schedule: true\n"
+        "horizontal_flip: false\ndecoded_cache_dir: none\nreport_to: none\n"
+    )
+    out = tmp_path / "out"
+    train_budget.main(["--config", str(config), "--minutes", "0.2", "--output", str(out)])
+    run = json.loads((out / "runs" / "tiny" / "results.json").read_text())
+    assert run["epochs"] < 1000, "the budget, not the epochs, ended training"
+    assert run["history"] and run["history"][-1]["elapsed_seconds"] < 0.2 * 60 + 10
+    assert (out / "curve.png").exists() and "| tiny |" in (out / "results.md").read_text()

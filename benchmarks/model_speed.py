@@ -6,6 +6,9 @@ forward, cross-entropy loss, backward and an AdamW update.
 
     python benchmarks/model_speed.py --preset all
     python benchmarks/model_speed.py --preset cifar --bf16 --compile --output speed.json
+
+On a CPU that other processes share, pass `--threads 1`: with more threads than free cores, OpenMP threads wait on
+descheduled siblings and the wall-clock numbers swing several-fold from one repeat to the next.
 """
 
 import argparse

@@ -54,16 +54,20 @@ class TrainingBudgetCallback(TrainerCallback):
         self.start = None
         self.planned_steps = None
         self.stopped_at = None
+        self.reference = None
 
     def elapsed(self) -> float:
         return self.clock() - self.start
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.start = self.clock()
-        self.start_step = state.global_step
+        self.reference = None
 
     def on_step_end(self, args, state, control, lr_scheduler=None, **kwargs):
         elapsed = self.elapsed()
+        if self.reference is None:
+            # The first step carries one-off costs (allocation, kernel selection): measure the rate after it.
+            self.reference = (elapsed, state.global_step)
         calibrated = elapsed >= self.calibration_fraction * self.budget_seconds
         if self.fit_schedule and self.planned_steps is None and calibrated:
             self._plan(state, lr_scheduler, elapsed)
@@ -97,10 +101,11 @@ class TrainingBudgetCallback(TrainerCallback):
             control.should_save = True
 
     def _plan(self, state, lr_scheduler, elapsed: float) -> None:
-        steps_done = state.global_step - self.start_step
+        reference_seconds, reference_step = self.reference
+        steps_done = state.global_step - reference_step
         if steps_done <= 0 or lr_scheduler is None:
             return
-        seconds_per_step = elapsed / steps_done
+        seconds_per_step = (elapsed - reference_seconds) / steps_done
         total = state.global_step + int((self.budget_seconds - elapsed) / seconds_per_step)
         # Never past the Trainer's own end (`num_train_epochs` / `max_steps`): on a faster machine the schedule then
         # ends there, before the budget, instead of being cut off mid-decay.

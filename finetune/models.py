@@ -46,7 +46,7 @@ def build_model(
     if model_type == "pretrained":
         model, processor = _load_pretrained(model_args, data)
     elif model_type == "scratch":
-        model, processor = _build_scratch(scratch_args, data)
+        model, processor = _build_scratch(scratch_args, data, model_args.attn_implementation)
     else:
         raise ValueError(f"`model_type` must be `pretrained` or `scratch` here, got {model_type!r}.")
     preprocessing = preprocessing_from(processor, model.config)
@@ -85,8 +85,9 @@ def _load_pretrained(model_args: ModelArguments, data: ImageData):
         config = AutoConfig.from_pretrained(
             path, num_labels=len(data.label_names), id2label=data.id2label, label2id=data.label2id, **kwargs
         )
+        attention = {"attn_implementation": model_args.attn_implementation} if model_args.attn_implementation else {}
         model = AutoModelForImageClassification.from_pretrained(
-            path, config=config, ignore_mismatched_sizes=model_args.ignore_mismatched_sizes, **kwargs
+            path, config=config, ignore_mismatched_sizes=model_args.ignore_mismatched_sizes, **attention, **kwargs
         )
     except OSError as error:
         raise OSError(_unreachable_message("model", path, error)) from error
@@ -114,9 +115,11 @@ def _unreachable_message(what: str, path: str, error: Exception) -> str:
     )
 
 
-def _build_scratch(scratch_args, data: ImageData):
+def _build_scratch(scratch_args, data: ImageData, attn_implementation: str | None = None):
     kwargs = scratch_config_kwargs(scratch_args)
     kwargs.setdefault("num_channels", data.num_channels)
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
     config = ScratchViTConfig(
         **kwargs, num_labels=len(data.label_names), id2label=data.id2label, label2id=data.label2id
     )

@@ -1,8 +1,10 @@
 """Training-step throughput of ScratchViT against transformers' ViT with identical dimensions.
 
-Both models train on the same random batch in one process with the same thread count; repeats alternate between
-the models (ours, theirs, ours, theirs, ...) after a warm-up, so a change in machine load hits both alike. A step is
-forward, cross-entropy loss, backward and an AdamW update.
+Both models train on the same random batch in one process with the same thread count. After a warm-up, each repeat
+times the two models back to back (ours first in even repeats, theirs first in odd ones), so a change in machine load
+hits both alike; the reported ratio is the median over repeats of these paired ratios, with their range, which is
+steadier than a ratio of two medians when the load drifts. A step is forward, cross-entropy loss, backward and an
+AdamW update.
 
     python benchmarks/model_speed.py --preset all
     python benchmarks/model_speed.py --preset cifar --bf16 --compile --output speed.json
@@ -42,6 +44,16 @@ PRESETS = {
         "intermediate_size": 192,
         "batch_size": 256,
     },
+    # The model of the 30-minute CPU recipe (configs/cifar10_scratch_cpu30.yaml).
+    "cpu30": {
+        "image_size": 32,
+        "patch_size": 4,
+        "hidden_size": 64,
+        "num_hidden_layers": 6,
+        "num_attention_heads": 4,
+        "intermediate_size": 256,
+        "batch_size": 128,
+    },
     # ViT-Tiny's widths and depth on 32 px images.
     "tiny": {
         "image_size": 32,
@@ -53,10 +65,11 @@ PRESETS = {
         "batch_size": 128,
     },
 }
-# Steps per timed repeat and repeats on CPU: a repeat takes one to three seconds per model on two idle cores, so
-# `--preset all` takes about two minutes (more when other processes share the cores).
-DEFAULT_STEPS = {"cifar": 3, "tiny": 1}
-DEFAULT_REPEATS = {"cifar": 5, "tiny": 3}
+# Steps per timed repeat and repeats on CPU: a repeat takes one to two seconds per model on two idle cores, so
+# `--preset all` takes about four minutes (more when other processes share the cores). Odd repeat counts give each
+# model the first slot of a pair about as often as the other.
+DEFAULT_STEPS = {"cifar": 3, "cpu30": 3, "tiny": 1}
+DEFAULT_REPEATS = {"cifar": 11, "cpu30": 11, "tiny": 5}
 
 
 @dataclass
@@ -69,7 +82,9 @@ class Result:
     batch_size: int
     ours_images_per_s: float
     transformers_images_per_s: float
-    ratio: float
+    ratio: float  # median over repeats of ours/theirs, each pair timed back to back
+    ratio_min: float
+    ratio_max: float
     cpu_time_ratio: float
     ours_all: list[float]
     transformers_all: list[float]
@@ -154,9 +169,10 @@ def benchmark(
     repeats: int,
     steps: int,
     warmup: int,
+    batch_size: int | None = None,
 ) -> list[Result]:
     """Time every model on one batch, rotating the order each repeat; one `Result` per attention implementation."""
-    preset = PRESETS[preset_name]
+    preset = {**PRESETS[preset_name], **({"batch_size": batch_size} if batch_size else {})}
     models = build_models(preset, attentions)
     generator = torch.Generator().manual_seed(0)
     pixels = torch.randn(preset["batch_size"], 3, preset["image_size"], preset["image_size"], generator=generator)
@@ -171,16 +187,19 @@ def benchmark(
         synchronize(device)
         logger.info("%s %s/%s: warm-up %.1f s", preset_name, name, attention, time.perf_counter() - started)
 
-    # Alternate ours and theirs, and rotate the pairs, so a change in machine load hits every model alike.
+    # Time ours and theirs back to back (alternating which goes first) and rotate the attention implementations, so
+    # a change in machine load hits every model alike.
     keys = list(step_fns)
     throughput = {key: [] for key in keys}
     cpu_throughput = {key: [] for key in keys}
     for repeat in range(repeats):
-        shift = 2 * (repeat % len(attentions))
-        for key in keys[shift:] + keys[:shift]:
-            wall, cpu = time_steps(step_fns[key], pixels, labels, steps, device)
-            throughput[key].append(wall)
-            cpu_throughput[key].append(cpu)
+        shift = repeat % len(attentions)
+        for attention in attentions[shift:] + attentions[:shift]:
+            pair = [("ours", attention), ("transformers", attention)]
+            for key in pair if repeat % 2 == 0 else pair[::-1]:
+                wall, cpu = time_steps(step_fns[key], pixels, labels, steps, device)
+                throughput[key].append(wall)
+                cpu_throughput[key].append(cpu)
         logger.info(
             "%s repeat %d/%d: %s",
             preset_name,
@@ -194,6 +213,7 @@ def benchmark(
     for attention in attentions:
         ours, theirs = throughput["ours", attention], throughput["transformers", attention]
         ours_cpu, theirs_cpu = cpu_throughput["ours", attention], cpu_throughput["transformers", attention]
+        ratios = [a / b for a, b in zip(ours, theirs)]
         results.append(
             Result(
                 preset=preset_name,
@@ -202,8 +222,10 @@ def benchmark(
                 batch_size=preset["batch_size"],
                 ours_images_per_s=statistics.median(ours),
                 transformers_images_per_s=statistics.median(theirs),
-                ratio=statistics.median(ours) / statistics.median(theirs),
-                cpu_time_ratio=statistics.median(ours_cpu) / statistics.median(theirs_cpu),
+                ratio=statistics.median(ratios),
+                ratio_min=min(ratios),
+                ratio_max=max(ratios),
+                cpu_time_ratio=statistics.median(a / b for a, b in zip(ours_cpu, theirs_cpu)),
                 ours_all=ours,
                 transformers_all=theirs,
                 ours_cpu_all=ours_cpu,
@@ -218,28 +240,29 @@ def benchmark(
 def markdown_table(results: list[Result]) -> str:
     """The results as a Markdown table, one row per preset, mode and attention implementation."""
     lines = [
-        "| preset | mode | attention | ours img/s | transformers img/s | ratio ours/transformers | ratio, CPU time |",
-        "|---|---|---|---:|---:|---:|---:|",
+        "| preset | mode | attention | ours img/s | transformers img/s | ratio ours/transformers | range over "
+        "repeats | ratio, CPU time |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         lines.append(
             f"| {r.preset} | {r.mode} | {r.attention} | {r.ours_images_per_s:.0f} | "
-            f"{r.transformers_images_per_s:.0f} | {r.ratio:.2f} | {r.cpu_time_ratio:.2f} |"
+            f"{r.transformers_images_per_s:.0f} | {r.ratio:.2f} | {r.ratio_min:.2f}-{r.ratio_max:.2f} | "
+            f"{r.cpu_time_ratio:.2f} |"
         )
     return "\n".join(lines)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", choices=[*PRESETS, "all"], default="all")
+    parser.add_argument("--preset", choices=[*PRESETS, "all"], nargs="+", default=["all"])
     parser.add_argument("--compile", action="store_true", help="torch.compile both models")
     parser.add_argument("--bf16", action="store_true", help="run the forward pass under bfloat16 autocast")
-    parser.add_argument(
-        "--repeats", type=int, default=None, help="timed repeats per model, median reported (default: per preset)"
-    )
+    parser.add_argument("--repeats", type=int, default=None, help="timed repeats per model (default: per preset)")
     parser.add_argument("--steps", type=int, default=None, help="training steps per repeat (default: per preset)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps per model (default: 1, 3 compiled)")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
+    parser.add_argument("--batch-size", type=int, default=None, help="override the preset's batch size")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument(
         "--attention",
@@ -252,6 +275,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.repeats is not None and args.repeats < 1:
         parser.error("--repeats must be >= 1")
+    if args.batch_size is not None and args.batch_size < 1:
+        parser.error("--batch-size must be >= 1")
     return args
 
 
@@ -261,7 +286,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    presets = list(PRESETS) if args.preset == "all" else [args.preset]
+    presets = list(PRESETS) if "all" in args.preset else list(dict.fromkeys(args.preset))
     warmup = args.warmup if args.warmup is not None else (3 if args.compile else 1)
     # Other processes on the same cores skew wall-clock numbers; the load average tells how much to trust them.
     load_before = os.getloadavg()
@@ -277,7 +302,9 @@ def main(argv: list[str] | None = None) -> list[Result]:
     for preset in presets:
         steps = args.steps or (DEFAULT_STEPS[preset] * (10 if device.type == "cuda" else 1))
         repeats = args.repeats or DEFAULT_REPEATS[preset]
-        results += benchmark(preset, args.attention, device, args.compile, args.bf16, repeats, steps, warmup)
+        results += benchmark(
+            preset, args.attention, device, args.compile, args.bf16, repeats, steps, warmup, args.batch_size
+        )
     load_after = os.getloadavg()
     logger.info("load average %.2f %.2f %.2f", *load_after)
     print(markdown_table(results))

@@ -308,6 +308,7 @@ def build_results(
             "label_smoothing_factor": args.label_smoothing_factor,
             "seed": args.seed,
             "mixed_precision": mixed_precision(args),
+            "attn_implementation": model.config._attn_implementation,
             "world_size": args.world_size,
         },
         "train": {

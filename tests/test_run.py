@@ -179,3 +179,36 @@ def test_checkpoint_weights_reach_a_transformers_vit(tmp_path):
     load_checkpoint_weights(model, str(checkpoint))
     for key, value in model.state_dict().items():
         assert torch.equal(value, saved[key]), key
+
+
+def test_attn_implementation_reaches_both_model_paths_and_is_not_saved(tmp_path):
+    from finetune.arguments import ModelArguments, ScratchViTArguments
+    from finetune.models import build_model
+
+    data = load_image_data(
+        DataArguments(dataset_name="sklearn:digits", max_train_samples=60, decoded_cache_dir="none"), seed=0
+    )
+    checkpoint = tiny_vit_checkpoint(tmp_path / "hub_stand_in", num_channels=1, num_labels=3)
+    for model_type in ("scratch", "pretrained"):
+        for attention in ("eager", "sdpa"):
+            model_args = ModelArguments(
+                model_type=model_type, model_name_or_path=str(checkpoint), attn_implementation=attention
+            )
+            model, _, _ = build_model(model_type, model_args, ScratchViTArguments(image_size=8, patch_size=2), data)
+            assert model.config._attn_implementation == attention, (model_type, attention)
+    # A run-time choice: the saved model loads with the default kernel.
+    model.save_pretrained(tmp_path / "saved")
+    assert "attn_implementation" not in (tmp_path / "saved" / "config.json").read_text()
+
+
+def test_bf16_run_on_cpu_with_explicit_attention(tmp_path):
+    """The CPU recipe's mode: bf16 autocast on a CPU, explicit attention; the saved weights stay float32."""
+    out = tmp_path / "bf16"
+    results = run.main([*TINY_SCRATCH, "--output_dir", str(out), "--bf16", "true", "--attn_implementation", "eager"])
+    saved = read_results(out)
+    assert saved["hyperparameters"]["mixed_precision"] == "bf16"
+    assert saved["hyperparameters"]["attn_implementation"] == "eager"
+    model = AutoModelForImageClassification.from_pretrained(out)
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    assert 0.0 <= results["scratch"]["validation"]["accuracy"] <= 1.0
+    assert all(np.isfinite(row["eval_loss"]) for row in saved["history"])

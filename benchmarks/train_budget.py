@@ -45,6 +45,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     parser.add_argument("--output", default="benchmarks/results/train_budget", help="Folder for runs and reports.")
     parser.add_argument("--report-only", action="store_true", help="Only (re)write the report from OUTPUT's runs.")
     parser.add_argument("--update-readme", metavar="FILE", help="Replace this report's marked section in FILE.")
+    parser.add_argument(
+        "--suffix",
+        default="",
+        help="Append `_SUFFIX` to each run's name (its folder in OUTPUT/runs), e.g. `--suffix seed1 --seed 1` to rerun"
+        " a config with another seed next to the first run instead of over it.",
+    )
     args, overrides = parser.parse_known_args(argv)
     if not args.report_only:
         if not args.config:
@@ -54,12 +60,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     return args, overrides
 
 
-def run_name(config: str) -> str:
-    return Path(config).stem
+def run_name(config: str, suffix: str = "") -> str:
+    return Path(config).stem + (f"_{suffix}" if suffix else "")
 
 
-def train(config: str, minutes: float, output: Path, overrides: list[str]) -> list[str]:
+def train(config: str, minutes: float, output: Path, overrides: list[str], suffix: str = "") -> list[str]:
     """Train one config in its own process; returns the exact command."""
+    run_dir = output / "runs" / run_name(config, suffix)
     command = [
         sys.executable,
         "finetune/run.py",
@@ -68,7 +75,7 @@ def train(config: str, minutes: float, output: Path, overrides: list[str]) -> li
         "--max_train_minutes",
         str(minutes),
         "--output_dir",
-        str(output / "runs" / run_name(config)),
+        str(run_dir),
         "--overwrite_output_dir",
         "true",
         *overrides,
@@ -77,7 +84,7 @@ def train(config: str, minutes: float, output: Path, overrides: list[str]) -> li
     subprocess.run(command, cwd=ROOT, check=True)
     # Recorded as typed from the repository root, not with this machine's interpreter path.
     typed = shlex.join(["python", *command[1:]])
-    (output / "runs" / run_name(config) / "command.txt").write_text(typed + "\n")
+    (run_dir / "command.txt").write_text(typed + "\n")
     return command
 
 
@@ -207,7 +214,7 @@ def main(argv: list[str] | None = None) -> str:
     output.mkdir(parents=True, exist_ok=True)
     if not args.report_only:
         for config in args.config:
-            train(config, args.minutes, output, overrides)
+            train(config, args.minutes, output, overrides, args.suffix)
     # Every run in OUTPUT, so runs trained by separate commands end up on one plot and in one table.
     text = report(output)
     if args.update_readme:

@@ -137,7 +137,7 @@ def _description(results: dict, config: dict, model_name: str) -> str:
     if is_scratch(results):
         variant = ", ".join(
             f"{key.replace('_', ' ')} {config[key]}"
-            for key in ("position_embedding_type", "pooling", "head_type")
+            for key in ("patch_embedding_type", "position_embedding_type", "pooling", "head_type")
             if key in config
         )
         return (
@@ -161,6 +161,7 @@ def _architecture_rows(config: dict) -> list[list[Any]]:
         "num_hidden_layers",
         "num_attention_heads",
         "intermediate_size",
+        "patch_embedding_type",
         "position_embedding_type",
         "pooling",
         "head_type",

@@ -3,6 +3,7 @@
 from transformers import PretrainedConfig
 
 
+PATCH_EMBEDDING_TYPES = ("linear", "conv_stem")
 POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal")
 POOLING_TYPES = ("cls", "mean")
 HEAD_TYPES = ("linear", "mlp")
@@ -43,6 +44,13 @@ class ScratchViTConfig(PretrainedConfig):
             Epsilon of every LayerNorm (transformers' ViT uses 1e-12).
         initializer_range (`float`, *optional*, defaults to 0.02):
             Standard deviation of the truncated-normal initialisation of linear, convolution and embedding weights.
+        patch_embedding_type (`str`, *optional*, defaults to `"linear"`):
+            `"linear"`: each non-overlapping `patch_size` square is flattened and projected by one linear layer (a
+            strided convolution), as in ViT. `"conv_stem"`: a small convolutional stem, as in Xiao et al. 2021, "Early
+            Convolutions Help Transformers See Better": log2(`patch_size`) 3x3 convolutions of stride 2, each with
+            BatchNorm and ReLU (channels doubling up to `hidden_size`), then a 1x1 convolution to `hidden_size`. Same
+            tokens, overlapping receptive fields; it trains faster from scratch on small datasets. `patch_size`
+            must be a power of 2.
         position_embedding_type (`str`, *optional*, defaults to `"learned"`):
             `"learned"`: a trained position embedding per token (CLS included), interpolated bicubically for other
             resolutions. `"sinusoidal"`: fixed 1-D sine/cosine embeddings over the token index, as in "Attention Is
@@ -87,6 +95,7 @@ class ScratchViTConfig(PretrainedConfig):
         layer_norm_eps: float = 1e-12,
         initializer_range: float = 0.02,
         position_embedding_type: str = "learned",
+        patch_embedding_type: str = "linear",
         pooling: str = "cls",
         head_type: str = "linear",
         head_hidden_size: int | None = None,
@@ -108,6 +117,7 @@ class ScratchViTConfig(PretrainedConfig):
         self.layer_norm_eps = layer_norm_eps
         self.initializer_range = initializer_range
         self.position_embedding_type = position_embedding_type
+        self.patch_embedding_type = patch_embedding_type
         self.pooling = pooling
         self.head_type = head_type
         self.head_hidden_size = head_hidden_size if head_hidden_size is not None else hidden_size
@@ -153,6 +163,7 @@ class ScratchViTConfig(PretrainedConfig):
                 f"Choose a `patch_size` that divides {self.image_size}, or resize the images."
             )
         options = {
+            "patch_embedding_type": PATCH_EMBEDDING_TYPES,
             "position_embedding_type": POSITION_EMBEDDING_TYPES,
             "pooling": POOLING_TYPES,
             "head_type": HEAD_TYPES,
@@ -163,6 +174,14 @@ class ScratchViTConfig(PretrainedConfig):
             value = getattr(self, name)
             if value not in allowed:
                 raise ValueError(f"`{name}` must be one of {list(allowed)}, got {value!r}.")
+        if self.patch_embedding_type == "conv_stem" and (
+            self.patch_size < 2 or self.patch_size & (self.patch_size - 1)
+        ):
+            raise ValueError(
+                f"`patch_embedding_type='conv_stem'` halves the resolution once per stride-2 convolution, so "
+                f"`patch_size` must be a power of 2 (2, 4, 8, 16, ...), got {self.patch_size}. Choose such a "
+                "`patch_size` or use `patch_embedding_type='linear'`."
+            )
 
     @property
     def num_patches(self) -> int:

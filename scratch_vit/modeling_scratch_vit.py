@@ -40,20 +40,49 @@ def sinusoidal_position_embeddings(num_positions: int, dim: int, dtype=torch.flo
     return embeddings.to(dtype)
 
 
+class ScratchViTStemConv(nn.Conv2d):
+    """A 3x3 convolution of the convolutional stem (its own class so `_init_weights` gives it He initialisation)."""
+
+
+class ScratchViTConvStem(nn.Sequential):
+    """Xiao et al. 2021's convolutional stem: log2(patch_size) blocks of 3x3 convolution with stride 2, BatchNorm
+    and ReLU, then a 1x1 convolution to `hidden_size`. The channels double from block to block and end at
+    `hidden_size` (hidden 64, patch 4: 3 -> 32 -> 64 -> 1x1 -> 64). Output grid: (H / patch_size, W / patch_size).
+    """
+
+    def __init__(self, config: ScratchViTConfig):
+        num_blocks = config.patch_size.bit_length() - 1  # patch_size = 2 ** num_blocks
+        layers, channels = [], config.num_channels
+        for i in range(num_blocks):
+            out_channels = max(config.hidden_size >> (num_blocks - 1 - i), 8)
+            layers += [
+                ScratchViTStemConv(channels, out_channels, kernel_size=3, stride=2, padding=1, bias=False),
+                nn.BatchNorm2d(out_channels),
+                nn.ReLU(inplace=True),
+            ]
+            channels = out_channels
+        layers.append(nn.Conv2d(channels, config.hidden_size, kernel_size=1))
+        super().__init__(*layers)
+
+
 class ScratchViTPatchEmbeddings(nn.Module):
     """Cuts images into non-overlapping `patch_size` squares and projects each to `hidden_size`.
 
     A convolution with kernel and stride `patch_size` is exactly "cut into patches, flatten in (channel, row,
-    column) order, apply one linear layer", computed in one fused op.
+    column) order, apply one linear layer", computed in one fused op. With `patch_embedding_type="conv_stem"`, a
+    small convolutional stem (`ScratchViTConvStem`) makes the same grid of tokens instead.
     """
 
     def __init__(self, config: ScratchViTConfig):
         super().__init__()
         self.num_channels = config.num_channels
         self.patch_size = config.patch_size
-        self.projection = nn.Conv2d(
-            config.num_channels, config.hidden_size, kernel_size=config.patch_size, stride=config.patch_size
-        )
+        if config.patch_embedding_type == "conv_stem":
+            self.projection = ScratchViTConvStem(config)
+        else:
+            self.projection = nn.Conv2d(
+                config.num_channels, config.hidden_size, kernel_size=config.patch_size, stride=config.patch_size
+            )
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         _, num_channels, height, width = pixel_values.shape
@@ -281,13 +310,22 @@ class ScratchViTPreTrainedModel(PreTrainedModel):
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
-        """Truncated-normal weights, zero biases, unit LayerNorms, as transformers' ViT.
+        """Truncated-normal weights, zero biases, unit LayerNorms, as transformers' ViT; the convolutional stem's
+        3x3 convolutions and BatchNorms as transformers' ResNet (He initialisation, unit BatchNorms).
 
         The `transformers.initialization` functions skip any tensor already loaded from a checkpoint, so
         `from_pretrained` never overwrites trained weights (transformers 5's rule).
         """
         std = self.config.initializer_range
-        if isinstance(module, (nn.Linear, nn.Conv2d)):
+        if isinstance(module, ScratchViTStemConv):
+            init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+        elif isinstance(module, nn.BatchNorm2d):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+            init.zeros_(module.running_mean)
+            init.ones_(module.running_var)
+            init.zeros_(module.num_batches_tracked)
+        elif isinstance(module, (nn.Linear, nn.Conv2d)):
             init.trunc_normal_(module.weight, mean=0.0, std=std)
             if module.bias is not None:
                 init.zeros_(module.bias)
@@ -352,7 +390,7 @@ class ScratchViTModel(ScratchViTPreTrainedModel):
         return_dict = return_dict if return_dict is not None else self.config.return_dict
 
         # Match the weights' dtype (e.g. float32 images into a bf16 model), as transformers' ViT does.
-        expected_dtype = self.embeddings.patch_embeddings.projection.weight.dtype
+        expected_dtype = next(self.embeddings.patch_embeddings.parameters()).dtype
         if pixel_values.dtype != expected_dtype:
             pixel_values = pixel_values.to(expected_dtype)
 

@@ -201,14 +201,21 @@ def test_attn_implementation_reaches_both_model_paths_and_is_not_saved(tmp_path)
     assert "attn_implementation" not in (tmp_path / "saved" / "config.json").read_text()
 
 
-def test_bf16_run_on_cpu_with_explicit_attention(tmp_path):
-    """The CPU recipe's mode: bf16 autocast on a CPU, explicit attention; the saved weights stay float32."""
+def test_bf16_run_on_cpu_with_explicit_attention_and_conv_stem(tmp_path):
+    """The CPU recipe's mode: bf16 autocast on a CPU, explicit attention, a convolutional stem; the saved weights stay
+    float32 and the stem's BatchNorm statistics, trained, are saved with them."""
     out = tmp_path / "bf16"
-    results = run.main([*TINY_SCRATCH, "--output_dir", str(out), "--bf16", "true", "--attn_implementation", "eager"])
+    argv = [*TINY_SCRATCH, "--output_dir", str(out), "--bf16", "true", "--attn_implementation", "eager"]
+    results = run.main([*argv, "--patch_embedding_type", "conv_stem"])
     saved = read_results(out)
     assert saved["hyperparameters"]["mixed_precision"] == "bf16"
     assert saved["hyperparameters"]["attn_implementation"] == "eager"
     model = AutoModelForImageClassification.from_pretrained(out)
+    assert model.config.patch_embedding_type == "conv_stem"
     assert {p.dtype for p in model.parameters()} == {torch.float32}
+    norm = model.vit.embeddings.patch_embeddings.projection[1]
+    # One statistics update per training step, up to the saved (best or last) epoch's checkpoint.
+    assert norm.num_batches_tracked.item() in {row["step"] for row in saved["history"]}
+    assert not torch.equal(norm.running_var, torch.ones_like(norm.running_var))
     assert 0.0 <= results["scratch"]["validation"]["accuracy"] <= 1.0
     assert all(np.isfinite(row["eval_loss"]) for row in saved["history"])

@@ -14,6 +14,8 @@ INVALID = [
     ({"position_embedding_type": "rope"}, "position_embedding_type", "'rope'", "['learned', 'sinusoidal']"),
     ({"pooling": "max"}, "pooling", "'max'", "['cls', 'mean']"),
     ({"head_type": "conv"}, "head_type", "'conv'", "['linear', 'mlp']"),
+    ({"patch_embedding_type": "conv"}, "patch_embedding_type", "'conv'", "['linear', 'conv_stem']"),
+    ({"patch_embedding_type": "conv_stem", "image_size": 36, "patch_size": 6}, "patch_size", "6", "power of 2"),
     ({"hidden_act": "gelu_fast_typo"}, "hidden_act", "'gelu_fast_typo'", "'quick_gelu'"),
     ({"head_hidden_act": "softplus"}, "head_hidden_act", "'softplus'", "'tanh'"),
     ({"hidden_size": 0}, "hidden_size", "0", "integer >= 1"),
@@ -54,7 +56,7 @@ def test_defaults_are_valid_and_model_type():
 def test_round_trip_keeps_every_field(tmp_path):
     fields = {
         "image_size": 24,
-        "patch_size": 6,
+        "patch_size": 8,
         "num_channels": 1,
         "hidden_size": 36,
         "num_hidden_layers": 3,
@@ -67,6 +69,7 @@ def test_round_trip_keeps_every_field(tmp_path):
         "layer_norm_eps": 1e-6,
         "initializer_range": 0.05,
         "position_embedding_type": "sinusoidal",
+        "patch_embedding_type": "conv_stem",
         "pooling": "mean",
         "head_type": "mlp",
         "head_hidden_size": 17,

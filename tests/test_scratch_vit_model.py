@@ -39,8 +39,9 @@ def build(model_class, config, seed: int = 0):
 VARIANTS = [
     {"position_embedding_type": "learned", "pooling": "cls"},
     {"position_embedding_type": "sinusoidal", "pooling": "mean"},
+    {"position_embedding_type": "learned", "pooling": "cls", "patch_embedding_type": "conv_stem"},
 ]
-VARIANT_IDS = ["learned-cls", "sinusoidal-mean"]
+VARIANT_IDS = ["learned-cls", "sinusoidal-mean", "learned-cls-conv-stem"]
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
@@ -315,20 +316,26 @@ def test_gradient_checkpointing_gives_same_loss_and_gradients(variant):
 
 
 def _perturb(model, seed: int = 1) -> None:
-    """Give every parameter values no initialiser would produce, as training would."""
+    """Give every parameter and buffer (BatchNorm statistics) values no initialiser would produce, as training does."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for param in model.parameters():
             param.copy_(torch.randn(param.shape, generator=generator) * 0.5 + 1.0)
+        for buffer in model.buffers():
+            if buffer.is_floating_point():
+                buffer.copy_(torch.rand(buffer.shape, generator=generator) + 0.5)
+            else:
+                buffer.fill_(7)
 
 
 LOAD_VARIANTS = [
     {},
     {"position_embedding_type": "sinusoidal", "pooling": "mean", "head_type": "mlp"},
+    {"patch_embedding_type": "conv_stem"},
 ]
 
 
-@pytest.mark.parametrize("variant", LOAD_VARIANTS, ids=["learned-cls-linear", "sinusoidal-mean-mlp"])
+@pytest.mark.parametrize("variant", LOAD_VARIANTS, ids=["learned-cls-linear", "sinusoidal-mean-mlp", "conv-stem"])
 @pytest.mark.parametrize("model_class", [ScratchViTModel, ScratchViTForImageClassification])
 def test_from_pretrained_keeps_every_saved_tensor(tmp_path, model_class, variant):
     model = build(model_class, tiny_config(**variant))
@@ -379,3 +386,52 @@ def test_fresh_model_initialisation():
         else:
             # Truncated normal with std `initializer_range` (cut at +-2 absolute, as in transformers' ViT).
             assert 0.5 * std < param.std() < 1.5 * std, name
+
+
+def test_conv_stem_layout_and_initialisation():
+    config = tiny_config(hidden_size=32, patch_size=8, image_size=32, patch_embedding_type="conv_stem")
+    stem = build(ScratchViTModel, config).embeddings.patch_embeddings.projection
+    convs = [m for m in stem if isinstance(m, torch.nn.Conv2d)]
+    # log2(8) = 3 stride-2 3x3 convolutions whose channels double up to hidden_size, then a 1x1 convolution.
+    assert [(c.in_channels, c.out_channels, c.kernel_size, c.stride) for c in convs] == [
+        (3, 8, (3, 3), (2, 2)),
+        (8, 16, (3, 3), (2, 2)),
+        (16, 32, (3, 3), (2, 2)),
+        (32, 32, (1, 1), (1, 1)),
+    ]
+    for conv in convs[:-1]:  # He initialisation (fan out, ReLU), as transformers' ResNet
+        expected = (2 / (conv.out_channels * 9)) ** 0.5
+        assert 0.8 * expected < conv.weight.std() < 1.2 * expected
+    for norm in (m for m in stem if isinstance(m, torch.nn.BatchNorm2d)):
+        assert torch.equal(norm.weight, torch.ones_like(norm.weight)) and torch.equal(
+            norm.bias, torch.zeros_like(norm.bias)
+        )
+        assert torch.equal(norm.running_mean, torch.zeros_like(norm.running_mean))
+        assert torch.equal(norm.running_var, torch.ones_like(norm.running_var))
+
+
+@pytest.mark.parametrize("patch_embedding_type, changed_tokens", [("linear", 1), ("conv_stem", 4)])
+def test_conv_stem_tokens_see_across_patch_borders(patch_embedding_type, changed_tokens):
+    """A pixel at the corner of four patches reaches one token through the patch projection, four through the stem."""
+    model = build(ScratchViTModel, tiny_config(patch_embedding_type=patch_embedding_type))
+    pixels = images()
+    moved = pixels.clone()
+    moved[:, :, 3, 3] += 1.0  # last pixel of patch (0, 0), next to patches (0, 1), (1, 0) and (1, 1)
+    with torch.no_grad():
+        before = model.embeddings.patch_embeddings(pixels)  # (B, 16, D)
+        after = model.embeddings.patch_embeddings(moved)
+    changed = (after - before).abs().amax(dim=(0, 2)) > 1e-6  # (16,)
+    assert changed.sum().item() == changed_tokens
+    assert changed.view(4, 4)[0, 0]
+
+
+def test_conv_stem_batchnorm_statistics_update_only_in_training():
+    model = build(ScratchViTForImageClassification, tiny_config(patch_embedding_type="conv_stem"))
+    norm = model.vit.embeddings.patch_embeddings.projection[1]
+    with torch.no_grad():
+        model(images())
+    assert torch.equal(norm.running_mean, torch.zeros_like(norm.running_mean)), "eval mode must not update statistics"
+    model.train()
+    with torch.no_grad():
+        model(images())
+    assert norm.running_mean.abs().sum() > 0 and norm.num_batches_tracked.item() == 1

@@ -57,8 +57,21 @@ def test_budgeted_run_end_to_end(tmp_path):
         "horizontal_flip: false\ndecoded_cache_dir: none\nreport_to: none\n"
     )
     out = tmp_path / "out"
-    train_budget.main(["--config", str(config), "--minutes", "0.2", "--output", str(out)])
-    run = json.loads((out / "runs" / "tiny" / "results.json").read_text())
+    train_budget.main(
+        ["--config", str(config), "--minutes", "0.2", "--output", str(out), "--suffix", "s3", "--seed", "3"]
+    )
+    run = json.loads((out / "runs" / "tiny_s3" / "results.json").read_text())
     assert run["epochs"] < 1000, "the budget, not the epochs, ended training"
+    assert run["hyperparameters"]["seed"] == 3, "extra arguments reach finetune/run.py"
     assert run["history"] and run["history"][-1]["elapsed_seconds"] < 0.2 * 60 + 10
-    assert (out / "curve.png").exists() and "| tiny |" in (out / "results.md").read_text()
+    assert (out / "curve.png").exists() and "| tiny_s3 |" in (out / "results.md").read_text()
+    assert "--seed 3" in (out / "runs" / "tiny_s3" / "command.txt").read_text()
+
+
+def test_suffix_names_the_run_and_needs_a_budget():
+    assert train_budget.run_name("configs/cifar10_scratch_cpu30.yaml") == "cifar10_scratch_cpu30"
+    assert train_budget.run_name("configs/cifar10_scratch_cpu30.yaml", "seed1") == "cifar10_scratch_cpu30_seed1"
+    args, overrides = train_budget.parse_args(["--config", "a.yaml", "--minutes", "1", "--suffix", "x", "--seed", "1"])
+    assert args.suffix == "x" and overrides == ["--seed", "1"]
+    with pytest.raises(SystemExit):
+        train_budget.parse_args(["--config", "a.yaml"])

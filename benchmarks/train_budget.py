@@ -4,9 +4,9 @@
         --output benchmarks/results/cpu30 [--key value ...]
     python benchmarks/train_budget.py --minutes 30 --output benchmarks/results/cpu30 \
         --config configs/cifar10_scratch.yaml --config configs/cifar10_scratch_cpu30.yaml
-    python benchmarks/train_budget.py --report-only --output benchmarks/results/cpu30 --update-readme README.md
+    python benchmarks/train_budget.py --report-only --output benchmarks/results/cpu30
 
-Each config runs in its own `python finetune/run.py` process, one after the other, with `--max_train_minutes M`
+Each config runs in its own `python -m finetune.run` process, one after the other, with `--max_train_minutes M`
 (the `TrainingBudgetCallback` stops it once the budget is spent; evaluation, saving and the test then run as after any
 run) and `--output_dir OUTPUT/runs/<config name>` (ignored by git: models stay out of the repository). Extra
 `--key value` arguments are passed to every run. Afterwards, and with `--report-only`, it reports every run in
@@ -18,24 +18,35 @@ OUTPUT/runs (also those of earlier commands, so configs trained one at a time sh
   timeline table (minutes, epoch, accuracy) per config;
 - `OUTPUT/summary.json`: the same numbers, machine-readable.
 
-`--update-readme FILE` replaces the text between `<!-- train_budget:NAME:start -->` and `<!-- train_budget:NAME:end
--->` in FILE (NAME is the output folder's name) with `results.md`, so the README's numbers come from these files.
+benchmarks/README.md links these files rather than copying their numbers.
 """
 
 import argparse
 import json
 import logging
 import os
-import platform
 import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 
-logger = logging.getLogger("train_budget")
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run from a clone without `pip install -e .`
+
+from finetune.hardware import short_name  # noqa: E402
+from finetune.report import (  # noqa: E402
+    MISSING,
+    format_count,
+    format_number,
+    format_percent,
+    markdown_table,
+    plot_accuracy_over_time,
+)
+from finetune.results import Results  # noqa: E402
+
+
+logger = logging.getLogger("train_budget")
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
@@ -44,7 +55,6 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     parser.add_argument("--minutes", type=float, help="Wall-clock training budget of each run, in minutes.")
     parser.add_argument("--output", default="benchmarks/results/train_budget", help="Folder for runs and reports.")
     parser.add_argument("--report-only", action="store_true", help="Only (re)write the report from OUTPUT's runs.")
-    parser.add_argument("--update-readme", metavar="FILE", help="Replace this report's marked section in FILE.")
     parser.add_argument(
         "--suffix",
         default="",
@@ -69,114 +79,94 @@ def train(config: str, minutes: float, output: Path, overrides: list[str], suffi
     run_dir = output / "runs" / run_name(config, suffix)
     command = [
         sys.executable,
-        "finetune/run.py",
+        "-m",
+        "finetune.run",
         "--config",
         config,
         "--max_train_minutes",
         str(minutes),
         "--output_dir",
-        str(run_dir),
+        os.path.relpath(run_dir, ROOT),
         "--overwrite_output_dir",
         "true",
         *overrides,
     ]
     logger.info(f"Training {config} for {minutes} min: {shlex.join(command)}")
     subprocess.run(command, cwd=ROOT, check=True)
-    # Recorded as typed from the repository root, not with this machine's interpreter path.
+    # Recorded as typed from the repository root: no interpreter path, no absolute paths of this machine.
     typed = shlex.join(["python", *command[1:]])
     (run_dir / "command.txt").write_text(typed + "\n")
     return command
 
 
-def hardware() -> str:
-    import torch
-
-    if torch.cuda.is_available():
-        return f"1x {torch.cuda.get_device_name(0)}"
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"CPU {cpu}, {torch.get_num_threads()} threads"
-
-
 def collect(run_dir: Path) -> dict:
-    """The numbers of one finished run, from its `results.json` and `trainer_state.json`."""
-    results = json.loads((run_dir / "results.json").read_text())
-    history = [h for h in results["history"] if h.get("elapsed_seconds") is not None]
-    train = results["train"]
-    seconds, data_seconds = train.get("seconds"), train.get("data_seconds")
+    """The numbers of one finished run, from its `results.json` (`finetune/results.py`)."""
+    results = Results.load(run_dir)
+    history = [h for h in results.history if h.elapsed_seconds is not None]
+    train = results.train
     command_file = run_dir / "command.txt"
     return {
         "name": run_dir.name,
-        "validation_accuracy": results["validation"]["accuracy"],
-        "best_history_accuracy": max((h["eval_accuracy"] for h in history), default=None),
-        "test_accuracy": (results.get("test") or {}).get("accuracy"),
-        "minutes": history[-1]["elapsed_seconds"] / 60 if history else None,
-        "epochs": results["epochs"],
-        "images_per_second": train.get("images_per_second"),
-        "data_share": data_seconds / seconds if seconds and data_seconds is not None else None,
-        "num_parameters": results["num_parameters"],
-        "hardware": results.get("hardware"),
+        "validation_accuracy": results.validation.accuracy if results.validation else None,
+        "best_history_accuracy": max((h.eval_accuracy for h in history if h.eval_accuracy is not None), default=None),
+        "test_accuracy": results.test.accuracy if results.test else None,
+        "minutes": history[-1].elapsed_seconds / 60 if history else None,
+        "epochs": results.epochs,
+        "images_per_second": train.images_per_second,
+        "data_share": train.data_seconds / train.seconds if train.seconds and train.data_seconds is not None else None,
+        "num_parameters": results.num_parameters,
+        "hardware": short_name(results.hardware),
+        "mixed_precision": results.hyperparameters.get("mixed_precision"),
         "command": command_file.read_text().strip() if command_file.exists() else None,
         "timeline": [
-            {"minutes": h["elapsed_seconds"] / 60, "epoch": h["epoch"], "accuracy": h["eval_accuracy"]}
-            for h in history
+            {"minutes": h.elapsed_seconds / 60, "epoch": h.epoch, "accuracy": h.eval_accuracy} for h in history
         ],
     }
 
 
-def _fmt(value, pattern: str) -> str:
-    return "-" if value is None else format(value, pattern)
-
-
-def markdown(runs: list[dict], title: str) -> str:
-    lines = [
-        "| run | validation accuracy | best during training | test accuracy | minutes | epochs | images/s | "
-        "data share of step time | parameters | hardware |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+def markdown(runs: list[dict]) -> str:
+    headers = [
+        "run",
+        "validation accuracy",
+        "best during training",
+        "test accuracy",
+        "minutes",
+        "epochs",
+        "images/s",
+        "data share of step time",
+        "parameters",
+        "precision",
+        "hardware",
     ]
+    rows = [
+        [
+            r["name"],
+            format_percent(r["validation_accuracy"]),
+            format_percent(r["best_history_accuracy"]),
+            format_percent(r["test_accuracy"]),
+            format_number(r["minutes"], 1),
+            format_number(r["epochs"], 1),
+            format_number(r["images_per_second"], 0),
+            format_percent(r["data_share"]),
+            format_count(r["num_parameters"]),
+            r["mixed_precision"] or MISSING,
+            r["hardware"] or MISSING,
+        ]
+        for r in runs
+    ]
+    parts = [markdown_table(headers, rows), "![validation accuracy against minutes](curve.png)"]
     for r in runs:
-        lines.append(
-            f"| {r['name']} | {_fmt(r['validation_accuracy'], '.2%')} | {_fmt(r['best_history_accuracy'], '.2%')} | "
-            f"{_fmt(r['test_accuracy'], '.2%')} | {_fmt(r['minutes'], '.1f')} | {_fmt(r['epochs'], '.1f')} | "
-            f"{_fmt(r['images_per_second'], '.0f')} | {_fmt(r['data_share'], '.1%')} | {r['num_parameters']:,} | "
-            f"{r['hardware'] or '-'} |"
+        parts.append(f"**{r['name']}**" + (f": `{r['command']}`" if r["command"] else ""))
+        parts.append(
+            markdown_table(
+                ["minutes", "epoch", "validation accuracy"],
+                [
+                    [format_number(t["minutes"], 1), format_number(t["epoch"], 1), format_percent(t["accuracy"])]
+                    for t in r["timeline"]
+                ],
+            )
         )
-    lines.append("")
-    lines.append(f"![validation accuracy against minutes]({title}/curve.png)")
-    for r in runs:
-        lines += ["", f"**{r['name']}**" + (f": `{r['command']}`" if r["command"] else ""), ""]
-        lines += ["| minutes | epoch | validation accuracy |", "|---|---|---|"]
-        lines += [f"| {t['minutes']:.1f} | {t['epoch']:.1f} | {t['accuracy']:.2%} |" for t in r["timeline"]]
-    return "\n".join(lines) + "\n"
-
-
-def plot(runs: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for r in runs:
-        ax.plot(
-            [t["minutes"] for t in r["timeline"]],
-            [100 * t["accuracy"] for t in r["timeline"]],
-            marker=".",
-            label=r["name"],
-        )
-    ax.set_xlabel("wall-clock minutes of training (evaluations included)")
-    ax.set_ylabel("validation accuracy (%)")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return "\n\n".join(parts) + "\n"
 
 
 def report(output: Path, names: list[str] | None = None) -> str:
@@ -186,24 +176,11 @@ def report(output: Path, names: list[str] | None = None) -> str:
     if not names:
         raise FileNotFoundError(f"No finished runs (*/results.json) in {output}.")
     runs = [collect(output / "runs" / name) for name in names]
-    hw = hardware()
-    for r in runs:
-        r["hardware"] = r["hardware"] or hw
-    plot(runs, output / "curve.png")
-    text = markdown(runs, os.path.relpath(output, ROOT))
+    plot_accuracy_over_time([Results.load(output / "runs" / name) for name in names], names, output / "curve.png")
+    text = markdown(runs)
     (output / "results.md").write_text(text)
     (output / "summary.json").write_text(json.dumps(runs, indent=2))
     return text
-
-
-def update_readme(readme: Path, name: str, text: str) -> None:
-    start, end = f"<!-- train_budget:{name}:start -->", f"<!-- train_budget:{name}:end -->"
-    content = readme.read_text()
-    if start not in content or end not in content:
-        raise ValueError(f"{readme} has no {start} ... {end} markers; add them where the report should go.")
-    before, rest = content.split(start, 1)
-    _, after = rest.split(end, 1)
-    readme.write_text(f"{before}{start}\n{text}{end}{after}")
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -217,8 +194,6 @@ def main(argv: list[str] | None = None) -> str:
             train(config, args.minutes, output, overrides, args.suffix)
     # Every run in OUTPUT, so runs trained by separate commands end up on one plot and in one table.
     text = report(output)
-    if args.update_readme:
-        update_readme(Path(args.update_readme), output.name, text)
     print(text)
     return text
 

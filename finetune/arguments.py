@@ -1,9 +1,13 @@
 """Command-line and YAML arguments of `finetune/run.py`.
 
-A run is described by five dataclasses parsed together by `HfArgumentParser`: `ModelArguments`, `DataArguments`,
+A run is described by four dataclasses parsed together by `HfArgumentParser`: `ModelArguments`, `DataArguments`,
 `ScratchViTArguments` (every `ScratchViTConfig` field, generated from the config so it stays the single source of
-truth), `RunArguments` and transformers' `TrainingArguments` (with the pipeline's defaults, `TRAINING_DEFAULTS`).
-A YAML config is a flat map onto their fields; values given on the command line override the file.
+truth) and `ImageClassificationTrainingArguments` (transformers' `TrainingArguments` with the pipeline's defaults and
+training-loop options, `finetune/training_args.py`).
+
+A YAML config is a flat map onto their fields; values given on the command line override the file. A config may
+start from another with `base: other.yaml` (a path relative to the config's folder) and state only its differences:
+its keys override the base's, and bases may have bases of their own.
 """
 
 import dataclasses
@@ -14,10 +18,10 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 import yaml
-from transformers import HfArgumentParser, TrainingArguments
+from transformers import HfArgumentParser
 
+from finetune.training_args import ImageClassificationTrainingArguments
 from scratch_vit import ScratchViTConfig
 
 
@@ -159,16 +163,6 @@ class DataArguments:
     rand_augment_magnitude: float = field(
         default=1.0, metadata={"help": "Largest magnitude of `rand_augment_ops`, as a share of each op's range."}
     )
-    mixup_alpha: float = field(
-        default=0.0, metadata={"help": "MixUp of training batches with ratio ~ Beta(alpha, alpha); 0 disables it."}
-    )
-    cutmix_alpha: float = field(
-        default=0.0,
-        metadata={
-            "help": "CutMix of training batches with ratio ~ Beta(alpha, alpha); 0 disables it. With MixUp also on, "
-            "each batch uses one of the two at random."
-        },
-    )
 
     def __post_init__(self):
         if self.corrupt_images not in CORRUPT_IMAGE_POLICIES:
@@ -185,87 +179,6 @@ class DataArguments:
             raise ValueError(f"`rand_augment_ops` must be >= 0, got {self.rand_augment_ops}.")
         if not 0 < self.rand_augment_magnitude <= 1:
             raise ValueError(f"`rand_augment_magnitude` must be in (0, 1], got {self.rand_augment_magnitude}.")
-        if self.mixup_alpha < 0 or self.cutmix_alpha < 0:
-            raise ValueError(
-                f"`mixup_alpha` and `cutmix_alpha` must be >= 0, got {self.mixup_alpha} and {self.cutmix_alpha}."
-            )
-
-
-@dataclass
-class RunArguments:
-    """What happens around training: where results go and how they are published."""
-
-    overwrite_output_dir: bool = field(
-        default=False,
-        metadata={
-            "help": "Allow training into an `output_dir` that already holds checkpoints or results of another run. "
-            "Without it such a run stops before touching them (use `resume_from_checkpoint` to continue one)."
-        },
-    )
-    hub_commit_message: str = field(
-        default="Upload fine-tuned model", metadata={"help": "Commit message of the push to the Hub."}
-    )
-    max_train_minutes: float | None = field(
-        default=None,
-        metadata={
-            "help": "Stop training after this many minutes of wall-clock time (evaluations included); the best "
-            "model is then evaluated, tested and saved as usual. Default: no budget."
-        },
-    )
-    budget_schedule: bool = field(
-        default=False,
-        metadata={
-            "help": "With `max_train_minutes`: measure the time per step early on and re-plan the learning-rate "
-            "schedule (cosine, linear, ...) to end exactly at the budget; `num_train_epochs` is then only an upper "
-            "bound."
-        },
-    )
-    ema_decay: float | None = field(
-        default=None,
-        metadata={
-            "help": "Keep an exponential moving average of the weights with this decay (e.g. 0.999, warmed up as "
-            "min(decay, (1 + t) / (10 + t))); evaluations, checkpoints and the final model use it. Default: off."
-        },
-    )
-    flip_tta: bool = field(
-        default=False,
-        metadata={"help": "At evaluation, average the logits of each image and its mirror image."},
-    )
-
-    def __post_init__(self):
-        if self.max_train_minutes is not None and self.max_train_minutes <= 0:
-            raise ValueError(f"`max_train_minutes` must be > 0, got {self.max_train_minutes}.")
-        if self.budget_schedule and self.max_train_minutes is None:
-            raise ValueError("`budget_schedule: true` needs `max_train_minutes`.")
-        if self.ema_decay is not None and not 0 < self.ema_decay < 1:
-            raise ValueError(f"`ema_decay` must be in (0, 1), got {self.ema_decay}.")
-
-
-def _has_accelerator() -> bool:
-    accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6
-    return accelerator.is_available() if accelerator is not None else torch.cuda.is_available()
-
-
-# The pipeline's defaults where they differ from the Trainer's: evaluate and save every epoch and keep the best model
-# by validation accuracy (the one saved and tested); images stay in memory, so no loader workers and no column pruning.
-TRAINING_DEFAULTS = {
-    "eval_strategy": "epoch",
-    "save_strategy": "epoch",
-    "logging_strategy": "steps",
-    "logging_steps": 50,
-    "load_best_model_at_end": True,
-    "metric_for_best_model": "accuracy",
-    "greater_is_better": True,
-    "save_total_limit": 2,
-    "remove_unused_columns": False,
-    "dataloader_num_workers": 0,
-    "dataloader_pin_memory": torch.cuda.is_available(),
-    "ddp_find_unused_parameters": False,  # every parameter is used; searching costs a graph walk per step
-    # Without it, processes started by `accelerate launch --multi_gpu` or `torchrun` on a machine with no GPU each
-    # train alone (world size 1); with it they join one gloo process group.
-    "use_cpu": not _has_accelerator(),
-    "output_dir": "outputs/run",
-}
 
 
 def _scratch_vit_fields() -> list[tuple[str, Any, dataclasses.Field]]:
@@ -293,12 +206,13 @@ def scratch_config_kwargs(scratch_args) -> dict[str, Any]:
 def parse_args(argv: list[str] | None = None):
     """Parse `--config FILE.yaml` (optional) and command-line overrides into the argument dataclasses.
 
-    Returns `(model_args, data_args, scratch_args, run_args, training_args)`. An unknown key in the YAML file fails
-    with the closest known names; unknown command-line flags fail the same way.
+    Returns `(model_args, data_args, scratch_args, training_args)`. An unknown key in the YAML file fails with the
+    closest known names; unknown command-line flags fail the same way.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = HfArgumentParser((ModelArguments, DataArguments, ScratchViTArguments, RunArguments, TrainingArguments))
-    parser.set_defaults(**TRAINING_DEFAULTS)
+    parser = HfArgumentParser(
+        (ModelArguments, DataArguments, ScratchViTArguments, ImageClassificationTrainingArguments)
+    )
     config_path = None
     if "--config" in argv:
         i = argv.index("--config")
@@ -316,19 +230,39 @@ def parse_args(argv: list[str] | None = None):
     return parser.parse_args_into_dataclasses(args=argv)
 
 
+BASE_KEY = "base"
+
+
 def load_yaml_config(path: str | os.PathLike, parser: HfArgumentParser | None = None) -> dict[str, Any]:
-    """Read a flat YAML config and check every key against the parser's arguments."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"Config file {path!r} does not exist. Pass an existing YAML file, e.g. configs/.")
-    with open(path) as f:
-        values = yaml.safe_load(f) or {}
-    if not isinstance(values, dict):
-        raise ValueError(f"Config file {path!r} must be a flat YAML map of `key: value`, got {type(values).__name__}.")
-    if parser is not None:
-        known = {action.dest for action in parser._actions}
-        unknown = [k for k in values if k not in known]
-        if unknown:
-            raise ValueError(_unknown_keys_message(unknown, known, f"in {path}"))
+    """Read a flat YAML config, with its `base:` chain merged in, and check every key against the parser's arguments.
+
+    The config's own keys override its base's; the base's path is relative to the config's folder.
+    """
+    values, chain = {}, []
+    path = os.fspath(path)
+    while path is not None:
+        if not os.path.isfile(path):
+            named_by = f" (the `base` of {chain[-1]})" if chain else ""
+            raise FileNotFoundError(
+                f"Config file {path!r}{named_by} does not exist. Pass an existing YAML file, e.g. from configs/."
+            )
+        if os.path.realpath(path) in map(os.path.realpath, chain):
+            raise ValueError(f"Config {chain[0]!r} has a `base` cycle: {' -> '.join([*chain, path])}. Remove one.")
+        chain.append(path)
+        with open(path) as f:
+            own = yaml.safe_load(f) or {}
+        if not isinstance(own, dict):
+            raise ValueError(
+                f"Config file {path!r} must be a flat YAML map of `key: value`, got {type(own).__name__}."
+            )
+        if parser is not None:
+            known = {action.dest for action in parser._actions} | {BASE_KEY}
+            unknown = [k for k in own if k not in known]
+            if unknown:
+                raise ValueError(_unknown_keys_message(unknown, known, f"in {path}"))
+        base = own.pop(BASE_KEY, None)
+        values = {**own, **values}
+        path = os.path.join(os.path.dirname(path), base) if base is not None else None
     return values
 
 

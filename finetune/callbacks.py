@@ -1,16 +1,18 @@
-"""Trainer callbacks for training to a wall-clock budget: the budget itself, a schedule that ends at it, the
-elapsed time of every log entry, and an exponential moving average (EMA) of the weights.
+"""Trainer callbacks: the run's one clock, a wall-clock budget with a schedule that ends at it, and an exponential
+moving average (EMA) of the weights. `ImageClassificationTrainer` builds them from its arguments.
 
+- `RunClock` is the only timer of a run. It stamps each entry of `state.log_history` with `elapsed_seconds` since
+  training began (so accuracy can be plotted against wall-clock minutes), adds up the training loop's own time
+  (`train_seconds`, without the evaluations and checkpoints between epochs) and its optimizer steps, and holds the
+  time the Trainer spends on the data path (`data_seconds`). `results.json`'s timings all come from it.
 - `TrainingBudgetCallback` stops training once `max_train_minutes` of wall-clock time (training, evaluation and
-  saving alike, since that is what the budget buys) is spent; the Trainer then still loads the best model and
-  `run.py` evaluates, tests and saves it as after any run. With `fit_schedule=True` it also stretches or shrinks the
-  learning-rate schedule so that it reaches its end exactly at the budget: after `calibration_fraction` of the budget
-  it measures the seconds per step (evaluations included) and sets the schedule's `num_training_steps` to the steps
-  that fit (at most the Trainer's own `max_steps`, so `num_train_epochs` is an upper bound); it re-plans at every
-  epoch end, so a machine that slows down or speeds up is followed. Give `warmup_steps` as a number of steps then:
-  a ratio would be taken of the upper bound.
-- `ElapsedTimeCallback` stamps each entry of `state.log_history` with `elapsed_seconds` since training began, so
-  accuracy can be plotted against wall-clock minutes.
+  saving alike, since that is what the budget buys) is spent on the clock; the Trainer then still loads the best
+  model and `run.py` evaluates, tests and saves it as after any run. With `fit_schedule=True` it also stretches or
+  shrinks the learning-rate schedule so that it reaches its end exactly at the budget: after `calibration_fraction`
+  of the budget it measures the seconds per step (evaluations included) and sets the schedule's `num_training_steps`
+  to the steps that fit (at most the Trainer's own `max_steps`, so `num_train_epochs` is an upper bound); it
+  re-plans at every epoch end, so a machine that slows down or speeds up is followed. Give `warmup_steps` as a number
+  of steps then: a ratio would be taken of the upper bound.
 - `EMACallback` keeps `ModelEMA` up to date after every optimizer step; `ImageClassificationTrainer` evaluates and
   saves the EMA weights (see `finetune/trainer.py`).
 """
@@ -28,43 +30,77 @@ from transformers.utils import logging
 logger = logging.get_logger(__name__)
 
 
+class RunClock(TrainerCallback):
+    """The run's clock: time since training began, the training loop's own time, its steps and its data time.
+
+    Args:
+        time_fn: a function returning seconds (`time.perf_counter`); tests pass a fake one.
+    """
+
+    def __init__(self, time_fn: Callable[[], float] = time.perf_counter):
+        self.time_fn = time_fn
+        self.train_start = None
+        self.train_seconds = 0.0
+        self.data_seconds = 0.0
+        self.steps = 0
+        self._epoch_start = None
+
+    def elapsed(self) -> float:
+        """Seconds since training began (0 before it does)."""
+        return 0.0 if self.train_start is None else self.time_fn() - self.train_start
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.train_start = self.time_fn()
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        self._epoch_start = self.time_fn()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.steps += 1
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        # Called before the end-of-epoch evaluation and checkpoint, so those are not counted.
+        if self._epoch_start is not None:
+            self.train_seconds += self.time_fn() - self._epoch_start
+            self._epoch_start = None
+
+    def on_train_end(self, args, state, control, **kwargs):
+        # A budget or `max_steps` can end training inside an epoch, with no `on_epoch_end` after it.
+        self.on_epoch_end(args, state, control)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.train_start is not None and state.log_history:
+            state.log_history[-1]["elapsed_seconds"] = round(self.elapsed(), 3)
+
+
 class TrainingBudgetCallback(TrainerCallback):
     """Stop training when `max_minutes` of wall-clock time have passed since training began.
 
     Args:
         max_minutes: the budget, in minutes of wall-clock time from `on_train_begin`.
+        clock: the run's `RunClock`, registered with the Trainer before this callback.
         fit_schedule: re-plan the learning-rate schedule's length so that it ends at the budget.
         calibration_fraction: share of the budget after which the seconds per step are first measured.
-        clock: a function returning seconds (`time.perf_counter`); tests pass a fake one.
     """
 
     def __init__(
-        self,
-        max_minutes: float,
-        fit_schedule: bool = False,
-        calibration_fraction: float = 0.02,
-        clock: Callable[[], float] = time.perf_counter,
+        self, max_minutes: float, clock: RunClock, fit_schedule: bool = False, calibration_fraction: float = 0.02
     ):
         if max_minutes <= 0:
             raise ValueError(f"`max_minutes` must be > 0, got {max_minutes}.")
         self.budget_seconds = 60.0 * max_minutes
+        self.clock = clock
         self.fit_schedule = fit_schedule
         self.calibration_fraction = calibration_fraction
-        self.clock = clock
-        self.start = None
         self.planned_steps = None
         self.stopped_at = None
         self.reference = None
 
-    def elapsed(self) -> float:
-        return self.clock() - self.start
-
     def on_train_begin(self, args, state, control, **kwargs):
-        self.start = self.clock()
         self.reference = None
 
     def on_step_end(self, args, state, control, lr_scheduler=None, **kwargs):
-        elapsed = self.elapsed()
+        elapsed = self.clock.elapsed()
         if self.reference is None:
             # The first step carries one-off costs (allocation, kernel selection): measure the rate after it.
             self.reference = (elapsed, state.global_step)
@@ -77,11 +113,11 @@ class TrainingBudgetCallback(TrainerCallback):
 
     def on_epoch_end(self, args, state, control, lr_scheduler=None, **kwargs):
         if self.fit_schedule and self.planned_steps is not None:
-            self._plan(state, lr_scheduler, self.elapsed())
+            self._plan(state, lr_scheduler, self.clock.elapsed())
 
     def on_evaluate(self, args, state, control, **kwargs):
         # An evaluation can be what spends the budget; stop before the next step starts.
-        elapsed = self.elapsed()
+        elapsed = self.clock.elapsed()
         if elapsed >= self.budget_seconds:
             self._stop(args, state, control, elapsed)
 
@@ -138,21 +174,6 @@ def set_schedule_length(lr_scheduler, num_training_steps: int) -> bool:
         functools.partial(f.func, *f.args, **{**f.keywords, "num_training_steps": num_training_steps}) for f in lambdas
     ]
     return True
-
-
-class ElapsedTimeCallback(TrainerCallback):
-    """Adds `elapsed_seconds` (wall clock since training began) to every entry of `state.log_history`."""
-
-    def __init__(self, clock: Callable[[], float] = time.perf_counter):
-        self.clock = clock
-        self.start = None
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.start = self.clock()
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if self.start is not None and state.log_history:
-            state.log_history[-1]["elapsed_seconds"] = round(self.clock() - self.start, 3)
 
 
 class ModelEMA:
@@ -213,17 +234,3 @@ class EMACallback(TrainerCallback):
     def on_step_end(self, args, state, control, model=None, **kwargs):
         if model is not None and state.global_step % self.every == 0:
             self.ema.update(model)
-
-
-def training_callbacks(run_args, model: nn.Module) -> tuple[list[TrainerCallback], ModelEMA | None]:
-    """The callbacks `RunArguments` ask for, and the `ModelEMA` the Trainer should evaluate (or None)."""
-    callbacks: list[TrainerCallback] = [ElapsedTimeCallback()]
-    ema = None
-    if run_args is None:
-        return callbacks, ema
-    if run_args.max_train_minutes is not None:
-        callbacks.append(TrainingBudgetCallback(run_args.max_train_minutes, fit_schedule=run_args.budget_schedule))
-    if run_args.ema_decay is not None:
-        ema = ModelEMA(model, run_args.ema_decay)
-        callbacks.append(EMACallback(ema))
-    return callbacks, ema

@@ -8,7 +8,6 @@ comparison's summary.
 
 import argparse
 import json
-import math
 import os
 from pathlib import Path
 from typing import Any
@@ -19,19 +18,21 @@ import transformers
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from transformers.utils import logging
 
-from finetune.compare import (
+from finetune.compare import REPORT_NAME, SUMMARY_NAME
+from finetune.hardware import short_name
+from finetune.report import (
     MISSING,
-    REPORT_NAME,
-    SUMMARY_NAME,
     display_dataset,
     format_count,
     format_duration,
     format_number,
     format_percent,
+    history_table,
     is_hub_id,
-    load_run,
+    markdown_table,
     summary_table,
 )
+from finetune.results import Results
 
 
 logger = logging.get_logger(__name__)
@@ -71,32 +72,33 @@ def _read_json(path: Path) -> Any:
         return None
 
 
-def is_scratch(results: dict) -> bool:
+def is_scratch(results: Results) -> bool:
     """Whether the run trained a ScratchViT (whose code ships with the weights)."""
-    return results.get("model_type") == "scratch" or "ScratchViT" in str(results.get("architecture"))
+    return results.model_type == "scratch" or "ScratchViT" in str(results.architecture)
 
 
-def card_license(results: dict) -> str | None:
+def card_license(results: Results) -> str | None:
     """`results.json`'s `license`, else the license of a known base checkpoint, else unknown (None)."""
-    if results.get("license"):
-        return results["license"]
-    base = results.get("model_name_or_path") or ""
-    if results.get("model_type") == "pretrained":
+    if results.license:
+        return results.license
+    base = results.model_name_or_path or ""
+    if results.model_type == "pretrained":
         for prefix, license_name in KNOWN_BASE_LICENSES.items():
             if base.startswith(prefix):
                 return license_name
     return None
 
 
-def card_data(results: dict, model_name: str) -> ModelCardData:
+def card_data(results: Results, model_name: str) -> ModelCardData:
     """The card's YAML metadata: tags, dataset, base model, license, pipeline tag and model-index accuracies."""
     scratch = is_scratch(results)
-    dataset = results.get("dataset")
+    dataset = results.dataset
     dataset_name = display_dataset(dataset)
     dataset_type = dataset if is_hub_id(dataset) else dataset_name
     eval_results = []
     for split, metric_name in (("validation", "Validation accuracy"), ("test", "Test accuracy")):
-        accuracy = (results.get(split) or {}).get("accuracy")
+        metrics = getattr(results, split)
+        accuracy = metrics.accuracy if metrics else None
         if accuracy is not None:
             eval_results.append(
                 EvalResult(
@@ -110,7 +112,7 @@ def card_data(results: dict, model_name: str) -> ModelCardData:
                     metric_name=metric_name,
                 )
             )
-    base_model = results.get("model_name_or_path")
+    base_model = results.model_name_or_path
     return ModelCardData(
         library_name="transformers",
         license=card_license(results),
@@ -123,17 +125,11 @@ def card_data(results: dict, model_name: str) -> ModelCardData:
     )
 
 
-def _table(headers: list[str], rows: list[list[Any]]) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def _description(results: dict, config: dict, model_name: str) -> str:
-    dataset = f"`{display_dataset(results.get('dataset'))}`"
-    size = f"{results.get('image_size') or config.get('image_size', '?')} px"
-    params = format_count(results.get("num_parameters"))
-    base = results.get("model_name_or_path")
+def _description(results: Results, config: dict, model_name: str) -> str:
+    dataset = f"`{display_dataset(results.dataset)}`"
+    size = f"{results.image_size or config.get('image_size', '?')} px"
+    params = format_count(results.num_parameters)
+    base = results.model_name_or_path
     if is_scratch(results):
         variant = ", ".join(
             f"{key.replace('_', ' ')} {config[key]}"
@@ -169,7 +165,7 @@ def _architecture_rows(config: dict) -> list[list[Any]]:
     return [[f"`{key}`", config[key]] for key in keys if key in config]
 
 
-def _usage(results: dict, config: dict, repo: str) -> str:
+def _usage(results: Results, config: dict, repo: str) -> str:
     scratch = is_scratch(results)
     remote = ", trust_remote_code=True" if scratch else ""
     mode = "L" if config.get("num_channels") == 1 else "RGB"
@@ -200,71 +196,55 @@ def _usage(results: dict, config: dict, repo: str) -> str:
     )
 
 
-def _results_section(results: dict) -> list[str]:
-    num_samples = results.get("num_samples") or {}
+def _results_section(results: Results) -> list[str]:
     rows = []
     for split in ("validation", "test"):
-        metrics = results.get(split)
+        metrics = getattr(results, split)
         if metrics:
+            count = results.num_samples.get(split)
             rows.append(
                 [
                     split,
-                    format_percent(metrics.get("accuracy")),
-                    format_number(metrics.get("loss"), 4),
-                    num_samples.get(split) if num_samples.get(split) is not None else MISSING,
+                    format_percent(metrics.accuracy),
+                    format_number(metrics.loss, 4),
+                    count if count is not None else MISSING,
                 ]
             )
-    sections = ["## Results", _table(["Split", "Accuracy", "Loss", "Images"], rows)]
-    per_class = results.get("per_class_accuracy") or {}
-    if per_class:
-        split = results.get("confusion_split") or "evaluation"
+    sections = ["## Results", markdown_table(["Split", "Accuracy", "Loss", "Images"], rows)]
+    if results.per_class_accuracy:
+        split = results.confusion_split or "evaluation"
         sections += [
             f"Per-class accuracy on the {split} split:",
-            _table(["Class", "Accuracy"], [[label, format_percent(acc)] for label, acc in per_class.items()]),
+            markdown_table(
+                ["Class", "Accuracy"],
+                [[label, format_percent(acc)] for label, acc in results.per_class_accuracy.items()],
+            ),
         ]
     return sections
 
 
-def _training_section(results: dict) -> list[str]:
-    hyperparameters = results.get("hyperparameters") or {}
-    train = results.get("train") or {}
-    rows = [[f"`{key}`", value] for key, value in hyperparameters.items()]
+def _training_section(results: Results) -> list[str]:
+    rows = [[f"`{key}`", value] for key, value in results.hyperparameters.items()]
     rows += [
-        ["epochs trained", format_number(results.get("epochs"), 2)],
-        ["training images", (results.get("num_samples") or {}).get("train", MISSING)],
-        ["training time", format_duration(train.get("runtime_seconds"))],
-        ["training images/s", format_number(results.get("train_images_per_second"), 1)],
-        ["final training loss", format_number(train.get("loss"), 4)],
+        ["hardware", short_name(results.hardware) or MISSING],
+        ["epochs trained", format_number(results.epochs, 2)],
+        ["training images", results.num_samples.get("train", MISSING)],
+        ["training time (training loop)", format_duration(results.train.seconds)],
+        ["training images/s", format_number(results.train.images_per_second, 1)],
+        ["final training loss", format_number(results.train.loss, 4)],
     ]
-    sections = ["## Training", "### Hyperparameters", _table(["Hyperparameter", "Value"], rows)]
-    history = results.get("history") or []
-    if history:
-        shown = history[:: math.ceil(len(history) / HISTORY_ROWS)]  # at most HISTORY_ROWS rows
-        sections += [
-            "### Training history",
-            _table(
-                ["Epoch", "Step", "Training loss", "Validation loss", "Validation accuracy"],
-                [
-                    [
-                        format_number(h.get("epoch"), 2),
-                        h.get("step", MISSING),
-                        format_number(h.get("train_loss"), 4),
-                        format_number(h.get("eval_loss"), 4),
-                        format_percent(h.get("eval_accuracy")),
-                    ]
-                    for h in shown
-                ],
-            ),
-        ]
+    sections = ["## Training", "### Hyperparameters", markdown_table(["Hyperparameter", "Value"], rows)]
+    if results.history:
+        sections += ["### Training history", history_table(results.history, max_rows=HISTORY_ROWS)]
     return sections
 
 
 def build_model_card(output_dir: str | os.PathLike, repo_id: str | None = None) -> ModelCard:
     """The `ModelCard` of a run's output directory (not written; see `write_model_card`)."""
     output_dir = Path(output_dir)
-    results = load_run(output_dir)
+    results = Results.load(output_dir)
     config = _read_json(output_dir / "config.json") or {}
-    model_name = repo_id.split("/")[-1] if repo_id else str(results.get("run_name") or output_dir.name)
+    model_name = repo_id.split("/")[-1] if repo_id else str(results.run_name or output_dir.name)
     repo = repo_id or f"path/to/{output_dir.resolve().name}"
 
     sections = [f"# {model_name}", _description(results, config, model_name)]
@@ -285,8 +265,8 @@ def build_model_card(output_dir: str | os.PathLike, repo_id: str | None = None) 
     if architecture_rows:
         sections += [
             "## Architecture",
-            f"`{results.get('architecture') or (config.get('architectures') or ['?'])[0]}`:",
-            _table(["Field", "Value"], architecture_rows),
+            f"`{results.architecture or (config.get('architectures') or ['?'])[0]}`:",
+            markdown_table(["Field", "Value"], architecture_rows),
         ]
     sections += [
         "## Framework versions",

@@ -1,15 +1,15 @@
 """Fine-tune a pretrained ViT or train a ScratchViT (or both, then compare) on an image-classification dataset.
 
-    accelerate launch finetune/run.py --config configs/cifar10_vit_b16.yaml [--key value ...]
-    python finetune/run.py --config configs/quickstart.yaml
+    accelerate launch -m finetune.run --config configs/cifar10_vit_b16.yaml [--key value ...]
+    python -m finetune.run --config configs/quickstart.yaml        (or `python finetune/run.py`, `vit-finetune train`)
 
-The YAML config is a flat map onto the argument dataclasses of `finetune/arguments.py` and transformers'
-`TrainingArguments`; command-line values override it. Stages, as in transformers' example scripts: arguments and
-logging, data, model, Trainer, training, evaluation, results, publishing.
+The YAML config is a flat map onto the argument dataclasses of `finetune/arguments.py` and
+`ImageClassificationTrainingArguments` (`finetune/training_args.py`); command-line values override it. Stages, as in
+transformers' example scripts: arguments and logging, data, model, Trainer, training, evaluation, results,
+publishing.
 """
 
 import dataclasses
-import json
 import logging
 import os
 import shutil
@@ -28,13 +28,15 @@ if __package__ in (None, ""):
     # root importable so `finetune` resolves even without `pip install -e .`.
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from finetune.arguments import DataArguments, ModelArguments, RunArguments, parse_args  # noqa: E402
-from finetune.augment import BatchTransform, MixUpCutMix  # noqa: E402
-from finetune.callbacks import training_callbacks  # noqa: E402
+from finetune import hardware  # noqa: E402
+from finetune.arguments import DataArguments, ModelArguments, parse_args  # noqa: E402
+from finetune.augment import BatchTransform  # noqa: E402
 from finetune.data import ImageData, collate_batch, load_image_data  # noqa: E402
 from finetune.metrics import compute_metrics, confusion_report  # noqa: E402
 from finetune.models import build_model, count_parameters  # noqa: E402
-from finetune.trainer import ImageClassificationTrainer, TrainingTimeCallback  # noqa: E402
+from finetune.results import EvalMetrics, Results, TrainMetrics, history_from_log_history  # noqa: E402
+from finetune.trainer import ImageClassificationTrainer  # noqa: E402
+from finetune.training_args import ImageClassificationTrainingArguments  # noqa: E402
 
 
 logger = logging.getLogger(__name__)
@@ -42,9 +44,8 @@ logger = logging.getLogger(__name__)
 
 def main(argv: list[str] | None = None) -> dict[str, dict]:
     """Run the pipeline; returns the results of each trained model keyed by model type."""
-    model_args, data_args, scratch_args, run_args, training_args = parse_args(argv)
+    model_args, data_args, scratch_args, training_args = parse_args(argv)
     setup_logging(training_args)
-    start = time.perf_counter()
 
     # Publishing is done once, at the end, by our own code: the Trainer would create the repo at start-up (failing
     # offline before any training) and push every checkpoint. The token is kept out of every saved file.
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
         t: Path(training_args.output_dir) / t if len(model_types) > 1 else Path(training_args.output_dir)
         for t in model_types
     }
-    checkpoints = {t: resolve_checkpoint(run_dirs[t], training_args, run_args) for t in model_types}
+    checkpoints = {t: resolve_checkpoint(run_dirs[t], training_args) for t in model_types}
 
     # ---- Data: decoded once into uint8 tensors (and cached); the main process decodes first, the others read it.
     target_size = scratch_args.image_size
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
         args = dataclasses.replace(training_args, output_dir=str(run_dirs[model_type]))
         args.push_to_hub, args.hub_token = False, None
         results[model_type] = train_and_evaluate(
-            model_type, model_args, data_args, scratch_args, args, data, checkpoints[model_type], start, run_args
+            model_type, model_args, data_args, scratch_args, args, data, checkpoints[model_type]
         )
 
     is_main = training_args.process_index == 0
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
         report = write_comparison([run_dirs[t] for t in model_types], Path(training_args.output_dir) / "comparison")
         logger.info(f"Comparison written to {report}")
     if is_main and push_to_hub:
-        push_results(run_dirs, model_types, training_args, run_args, hub_token)
+        push_results(run_dirs, model_types, training_args, hub_token)
 
     from accelerate import PartialState
 
@@ -106,16 +107,11 @@ def setup_logging(training_args: TrainingArguments) -> None:
     transformers.utils.logging.enable_explicit_format()
     logger.info(
         f"Process {training_args.process_index} of {training_args.world_size}, device {training_args.device}, "
-        f"mixed precision: {mixed_precision(training_args)}"
+        f"mixed precision: {training_args.mixed_precision}"
     )
 
 
-def mixed_precision(args: TrainingArguments) -> str:
-    """`bf16`, `fp16` or `no`, from the arguments or `accelerate launch --mixed_precision`."""
-    return str(args.mixed_precision)
-
-
-def resolve_checkpoint(run_dir: Path, training_args: TrainingArguments, run_args: RunArguments) -> str | None:
+def resolve_checkpoint(run_dir: Path, training_args: ImageClassificationTrainingArguments) -> str | None:
     """The checkpoint to resume from, and a guard that never trains over an earlier run's work by accident."""
     resume = training_args.resume_from_checkpoint
     if resume is not None and str(resume).lower() in ("true", "last", "latest"):
@@ -134,7 +130,7 @@ def resolve_checkpoint(run_dir: Path, training_args: TrainingArguments, run_args
     earlier = sorted(p.name for p in run_dir.glob("checkpoint-*")) + [
         p.name for p in (run_dir / "results.json",) if p.exists()
     ]
-    if earlier and not run_args.overwrite_output_dir:
+    if earlier and not training_args.overwrite_output_dir:
         raise FileExistsError(
             f"{run_dir} already holds an earlier run ({', '.join(earlier[:3])}). Nothing was changed. Fix: "
             "`--resume_from_checkpoint true` to continue it, a new `--output_dir`, or `--overwrite_output_dir true` "
@@ -154,13 +150,12 @@ def train_and_evaluate(
     model_args: ModelArguments,
     data_args: DataArguments,
     scratch_args,
-    args: TrainingArguments,
+    args: ImageClassificationTrainingArguments,
     data: ImageData,
     checkpoint: str | None,
-    start: float,
-    run_args: RunArguments | None = None,
-) -> dict:
+) -> Results:
     """Train one model, keep the best by validation accuracy, test it and write `results.json`."""
+    start = time.perf_counter()
     logger.info(f"==== {model_type} model -> {args.output_dir}")
     set_seed(args.seed)
     model, processor, prep = build_model(model_type, model_args, scratch_args, data)
@@ -175,11 +170,6 @@ def train_and_evaluate(
         rand_augment_ops=data_args.rand_augment_ops,
         rand_augment_magnitude=data_args.rand_augment_magnitude,
     )
-    mix = None
-    if data_args.mixup_alpha > 0 or data_args.cutmix_alpha > 0:
-        mix = MixUpCutMix(len(data.label_names), data_args.mixup_alpha, data_args.cutmix_alpha)
-    timer = TrainingTimeCallback()
-    budget_callbacks, ema = training_callbacks(run_args, model)
     trainer = ImageClassificationTrainer(
         model=model,
         args=args,
@@ -188,16 +178,12 @@ def train_and_evaluate(
         data_collator=collate_batch,
         compute_metrics=compute_metrics,
         processing_class=processor,
-        callbacks=[timer, *budget_callbacks],
         batch_transform=batch_transform,
-        mix=mix,
-        flip_tta=run_args.flip_tta if run_args is not None else False,
-        ema=ema,
     )
 
     # ---- Training. With `load_best_model_at_end` the best checkpoint by validation accuracy is reloaded here.
     train_result = trainer.train(resume_from_checkpoint=checkpoint)
-    history = epoch_history(trainer.state.log_history)  # before the final evaluations add their own entries
+    history = history_from_log_history(trainer.state.log_history)  # before the final evaluations add their own
     trainer.save_model()
     trainer.log_metrics("train", train_result.metrics)
     trainer.save_metrics("train", train_result.metrics)
@@ -217,115 +203,72 @@ def train_and_evaluate(
         confusion_split = "validation"
     confusion = confusion_report(prediction.predictions, prediction.label_ids, data.label_names)
 
-    results = build_results(
-        model_type=model_type,
-        model_args=model_args,
-        data=data,
-        model=model,
-        prep=prep,
-        args=args,
-        train_metrics=train_result.metrics,
-        validation=validation,
-        test=test,
-        confusion={**confusion, "confusion_split": confusion_split},
-        history=history,
-        timer=timer,
-        wall_time=time.perf_counter() - start,
-    )
-    # Where the training time went: the data path (loader + device transforms) against all training steps.
-    results["train"].update(seconds=timer.train_seconds, data_seconds=trainer.data_seconds)
-    if trainer.is_world_process_zero():
-        with open(Path(args.output_dir) / "results.json", "w") as f:
-            json.dump(results, f, indent=2)
-        logger.info(f"Results written to {Path(args.output_dir) / 'results.json'}")
-    return results
-
-
-def _strip(metrics: dict | None, prefix: str) -> dict | None:
-    if metrics is None:
-        return None
-    names = {
-        "accuracy": "accuracy",
-        "loss": "loss",
-        "runtime": "runtime_seconds",
-        "samples_per_second": "images_per_second",
-    }
-    return {names[k[len(prefix) + 1 :]]: v for k, v in metrics.items() if k[len(prefix) + 1 :] in names}
-
-
-def epoch_history(log_history: list[dict]) -> list[dict]:
-    """One row per evaluation: epoch, step, the last logged training loss before it, validation loss and accuracy."""
-    rows, last_train_loss = [], None
-    for entry in log_history:
-        if "loss" in entry:
-            last_train_loss = entry["loss"]
-        if "eval_accuracy" in entry:
-            rows.append(
-                {
-                    "epoch": entry.get("epoch"),
-                    "step": entry.get("step"),
-                    "train_loss": last_train_loss,
-                    "eval_loss": entry.get("eval_loss"),
-                    "eval_accuracy": entry["eval_accuracy"],
-                    "elapsed_seconds": entry.get("elapsed_seconds"),
-                }
-            )
-    return rows
-
-
-def build_results(
-    *, model_type, model_args, data, model, prep, args, train_metrics, validation, test, confusion, history,
-    timer, wall_time,
-) -> dict:  # fmt: skip
-    """The run's `results.json`: everything the comparison report and the model card need."""
+    # ---- Results: every figure once, the timings from the run's one clock.
+    clock = trainer.clock
     total_batch_size = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
-    # Steps x batch size overcounts the last, partial batch of each epoch by less than one batch.
-    images_per_second = timer.steps * total_batch_size / timer.train_seconds if timer.train_seconds else None
-    return {
-        "run_name": args.run_name or Path(args.output_dir).name,
-        "model_type": model_type,
-        "model_name_or_path": model_args.model_name_or_path if model_type == "pretrained" else None,
-        "architecture": type(model).__name__,
-        "dataset": data.source,
-        "label_names": list(data.label_names),
-        "image_size": prep.image_size[0],
-        "num_parameters": count_parameters(model),
-        "num_samples": {
+    results = Results(
+        run_name=args.run_name or Path(args.output_dir).name,
+        model_type=model_type,
+        architecture=type(model).__name__,
+        model_name_or_path=model_args.model_name_or_path if model_type == "pretrained" else None,
+        dataset=data.source,
+        label_names=list(data.label_names),
+        image_size=prep.image_size[0],
+        num_parameters=count_parameters(model),
+        num_samples={
             "train": len(data.train),
             "validation": len(data.validation),
             "test": len(data.test) if data.test is not None else None,
         },
-        "epochs": float(train_metrics.get("epoch", args.num_train_epochs)),
-        "hyperparameters": {
-            "learning_rate": args.learning_rate,
-            "per_device_train_batch_size": args.per_device_train_batch_size,
-            "total_train_batch_size": total_batch_size,
-            "num_train_epochs": args.num_train_epochs,
-            "optim": str(getattr(args.optim, "value", args.optim)),
-            "lr_scheduler_type": str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)),
-            "warmup_steps": args.warmup_steps,
-            "weight_decay": args.weight_decay,
-            "label_smoothing_factor": args.label_smoothing_factor,
-            "seed": args.seed,
-            "mixed_precision": mixed_precision(args),
-            "attn_implementation": model.config._attn_implementation,
-            "world_size": args.world_size,
+        epochs=float(train_result.metrics.get("epoch", args.num_train_epochs)),
+        hyperparameters=hyperparameters(args, model, total_batch_size),
+        hardware={**hardware.describe(args.device), "world_size": args.world_size},
+        train=TrainMetrics(
+            loss=train_result.metrics.get("train_loss"),
+            seconds=clock.train_seconds,
+            data_seconds=clock.data_seconds,
+            steps=clock.steps,
+            # Steps x batch size overcounts the last, partial batch of each epoch by less than one batch.
+            images_per_second=clock.steps * total_batch_size / clock.train_seconds if clock.train_seconds else None,
+        ),
+        validation=EvalMetrics.from_trainer(validation, "eval"),
+        test=EvalMetrics.from_trainer(test, "test"),
+        per_class_accuracy=confusion["per_class_accuracy"],
+        confusion_matrix=confusion["confusion_matrix"],
+        confusion_split=confusion_split,
+        history=history,
+        wall_seconds=time.perf_counter() - start,
+    )
+    if trainer.is_world_process_zero():
+        logger.info(f"Results written to {results.save(args.output_dir)}")
+    return results
+
+
+def hyperparameters(args: ImageClassificationTrainingArguments, model, total_batch_size: int) -> dict:
+    """The training settings a reader of the results needs to reproduce them."""
+    return {
+        "learning_rate": args.learning_rate,
+        "per_device_train_batch_size": args.per_device_train_batch_size,
+        "total_train_batch_size": total_batch_size,
+        "num_train_epochs": args.num_train_epochs,
+        "optim": str(getattr(args.optim, "value", args.optim)),
+        "lr_scheduler_type": str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)),
+        "warmup_steps": args.warmup_steps,
+        "weight_decay": args.weight_decay,
+        "label_smoothing_factor": args.label_smoothing_factor,
+        "seed": args.seed,
+        "mixed_precision": str(args.mixed_precision),
+        "attn_implementation": model.config._attn_implementation,
+        "world_size": args.world_size,
+        **{
+            name: getattr(args, name)
+            for name in ("max_train_minutes", "ema_decay", "mixup_alpha", "cutmix_alpha", "flip_tta")
+            if getattr(args, name) not in (None, False, 0.0)
         },
-        "train": {
-            "loss": train_metrics.get("train_loss"),
-            "runtime_seconds": train_metrics.get("train_runtime"),
-            "images_per_second": images_per_second,
-        },
-        "validation": _strip(validation, "eval"),
-        "test": _strip(test, "test"),
-        **confusion,
-        "wall_time_seconds": wall_time,
-        "train_images_per_second": images_per_second,
-        "history": history,
     }
 
 
-def push_results(run_dirs, model_types, training_args, run_args, token) -> None:
+def push_results(run_dirs, model_types, training_args, token) -> None:
     """Push each trained model to the Hub (`hub_model_id`, suffixed by the model type when both were trained)."""
     from finetune.hub import push_output_dir
 
@@ -338,7 +281,7 @@ def push_results(run_dirs, model_types, training_args, run_args, token) -> None:
             repo_id=repo_id,
             private=training_args.hub_private_repo,
             revision=training_args.hub_revision,
-            commit_message=run_args.hub_commit_message,
+            commit_message=training_args.hub_commit_message,
             token=token,
         )
         logger.info(f"Pushed {run_dirs[model_type]} to {url}")

@@ -11,9 +11,12 @@ import time
 
 import torch
 import torch.nn.functional as F
-from transformers import PreTrainedModel, Trainer, TrainerCallback
+from transformers import PreTrainedModel, Trainer
 from transformers.modeling_outputs import ImageClassifierOutput
 from transformers.utils import logging
+
+from finetune.augment import MixUpCutMix
+from finetune.callbacks import EMACallback, ModelEMA, RunClock, TrainingBudgetCallback
 
 
 logger = logging.get_logger(__name__)
@@ -22,32 +25,34 @@ logger = logging.get_logger(__name__)
 class ImageClassificationTrainer(Trainer):
     """`Trainer` that applies `batch_transform(pixel_values, train=...)` to every batch on the device.
 
-    Options, each off by default:
-        mix: a `MixUpCutMix`; training batches are mixed and trained on the mixed (soft) targets, with the
-            Trainer's `label_smoothing_factor` applied to those targets.
+    It builds the training-loop options of `ImageClassificationTrainingArguments` (each off by default) itself:
+        mixup_alpha / cutmix_alpha: a `MixUpCutMix`; training batches are mixed and trained on the mixed (soft)
+            targets, with the Trainer's `label_smoothing_factor` applied to those targets.
         flip_tta: at evaluation, average the logits of each image and its mirror image (one forward pass on both).
-        ema: a `ModelEMA` (kept up to date by an `EMACallback`): evaluations and checkpoints use the averaged
+        ema_decay: a `ModelEMA` kept up to date by an `EMACallback`: evaluations and checkpoints use the averaged
             weights, and the model ends training holding them.
+        max_train_minutes / budget_schedule: a `TrainingBudgetCallback` on the run's clock.
 
-    It also times the training batches' data path (fetching from the loader, moving to the device and
-    `batch_transform`) in `data_seconds`, to compare with the training time (`TrainingTimeCallback`).
+    `clock` (a `RunClock`, registered first) is the run's one timer; the Trainer adds to its `data_seconds` the time
+    of the training batches' data path (fetching from the loader, moving to the device and `batch_transform`).
     """
 
-    def __init__(
-        self,
-        *args,
-        batch_transform: torch.nn.Module,
-        mix: torch.nn.Module | None = None,
-        flip_tta: bool = False,
-        ema=None,
-        **kwargs,
-    ):
+    def __init__(self, *args, batch_transform: torch.nn.Module, **kwargs):
         super().__init__(*args, **kwargs)
         self.batch_transform = batch_transform.to(self.args.device)
-        self.mix = mix
-        self.flip_tta = flip_tta
-        self.ema = ema
-        self.data_seconds = 0.0
+        self.clock = RunClock()
+        self.add_callback(self.clock)
+        minutes = getattr(self.args, "max_train_minutes", None)
+        if minutes is not None:
+            fit = getattr(self.args, "budget_schedule", False)
+            self.add_callback(TrainingBudgetCallback(minutes, clock=self.clock, fit_schedule=fit))
+        decay = getattr(self.args, "ema_decay", None)
+        self.ema = ModelEMA(self.model, decay) if decay is not None else None
+        if self.ema is not None:
+            self.add_callback(EMACallback(self.ema))
+        mixup, cutmix = getattr(self.args, "mixup_alpha", 0.0), getattr(self.args, "cutmix_alpha", 0.0)
+        self.mix = MixUpCutMix(self.model.config.num_labels, mixup, cutmix) if mixup > 0 or cutmix > 0 else None
+        self.flip_tta = getattr(self.args, "flip_tta", False)
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: torch.nn.Module | None = None) -> None:
         if self.is_deepspeed_enabled or self.is_fsdp_enabled:
@@ -69,7 +74,7 @@ class ImageClassificationTrainer(Trainer):
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         start = time.perf_counter()
         batches = super().get_batch_samples(epoch_iterator, num_batches, device)
-        self.data_seconds += time.perf_counter() - start
+        self.clock.data_seconds += time.perf_counter() - start
         return batches
 
     def _prepare_inputs(self, inputs: dict) -> dict:
@@ -84,7 +89,7 @@ class ImageClassificationTrainer(Trainer):
             inputs["pixel_values"], inputs["soft_labels"] = self.mix(inputs["pixel_values"], inputs.pop("labels"))
         if training:
             self._sync()
-            self.data_seconds += time.perf_counter() - start
+            self.clock.data_seconds += time.perf_counter() - start
         return inputs
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -141,25 +146,3 @@ def load_checkpoint_weights(model: PreTrainedModel, checkpoint: str) -> None:
     """
     loaded = type(model).from_pretrained(checkpoint, config=model.config, dtype=next(model.parameters()).dtype)
     model.load_state_dict(loaded.state_dict(), strict=True)
-
-
-class TrainingTimeCallback(TrainerCallback):
-    """Measures the time and optimizer steps of this session's training alone (without the end-of-epoch evaluation
-    and checkpoint), for an honest images/s also when a run resumes."""
-
-    def __init__(self):
-        self.train_seconds = 0.0
-        self.steps = 0
-        self._epoch_start = None
-
-    def on_step_end(self, args, state, control, **kwargs):
-        self.steps += 1
-
-    def on_epoch_begin(self, args, state, control, **kwargs):
-        self._epoch_start = time.perf_counter()
-
-    def on_epoch_end(self, args, state, control, **kwargs):
-        # Called before the end-of-epoch evaluation and checkpoint, so those are not counted.
-        if self._epoch_start is not None:
-            self.train_seconds += time.perf_counter() - self._epoch_start
-            self._epoch_start = None

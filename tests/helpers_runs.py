@@ -73,7 +73,7 @@ def make_results(
     seed: int = 0,
     with_history: bool = True,
 ) -> dict:
-    """A `results.json` dict in the run schema, with plausible, reproducible numbers."""
+    """A `results.json` dict in the run schema (`finetune.results.Results`), with plausible, reproducible numbers."""
     rng = np.random.default_rng(seed)
     n = len(labels)
     confusion = rng.integers(0, 10, size=(n, n)) + np.diag(rng.integers(10, 30, size=n))
@@ -86,6 +86,7 @@ def make_results(
             "train_loss": round(1.2 / e + 0.1 * seed, 4),
             "eval_loss": round(1.3 / e + 0.1 * seed, 4),
             "eval_accuracy": round(validation_accuracy * e / epochs, 4),
+            "elapsed_seconds": 250.0 * e,
         }
         for e in range(1, epochs + 1)
     ]
@@ -114,14 +115,20 @@ def make_results(
             "mixed_precision": "no",
             "world_size": 1,
         },
-        "train": {"loss": history[-1]["train_loss"], "runtime_seconds": 754.5 + seed, "images_per_second": 123.4},
+        "hardware": {"device": "cpu", "cpu": "Test CPU", "torch_threads": 2, "world_size": 1},
+        "train": {
+            "loss": history[-1]["train_loss"],
+            "seconds": 754.5 + seed,
+            "data_seconds": 20.0,
+            "steps": 30,
+            "images_per_second": 123.4 + seed,
+        },
         "validation": {"accuracy": validation_accuracy, "loss": history[-1]["eval_loss"]},
         "test": {"accuracy": test_accuracy, "loss": 0.9} if test_accuracy is not None else None,
         "per_class_accuracy": per_class,
         "confusion_matrix": confusion.tolist(),
         "confusion_split": "test" if test_accuracy is not None else "validation",
-        "wall_time_seconds": 800.0 + seed,
-        "train_images_per_second": 123.4 + seed,
+        "wall_seconds": 800.0 + seed,
         "history": history if with_history else [],
     }
 

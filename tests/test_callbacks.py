@@ -8,13 +8,14 @@ from transformers import TrainerControl, TrainerState, TrainingArguments, get_sc
 
 from finetune.augment import BatchTransform
 from finetune.callbacks import (
-    ElapsedTimeCallback,
     EMACallback,
     ModelEMA,
+    RunClock,
     TrainingBudgetCallback,
     set_schedule_length,
 )
 from finetune.trainer import ImageClassificationTrainer
+from finetune.training_args import ImageClassificationTrainingArguments
 from scratch_vit import ScratchViTConfig, ScratchViTForImageClassification
 
 
@@ -30,11 +31,22 @@ def _args(tmp_path, **kwargs):
     return TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", **kwargs)
 
 
+def _budget(max_minutes, fake_time, **kwargs):
+    """A budget callback on a `RunClock` driven by `fake_time`, started as the Trainer starts both."""
+    clock = RunClock(time_fn=fake_time)
+    return clock, TrainingBudgetCallback(max_minutes, clock=clock, **kwargs)
+
+
+def _begin(callbacks, args, state, control):
+    for callback in callbacks:
+        callback.on_train_begin(args, state, control)
+
+
 def test_budget_stops_only_once_the_time_is_spent(tmp_path):
     clock = FakeClock()
-    callback = TrainingBudgetCallback(max_minutes=2, clock=clock)
+    run_clock, callback = _budget(2, clock)
     args, state, control = _args(tmp_path), TrainerState(), TrainerControl()
-    callback.on_train_begin(args, state, control)
+    _begin([run_clock, callback], args, state, control)
     for step in range(1, 12):
         clock.now += 10.0  # 10 s per step: the budget (120 s) is spent at step 12
         state.global_step = step
@@ -48,9 +60,9 @@ def test_budget_stops_only_once_the_time_is_spent(tmp_path):
 
 def test_budget_spent_by_an_evaluation_stops_before_the_next_step(tmp_path):
     clock = FakeClock()
-    callback = TrainingBudgetCallback(max_minutes=1, clock=clock)
+    run_clock, callback = _budget(1, clock)
     args, state, control = _args(tmp_path), TrainerState(), TrainerControl()
-    callback.on_train_begin(args, state, control)
+    _begin([run_clock, callback], args, state, control)
     clock.now += 59.0
     callback.on_step_end(args, state, control)
     assert not control.should_training_stop
@@ -64,9 +76,9 @@ def test_budget_schedule_ends_the_cosine_decay_at_the_budget(tmp_path):
     model = nn.Linear(2, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     scheduler = get_scheduler("cosine", optimizer, num_warmup_steps=2, num_training_steps=1000)
-    callback = TrainingBudgetCallback(max_minutes=1, fit_schedule=True, calibration_fraction=0.1, clock=clock)
+    run_clock, callback = _budget(1, clock, fit_schedule=True, calibration_fraction=0.1)
     args, state, control = _args(tmp_path), TrainerState(max_steps=1000), TrainerControl()
-    callback.on_train_begin(args, state, control)
+    _begin([run_clock, callback], args, state, control)
     lrs = []
     while not control.should_training_stop:
         clock.now += 0.5  # 0.5 s per step: 120 steps fit in the minute
@@ -89,7 +101,7 @@ def test_set_schedule_length_refuses_a_constant_schedule():
 
 def test_elapsed_time_is_stamped_on_each_log_entry(tmp_path):
     clock = FakeClock()
-    callback = ElapsedTimeCallback(clock=clock)
+    callback = RunClock(time_fn=clock)
     args, state, control = _args(tmp_path), TrainerState(), TrainerControl()
     callback.on_train_begin(args, state, control)
     clock.now += 42.5
@@ -144,7 +156,10 @@ def _tiny_trainer(tmp_path, **kwargs):
     config.num_labels = 3
     model = ScratchViTForImageClassification(config)
     transform = BatchTransform(8, (0.5,) * 3, (0.5,) * 3, in_channels=3, out_channels=3)
-    return ImageClassificationTrainer(model=model, args=_args(tmp_path), batch_transform=transform, **kwargs), model
+    args = ImageClassificationTrainingArguments(
+        output_dir=str(tmp_path), report_to="none", eval_strategy="no", load_best_model_at_end=False, **kwargs
+    )
+    return ImageClassificationTrainer(model=model, args=args, batch_transform=transform), model
 
 
 def test_flip_tta_logits_are_the_mean_of_both_passes(tmp_path):

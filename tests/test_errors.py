@@ -22,7 +22,7 @@ def write_yaml(path, text):
 def test_yaml_values_are_typed_and_the_command_line_overrides_them(tmp_path):
     config = write_yaml(tmp_path / "c.yaml", "model_type: scratch\nlearning_rate: 2e-5\nhidden_size: 96\n"
                         "num_train_epochs: 3\nhorizontal_flip: false\nreport_to: [tensorboard]\n")  # fmt: skip
-    model_args, data_args, scratch_args, run_args, training_args = parse_args(
+    model_args, data_args, scratch_args, training_args = parse_args(
         ["--config", config, "--num_train_epochs", "5", "--output_dir", str(tmp_path)]
     )
     assert model_args.model_type == "scratch"

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -88,8 +89,11 @@ def test_scratch_run_writes_a_loadable_model_repo_and_results(tmp_path):
     )
     assert len(saved["history"]) == 2 and saved["history"][-1]["epoch"] == pytest.approx(2.0)
     assert np.array(saved["confusion_matrix"]).sum() == 45 and saved["confusion_split"] == "validation"
-    assert saved["train_images_per_second"] > 0 and saved["wall_time_seconds"] > 0
-    assert results["validation"]["accuracy"] == saved["validation"]["accuracy"]
+    assert saved["train"]["images_per_second"] > 0 and saved["wall_seconds"] > 0
+    assert 0 < saved["train"]["data_seconds"] < saved["train"]["seconds"] < saved["wall_seconds"]
+    assert saved["train"]["steps"] == saved["history"][-1]["step"]
+    assert saved["hardware"]["device"] == "cpu" and saved["hardware"]["world_size"] == 1
+    assert results.validation.accuracy == saved["validation"]["accuracy"]
 
     # The saved (best) model really has the reported validation accuracy.
     accuracy, n = evaluate_independently(out, "validation")
@@ -111,8 +115,8 @@ def test_pretrained_path_replaces_the_head_and_uses_the_checkpoint_processor(tmp
     assert model.config.num_labels == 10 and model.config.id2label[3] == "3"
     assert model.config.num_channels == 3  # grayscale digits were converted for the RGB checkpoint
     assert list(ViTImageProcessor.from_pretrained(out).image_mean) == [0.5, 0.5, 0.5]
-    assert results["model_name_or_path"] == str(checkpoint)
-    assert results["validation"]["accuracy"] == pytest.approx(evaluate_independently(out, "validation")[0])
+    assert results.model_name_or_path == str(checkpoint)
+    assert results.validation.accuracy == pytest.approx(evaluate_independently(out, "validation")[0])
 
 
 def test_resume_continues_an_interrupted_run(tmp_path):
@@ -217,5 +221,22 @@ def test_bf16_run_on_cpu_with_explicit_attention_and_conv_stem(tmp_path):
     # One statistics update per training step, up to the saved (best or last) epoch's checkpoint.
     assert norm.num_batches_tracked.item() in {row["step"] for row in saved["history"]}
     assert not torch.equal(norm.running_var, torch.ones_like(norm.running_var))
-    assert 0.0 <= results["scratch"]["validation"]["accuracy"] <= 1.0
+    assert 0.0 <= results["scratch"].validation.accuracy <= 1.0
     assert all(np.isfinite(row["eval_loss"]) for row in saved["history"])
+
+
+def test_both_models_report_their_own_times(tmp_path):
+    """Under `model_type: both` each model's `wall_seconds` counts that model alone: the two add up to at most the
+    whole run, so the second does not include the first's training."""
+    checkpoint = tiny_vit_checkpoint(tmp_path / "base", num_channels=1, num_labels=3)
+    out = tmp_path / "both"
+    start = time.perf_counter()
+    args = [*TINY_SCRATCH, "--model_name_or_path", str(checkpoint), "--output_dir", str(out)]
+    args[args.index("scratch")] = "both"
+    results = run.main(args)
+    total = time.perf_counter() - start
+    pretrained, scratch = read_results(out / "pretrained"), read_results(out / "scratch")
+    assert pretrained["wall_seconds"] + scratch["wall_seconds"] <= total
+    for saved in (pretrained, scratch):
+        assert 0 < saved["train"]["seconds"] < saved["wall_seconds"]
+    assert results["scratch"].wall_seconds == scratch["wall_seconds"]

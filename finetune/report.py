@@ -1,0 +1,271 @@
+"""Reporting: number formatting, Markdown tables, the runs' summary table and the plots, for the comparison report
+(`finetune/compare.py`), the model card (`finetune/model_card.py`) and the benchmarks.
+
+Plots use matplotlib's object-oriented API (`matplotlib.figure.Figure`) on the Agg canvas, so no display is needed and
+no global backend is switched.
+"""
+
+import math
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from finetune.results import HistoryRow, Results
+
+
+MISSING = "—"
+HUB_ID_PATTERN = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Formatting
+
+
+def is_hub_id(name: str | None) -> bool:
+    """Whether `name` looks like a Hub repo id (`namespace/name` or `name`) and is not an existing local path."""
+    return bool(name) and HUB_ID_PATTERN.match(name) is not None and not os.path.exists(name)
+
+
+def display_dataset(name: str | None) -> str:
+    """A dataset name fit for a public report: a Hub id as it is, a local path by its last component only."""
+    if not name:
+        return MISSING
+    return name if is_hub_id(name) or ":" in name else Path(name).name
+
+
+def format_count(n: int | None) -> str:
+    """`85806346` -> `85.81M`, `12345` -> `12.3K`."""
+    if n is None:
+        return MISSING
+    for size, suffix in ((1e9, "B"), (1e6, "M")):
+        if n >= size:
+            return f"{n / size:.2f}{suffix}"
+    return f"{n / 1e3:.1f}K" if n >= 1e3 else str(n)
+
+
+def format_duration(seconds: float | None) -> str:
+    """`754.5` -> `12m 34s`, `4000` -> `1h 06m 40s`, `42.3` -> `42.3s`."""
+    if not is_number(seconds):
+        return MISSING
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h {minutes:02d}m {secs:02d}s" if hours else f"{minutes}m {secs:02d}s"
+
+
+def format_percent(value: float | None) -> str:
+    """`0.93414` -> `93.41%`."""
+    return f"{100 * value:.2f}%" if is_number(value) else MISSING
+
+
+def format_number(value: float | None, digits: int = 1) -> str:
+    return f"{value:,.{digits}f}" if is_number(value) else MISSING
+
+
+def is_number(value: Any) -> bool:
+    """A finite int or float (not a bool)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A Markdown table; `|` inside a cell is escaped."""
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(str(cell).replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The runs' summary
+
+
+SUMMARY_COLUMNS = (
+    "Run",
+    "Architecture",
+    "Parameters",
+    "Initialisation",
+    "Dataset",
+    "Epochs",
+    "Training time",
+    "Images/s",
+    "Validation accuracy",
+    "Test accuracy",
+)
+# What the "Training time" and "Images/s" columns measure (`results.json`'s `train.seconds`).
+SUMMARY_NOTE = (
+    "Training time is the training loop (optimizer steps with their data path), without the evaluations and "
+    "checkpoints between epochs; images/s counts training images (all epochs) per second of it."
+)
+
+
+def summary_row(results: Results, name: str, run_dir: str) -> dict[str, Any]:
+    """The raw values of one run's line in the summary table (also stored in `comparison.json`)."""
+    return {
+        "run": name,
+        "run_dir": run_dir,
+        "architecture": results.architecture,
+        "num_parameters": results.num_parameters,
+        "model_type": results.model_type,
+        "model_name_or_path": results.model_name_or_path,
+        "dataset": display_dataset(results.dataset),
+        "epochs": results.epochs,
+        "train_seconds": results.train.seconds,
+        "train_images_per_second": results.train.images_per_second,
+        "validation_accuracy": results.validation.accuracy if results.validation else None,
+        "test_accuracy": results.test.accuracy if results.test else None,
+    }
+
+
+def summary_table(rows: Sequence[dict]) -> str:
+    """The Markdown summary table of `summary_row` dicts, one line per run."""
+    cells = []
+    for row in rows:
+        if row.get("model_type") == "pretrained":
+            base = row.get("model_name_or_path")
+            init = f"pretrained (`{base if is_hub_id(base) else Path(str(base)).name}`)" if base else "pretrained"
+        else:
+            init = row.get("model_type") or MISSING
+        cells.append(
+            [
+                row["run"],
+                f"`{row['architecture']}`" if row.get("architecture") else MISSING,
+                format_count(row.get("num_parameters")),
+                init,
+                f"`{row['dataset']}`",
+                format_number(row.get("epochs"), 1),
+                format_duration(row.get("train_seconds")),
+                format_number(row.get("train_images_per_second"), 1),
+                format_percent(row.get("validation_accuracy")),
+                format_percent(row.get("test_accuracy")),
+            ]
+        )
+    return markdown_table(SUMMARY_COLUMNS, cells)
+
+
+def history_table(history: Sequence[HistoryRow], max_rows: int | None = None) -> str:
+    """The per-evaluation history as a Markdown table, thinned to at most `max_rows` rows."""
+    if max_rows:
+        history = history[:: math.ceil(len(history) / max_rows)] if history else history
+    return markdown_table(
+        ["Epoch", "Step", "Minutes", "Training loss", "Validation loss", "Validation accuracy"],
+        [
+            [
+                format_number(h.epoch, 2),
+                h.step if h.step is not None else MISSING,
+                format_number(h.elapsed_seconds / 60 if is_number(h.elapsed_seconds) else None, 1),
+                format_number(h.train_loss, 4),
+                format_number(h.eval_loss, 4),
+                format_percent(h.eval_accuracy),
+            ]
+            for h in history
+        ],
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Plots
+
+
+def plot_learning_curves(runs: Sequence[Results], names: Sequence[str], path: str | os.PathLike) -> Path:
+    """One PNG with two panels on shared epoch axes: train (solid) and validation (dashed) loss of every run, and
+    validation accuracy of every run. Each run keeps one color in both panels."""
+    fig = Figure(figsize=(12, 4.8), layout="constrained")
+    ax_loss, ax_acc = fig.subplots(1, 2, sharex=True)
+    for i, (run, name) in enumerate(zip(runs, names)):
+        color = f"C{i % 10}"
+        for key, style, marker, what in (("train_loss", "-", "o", "train"), ("eval_loss", "--", "s", "validation")):
+            x, y = _series(run.history, "epoch", key)
+            if x:
+                ax_loss.plot(x, y, linestyle=style, marker=marker, markersize=4, color=color, label=f"{name} {what}")
+        x, y = _series(run.history, "epoch", "eval_accuracy", scale=100)
+        if x:
+            ax_acc.plot(x, y, marker="o", markersize=4, color=color, label=name)
+    ax_loss.set(title="Loss", xlabel="Epoch", ylabel="Cross-entropy loss")
+    ax_acc.set(title="Validation accuracy", xlabel="Epoch", ylabel="Accuracy (%)")
+    for ax in (ax_loss, ax_acc):
+        _finish_axes(ax)
+    fig.suptitle("Learning curves")
+    return _save(fig, path)
+
+
+def plot_accuracy_over_time(runs: Sequence[Results], names: Sequence[str], path: str | os.PathLike) -> Path:
+    """Validation accuracy (y) against wall-clock minutes of training (x), one line per run."""
+    fig = Figure(figsize=(7, 4.5), layout="constrained")
+    ax = fig.subplots()
+    for run, name in zip(runs, names):
+        x, y = _series(run.history, "elapsed_seconds", "eval_accuracy", x_scale=1 / 60, scale=100)
+        if x:
+            ax.plot(x, y, marker=".", label=name)
+    ax.set(xlabel="Wall-clock minutes of training (evaluations included)", ylabel="Validation accuracy (%)")
+    _finish_axes(ax)
+    return _save(fig, path)
+
+
+def _series(history: Sequence[HistoryRow], x_key: str, y_key: str, x_scale: float = 1.0, scale: float = 1.0):
+    points = [
+        (x_scale * getattr(h, x_key), scale * getattr(h, y_key))
+        for h in history
+        if is_number(getattr(h, x_key)) and is_number(getattr(h, y_key))
+    ]
+    return tuple(zip(*points)) if points else ((), ())
+
+
+def _finish_axes(ax) -> None:
+    ax.grid(True, alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize="small")
+    else:
+        ax.text(0.5, 0.5, "no history logged", ha="center", va="center", transform=ax.transAxes)
+
+
+def _save(fig: Figure, path: str | os.PathLike) -> Path:
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def normalize_confusion(matrix: Sequence[Sequence[int]]) -> np.ndarray:
+    """Divide each row (a true class) by its count; a class with no samples keeps a row of zeros."""
+    matrix = np.asarray(matrix, dtype=np.float64)
+    totals = matrix.sum(axis=1, keepdims=True)
+    return np.divide(matrix, totals, out=np.zeros_like(matrix), where=totals > 0)
+
+
+def plot_confusion_matrix(
+    matrix: Sequence[Sequence[int]], label_names: Sequence[str], title: str, path: str | os.PathLike
+) -> Path:
+    """A confusion matrix PNG normalized per true class (rows), with label names on both axes; the cell values are
+    written in when there are at most 20 classes ("–" in the row of a class with no samples)."""
+    normalized = normalize_confusion(matrix)
+    n = normalized.shape[0]
+    labels = list(label_names) if len(label_names) == n else [str(i) for i in range(n)]
+    longest = max((len(str(label)) for label in labels), default=1)
+    # Room for the rotated tick labels grows with the longest name, the cells with the number of classes.
+    side = max(4.0, 0.5 * n + 1.5) + 0.07 * longest
+    fig = Figure(figsize=(side + 1.2, side), layout="constrained")
+    ax = fig.subplots()
+    image = ax.imshow(normalized, cmap="Blues", vmin=0.0, vmax=1.0)
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="Fraction of the true class")
+    ax.set_xticks(range(n), labels, rotation=45, ha="right", rotation_mode="anchor")
+    ax.set_yticks(range(n), labels)
+    ax.set(xlabel="Predicted label", ylabel="True label", title=title)
+    if n <= 20:
+        empty_rows = np.asarray(matrix).reshape(n, n).sum(axis=1) == 0
+        for i in range(n):
+            for j in range(n):
+                value = normalized[i, j]
+                ax.text(
+                    j,
+                    i,
+                    "–" if empty_rows[i] else f"{value:.2f}",  # a class absent from the split has no fractions
+                    ha="center",
+                    va="center",
+                    fontsize=8 if n > 10 else 9,
+                    color="white" if value > 0.5 else "black",
+                )
+    return _save(fig, path)

@@ -1,0 +1,196 @@
+"""The `results.json` of a run: its schema, how `run.py` builds it, and how everyone else reads it.
+
+`finetune/run.py` writes one `Results` per trained model into its output directory; the comparison report
+(`finetune/compare.py`), the model card (`finetune/model_card.py`) and the benchmarks (`benchmarks/train_budget.py`)
+read it back with `Results.load`. Each figure is stored once:
+
+- `train.seconds`: the training loop of this session (optimizer steps, forward and backward, the data path), without
+  the evaluations and checkpoints between epochs; `train.images_per_second` is measured against it and
+  `train.data_seconds` is the part of it spent fetching and transforming batches (`finetune.callbacks.RunClock`).
+- `wall_seconds`: this model alone from start to `results.json` (building, training with its evaluations and
+  checkpoints, the final evaluation and test). Under `model_type: both` each model has its own.
+- `history`: one row per evaluation, each stamped with `elapsed_seconds` since training began.
+- `hardware`: where it ran (`finetune.hardware.describe`).
+"""
+
+import dataclasses
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+RESULTS_NAME = "results.json"
+SCHEMA_VERSION = 2
+
+
+@dataclass
+class EvalMetrics:
+    """The Trainer's metrics of one split, without the split's prefix."""
+
+    accuracy: float | None = None
+    loss: float | None = None
+    runtime_seconds: float | None = None
+    images_per_second: float | None = None
+
+    # The Trainer's metric names (after the `eval_`/`test_` prefix) -> ours.
+    TRAINER_NAMES = {
+        "accuracy": "accuracy",
+        "loss": "loss",
+        "runtime": "runtime_seconds",
+        "samples_per_second": "images_per_second",
+    }
+
+    @classmethod
+    def from_trainer(cls, metrics: dict[str, float] | None, prefix: str) -> "EvalMetrics | None":
+        """`{"eval_accuracy": ..., "eval_runtime": ...}` -> `EvalMetrics(accuracy=..., runtime_seconds=...)`."""
+        if metrics is None:
+            return None
+        start = len(prefix) + 1
+        return cls(**{cls.TRAINER_NAMES[k[start:]]: v for k, v in metrics.items() if k[start:] in cls.TRAINER_NAMES})
+
+
+@dataclass
+class TrainMetrics:
+    """Training of this session (a resumed run counts only what it trained itself)."""
+
+    loss: float | None = None
+    seconds: float | None = None
+    data_seconds: float | None = None
+    steps: int | None = None
+    images_per_second: float | None = None
+
+
+@dataclass
+class HistoryRow:
+    """One evaluation during training."""
+
+    epoch: float | None = None
+    step: int | None = None
+    train_loss: float | None = None
+    eval_loss: float | None = None
+    eval_accuracy: float | None = None
+    elapsed_seconds: float | None = None
+
+
+@dataclass
+class Results:
+    """Everything a finished run reports; `results.json` is `dataclasses.asdict` of it."""
+
+    run_name: str
+    model_type: str
+    architecture: str | None = None
+    model_name_or_path: str | None = None
+    dataset: str | None = None
+    label_names: list[str] = field(default_factory=list)
+    image_size: int | None = None
+    num_parameters: int | None = None
+    num_samples: dict[str, int | None] = field(default_factory=dict)
+    epochs: float | None = None
+    hyperparameters: dict[str, Any] = field(default_factory=dict)
+    hardware: dict[str, Any] = field(default_factory=dict)
+    train: TrainMetrics = field(default_factory=TrainMetrics)
+    validation: EvalMetrics | None = None
+    test: EvalMetrics | None = None
+    per_class_accuracy: dict[str, float] = field(default_factory=dict)
+    confusion_matrix: list[list[int]] = field(default_factory=list)
+    confusion_split: str | None = None
+    history: list[HistoryRow] = field(default_factory=list)
+    wall_seconds: float | None = None
+    license: str | None = None
+    schema_version: int = SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def save(self, output_dir: str | os.PathLike) -> Path:
+        """Write `output_dir/results.json` and return its path."""
+        path = Path(output_dir) / RESULTS_NAME
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        return path
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Results":
+        """The inverse of `to_dict`; keys this version does not know are ignored, missing ones keep their default."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        values["train"] = _dataclass_from(TrainMetrics, values.get("train")) or TrainMetrics()
+        values["validation"] = _dataclass_from(EvalMetrics, values.get("validation"))
+        values["test"] = _dataclass_from(EvalMetrics, values.get("test"))
+        values["history"] = [_dataclass_from(HistoryRow, row) for row in values.get("history") or []]
+        values.setdefault("run_name", "")
+        values.setdefault("model_type", "")
+        return cls(**values)
+
+    @classmethod
+    def load(cls, run_dir: str | os.PathLike) -> "Results":
+        """Read `run_dir/results.json`. Without a history in it, the history comes from `trainer_state.json`."""
+        run_dir = Path(run_dir)
+        path = run_dir / RESULTS_NAME
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} does not exist: {run_dir} is not the output of a finished run.")
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path} is not valid JSON ({error}). Rerun the training that wrote it.") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{path} holds a {type(data).__name__}, not a results map. Rerun the training.")
+        results = cls.from_dict(data)
+        if not results.history:
+            state_path = run_dir / "trainer_state.json"
+            if state_path.is_file():
+                results.history = history_from_log_history(json.loads(state_path.read_text()).get("log_history", []))
+        results.run_name = results.run_name or run_dir.name
+        return results
+
+
+def _dataclass_from(cls, data: dict[str, Any] | None):
+    if data is None:
+        return None
+    known = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def history_from_log_history(log_history: Sequence[dict]) -> list[HistoryRow]:
+    """One row per evaluation of a Trainer `log_history`: epoch, step, the last training loss logged before it,
+    validation loss and accuracy, and the time since training began (`RunClock` stamps it)."""
+    rows, last_train_loss = [], None
+    for entry in log_history:
+        if "loss" in entry:
+            last_train_loss = entry["loss"]
+        if "eval_accuracy" in entry or "eval_loss" in entry:
+            rows.append(
+                HistoryRow(
+                    epoch=entry.get("epoch"),
+                    step=entry.get("step"),
+                    train_loss=last_train_loss,
+                    eval_loss=entry.get("eval_loss"),
+                    eval_accuracy=entry.get("eval_accuracy"),
+                    elapsed_seconds=entry.get("elapsed_seconds"),
+                )
+            )
+    return rows
+
+
+def find_run_dirs(paths: Sequence[str | os.PathLike]) -> list[Path]:
+    """Resolve the given paths to run directories (folders holding `results.json`).
+
+    A folder without `results.json` stands for its immediate subfolders that have one, as `model_type: both` writes
+    `OUTPUT/pretrained` and `OUTPUT/scratch`. Raises `FileNotFoundError` naming a path that holds no run.
+    """
+    run_dirs = []
+    for path in map(Path, paths):
+        if (path / RESULTS_NAME).is_file():
+            run_dirs.append(path)
+            continue
+        children = sorted(p for p in path.iterdir() if (p / RESULTS_NAME).is_file()) if path.is_dir() else []
+        if not children:
+            raise FileNotFoundError(
+                f"{path} is not a run directory: it has no {RESULTS_NAME}, nor subfolders with one. Pass the output "
+                "directory of a finished training run (for `model_type: both`, OUTPUT/pretrained and OUTPUT/scratch, "
+                "or OUTPUT itself)."
+            )
+        run_dirs.extend(children)
+    return run_dirs

@@ -1,0 +1,133 @@
+"""`ImageClassificationTrainingArguments`: transformers' `TrainingArguments` with this pipeline's defaults and its
+training-loop options, read by `ImageClassificationTrainer` (as `Seq2SeqTrainingArguments` is by `Seq2SeqTrainer`).
+
+The options: a wall-clock budget (`max_train_minutes`, `budget_schedule`), an exponential moving average of the
+weights (`ema_decay`), MixUp/CutMix (`mixup_alpha`, `cutmix_alpha`) and flip test-time augmentation (`flip_tta`);
+plus `overwrite_output_dir` and `hub_commit_message`, used around training by `finetune/run.py`.
+"""
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers import TrainingArguments
+from transformers.trainer_utils import IntervalStrategy, SaveStrategy
+
+
+def has_accelerator() -> bool:
+    """Whether torch sees a GPU (CUDA, ROCm, XPU, MPS...)."""
+    accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6
+    return accelerator.is_available() if accelerator is not None else torch.cuda.is_available()
+
+
+@dataclass
+class ImageClassificationTrainingArguments(TrainingArguments):
+    """`TrainingArguments` for image classification with the pipeline's defaults and training-loop options.
+
+    Defaults that differ from the Trainer's: evaluate and save every epoch and keep the best model by validation
+    accuracy (the one saved and tested), at most two checkpoints, no loader workers and no column pruning (the images
+    are already decoded in memory), and `use_cpu` where no accelerator exists: without it, processes started by
+    `accelerate launch --multi_gpu` or `torchrun` on a machine with no GPU each train alone (world size 1) instead of
+    joining one gloo process group.
+    """
+
+    output_dir: str | None = field(
+        default="outputs/run",
+        metadata={"help": "Where the model, checkpoints and results.json are written."},
+    )
+    eval_strategy: IntervalStrategy | str = field(
+        default="epoch", metadata={"help": "When to evaluate: `no`, `steps` or `epoch`."}
+    )
+    save_strategy: SaveStrategy | str = field(
+        default="epoch", metadata={"help": "When to checkpoint: `no`, `steps`, `epoch`, `best`."}
+    )
+    logging_steps: float = field(default=50, metadata={"help": "Log every N optimizer steps (a ratio when < 1)."})
+    load_best_model_at_end: bool = field(
+        default=True, metadata={"help": "Reload the best checkpoint (by `metric_for_best_model`) at the end."}
+    )
+    metric_for_best_model: str | None = field(
+        default="accuracy", metadata={"help": "The validation metric that picks the best checkpoint."}
+    )
+    greater_is_better: bool | None = field(
+        default=True, metadata={"help": "Whether a larger `metric_for_best_model` is better."}
+    )
+    save_total_limit: int | None = field(default=2, metadata={"help": "Checkpoints kept (the best is always kept)."})
+    remove_unused_columns: bool = field(
+        default=False, metadata={"help": "Drop dataset columns the model's forward does not take (not needed here)."}
+    )
+    dataloader_num_workers: int = field(
+        default=0, metadata={"help": "Loader worker processes; 0 suits images already decoded in memory."}
+    )
+    dataloader_pin_memory: bool | None = field(
+        default=None, metadata={"help": "Pin batches in page-locked memory (default: where CUDA is available)."}
+    )
+    ddp_find_unused_parameters: bool | None = field(
+        default=False,
+        metadata={"help": "Every parameter is used; searching for unused ones costs a graph walk per step."},
+    )
+    use_cpu: bool | None = field(
+        default=None, metadata={"help": "Train on the CPU (default: where torch sees no accelerator)."}
+    )
+
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "Allow training into an `output_dir` that already holds checkpoints or results of another run. "
+            "Without it such a run stops before touching them (use `resume_from_checkpoint` to continue one)."
+        },
+    )
+    hub_commit_message: str = field(
+        default="Upload fine-tuned model", metadata={"help": "Commit message of the push to the Hub."}
+    )
+    max_train_minutes: float | None = field(
+        default=None,
+        metadata={
+            "help": "Stop training after this many minutes of wall-clock time (evaluations included); the best "
+            "model is then evaluated, tested and saved as usual. Default: no budget."
+        },
+    )
+    budget_schedule: bool = field(
+        default=False,
+        metadata={
+            "help": "With `max_train_minutes`: measure the time per step early on and re-plan the learning-rate "
+            "schedule (cosine, linear, ...) to end exactly at the budget; `num_train_epochs` is then only an upper "
+            "bound."
+        },
+    )
+    ema_decay: float | None = field(
+        default=None,
+        metadata={
+            "help": "Keep an exponential moving average of the weights with this decay (e.g. 0.999, warmed up as "
+            "min(decay, (1 + t) / (10 + t))); evaluations, checkpoints and the final model use it. Default: off."
+        },
+    )
+    flip_tta: bool = field(
+        default=False, metadata={"help": "At evaluation, average the logits of each image and its mirror image."}
+    )
+    mixup_alpha: float = field(
+        default=0.0, metadata={"help": "MixUp of training batches with ratio ~ Beta(alpha, alpha); 0 disables it."}
+    )
+    cutmix_alpha: float = field(
+        default=0.0,
+        metadata={
+            "help": "CutMix of training batches with ratio ~ Beta(alpha, alpha); 0 disables it. With MixUp also on, "
+            "each batch uses one of the two at random."
+        },
+    )
+
+    def __post_init__(self):
+        # Unset means "from the machine"; resolved before the Trainer's own checks (bf16 needs `use_cpu` on a CPU).
+        if self.use_cpu is None:
+            self.use_cpu = not has_accelerator()
+        if self.dataloader_pin_memory is None:
+            self.dataloader_pin_memory = torch.cuda.is_available() and not self.use_cpu
+        super().__post_init__()
+        if self.max_train_minutes is not None and self.max_train_minutes <= 0:
+            raise ValueError(f"`max_train_minutes` must be > 0, got {self.max_train_minutes}.")
+        if self.budget_schedule and self.max_train_minutes is None:
+            raise ValueError("`budget_schedule: true` needs `max_train_minutes`.")
+        if self.ema_decay is not None and not 0 < self.ema_decay < 1:
+            raise ValueError(f"`ema_decay` must be in (0, 1), got {self.ema_decay}.")
+        if self.mixup_alpha < 0 or self.cutmix_alpha < 0:
+            raise ValueError(
+                f"`mixup_alpha` and `cutmix_alpha` must be >= 0, got {self.mixup_alpha} and {self.cutmix_alpha}."
+            )

@@ -1,11 +1,12 @@
-"""Every config in configs/ parses into the run's arguments and, for scratch runs, builds a valid ScratchViTConfig."""
+"""Every config in configs/ parses into the run's arguments and, for scratch runs, builds a valid ScratchViTConfig;
+`base:` inheritance merges, overrides and fails clearly."""
 
-import dataclasses
 from pathlib import Path
 
 import pytest
+import yaml
 
-from finetune.arguments import parse_args, scratch_config_kwargs
+from finetune.arguments import load_yaml_config, parse_args, scratch_config_kwargs
 from scratch_vit import ScratchViTConfig
 
 
@@ -14,27 +15,48 @@ CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.ya
 
 @pytest.mark.parametrize("config", CONFIGS, ids=[c.stem for c in CONFIGS])
 def test_config_parses_and_builds(config):
-    model_args, data_args, scratch_args, run_args, training_args = parse_args(["--config", str(config)])
+    model_args, data_args, scratch_args, training_args = parse_args(["--config", str(config)])
     if model_args.model_type in ("scratch", "both"):
         ScratchViTConfig(**scratch_config_kwargs(scratch_args))  # raises ValueError on an invalid combination
 
 
-def _settings(argv: list[str]) -> list[dict]:
-    """Every argument group of a run as dicts, without the output paths (which name the run, not its settings)."""
-    *groups, training_args = parse_args(argv)
-    training = training_args.to_dict()
-    for key in ("output_dir", "logging_dir", "run_name"):
-        training.pop(key, None)
-    return [dataclasses.asdict(group) for group in groups] + [training]
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
 
 
-def test_small_encoder_variant_is_the_measured_command():
-    """The README's figures for cifar10_scratch_cpu30_stem_h48l4.yaml come from the hidden-64 stem config with three
-    overrides; the file must hold exactly those settings."""
-    root = Path(__file__).resolve().parent.parent / "configs"
-    variant = _settings(["--config", str(root / "cifar10_scratch_cpu30_stem_h48l4.yaml")])
-    measured = _settings(
-        ["--config", str(root / "cifar10_scratch_cpu30_stem.yaml"), "--hidden_size", "48", "--num_hidden_layers", "4"]
-        + ["--intermediate_size", "192"]
-    )
-    assert variant == measured
+def test_base_config_is_merged_and_overridden(tmp_path):
+    (tmp_path / "sub").mkdir()
+    _write(tmp_path / "root.yaml", "model_type: scratch\nhidden_size: 64\nlearning_rate: 1.0e-3\nseed: 1\n")
+    _write(tmp_path / "sub" / "middle.yaml", "base: ../root.yaml\nhidden_size: 48\nseed: 2\n")
+    leaf = _write(tmp_path / "sub" / "leaf.yaml", "base: middle.yaml\nseed: 3\n")
+    model_args, _, scratch_args, training_args = parse_args(["--config", str(leaf), "--output_dir", str(tmp_path)])
+    assert model_args.model_type == "scratch"  # from the root
+    assert scratch_args.hidden_size == 48  # the middle overrides the root
+    assert training_args.seed == 3 and training_args.learning_rate == 1e-3  # the leaf overrides both
+    _, _, _, training_args = parse_args(["--config", str(leaf), "--seed", "4", "--output_dir", str(tmp_path)])
+    assert training_args.seed == 4, "the command line overrides the whole chain"
+
+
+def test_shipped_variants_state_only_their_differences():
+    root = CONFIGS[0].parent
+    variant = load_yaml_config(root / "cifar10_scratch_cpu30_stem_h48l4.yaml")
+    recipe = load_yaml_config(root / "cifar10_scratch_cpu30_stem.yaml")
+    own = yaml.safe_load((root / "cifar10_scratch_cpu30_stem_h48l4.yaml").read_text())
+    assert own["base"] == "cifar10_scratch_cpu30_stem.yaml" and len(own) <= 5
+    assert {k for k in variant if variant[k] != recipe.get(k)} == {k for k in own if k != "base"}
+
+
+def test_base_errors_name_the_file(tmp_path):
+    missing = _write(tmp_path / "a.yaml", "base: nowhere.yaml\nseed: 1\n")
+    with pytest.raises(FileNotFoundError, match="nowhere.yaml.*the `base` of .*a.yaml"):
+        load_yaml_config(missing)
+    _write(tmp_path / "b.yaml", "base: c.yaml\n")
+    cycle = _write(tmp_path / "c.yaml", "base: b.yaml\n")
+    with pytest.raises(ValueError, match="cycle"):
+        load_yaml_config(cycle)
+    _write(tmp_path / "d.yaml", "hidden_sise: 3\n")
+    child = _write(tmp_path / "e.yaml", "base: d.yaml\n")
+    with pytest.raises(ValueError, match=r"hidden_sise.*Did you mean 'hidden_size'") as error:
+        parse_args(["--config", str(child)])
+    assert "d.yaml" in str(error.value)

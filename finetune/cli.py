@@ -1,0 +1,58 @@
+"""`vit-finetune`: one command for the pipeline, with a subcommand per task (as `accelerate` and `hf` have).
+
+    vit-finetune train --config configs/quickstart.yaml [--key value ...]    finetune/run.py
+    vit-finetune quickstart                                                   the offline quickstart
+    vit-finetune compare RUN_DIR [RUN_DIR ...] --output DIR                   the comparison report
+    vit-finetune predict MODEL_DIR PATH [PATH ...] [--top_k 3]                classify image files
+    vit-finetune attention MODEL_DIR IMAGE [IMAGE ...] --output DIR           attention maps
+    vit-finetune push OUTPUT_DIR --repo_id you/name                           push a run to the Hub
+    vit-finetune card OUTPUT_DIR [--repo_id ID]                               write the model card
+
+Each subcommand is also a module (`python -m finetune.run`, `python -m finetune.compare`, ...; `accelerate launch -m
+finetune.run` for several processes). Flags are snake_case, as transformers' `HfArgumentParser` writes them;
+kebab-case spellings (`--top-k`) are accepted too.
+"""
+
+import importlib
+import sys
+
+
+# subcommand -> (module, what it does); each module has `main(argv)`.
+COMMANDS = {
+    "train": ("finetune.run", "train and evaluate (python -m finetune.run)"),
+    "quickstart": ("finetune.quickstart", "the offline quickstart (python -m finetune.quickstart)"),
+    "compare": ("finetune.compare", "comparison report of finished runs (python -m finetune.compare)"),
+    "predict": ("finetune.predict", "classify image files (python -m finetune.predict)"),
+    "attention": ("finetune.attention", "attention maps (python -m finetune.attention)"),
+    "push": ("finetune.hub", "push a run to the Hub (python -m finetune.hub push)"),
+    "card": ("finetune.model_card", "write a run's model card (python -m finetune.model_card)"),
+}
+
+
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = ["usage: vit-finetune COMMAND [ARGS ...]", "", "commands:"]
+    lines += [f"  {name:<{width}}  {help_text}" for name, (_, help_text) in COMMANDS.items()]
+    lines += ["", "`vit-finetune COMMAND --help` lists a command's arguments."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one subcommand; returns the exit status (the console script passes it to `sys.exit`)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"vit-finetune: unknown command {command!r}.\n\n{usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[command][0])
+    if command == "push":
+        rest = ["push", *rest]
+    module.main(rest)  # returns what it made (results, paths), not a status; errors raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

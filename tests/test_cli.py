@@ -1,0 +1,43 @@
+"""The `vit-finetune` command: installed as a console script, dispatching to each module's `main`."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers_runs import make_run_dir
+
+from finetune import cli
+
+
+def test_compare_subcommand_writes_the_report(tmp_path, capsys):
+    run = make_run_dir(tmp_path / "a", "scratch", extras=False)
+    assert cli.main(["compare", str(run), "--output", str(tmp_path / "report")]) == 0
+    assert (tmp_path / "report" / "report.md").is_file()
+    assert capsys.readouterr().out.strip().endswith("report.md")
+
+
+def test_usage_and_unknown_command(capsys):
+    assert cli.main([]) == 2
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in cli.COMMANDS)
+    assert cli.main(["trian"]) == 2
+    assert "unknown command 'trian'" in capsys.readouterr().err
+
+
+def test_console_script_is_installed():
+    script = shutil.which("vit-finetune", path=str(Path(sys.executable).parent))
+    if script is None:
+        pytest.skip("the package is not installed in this environment (pip install -e .)")
+    result = subprocess.run([script, "--help"], capture_output=True, text=True, check=True)
+    assert "train" in result.stdout and "compare" in result.stdout
+
+
+def test_run_module_is_launchable_with_dash_m(tmp_path):
+    """`accelerate launch -m finetune.run` and `python -m finetune.run` reach the same entry point."""
+    result = subprocess.run(
+        [sys.executable, "-m", "finetune.run", "--help"], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert "--max_train_minutes" in result.stdout and "--model_type" in result.stdout

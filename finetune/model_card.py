@@ -291,10 +291,10 @@ def write_model_card(output_dir: str | os.PathLike, repo_id: str | None = None) 
 
 
 def main(argv: list[str] | None = None) -> Path:
-    """Command-line entry: `python -m finetune.model_card OUTPUT_DIR [--repo-id ID]` writes OUTPUT_DIR/README.md."""
+    """Command-line entry: `python -m finetune.model_card OUTPUT_DIR [--repo_id ID]` writes OUTPUT_DIR/README.md."""
     parser = argparse.ArgumentParser(prog="python -m finetune.model_card", description=main.__doc__)
     parser.add_argument("output_dir", metavar="OUTPUT_DIR", help="A run's output directory (with results.json).")
-    parser.add_argument("--repo-id", help="The Hub repo id the card is for (names the model in the card).")
+    parser.add_argument("--repo_id", "--repo-id", help="The Hub repo id the card is for (it names the model).")
     args = parser.parse_args(argv)
     write_model_card(args.output_dir, args.repo_id)
     path = Path(args.output_dir) / CARD_NAME

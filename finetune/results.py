@@ -4,7 +4,7 @@
 (`finetune/compare.py`), the model card (`finetune/model_card.py`) and the benchmarks (`benchmarks/train_budget.py`)
 read it back with `Results.load`. Each figure is stored once:
 
-- `train.seconds`: the training loop of this session (optimizer steps, forward and backward, the data path), without
+- `train.seconds`: the training loop of this process (optimizer steps, forward and backward, the data path), without
   the evaluations and checkpoints between epochs; `train.images_per_second` is measured against it and
   `train.data_seconds` is the part of it spent fetching and transforming batches (`finetune.callbacks.RunClock`).
 - `wall_seconds`: this model alone from start to `results.json` (building, training with its evaluations and
@@ -54,7 +54,7 @@ class EvalMetrics:
 
 @dataclass
 class TrainMetrics:
-    """Training of this session (a resumed run counts only what it trained itself)."""
+    """Training done by this process (a resumed run counts only what it trained itself)."""
 
     loss: float | None = None
     seconds: float | None = None

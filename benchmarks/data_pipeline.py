@@ -2,7 +2,7 @@
 
 - **example**: the style of transformers' `examples/pytorch/image-classification/run_image_classification.py`: a
   `datasets.Dataset` with `set_transform` running torchvision transforms (RandomResizedCrop, RandomHorizontalFlip,
-  ToTensor, Normalize) on one PIL image at a time, a `DataLoader` with `--num-workers` workers and a stacking collate.
+  ToTensor, Normalize) on one PIL image at a time, a `DataLoader` with `--num_workers` workers and a stacking collate.
 - **ours**: `load_image_data` (every image decoded once to uint8, then read from the decoded cache), a `DataLoader`
   over `ImageSplit` that serves whole batches with `__getitems__`, and `BatchTransform` on the device.
 
@@ -11,7 +11,7 @@ time spent getting the next batch and transforming it measured apart from the mo
 gives the extrapolated time of a 50,000-image CIFAR-10 epoch. Prints a Markdown table; `--output` writes JSON.
 
     python benchmarks/data_pipeline.py                      # ScratchViT at 32 px (default config)
-    python benchmarks/data_pipeline.py --model vit-b16-tiny-224 --batch-size 32 --steps 10
+    python benchmarks/data_pipeline.py --model vit-b16-tiny-224 --batch_size 32 --steps 10
 """
 
 import argparse
@@ -44,20 +44,35 @@ MODELS = ("scratch", "vit-b16-tiny-224")
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", default=str(ROOT.parent / "shared/data/cifar10-jpeg/train.parquet"))
-    parser.add_argument("--num-images", type=int, default=10_000, help="Use the first M images of --data.")
-    parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--num-workers", type=int, default=2, help="DataLoader workers of the example pipeline.")
     parser.add_argument(
-        "--our-num-workers", type=int, default=0, help="DataLoader workers of ours (batches are one tensor index)."
+        "--num_images", "--num-images", type=int, default=10_000, help="Use the first M images of --data."
+    )
+    parser.add_argument("--batch_size", "--batch-size", type=int, default=128)
+    parser.add_argument(
+        "--num_workers", "--num-workers", type=int, default=2, help="DataLoader workers of the example pipeline."
+    )
+    parser.add_argument(
+        "--our_num_workers",
+        "--our-num-workers",
+        type=int,
+        default=0,
+        help="DataLoader workers of ours (batches are one tensor index).",
     )
     parser.add_argument("--steps", type=int, default=40, help="Training steps per pipeline (after 3 warm-up steps).")
-    parser.add_argument("--data-batches", type=int, default=40, help="Batches for the data-only throughput.")
+    parser.add_argument(
+        "--data_batches", "--data-batches", type=int, default=40, help="Batches for the data-only throughput."
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--model", choices=MODELS, default="scratch")
     parser.add_argument(
         "--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice, one per core)."
     )
-    parser.add_argument("--decoded-cache-dir", default=None, help="Default: a fresh temporary folder (first run).")
+    parser.add_argument(
+        "--decoded_cache_dir",
+        "--decoded-cache-dir",
+        default=None,
+        help="Default: a fresh temporary folder (first run).",
+    )
     parser.add_argument("--output", default=None, help="Also write the results as JSON here.")
     return parser.parse_args(argv)
 

@@ -262,7 +262,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=None, help="training steps per repeat (default: per preset)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps per model (default: 1, 3 compiled)")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
-    parser.add_argument("--batch-size", type=int, default=None, help="override the preset's batch size")
+    parser.add_argument(
+        "--batch_size", "--batch-size", type=int, default=None, help="override the preset's batch size"
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument(
         "--attention",
@@ -276,7 +278,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.repeats is not None and args.repeats < 1:
         parser.error("--repeats must be >= 1")
     if args.batch_size is not None and args.batch_size < 1:
-        parser.error("--batch-size must be >= 1")
+        parser.error("--batch_size must be >= 1")
     return args
 
 

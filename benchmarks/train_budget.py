@@ -4,12 +4,12 @@
         --output benchmarks/results/cpu30 [--key value ...]
     python benchmarks/train_budget.py --minutes 30 --output benchmarks/results/cpu30 \
         --config configs/cifar10_scratch.yaml --config configs/cifar10_scratch_cpu30.yaml
-    python benchmarks/train_budget.py --report-only --output benchmarks/results/cpu30
+    python benchmarks/train_budget.py --report_only --output benchmarks/results/cpu30
 
 Each config runs in its own `python -m finetune.run` process, one after the other, with `--max_train_minutes M`
 (the `TrainingBudgetCallback` stops it once the budget is spent; evaluation, saving and the test then run as after any
 run) and `--output_dir OUTPUT/runs/<config name>` (ignored by git: models stay out of the repository). Extra
-`--key value` arguments are passed to every run. Afterwards, and with `--report-only`, it reports every run in
+`--key value` arguments are passed to every run. Afterwards, and with `--report_only`, it reports every run in
 OUTPUT/runs (also those of earlier commands, so configs trained one at a time share one plot) and writes:
 
 - `OUTPUT/curve.png`: validation accuracy (y) against wall-clock minutes of training (x), one line per config;
@@ -54,7 +54,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     parser.add_argument("--config", action="append", default=[], help="A YAML config of finetune/run.py (repeatable).")
     parser.add_argument("--minutes", type=float, help="Wall-clock training budget of each run, in minutes.")
     parser.add_argument("--output", default="benchmarks/results/train_budget", help="Folder for runs and reports.")
-    parser.add_argument("--report-only", action="store_true", help="Only (re)write the report from OUTPUT's runs.")
+    parser.add_argument(
+        "--report_only", "--report-only", action="store_true", help="Only (re)write the report from OUTPUT's runs."
+    )
     parser.add_argument(
         "--suffix",
         default="",

@@ -32,8 +32,8 @@ from finetune.predict import (
     check_image_size,
     image_mode,
     load_classifier,
+    load_images,
     needs_interpolation,
-    open_image,
     preprocess,
 )
 
@@ -248,11 +248,10 @@ def write_attention_maps(
     output_dir.mkdir(parents=True, exist_ok=True)
     written, used_names = [], set()
     for image_path in map(Path, image_paths):
-        try:
-            image = open_image(image_path, "RGB")
-        except OSError as error:
-            logger.warning(f"Skipping {image_path}: cannot read it as an image ({type(error).__name__}: {error}).")
+        images, _, _ = load_images([image_path], "RGB")  # logs a file it cannot read
+        if not images:
             continue
+        image = images[0]
         name, n = image_path.stem, 1
         while name in used_names:
             n += 1

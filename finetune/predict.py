@@ -2,9 +2,10 @@
 
     python -m finetune.predict OUTPUT_DIR photo.jpg images/ --top-k 3 --output predictions.csv
 
-Files of any size and format Pillow reads (JPEG, PNG, BMP, WebP, GIF, TIFF; grayscale, RGBA, palette) are converted
-to the model's channels, then resized, rescaled and normalized by the saved image processor. Folders are searched
-recursively for image files. Files that cannot be read are reported and skipped.
+Files of any size and format Pillow reads (JPEG, PNG, BMP, WebP, GIF, TIFF; grayscale, 16-bit, RGBA, palette, CMYK)
+are decoded as training decodes them (`finetune.data.decode`: upright per EXIF, transparency on white) in the model's
+channels, then resized, rescaled and normalized by the saved image processor. Folders are searched recursively for
+image files. Files that cannot be read are reported and skipped.
 """
 
 import argparse
@@ -18,16 +19,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image, UnidentifiedImageError
 from transformers import AutoImageProcessor, AutoModelForImageClassification
 from transformers.utils import logging
 
 import scratch_vit  # noqa: F401  (registers ScratchViT with the Auto classes, so local runs load without remote code)
+from finetune.data.decode import IMAGE_EXTENSIONS, decode_image
 
 
 logger = logging.get_logger(__name__)
-
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff", ".ppm", ".pgm", ".pbm")
 
 
 @dataclass
@@ -88,19 +88,24 @@ def collect_image_paths(paths: Iterable[str | os.PathLike]) -> list[Path]:
     return found
 
 
-def open_image(path: str | os.PathLike, mode: str = "RGB") -> Image.Image:
-    """Open an image in `mode` (`"RGB"` or `"L"`), upright per its EXIF orientation. Transparent pixels (RGBA, or a
-    palette with a transparent color) are composited on white rather than dropped, which would show the hidden
-    (often black) color underneath."""
-    with Image.open(path) as image:
-        image.load()
-        image = ImageOps.exif_transpose(image)
-    if image.mode == "P" and "transparency" in image.info:
-        image = image.convert("RGBA")
-    if image.mode in ("RGBA", "LA"):
-        background = Image.new("RGBA", image.size, (255, 255, 255, 255))
-        image = Image.alpha_composite(background, image.convert("RGBA"))
-    return image.convert(mode)
+def load_images(
+    paths: Sequence[str | os.PathLike], mode: str
+) -> tuple[list[Image.Image], list[str], list[tuple[str, str]]]:
+    """Decode image files in `mode` (`"L"` or `"RGB"`) with `decode_image`, the decoding training uses too.
+
+    Returns the images, their paths (as str), and the files that could not be read as `(path, reason)` pairs (each
+    also logged as a warning).
+    """
+    images, names, skipped = [], [], []
+    for path in paths:
+        try:
+            images.append(decode_image(path, mode))
+            names.append(str(path))
+        except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as error:
+            reason = f"{type(error).__name__}: {error}"
+            logger.warning(f"Skipping {path}: cannot read it as an image ({reason}).")
+            skipped.append((str(path), reason))
+    return images, names, skipped
 
 
 def image_mode(model) -> str:
@@ -172,15 +177,8 @@ def predict_files(
     predictions: list[Prediction] = []
     skipped: list[tuple[str, str]] = []
     for start in range(0, len(paths), batch_size):
-        images, names = [], []
-        for path in paths[start : start + batch_size]:
-            try:
-                images.append(open_image(path, mode))
-                names.append(str(path))
-            except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as error:
-                reason = f"{type(error).__name__}: {error}"
-                logger.warning(f"Skipping {path}: cannot read it as an image ({reason}).")
-                skipped.append((str(path), reason))
+        images, names, unreadable = load_images(paths[start : start + batch_size], mode)
+        skipped.extend(unreadable)
         if not images:
             continue
         probabilities = class_probabilities(model, preprocess(images, processor, image_size), interpolate)

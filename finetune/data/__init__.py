@@ -16,7 +16,6 @@ Sources, chosen from `DataArguments.dataset_name` (or `train_file` / `validation
 """
 
 import hashlib
-import io
 import json
 import os
 import pickle
@@ -35,6 +34,8 @@ from PIL import Image
 from transformers.utils import logging
 
 from finetune.arguments import DataArguments
+from finetune.data.decode import IMAGE_EXTENSIONS, decode_image
+from finetune.locations import looks_like_local_path, offline_switch
 
 
 logger = logging.get_logger(__name__)
@@ -42,7 +43,6 @@ logger = logging.get_logger(__name__)
 IMAGE_COLUMNS = ("img", "image")
 LABEL_COLUMNS = ("label", "labels")
 TABLE_EXTENSIONS = {".parquet": "parquet", ".arrow": "arrow", ".csv": "csv"}
-IMAGE_EXTENSIONS = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm", ".pbm"}
 SPLIT_ALIASES = {
     "train": "train",
     "training": "train",
@@ -53,7 +53,6 @@ SPLIT_ALIASES = {
     "test": "test",
     "testing": "test",
 }
-GRAYSCALE_MODES = {"1", "L", "LA", "I", "F", "I;16", "I;16L", "I;16B", "I;16N"}
 SKLEARN_DATASETS = ("sklearn:digits",)
 ACCEPTED_SOURCES = (
     "a Hub dataset id (e.g. uoft-cs/cifar10), sklearn:digits, a parquet/arrow/csv file, a folder of such files "
@@ -61,7 +60,7 @@ ACCEPTED_SOURCES = (
     "subfolder per class, optionally under train/ validation/ test/), or a cifar-10-batches-py folder"
 )
 # Bump when the layout of cached files or the decoding itself changes, so old caches are not reused.
-CACHE_FORMAT_VERSION = 1
+CACHE_FORMAT_VERSION = 2
 MAX_LISTED_CORRUPT = 10
 
 
@@ -231,12 +230,10 @@ def _open_source(data_args: DataArguments) -> _Source:
 
 
 def _looks_like_path(name: str) -> bool:
-    """Whether `name` is meant as a local path rather than a Hub id (`name` or `owner/name`)."""
-    extension = os.path.splitext(name)[1].lower()
+    """Whether `name` is meant as a local path rather than a Hub id: written as a path, or named like a data file."""
     return (
-        name.startswith((".", "/", "~", "\\"))
-        or name.count("/") > 1
-        or extension in TABLE_EXTENSIONS
+        looks_like_local_path(name)
+        or os.path.splitext(name)[1].lower() in TABLE_EXTENSIONS
         or os.path.basename(name) == "cifar-10-batches-py"
     )
 
@@ -245,13 +242,9 @@ def _open_hub(name: str, config_name: str | None) -> _Source:
     try:
         loaded = datasets.load_dataset(name, config_name)
     except Exception as error:
-        offline = hub_constants.HF_HUB_OFFLINE or datasets.config.HF_DATASETS_OFFLINE
+        offline = offline_switch(datasets=True)
         config = f" (config {config_name!r})" if config_name else ""
-        why = (
-            "Offline mode is on (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE) and it is not cached locally. "
-            if offline
-            else ""
-        )
+        why = f"Offline mode is on ({offline}=1) and it is not cached locally. " if offline else ""
         raise ConnectionError(
             f"Could not load the Hub dataset {name!r}{config} (there is no local path of that name either): "
             f"{type(error).__name__}: {error}\n{why}Fix: connect to "
@@ -649,13 +642,15 @@ def _decode_pass(items, num_images, mode, size, corrupt_images, where):
     for i, (data, path) in enumerate(items):
         name = f"index {i}" + (f" ({path})" if path else "")
         try:
-            image = _open_image(data, path)
-            grayscale = image.mode in GRAYSCALE_MODES
+            if data is None and path is None:
+                raise ValueError("the image is missing (no bytes, no path)")
+            # Before the mode is known (or while it is "L"), an image decodes to its own kind; a colour image among
+            # grayscale ones restarts the pass in RGB.
+            image = decode_image(data if data is not None else path, "RGB" if mode == "RGB" else None)
             if mode is None:
-                mode = "L" if grayscale else "RGB"
-            elif mode == "L" and not grayscale:
+                mode = image.mode
+            elif image.mode != mode:
                 raise _Restart(mode="RGB")
-            image = _convert(image, mode)
             if size is None:
                 first_size = first_size or image.size
                 if image.size != first_size:
@@ -686,21 +681,6 @@ def _decode_pass(items, num_images, mode, size, corrupt_images, where):
     if pixels is None:
         raise ValueError(f"No image of {where} could be decoded ({len(skipped)} corrupt).")
     return pixels[: len(kept)], kept, skipped
-
-
-def _open_image(data: bytes | None, path: str | None) -> Image.Image:
-    if data is None and path is None:
-        raise ValueError("the image is missing (no bytes, no path)")
-    image = Image.open(io.BytesIO(data) if data is not None else path)
-    image.load()  # decode now, inside the caller's error handling, rather than lazily later
-    return image
-
-
-def _convert(image: Image.Image, mode: str) -> Image.Image:
-    if image.mode.startswith("I;16"):
-        # PIL clips 16-bit values when converting to "L"; keep the high byte instead so the range survives.
-        image = Image.fromarray((np.asarray(image, dtype=np.uint16) >> 8).astype(np.uint8), "L")
-    return image if image.mode == mode else image.convert(mode)
 
 
 def _cache_root(data_args: DataArguments) -> str | None:

@@ -7,8 +7,9 @@ PIL and no Python loop over images, so the same code is fast on a GPU and still 
 Randomness comes from torch's global generator on the batch's device, so `torch.manual_seed` (which the Trainer calls
 with `seed`) makes a run reproducible.
 
-Training-time augmentations are the uint8 -> uint8 modules in `BatchTransform.augment`; a new one (TrivialAugment-style
-ops, ...) is one more module in that `nn.Sequential`, switched off as `nn.Identity()`.
+Training-time augmentations are the uint8 -> uint8 modules in `BatchTransform.augment` (random crop, flip, and the
+TrivialAugment / RandAugment ops of `RandomAugmentOps`), each switched off as `nn.Identity()`; another augmentation is
+one more module in that `nn.Sequential`.
 """
 
 import math

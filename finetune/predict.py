@@ -223,27 +223,46 @@ def write_predictions(
     return output
 
 
-def main(argv: list[str] | None = None) -> list[Prediction]:
-    """Command-line entry; prints each file's top-k labels and probabilities, then the skipped files."""
-    parser = argparse.ArgumentParser(
-        prog="python -m finetune.predict",
-        description="Classify image files (any size or format) with a saved ScratchViT or ViT classifier.",
-    )
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of every command on a saved classifier (predict, attention): MODEL_DIR, `--image-size`,
+    `--device`, `--trust-remote-code`. Read them back with `classifier_from_arguments`."""
     parser.add_argument("model_dir", metavar="MODEL_DIR", help="Output directory of a run (config.json, weights).")
-    parser.add_argument("paths", nargs="+", metavar="PATH", help="Image files, or folders searched recursively.")
-    parser.add_argument("--top-k", type=int, default=5, help="How many classes to report per image (default 5).")
-    parser.add_argument("--output", metavar="FILE", help="Also write the predictions to a .csv or .json file.")
     parser.add_argument(
         "--image-size",
         type=int,
         metavar="N",
         help="Resize images to N x N instead of the training resolution (position embeddings are interpolated).",
     )
-    parser.add_argument("--batch-size", type=int, default=32, help="Images per forward pass (default 32).")
     parser.add_argument("--device", help="torch device (default: cuda when available, else cpu).")
     parser.add_argument(
         "--trust-remote-code", action="store_true", help="Use the code files saved next to the weights."
     )
+
+
+def classifier_from_arguments(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, attn_implementation: str | None = None
+):
+    """`(model, processor)` loaded as `add_model_arguments`' arguments say; an `--image-size` that does not fit the
+    model's patches is a usage error of `parser`."""
+    model, processor = load_classifier(args.model_dir, args.trust_remote_code, attn_implementation, args.device)
+    try:
+        check_image_size(model, args.image_size)
+    except ValueError as error:
+        parser.error(str(error))
+    return model, processor
+
+
+def main(argv: list[str] | None = None) -> list[Prediction]:
+    """Command-line entry; prints each file's top-k labels and probabilities, then the skipped files."""
+    parser = argparse.ArgumentParser(
+        prog="python -m finetune.predict",
+        description="Classify image files (any size or format) with a saved ScratchViT or ViT classifier.",
+    )
+    add_model_arguments(parser)
+    parser.add_argument("paths", nargs="+", metavar="PATH", help="Image files, or folders searched recursively.")
+    parser.add_argument("--top-k", type=int, default=5, help="How many classes to report per image (default 5).")
+    parser.add_argument("--output", metavar="FILE", help="Also write the predictions to a .csv or .json file.")
+    parser.add_argument("--batch-size", type=int, default=32, help="Images per forward pass (default 32).")
     args = parser.parse_args(argv)
     if args.output and Path(args.output).suffix.lower() not in (".csv", ".json"):
         parser.error(f"--output must end in .csv or .json, got {args.output}.")
@@ -251,11 +270,7 @@ def main(argv: list[str] | None = None) -> list[Prediction]:
         paths = collect_image_paths(args.paths)
     except FileNotFoundError as error:
         parser.error(str(error))
-    model, processor = load_classifier(args.model_dir, args.trust_remote_code, device=args.device)
-    try:
-        check_image_size(model, args.image_size)
-    except ValueError as error:
-        parser.error(str(error))
+    model, processor = classifier_from_arguments(parser, args)
     predictions, skipped = predict_files(model, processor, paths, args.top_k, args.batch_size, args.image_size)
 
     for p in predictions:

@@ -1,8 +1,9 @@
 """Load an image-classification dataset once into memory as uint8 tensors.
 
-Every image is decoded a single time to a `(C, H, W)` uint8 array and the whole split is kept as one tensor (airbench
-style); augmentation happens later, on whole batches on the device (`finetune/augment.py`). Decoded splits are cached
-on disk, so a second run with the same data skips decoding.
+Every image is decoded a single time (by `finetune.data.decode.decode_image`, the decoding predict and attention use
+too) to a `(C, H, W)` uint8 array and the whole split is kept as one tensor (airbench style); augmentation happens
+later, on whole batches on the device (`finetune/augment.py`). Decoded splits are cached on disk, so a second run
+with the same data skips decoding.
 
 Sources, chosen from `DataArguments.dataset_name` (or `train_file` / `validation_file` / `test_file`):
 

@@ -29,11 +29,12 @@ from PIL import Image
 from transformers.utils import logging
 
 from finetune.predict import (
+    add_model_arguments,
     check_image_size,
+    classifier_from_arguments,
     image_mode,
-    load_classifier,
+    load_images,
     needs_interpolation,
-    open_image,
     preprocess,
 )
 
@@ -248,11 +249,10 @@ def write_attention_maps(
     output_dir.mkdir(parents=True, exist_ok=True)
     written, used_names = [], set()
     for image_path in map(Path, image_paths):
-        try:
-            image = open_image(image_path, "RGB")
-        except OSError as error:
-            logger.warning(f"Skipping {image_path}: cannot read it as an image ({type(error).__name__}: {error}).")
+        images, _, _ = load_images([image_path], "RGB")  # logs a file it cannot read
+        if not images:
             continue
+        image = images[0]
         name, n = image_path.stem, 1
         while name in used_names:
             n += 1
@@ -271,25 +271,14 @@ def main(argv: list[str] | None = None) -> list[Path]:
         prog="python -m finetune.attention",
         description="Plot per-layer CLS attention maps and attention rollout of a saved ViT classifier.",
     )
-    parser.add_argument("model_dir", metavar="MODEL_DIR", help="Output directory of a run (config.json, weights).")
+    add_model_arguments(parser)
     parser.add_argument("images", nargs="+", metavar="IMAGE", help="Image files.")
     parser.add_argument("--output", required=True, metavar="DIR", help="Where to write the PNGs.")
-    parser.add_argument("--image-size", type=int, metavar="N", help="Run at N x N instead of the training resolution.")
-    parser.add_argument("--device", help="torch device (default: cuda when available, else cpu).")
-    parser.add_argument(
-        "--trust-remote-code", action="store_true", help="Use the code files saved next to the weights."
-    )
     args = parser.parse_args(argv)
     missing = [p for p in args.images if not os.path.isfile(p)]
     if missing:
         parser.error(f"Not found: {', '.join(missing)}")
-    model, processor = load_classifier(
-        args.model_dir, args.trust_remote_code, attn_implementation="eager", device=args.device
-    )
-    try:
-        check_image_size(model, args.image_size)
-    except ValueError as error:
-        parser.error(str(error))
+    model, processor = classifier_from_arguments(parser, args, attn_implementation="eager")
     written = write_attention_maps(model, processor, args.images, args.output, args.image_size)
     for path in written:
         print(path)

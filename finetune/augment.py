@@ -7,8 +7,9 @@ PIL and no Python loop over images, so the same code is fast on a GPU and still 
 Randomness comes from torch's global generator on the batch's device, so `torch.manual_seed` (which the Trainer calls
 with `seed`) makes a run reproducible.
 
-Training-time augmentations are the uint8 -> uint8 modules in `BatchTransform.augment`; a new one (TrivialAugment-style
-ops, ...) is one more module in that `nn.Sequential`, switched off as `nn.Identity()`.
+Training-time augmentations are the uint8 -> uint8 modules in `BatchTransform.augment` (random crop, flip, and the
+TrivialAugment / RandAugment ops of `RandomAugmentOps`), each switched off as `nn.Identity()`; another augmentation is
+one more module in that `nn.Sequential`.
 """
 
 import math
@@ -92,12 +93,8 @@ class RepeatChannels(nn.Module):
 class RGBToGrayscale(nn.Module):
     """RGB to one luma channel with the ITU-R BT.601 weights."""
 
-    def __init__(self):
-        super().__init__()
-        self.register_buffer("weights", torch.tensor(LUMA_WEIGHTS).view(1, 3, 1, 1), persistent=False)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (x * self.weights.to(x.device)).sum(dim=1, keepdim=True)  # (B, 3, H, W) -> (B, 1, H, W)
+        return grayscale(x)
 
 
 class Normalize(nn.Module):
@@ -176,11 +173,11 @@ def _brightness(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
 
 
 def _color(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    return _blend(x, _grayscale(x), 1.0 + 0.9 * m)
+    return _blend(x, grayscale(x), 1.0 + 0.9 * m)
 
 
 def _contrast(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    return _blend(x, _grayscale(x).mean(dim=(-2, -1), keepdim=True), 1.0 + 0.9 * m)
+    return _blend(x, grayscale(x).mean(dim=(-2, -1), keepdim=True), 1.0 + 0.9 * m)
 
 
 def _sharpness(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
@@ -239,7 +236,8 @@ def _affine(x: torch.Tensor, op: torch.Tensor, m: torch.Tensor, ops: tuple[str, 
 GEOMETRIC_OPS = ("rotate", "shear_x", "shear_y", "translate_x", "translate_y")
 
 
-def _grayscale(x: torch.Tensor) -> torch.Tensor:
+def grayscale(x: torch.Tensor) -> torch.Tensor:
+    """Float `(B, 3, H, W)` RGB -> `(B, 1, H, W)` luma with `LUMA_WEIGHTS`; a 1-channel batch is returned as it is."""
     if x.shape[1] == 1:
         return x
     weights = torch.tensor(LUMA_WEIGHTS, device=x.device, dtype=x.dtype).view(1, 3, 1, 1)

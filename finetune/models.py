@@ -22,7 +22,9 @@ from transformers.utils import logging
 from scratch_vit import ScratchViTConfig, ScratchViTForImageClassification
 
 from .arguments import ModelArguments, scratch_config_kwargs
+from .augment import LUMA_WEIGHTS, grayscale
 from .data import ImageData
+from .locations import looks_like_local_path, offline_switch
 
 
 logger = logging.get_logger(__name__)
@@ -74,8 +76,7 @@ def _hub_kwargs(model_args: ModelArguments) -> dict:
 
 def _load_pretrained(model_args: ModelArguments, data: ImageData):
     path = model_args.model_name_or_path
-    looks_local = path.startswith((".", "/", "~")) or os.path.isdir(path) or path.count("/") > 1
-    if looks_local and not os.path.isdir(os.path.expanduser(path)):
+    if looks_like_local_path(path) and not os.path.isdir(os.path.expanduser(path)):
         raise FileNotFoundError(
             f"`model_name_or_path` {path!r} is not a directory. Pass a local checkpoint folder (with config.json "
             "and the weights) or a Hub model id such as `google/vit-base-patch16-224-in21k`."
@@ -106,8 +107,8 @@ def _load_pretrained(model_args: ModelArguments, data: ImageData):
 
 
 def _unreachable_message(what: str, path: str, error: Exception) -> str:
-    offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
-    reason = "the Hub is switched off (HF_HUB_OFFLINE=1)" if offline else "the Hub could not be reached or refused"
+    offline = offline_switch()
+    reason = f"the Hub is switched off ({offline}=1)" if offline else "the Hub could not be reached or refused"
     return (
         f"Could not load the {what} {path!r}: {reason} ({type(error).__name__}: {str(error).splitlines()[0]}). "
         "Fix: connect to the Hub (and `hf auth login` for gated or private repos), or download it once and pass "
@@ -135,7 +136,8 @@ def channel_statistics(pixel_values: torch.Tensor, num_channels: int) -> tuple[l
     """Per-channel mean and std in [0, 1] of uint8 images `(N, C, H, W)`, after conversion to `num_channels`."""
     sample = pixel_values[:10_000].float().div(255)  # a subset is plenty for 3 significant digits
     if sample.shape[1] != num_channels:
-        sample = sample.mean(dim=1, keepdim=True).expand(-1, num_channels, -1, -1)
+        # As the batch transform converts them: RGB -> gray by luma, gray -> RGB by repeating.
+        sample = grayscale(sample).expand(-1, num_channels, -1, -1)  # (N, C, H, W) -> (N, num_channels, H, W)
     mean = sample.mean(dim=(0, 2, 3))
     std = sample.std(dim=(0, 2, 3)).clamp_min(1e-3)  # a constant channel must not divide by zero
     return [round(v, 4) for v in mean.tolist()], [round(v, 4) for v in std.tolist()]
@@ -185,5 +187,9 @@ def check_channels(data_channels: int, model_channels: int, convert: bool) -> No
             f"The model expects {model_channels}-channel images but the data has {data_channels} channel(s). "
             f"Fix: {fix}."
         )
-    how = "repeating the gray channel" if data_channels == 1 else "taking the luma (0.299 R + 0.587 G + 0.114 B)"
+    how = (
+        "repeating the gray channel"
+        if data_channels == 1
+        else "taking the luma ({} R + {} G + {} B)".format(*LUMA_WEIGHTS)
+    )
     logger.warning(f"Converting {data_channels}-channel images to {model_channels} channels by {how}.")

@@ -2,9 +2,10 @@
 
     python -m finetune.predict OUTPUT_DIR photo.jpg images/ --top-k 3 --output predictions.csv
 
-Files of any size and format Pillow reads (JPEG, PNG, BMP, WebP, GIF, TIFF; grayscale, RGBA, palette) are converted
-to the model's channels, then resized, rescaled and normalized by the saved image processor. Folders are searched
-recursively for image files. Files that cannot be read are reported and skipped.
+Files of any size and format Pillow reads (JPEG, PNG, BMP, WebP, GIF, TIFF; grayscale, 16-bit, RGBA, palette, CMYK)
+are decoded as training decodes them (`finetune.data.decode`: upright per EXIF, transparency on white) in the model's
+channels, then resized, rescaled and normalized by the saved image processor. Folders are searched recursively for
+image files. Files that cannot be read are reported and skipped.
 """
 
 import argparse
@@ -18,16 +19,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image, UnidentifiedImageError
 from transformers import AutoImageProcessor, AutoModelForImageClassification
 from transformers.utils import logging
 
 import scratch_vit  # noqa: F401  (registers ScratchViT with the Auto classes, so local runs load without remote code)
+from finetune.data.decode import IMAGE_EXTENSIONS, decode_image
 
 
 logger = logging.get_logger(__name__)
-
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff", ".ppm", ".pgm", ".pbm")
 
 
 @dataclass
@@ -88,19 +88,24 @@ def collect_image_paths(paths: Iterable[str | os.PathLike]) -> list[Path]:
     return found
 
 
-def open_image(path: str | os.PathLike, mode: str = "RGB") -> Image.Image:
-    """Open an image in `mode` (`"RGB"` or `"L"`), upright per its EXIF orientation. Transparent pixels (RGBA, or a
-    palette with a transparent color) are composited on white rather than dropped, which would show the hidden
-    (often black) color underneath."""
-    with Image.open(path) as image:
-        image.load()
-        image = ImageOps.exif_transpose(image)
-    if image.mode == "P" and "transparency" in image.info:
-        image = image.convert("RGBA")
-    if image.mode in ("RGBA", "LA"):
-        background = Image.new("RGBA", image.size, (255, 255, 255, 255))
-        image = Image.alpha_composite(background, image.convert("RGBA"))
-    return image.convert(mode)
+def load_images(
+    paths: Sequence[str | os.PathLike], mode: str
+) -> tuple[list[Image.Image], list[str], list[tuple[str, str]]]:
+    """Decode image files in `mode` (`"L"` or `"RGB"`) with `decode_image`, the decoding training uses too.
+
+    Returns the images, their paths (as str), and the files that could not be read as `(path, reason)` pairs (each
+    also logged as a warning).
+    """
+    images, names, skipped = [], [], []
+    for path in paths:
+        try:
+            images.append(decode_image(path, mode))
+            names.append(str(path))
+        except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as error:
+            reason = f"{type(error).__name__}: {error}"
+            logger.warning(f"Skipping {path}: cannot read it as an image ({reason}).")
+            skipped.append((str(path), reason))
+    return images, names, skipped
 
 
 def image_mode(model) -> str:
@@ -172,15 +177,8 @@ def predict_files(
     predictions: list[Prediction] = []
     skipped: list[tuple[str, str]] = []
     for start in range(0, len(paths), batch_size):
-        images, names = [], []
-        for path in paths[start : start + batch_size]:
-            try:
-                images.append(open_image(path, mode))
-                names.append(str(path))
-            except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as error:
-                reason = f"{type(error).__name__}: {error}"
-                logger.warning(f"Skipping {path}: cannot read it as an image ({reason}).")
-                skipped.append((str(path), reason))
+        images, names, unreadable = load_images(paths[start : start + batch_size], mode)
+        skipped.extend(unreadable)
         if not images:
             continue
         probabilities = class_probabilities(model, preprocess(images, processor, image_size), interpolate)
@@ -225,27 +223,46 @@ def write_predictions(
     return output
 
 
-def main(argv: list[str] | None = None) -> list[Prediction]:
-    """Command-line entry; prints each file's top-k labels and probabilities, then the skipped files."""
-    parser = argparse.ArgumentParser(
-        prog="python -m finetune.predict",
-        description="Classify image files (any size or format) with a saved ScratchViT or ViT classifier.",
-    )
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of every command on a saved classifier (predict, attention): MODEL_DIR, `--image-size`,
+    `--device`, `--trust-remote-code`. Read them back with `classifier_from_arguments`."""
     parser.add_argument("model_dir", metavar="MODEL_DIR", help="Output directory of a run (config.json, weights).")
-    parser.add_argument("paths", nargs="+", metavar="PATH", help="Image files, or folders searched recursively.")
-    parser.add_argument("--top-k", type=int, default=5, help="How many classes to report per image (default 5).")
-    parser.add_argument("--output", metavar="FILE", help="Also write the predictions to a .csv or .json file.")
     parser.add_argument(
         "--image-size",
         type=int,
         metavar="N",
         help="Resize images to N x N instead of the training resolution (position embeddings are interpolated).",
     )
-    parser.add_argument("--batch-size", type=int, default=32, help="Images per forward pass (default 32).")
     parser.add_argument("--device", help="torch device (default: cuda when available, else cpu).")
     parser.add_argument(
         "--trust-remote-code", action="store_true", help="Use the code files saved next to the weights."
     )
+
+
+def classifier_from_arguments(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, attn_implementation: str | None = None
+):
+    """`(model, processor)` loaded as `add_model_arguments`' arguments say; an `--image-size` that does not fit the
+    model's patches is a usage error of `parser`."""
+    model, processor = load_classifier(args.model_dir, args.trust_remote_code, attn_implementation, args.device)
+    try:
+        check_image_size(model, args.image_size)
+    except ValueError as error:
+        parser.error(str(error))
+    return model, processor
+
+
+def main(argv: list[str] | None = None) -> list[Prediction]:
+    """Command-line entry; prints each file's top-k labels and probabilities, then the skipped files."""
+    parser = argparse.ArgumentParser(
+        prog="python -m finetune.predict",
+        description="Classify image files (any size or format) with a saved ScratchViT or ViT classifier.",
+    )
+    add_model_arguments(parser)
+    parser.add_argument("paths", nargs="+", metavar="PATH", help="Image files, or folders searched recursively.")
+    parser.add_argument("--top-k", type=int, default=5, help="How many classes to report per image (default 5).")
+    parser.add_argument("--output", metavar="FILE", help="Also write the predictions to a .csv or .json file.")
+    parser.add_argument("--batch-size", type=int, default=32, help="Images per forward pass (default 32).")
     args = parser.parse_args(argv)
     if args.output and Path(args.output).suffix.lower() not in (".csv", ".json"):
         parser.error(f"--output must end in .csv or .json, got {args.output}.")
@@ -253,11 +270,7 @@ def main(argv: list[str] | None = None) -> list[Prediction]:
         paths = collect_image_paths(args.paths)
     except FileNotFoundError as error:
         parser.error(str(error))
-    model, processor = load_classifier(args.model_dir, args.trust_remote_code, device=args.device)
-    try:
-        check_image_size(model, args.image_size)
-    except ValueError as error:
-        parser.error(str(error))
+    model, processor = classifier_from_arguments(parser, args)
     predictions, skipped = predict_files(model, processor, paths, args.top_k, args.batch_size, args.image_size)
 
     for p in predictions:

@@ -199,7 +199,6 @@ class ScratchViTAttention(nn.Module):
         self.head_dim = config.hidden_size // config.num_attention_heads
         self.scale = self.head_dim**-0.5
         self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=config.qkv_bias)
-        self.attention_dropout = config.attention_probs_dropout_prob
         self.attn_drop = nn.Dropout(config.attention_probs_dropout_prob)
         self.out_proj = nn.Linear(config.hidden_size, config.hidden_size)
         self.proj_drop = nn.Dropout(config.hidden_dropout_prob)
@@ -220,7 +219,7 @@ class ScratchViTAttention(nn.Module):
             context = self.attn_drop(probs) @ v  # (B, nh, T, T) @ (B, nh, T, hs) -> (B, nh, T, hs)
         else:
             probs = None
-            dropout = self.attention_dropout if self.training else 0.0
+            dropout = self.attn_drop.p if self.training else 0.0
             context = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)  # (B, nh, T, hs)
         context = context.transpose(1, 2).reshape(B, T, C)  # (B, nh, T, hs) -> (B, T, C)
         return self.proj_drop(self.out_proj(context)), probs if output_attentions else None

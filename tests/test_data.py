@@ -511,11 +511,11 @@ def test_failed_cache_write_leaves_no_cache_entry(tmp_path, monkeypatch):
             raise OSError("disk full")
         return real_save(file, array, *a, **kw)
 
-    monkeypatch.setattr(data_module.np, "save", crash_on_labels)
+    monkeypatch.setattr(np, "save", crash_on_labels)
     data = load_image_data(args, seed=0)  # the run goes on without a cache
     _assert_covers(data, images, labels)
     assert os.listdir(tmp_path / "cache") == []
-    monkeypatch.setattr(data_module.np, "save", real_save)
+    monkeypatch.setattr(np, "save", real_save)
     calls = _count_decodes(monkeypatch)
     load_image_data(args, seed=0)
     assert len(calls) == 1, "a half-written cache must not be read"

@@ -85,13 +85,18 @@ def test_other_resolution(run_dirs, images, name):
     np.testing.assert_allclose(predictions[0].probabilities, probabilities[0].numpy(), rtol=1e-5, atol=1e-6)
 
 
-def test_open_image_modes(images, tmp_path):
-    assert predict.open_image(images["gray"], "RGB").mode == "RGB"
-    assert predict.open_image(images["rgba"], "L").mode == "L"
-    assert predict.open_image(images["palette"], "RGB").size == (33, 17)
+def test_load_images_modes(images, tmp_path):
+    def load(path, mode):
+        loaded, _, skipped = predict.load_images([path], mode)
+        assert not skipped
+        return loaded[0]
+
+    assert load(images["gray"], "RGB").mode == "RGB"
+    assert load(images["rgba"], "L").mode == "L"
+    assert load(images["palette"], "RGB").size == (33, 17)
     transparent = tmp_path / "transparent.png"
     Image.new("RGBA", (4, 4), (0, 0, 0, 0)).save(transparent)
-    assert predict.open_image(transparent).getpixel((0, 0)) == (255, 255, 255)  # composited on white
+    assert load(transparent, "RGB").getpixel((0, 0)) == (255, 255, 255)  # composited on white
 
 
 def test_cli_json_and_csv(run_dirs, images, tmp_path, capsys):

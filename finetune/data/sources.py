@@ -1,0 +1,316 @@
+"""Where the data comes from: Hub datasets, scikit-learn's digits, parquet/arrow/csv files, `save_to_disk` folders,
+image folders and CIFAR-10 python batches, opened as raw splits (`_Source`), with their image and label columns."""
+
+import hashlib
+import json
+import os
+import pickle
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import datasets
+import numpy as np
+from transformers.utils import logging
+
+from finetune.arguments import DataArguments
+from finetune.data.decode import IMAGE_EXTENSIONS
+from finetune.locations import looks_like_local_path, offline_switch
+
+
+logger = logging.get_logger(__name__)
+
+IMAGE_COLUMNS = ("img", "image")
+LABEL_COLUMNS = ("label", "labels")
+TABLE_EXTENSIONS = {".parquet": "parquet", ".arrow": "arrow", ".csv": "csv"}
+SPLIT_ALIASES = {
+    "train": "train",
+    "training": "train",
+    "validation": "validation",
+    "valid": "validation",
+    "val": "validation",
+    "dev": "validation",
+    "test": "test",
+    "testing": "test",
+}
+SKLEARN_DATASETS = ("sklearn:digits",)
+ACCEPTED_SOURCES = (
+    "a Hub dataset id (e.g. uoft-cs/cifar10), sklearn:digits, a parquet/arrow/csv file, a folder of such files "
+    "(split by file name: train*, valid*/val*, test*), a folder saved with `save_to_disk`, an image folder (one "
+    "subfolder per class, optionally under train/ validation/ test/), or a cifar-10-batches-py folder"
+)
+
+
+@dataclass
+class _Source:
+    """Raw splits before decoding: `datasets.Dataset`s with encoded images, or arrays that need no decoding."""
+
+    description: str
+    # Identifies the content of every split, for the decoded cache; see `_files_fingerprint`.
+    fingerprint: str
+    encoded: dict[str, datasets.Dataset] = field(default_factory=dict)
+    decoded: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    label_names: list[str] | None = None
+
+
+def _open_source(data_args: DataArguments) -> _Source:
+    files = {"train": data_args.train_file, "validation": data_args.validation_file, "test": data_args.test_file}
+    files = {split: path for split, path in files.items() if path is not None}
+    if files:
+        if "train" not in files:
+            raise ValueError("`validation_file` / `test_file` need a `train_file` as well.")
+        return _open_split_files(files, data_args)
+    name = data_args.dataset_name
+    if name.startswith("sklearn:"):
+        return _open_sklearn(name)
+    path = os.path.expanduser(name)
+    if os.path.exists(path):
+        return _open_local(path, data_args)
+    if _looks_like_path(name):
+        raise FileNotFoundError(
+            f"The dataset path {name!r} does not exist. `dataset_name` accepts {ACCEPTED_SOURCES}."
+        )
+    return _open_hub(name, data_args.dataset_config_name)
+
+
+def _looks_like_path(name: str) -> bool:
+    """Whether `name` is meant as a local path rather than a Hub id: written as a path, or named like a data file."""
+    return (
+        looks_like_local_path(name)
+        or os.path.splitext(name)[1].lower() in TABLE_EXTENSIONS
+        or os.path.basename(name) == "cifar-10-batches-py"
+    )
+
+
+def _open_hub(name: str, config_name: str | None) -> _Source:
+    try:
+        loaded = datasets.load_dataset(name, config_name)
+    except Exception as error:
+        offline = offline_switch(datasets=True)
+        config = f" (config {config_name!r})" if config_name else ""
+        why = f"Offline mode is on ({offline}=1) and it is not cached locally. " if offline else ""
+        raise ConnectionError(
+            f"Could not load the Hub dataset {name!r}{config} (there is no local path of that name either): "
+            f"{type(error).__name__}: {error}\n{why}Fix: connect to "
+            "the internet (and log in with `hf auth login` for gated datasets), or point `dataset_name` at a local "
+            "copy: a parquet file or folder, an image folder, or a cifar-10-batches-py folder."
+        ) from error
+    splits = _named_splits(dict(loaded), name)
+    fingerprint = _hash({split: ds._fingerprint for split, ds in splits.items()})
+    description = name if config_name is None else f"{name} ({config_name})"
+    return _Source(description, fingerprint, encoded=splits)
+
+
+def _open_sklearn(name: str) -> _Source:
+    if name not in SKLEARN_DATASETS:
+        raise ValueError(f"Unknown scikit-learn dataset {name!r}; supported: {list(SKLEARN_DATASETS)}.")
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    # The pixels are counts 0..16 of set pixels in a 4x4 block; stretch them to the uint8 range of ordinary images.
+    pixels = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)[:, None]  # (N, 8, 8) -> (N, 1, 8, 8)
+    labels = digits.target.astype(np.int64)
+    return _Source(name, name, decoded={"train": (pixels, labels)}, label_names=[str(i) for i in range(10)])
+
+
+def _open_local(path: str, data_args: DataArguments) -> _Source:
+    if os.path.isfile(path):
+        return _open_split_files({"train": path}, data_args)
+    if os.path.isfile(os.path.join(path, "batches.meta")) and os.path.isfile(os.path.join(path, "data_batch_1")):
+        return _open_cifar_batches(path)
+    if os.path.isfile(os.path.join(path, "dataset_dict.json")) or os.path.isfile(os.path.join(path, "state.json")):
+        loaded = datasets.load_from_disk(path)
+        loaded = dict(loaded) if isinstance(loaded, datasets.DatasetDict) else {"train": loaded}
+        return _Source(path, _files_fingerprint([path]), encoded=_named_splits(loaded, path))
+    try:
+        patterns = datasets.data_files.get_data_patterns(path)
+        resolved = datasets.data_files.DataFilesDict.from_patterns(patterns, base_path=path)
+    except FileNotFoundError as error:  # EmptyDatasetError and friends
+        raise FileNotFoundError(
+            f"No data files found in {path!r}. `dataset_name` accepts {ACCEPTED_SOURCES}."
+        ) from error
+    tables = {
+        split: [f for f in files if os.path.splitext(f)[1].lower() in TABLE_EXTENSIONS]
+        for split, files in resolved.items()
+    }
+    tables = {split: files for split, files in tables.items() if files}
+    if tables:
+        return _open_split_files(tables, data_args, description=path)
+    has_images = any(os.path.splitext(f)[1].lower() in IMAGE_EXTENSIONS for files in resolved.values() for f in files)
+    if not has_images:
+        raise FileNotFoundError(
+            f"{path!r} holds neither parquet/arrow/csv files nor images. `dataset_name` accepts {ACCEPTED_SOURCES}."
+        )
+    loaded = datasets.load_dataset("imagefolder", data_dir=path)
+    return _Source(path, _files_fingerprint([path]), encoded=_named_splits(dict(loaded), path))
+
+
+def _open_split_files(files: dict[str, str | list[str]], data_args: DataArguments, description: str = "") -> _Source:
+    """Parquet/arrow/csv files (or a folder of them) per split."""
+    splits, fingerprint_paths = {}, []
+    for split, paths in files.items():
+        paths = [paths] if isinstance(paths, str) else list(paths)
+        parts = []
+        for path in paths:
+            path = os.path.expanduser(path)
+            if not os.path.exists(path):
+                raise FileNotFoundError(
+                    f"The {split} data path {path!r} does not exist. Accepted: {ACCEPTED_SOURCES}."
+                )
+            if os.path.isdir(path):
+                # A folder given as train_file/validation_file: take its (single or train) split.
+                sub = _open_local(path, data_args)
+                if sub.decoded:
+                    raise ValueError(f"{path!r} cannot be used as a single split; pass it as `dataset_name`.")
+                parts.append(sub.encoded["train"])
+                fingerprint_paths.append(path)
+                continue
+            extension = os.path.splitext(path)[1].lower()
+            if extension not in TABLE_EXTENSIONS:
+                raise ValueError(
+                    f"Unsupported data file {path!r}: expected one of {sorted(TABLE_EXTENSIONS)}. "
+                    f"`dataset_name` accepts {ACCEPTED_SOURCES}."
+                )
+            if extension == ".csv":
+                dataset, image_paths = _read_csv(path, data_args.image_column_name)
+                fingerprint_paths += image_paths
+            else:
+                dataset = datasets.load_dataset(TABLE_EXTENSIONS[extension], data_files=path, split="train")
+            parts.append(dataset)
+            fingerprint_paths.append(path)
+        splits[split] = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+    if not description:
+        description = ", ".join(f"{split}: {p}" for split, p in files.items()) if len(files) > 1 else files["train"]
+    return _Source(str(description), _files_fingerprint(fingerprint_paths), encoded=splits)
+
+
+def _read_csv(path: str, image_column_name: str | None) -> tuple[datasets.Dataset, list[str]]:
+    """A csv of image paths (relative to the csv file) and labels, with the paths made absolute."""
+    import pandas as pd
+
+    frame = pd.read_csv(path)
+    column = _pick_column(list(frame.columns), image_column_name, IMAGE_COLUMNS, "image", path)
+    base = os.path.dirname(os.path.abspath(path))
+    frame[column] = [p if os.path.isabs(p) else os.path.join(base, p) for p in frame[column].astype(str)]
+    return datasets.Dataset.from_pandas(frame, preserve_index=False), list(frame[column])
+
+
+def _open_cifar_batches(path: str) -> _Source:
+    """The original CIFAR-10 python pickles: uint8 rows of 3,072 values, the 3 planes of a 32x32 image in a row.
+
+    These are pickles: load only a copy you trust (the official archive from cs.toronto.edu).
+    """
+
+    def read(name: str) -> dict:
+        with open(os.path.join(path, name), "rb") as f:
+            return pickle.load(f, encoding="bytes")
+
+    def arrays(batches: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+        data = np.concatenate([b[b"data"] for b in batches]).astype(np.uint8)
+        pixels = data.reshape(-1, 3, 32, 32)  # (N, 3072) -> (N, C, H, W): rows are channel-major
+        labels = np.concatenate([np.asarray(b[b"labels"], dtype=np.int64) for b in batches])
+        return pixels, labels
+
+    train_names = sorted(n for n in os.listdir(path) if n.startswith("data_batch_"))
+    splits = {"train": arrays([read(n) for n in train_names])}
+    if os.path.isfile(os.path.join(path, "test_batch")):
+        splits["test"] = arrays([read("test_batch")])
+    label_names = [n.decode() if isinstance(n, bytes) else n for n in read("batches.meta")[b"label_names"]]
+    return _Source(path, _files_fingerprint([path]), decoded=splits, label_names=label_names)
+
+
+def _named_splits(splits: dict[str, datasets.Dataset], where: str) -> dict[str, datasets.Dataset]:
+    """Keep train/validation/test under their canonical names (`val` -> `validation`, ...)."""
+    if len(splits) == 1 and next(iter(splits)) not in SPLIT_ALIASES:
+        return {"train": next(iter(splits.values()))}
+    named = {}
+    for name, dataset in splits.items():
+        canonical = SPLIT_ALIASES.get(str(name).lower())
+        if canonical is None:
+            logger.info(f"Ignoring split {name!r} of {where}: not a train/validation/test split.")
+        elif canonical in named:
+            raise ValueError(f"{where} has two {canonical} splits ({list(splits)}); keep one.")
+        else:
+            named[canonical] = dataset
+    if "train" not in named:
+        raise ValueError(f"{where} has no train split; its splits are {list(splits)}.")
+    return named
+
+
+def _files_fingerprint(paths: Sequence[str]) -> str:
+    """Hash of path, size and modification time of every file (folders walked), so any edit invalidates the cache."""
+    stats = []
+    for path in paths:
+        path = os.path.abspath(path)
+        walked = [path] if os.path.isfile(path) else []
+        for root, dirs, names in os.walk(path):
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            walked += [os.path.join(root, n) for n in sorted(names) if not n.startswith(".")]
+        for file in walked:
+            try:
+                stat = os.stat(file)
+            except OSError:
+                stats.append((file, None, None))  # a missing image: decoding will report it
+                continue
+            stats.append((file, stat.st_size, stat.st_mtime_ns))
+    return _hash(stats)
+
+
+def _hash(value) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Columns and labels
+
+
+def _pick_column(columns: list[str], explicit: str | None, candidates: tuple[str, ...], kind: str, where: str) -> str:
+    argument = f"{kind}_column_name"
+    if explicit is not None:
+        if explicit not in columns:
+            raise ValueError(f"`{argument}`={explicit!r} is not a column of {where}; its columns are {columns}.")
+        return explicit
+    for candidate in candidates:
+        if candidate in columns:
+            return candidate
+    raise ValueError(
+        f"Found no {kind} column in {where} (looked for {list(candidates)}); its columns are {columns}. "
+        f"Set `{argument}` to the column holding the {kind}s."
+    )
+
+
+def _find_columns(dataset: datasets.Dataset, data_args: DataArguments, where: str) -> tuple[str, str]:
+    columns = list(dataset.column_names)
+    features = dataset.features
+    # Beyond the usual names, a column is found by its type when it is the only one of that type.
+    images = [c for c in columns if isinstance(features[c], datasets.Image)]
+    labels = [c for c in columns if isinstance(features[c], datasets.ClassLabel)]
+    image_candidates = IMAGE_COLUMNS + (tuple(images) if len(images) == 1 else ())
+    label_candidates = LABEL_COLUMNS + (tuple(labels) if len(labels) == 1 else ())
+    image_column = _pick_column(columns, data_args.image_column_name, image_candidates, "image", where)
+    label_column = _pick_column(columns, data_args.label_column_name, label_candidates, "label", where)
+    return image_column, label_column
+
+
+def _label_names(splits: dict[str, datasets.Dataset], label_column: str) -> tuple[list[str], Callable]:
+    """Label names and a function from a split's raw label column to int64 ids."""
+    feature = splits["train"].features[label_column]
+    if isinstance(feature, datasets.ClassLabel):
+        return list(feature.names), lambda values: np.asarray(values, dtype=np.int64)
+    values = {name: _column(ds, label_column) for name, ds in splits.items()}
+    if any(v is None for vs in values.values() for v in vs):
+        raise ValueError(f"The label column {label_column!r} has missing values; every image needs a label.")
+    if all(isinstance(v, str) for vs in values.values() for v in vs):
+        names = sorted({v for vs in values.values() for v in vs})
+        ids = {name: i for i, name in enumerate(names)}
+        return names, lambda column: np.asarray([ids[v] for v in column], dtype=np.int64)
+    if all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for vs in values.values() for v in vs):
+        largest = max((max(vs) for vs in values.values() if vs), default=0)
+        return [str(i) for i in range(largest + 1)], lambda column: np.asarray(column, dtype=np.int64)
+    raise ValueError(
+        f"The label column {label_column!r} must hold class names (str), class ids (int) or a ClassLabel; "
+        f"got {feature}. Set `label_column_name` if another column holds the labels."
+    )
+
+
+def _column(dataset: datasets.Dataset, column: str) -> list:
+    return dataset.select_columns([column]).with_format("arrow")[:].column(column).to_pylist()

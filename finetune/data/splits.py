@@ -1,0 +1,133 @@
+"""The in-memory splits (`ImageSplit`, `collate_batch`), their validation split, subsets and class filter."""
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import torch
+from transformers.utils import logging
+
+
+logger = logging.get_logger(__name__)
+
+
+class ImageSplit(torch.utils.data.Dataset):
+    """One split held in memory: `pixel_values` uint8 `(N, C, H, W)` and `labels` int64 `(N,)`.
+
+    `__getitems__` serves a whole batch with one tensor index, which torch's `DataLoader` uses instead of calling
+    `__getitem__` once per image; pair it with `collate_batch`.
+    """
+
+    def __init__(self, pixel_values: torch.Tensor, labels: torch.Tensor):
+        if pixel_values.dtype != torch.uint8 or pixel_values.ndim != 4:
+            raise ValueError(
+                f"`pixel_values` must be uint8 (N, C, H, W), got {pixel_values.dtype} {tuple(pixel_values.shape)}."
+            )
+        if labels.ndim != 1 or len(labels) != len(pixel_values):
+            raise ValueError(
+                f"`labels` must be 1-D with one label per image ({len(pixel_values)}), got {tuple(labels.shape)}."
+            )
+        self.pixel_values = pixel_values
+        self.labels = labels.to(torch.int64)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i) -> dict[str, torch.Tensor]:
+        return {"pixel_values": self.pixel_values[i], "labels": self.labels[i]}
+
+    def __getitems__(self, indices: list[int]) -> dict[str, torch.Tensor]:
+        index = torch.as_tensor(indices, dtype=torch.int64)
+        return {"pixel_values": self.pixel_values[index], "labels": self.labels[index]}
+
+    @property
+    def num_channels(self) -> int:
+        return self.pixel_values.shape[1]
+
+    @property
+    def image_size(self) -> tuple[int, int]:
+        """`(H, W)` of the stored images."""
+        return tuple(self.pixel_values.shape[2:])
+
+    def select(self, indices: Sequence[int] | np.ndarray | torch.Tensor) -> "ImageSplit":
+        """A new split with the images at `indices`, in that order."""
+        index = torch.as_tensor(np.asarray(indices), dtype=torch.int64)
+        return ImageSplit(self.pixel_values[index], self.labels[index])
+
+
+def collate_batch(batch) -> dict[str, torch.Tensor]:
+    """Collate for `ImageSplit`: pass a batch from `__getitems__` through, or stack a list of per-image dicts."""
+    if isinstance(batch, Mapping):
+        return dict(batch)
+    return {key: torch.stack([item[key] for item in batch]) for key in batch[0]}
+
+
+def _check_labels(splits: dict[str, ImageSplit], label_names: list[str]) -> None:
+    for name, split in splits.items():
+        if len(split) == 0:
+            raise ValueError(f"The {name} split is empty (after dropping corrupt images).")
+        low, high = int(split.labels.min()), int(split.labels.max())
+        if low < 0 or high >= len(label_names):
+            raise ValueError(
+                f"The {name} split has label ids in [{low}, {high}], outside the {len(label_names)} classes "
+                f"{label_names[:10]}{'...' if len(label_names) > 10 else ''}."
+            )
+
+
+def _keep_classes(
+    splits: dict[str, ImageSplit], label_names: list[str], keep: list[str]
+) -> tuple[dict[str, ImageSplit], list[str]]:
+    """Only the images of the classes in `keep`, renumbered in the order of `keep`."""
+    unknown = [name for name in keep if name not in label_names]
+    if unknown or len(set(keep)) != len(keep):
+        problem = f"unknown label(s) {unknown}" if unknown else f"repeated labels in {keep}"
+        raise ValueError(f"`include_labels` has {problem}; the dataset's labels are {label_names}.")
+    new_id = torch.full((len(label_names),), -1, dtype=torch.int64)
+    new_id[[label_names.index(name) for name in keep]] = torch.arange(len(keep))
+    kept = {}
+    for name, split in splits.items():
+        labels = new_id[split.labels]
+        index = torch.nonzero(labels >= 0).flatten()
+        kept[name] = ImageSplit(split.pixel_values[index], labels[index])
+    logger.info(f"Kept the {len(keep)} classes of `include_labels` {keep}, renumbered in that order.")
+    return kept, keep
+
+
+def stratified_split(labels: np.ndarray, validation_size: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Indices `(train, validation)` that hold out `validation_size` of `labels`, with class proportions kept.
+
+    Args:
+        labels: int class ids, one per image.
+        validation_size: a fraction in (0, 1), or a number of images (>= 1).
+        seed: the same seed gives the same split.
+
+    Every class gets its share rounded down; the images left over go to the classes with the largest remainders
+    (ties broken at random by the seed), so the validation split has exactly the requested size.
+    """
+    n = len(labels)
+    n_validation = int(round(validation_size * n)) if validation_size < 1 else int(validation_size)
+    if not 1 <= n_validation < n:
+        raise ValueError(
+            f"`validation_size`={validation_size} would hold out {n_validation} of the {n} training images; "
+            "it must leave at least one image on each side."
+        )
+    rng = np.random.default_rng(seed)
+    classes, class_of, counts = np.unique(labels, return_inverse=True, return_counts=True)
+    share = counts * (n_validation / n)
+    quota = np.floor(share).astype(np.int64)
+    order = np.lexsort((rng.random(len(classes)), -(share - quota)))  # largest remainder first
+    quota[order[: n_validation - quota.sum()]] += 1
+    validation = np.concatenate([rng.permutation(np.flatnonzero(class_of == k))[:q] for k, q in enumerate(quota)])
+    is_validation = np.zeros(n, dtype=bool)
+    is_validation[validation] = True
+    return np.flatnonzero(~is_validation), np.flatnonzero(is_validation)
+
+
+def _subsample(split: ImageSplit, max_samples: int | None, seed: int, salt: int) -> ImageSplit:
+    """The first `max_samples` images after a seeded shuffle (kept in source order)."""
+    if max_samples is None or max_samples >= len(split):
+        return split
+    if max_samples < 1:
+        raise ValueError(f"`max_*_samples` must be >= 1, got {max_samples}.")
+    # Each split gets its own stream, so limiting one split never changes which images another keeps.
+    index = np.random.default_rng([seed, salt]).permutation(len(split))[:max_samples]
+    return split.select(np.sort(index))

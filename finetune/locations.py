@@ -1,0 +1,32 @@
+"""Where a dataset or model name points: a local path or a Hub id, and whether the Hub is switched off.
+
+Both `finetune.data` (`dataset_name`) and `finetune.models` (`model_name_or_path`) accept either a local path or a Hub
+id, and explain a failed Hub download by the offline switches; these helpers decide both the same way.
+"""
+
+import os
+
+from huggingface_hub import constants as hub_constants
+
+
+TRUE_VALUES = ("1", "ON", "YES", "TRUE")  # as huggingface_hub parses its boolean environment variables
+
+
+def looks_like_local_path(name: str) -> bool:
+    """Whether `name` is written as a local path rather than a Hub id (`name` or `owner/name`): it starts with
+    `.`, `/`, `~` or `\\`, is absolute, or has more than one `/`."""
+    return name.startswith((".", "/", "~", "\\")) or os.path.isabs(name) or name.count("/") > 1
+
+
+def offline_switch(datasets: bool = False) -> str | None:
+    """The environment variable that switches the Hub off (`HF_HUB_OFFLINE`, and with `datasets` also
+    `HF_DATASETS_OFFLINE`), or None when downloads are allowed.
+
+    The environment is read at every call as well as the value huggingface_hub read at import, so a switch set
+    after the import (a test, a notebook cell) counts too.
+    """
+    names = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE") if datasets else ("HF_HUB_OFFLINE",)
+    for name in names:
+        if os.environ.get(name, "").strip().upper() in TRUE_VALUES:
+            return name
+    return "HF_HUB_OFFLINE" if hub_constants.HF_HUB_OFFLINE else None

@@ -1,0 +1,201 @@
+"""One image decoding for training, predict and attention: the same odd files give the same pixels on every path.
+
+The files are written with Pillow: RGBA and LA with transparent pixels, a palette with a transparent colour, CMYK
+JPEG, 16-bit PNG and PGM, an EXIF-rotated JPEG and a 1-bit PNG. Each is read by training's loader
+(`load_image_data` over a csv of the files), by `predict.load_images` (which `finetune.attention` uses too), and
+checked against the values the decoding documents.
+"""
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from finetune.arguments import DataArguments
+from finetune.augment import LUMA_WEIGHTS, RGBToGrayscale
+from finetune.data import load_image_data
+from finetune.data.decode import IMAGE_EXTENSIONS, decode_image
+from finetune.models import channel_statistics
+from finetune.predict import collect_image_paths, load_images
+
+
+# Every file decodes to WIDTH x HEIGHT (the rotated JPEG once turned upright), so training stores them in one tensor.
+WIDTH, HEIGHT = 16, 8
+EXIF_ORIENTATION = 0x0112
+
+
+def _rgba(tmp):
+    pixels = np.zeros((HEIGHT, WIDTH, 4), dtype=np.uint8)
+    pixels[...] = (200, 100, 0, 255)
+    pixels[0, 0] = (10, 20, 30, 0)  # fully transparent over a dark colour
+    pixels[0, 1] = (0, 0, 0, 128)  # half transparent black
+    Image.fromarray(pixels, "RGBA").save(tmp / "rgba.png")
+    return tmp / "rgba.png"
+
+
+def _la(tmp):
+    pixels = np.zeros((HEIGHT, WIDTH, 2), dtype=np.uint8)
+    pixels[...] = (50, 255)
+    pixels[0, 0] = (50, 0)
+    Image.fromarray(pixels, "LA").save(tmp / "la.png")
+    return tmp / "la.png"
+
+
+def _palette(tmp):
+    image = Image.new("P", (WIDTH, HEIGHT), 1)
+    image.putpalette([0, 0, 0, 255, 0, 0] + [0] * (254 * 3))  # index 0 black, index 1 red
+    image.putpixel((0, 0), 0)
+    image.save(tmp / "palette.png", transparency=0)  # index 0 is transparent
+    return tmp / "palette.png"
+
+
+def _cmyk(tmp):
+    Image.new("CMYK", (WIDTH, HEIGHT), (0, 255, 255, 0)).save(tmp / "cmyk.jpg", quality=100)  # red
+    return tmp / "cmyk.jpg"
+
+
+def _gray16(tmp, suffix):
+    pixels = np.full((HEIGHT, WIDTH), 40000, dtype=np.uint16)
+    pixels[0, 0], pixels[0, 1] = 65535, 255
+    Image.fromarray(pixels).save(tmp / f"gray16{suffix}")
+    return tmp / f"gray16{suffix}"
+
+
+def _rotated(tmp):
+    """Stored sideways (WIDTH and HEIGHT swapped), top half white, with orientation 6: turn 90 degrees clockwise."""
+    pixels = np.zeros((WIDTH, HEIGHT, 3), dtype=np.uint8)  # (H, W, C): stored HEIGHT x WIDTH swapped
+    pixels[: WIDTH // 2] = 255
+    image = Image.fromarray(pixels, "RGB")
+    exif = image.getexif()
+    exif[EXIF_ORIENTATION] = 6
+    image.save(tmp / "rotated.jpg", exif=exif, quality=95)
+    return tmp / "rotated.jpg"
+
+
+def _one_bit(tmp):
+    pixels = np.zeros((HEIGHT, WIDTH), dtype=bool)
+    pixels[:, ::2] = True
+    Image.fromarray(pixels).save(tmp / "bits.png")
+    return tmp / "bits.png"
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("odd")
+    paths = {
+        "rgba": _rgba(tmp),
+        "la": _la(tmp),
+        "palette": _palette(tmp),
+        "cmyk": _cmyk(tmp),
+        "gray16_png": _gray16(tmp, ".png"),
+        "gray16_pgm": _gray16(tmp, ".pgm"),
+        "rotated": _rotated(tmp),
+        "bits": _one_bit(tmp),
+    }
+    modes = {name: Image.open(path).mode for name, path in paths.items()}
+    assert modes == {
+        "rgba": "RGBA",
+        "la": "LA",
+        "palette": "P",
+        "cmyk": "CMYK",
+        "gray16_png": "I;16",
+        "gray16_pgm": "I",
+        "rotated": "RGB",
+        "bits": "1",
+    }, "the files must exercise these Pillow modes"
+    return paths
+
+
+def _training_pixels(tmp_path, paths) -> np.ndarray:
+    """The files through training's loader, in order: uint8 `(N, C, H, W)`."""
+    index = tmp_path / "index.csv"
+    index.write_text("image,label\n" + "".join(f"{path},{i}\n" for i, path in enumerate(paths)))
+    args = DataArguments(train_file=str(index), validation_file=str(index), decoded_cache_dir="none")
+    data = load_image_data(args, seed=0)
+    assert data.train.labels.tolist() == list(range(len(paths)))  # kept in file order, none skipped
+    return data.train.pixel_values.numpy()
+
+
+def _predict_pixels(paths, mode) -> np.ndarray:
+    """The files through predict's reader (attention's too), as `(N, C, H, W)`."""
+    images, _, skipped = load_images(paths, mode)
+    assert not skipped
+    arrays = [np.asarray(image) for image in images]
+    return np.stack([a[None] if a.ndim == 2 else a.transpose(2, 0, 1) for a in arrays])  # (H, W, C) -> (C, H, W)
+
+
+def test_training_and_predict_decode_every_file_alike(files, tmp_path):
+    paths = list(files.values())
+    training = _training_pixels(tmp_path, paths)  # colour files among them: the split is RGB
+    assert training.shape == (len(paths), 3, HEIGHT, WIDTH)
+    np.testing.assert_array_equal(training, _predict_pixels(paths, "RGB"))
+    np.testing.assert_array_equal(
+        training, np.stack([np.asarray(decode_image(p, "RGB")).transpose(2, 0, 1) for p in paths])
+    )
+
+
+def test_grayscale_files_stay_grayscale_alike(files, tmp_path):
+    paths = [files[name] for name in ("la", "gray16_png", "gray16_pgm", "bits")]
+    training = _training_pixels(tmp_path, paths)
+    assert training.shape == (len(paths), 1, HEIGHT, WIDTH)
+    np.testing.assert_array_equal(training, _predict_pixels(paths, "L"))
+    assert [decode_image(p).mode for p in paths] == ["L"] * len(paths)
+
+
+def test_documented_values(files):
+    rgba = np.asarray(decode_image(files["rgba"]))
+    assert rgba[0, 0].tolist() == [255, 255, 255]  # transparent: white, not the hidden dark colour
+    assert rgba[0, 1].tolist() == [127, 127, 127]  # half transparent black over white
+    assert rgba[1, 1].tolist() == [200, 100, 0]  # opaque: unchanged
+
+    la = np.asarray(decode_image(files["la"]))
+    assert la[0, 0] == 255 and la[1, 1] == 50
+
+    palette = np.asarray(decode_image(files["palette"]))
+    assert palette[0, 0].tolist() == [255, 255, 255] and palette[1, 1].tolist() == [255, 0, 0]
+
+    cmyk = np.asarray(decode_image(files["cmyk"])).astype(int)
+    assert np.abs(cmyk - [255, 0, 0]).max() <= 2  # red, within JPEG rounding
+
+    for name in ("gray16_png", "gray16_pgm"):
+        gray16 = np.asarray(decode_image(files[name]))
+        assert gray16.dtype == np.uint8
+        assert gray16[1, 1] == 156 and gray16[0, 0] == 255 and gray16[0, 1] == 0  # value >> 8: 40000 -> 156
+
+    bits = np.asarray(decode_image(files["bits"]))
+    assert set(np.unique(bits).tolist()) == {0, 255} and bits[0, 0] == 255 and bits[0, 1] == 0
+
+
+def test_exif_orientation_is_applied(files):
+    stored = Image.open(files["rotated"])
+    assert stored.size == (HEIGHT, WIDTH)  # (width, height) as stored: sideways
+    upright = np.asarray(decode_image(files["rotated"], "L")).astype(int)
+    assert upright.shape == (HEIGHT, WIDTH)
+    # Orientation 6 turns the image 90 degrees clockwise: the stored top half (white) becomes the right half.
+    assert upright[:, WIDTH // 2 :].min() >= 240 and upright[:, : WIDTH // 2].max() <= 15
+
+
+def test_rgb_to_gray_uses_the_luma_weights(files):
+    rgb = np.asarray(decode_image(files["rgba"], "RGB")).astype(np.float64)
+    gray = np.asarray(decode_image(files["rgba"], "L")).astype(np.float64)
+    np.testing.assert_allclose(gray, rgb @ np.asarray(LUMA_WEIGHTS), atol=1)
+    on_device = RGBToGrayscale()(torch.from_numpy(rgb.transpose(2, 0, 1)[None]).float())[0, 0]
+    np.testing.assert_allclose(on_device.numpy(), gray, atol=1)
+
+
+def test_channel_statistics_of_rgb_for_a_gray_model_use_the_luma():
+    pixels = torch.zeros(2, 3, 4, 4, dtype=torch.uint8)
+    pixels[:, 0] = 255  # pure red
+    mean, std = channel_statistics(pixels, num_channels=1)
+    assert mean == [pytest.approx(LUMA_WEIGHTS[0], abs=1e-4)]  # the luma of red, not the channel mean 1/3
+    assert std == [pytest.approx(1e-3)]
+
+
+def test_unknown_mode_and_one_extension_list(files, tmp_path):
+    with pytest.raises(ValueError, match="`mode` must be 'L', 'RGB' or None"):
+        decode_image(files["rgba"], "RGBA")
+    (tmp_path / "folder").mkdir()
+    for extension in sorted(IMAGE_EXTENSIONS):
+        (tmp_path / "folder" / f"x{extension}").write_bytes(b"")
+    (tmp_path / "folder" / "notes.txt").write_text("skipped")
+    assert {p.suffix for p in collect_image_paths([tmp_path / "folder"])} == set(IMAGE_EXTENSIONS)

@@ -162,7 +162,7 @@ def bounded_hub_requests(timeout: float, retries: int, retry_wait: float):
     `httpx2.Client` built by the factory of `set_client_factory`, with no timeout by default. This installs a factory
     that wraps the current one (keeping a user's proxies and certificates) and puts the previous one back on exit, so
     neither importing this module nor a push changes later calls. Xet uploads of large files run in hf_xet's own
-    client, with its own timeouts and retries.
+    client, with its own timeouts and retries (`HF_XET_CLIENT_READ_TIMEOUT`, `HF_XET_CLIENT_RETRY_MAX_DURATION`).
     """
     # huggingface_hub has no getter for the current factory; it is only read, to put it back afterwards.
     previous = hf_http._GLOBAL_CLIENT_FACTORY

@@ -1,6 +1,6 @@
 """Push a run's output directory to the Hugging Face Hub as a model repo.
 
-    python -m finetune.hub push OUTPUT_DIR --repo-id your-name/vit-cifar10 [--private] [--revision R]
+    python -m finetune.hub push OUTPUT_DIR --repo_id your-name/vit-cifar10 [--private] [--revision R] [--timeout S]
     python -m finetune.hub files OUTPUT_DIR      # write the model card and list what a push would upload
 
 Only what someone needs to use the model goes up: weights, config, image processor, the ScratchViT code files,
@@ -10,17 +10,28 @@ a local file, except that it (re)writes README.md.
 
 The token comes from the `token` argument, else `HF_TOKEN`, else the stored login (`hf auth login`); it is sent only
 in the Authorization header and never logged or written.
+
+Every request of a push waits at most `timeout` seconds to connect, send or receive (`--timeout`, else the
+`FINETUNE_HUB_TIMEOUT` environment variable, else 60), and one that times out, loses its connection or gets a 408,
+429 or 5xx answer is tried again after 2, 4, ... seconds, `retries` times (`--retries`, default 2). A push that still
+fails raises `HubPushError` naming the cause, keeps every local file and gives the command that retries it.
 """
 
 import argparse
+import contextlib
 import fnmatch
+import json
+import logging as std_logging
 import os
 import shlex
 import sys
+import time
 from pathlib import Path
 
-from huggingface_hub import CommitOperationAdd, HfApi, get_token
+import httpx2
+from huggingface_hub import CommitOperationAdd, HfApi, get_token, set_client_factory
 from huggingface_hub.errors import HfHubHTTPError
+from huggingface_hub.utils import _http as hf_http
 from transformers.utils import logging
 
 from finetune.model_card import CARD_NAME, find_comparison_dir, write_model_card
@@ -44,9 +55,160 @@ MODEL_FILE_PATTERNS = (
 LEGACY_WEIGHT_PATTERNS = ("pytorch_model.bin", "pytorch_model-*.bin", "pytorch_model.bin.index.json")
 COMPARISON_FILE_PATTERNS = ("*.md", "*.png", "*.json")
 
+TIMEOUT_ENV = "FINETUNE_HUB_TIMEOUT"
+DEFAULT_TIMEOUT = 60.0  # seconds: long enough for the Hub to answer a large commit, short enough to notice a hang
+DEFAULT_RETRIES = 2
+RETRY_WAIT_SECONDS = 2.0  # before the first retry; doubles for each further one
+MAX_RETRY_WAIT_SECONDS = 30.0
+# Answers that say "try again later": request timeout, rate limit, server errors.
+RETRY_STATUS_CODES = (408, 429, 500, 502, 503, 504)
+# Network failures worth another attempt; anything else (a bad URL, a local file error) fails at once.
+RETRY_EXCEPTIONS = (httpx2.TimeoutException, httpx2.NetworkError, httpx2.RemoteProtocolError)
+
 
 class HubPushError(RuntimeError):
     """A push that failed; the message says why, that the local files are intact, and how to retry."""
+
+
+class HubRequestError(RuntimeError):
+    """A Hub request that failed on every attempt: with `cause` (a network error) or `status` (an HTTP answer).
+
+    Deliberately not an `httpx2` exception, so the retry loops inside huggingface_hub do not repeat what
+    `BoundedRetryTransport` has already retried.
+    """
+
+    def __init__(
+        self,
+        request: httpx2.Request,
+        attempts: int,
+        timeout: float,
+        cause: BaseException | None = None,
+        status: int | None = None,
+        detail: str = "",
+    ):
+        self.method, self.url, self.attempts, self.timeout = request.method, request.url, attempts, timeout
+        self.cause, self.status, self.detail = cause, status, detail
+        what = _exception_name(cause) if status is None else f"HTTP {status}" + (f": {detail}" if detail else "")
+        tries = "1 attempt" if attempts == 1 else f"{attempts} attempts"
+        super().__init__(f"{request.method} {request.url.path} failed after {tries}: {what}")
+
+
+def _exception_name(error: BaseException | None) -> str:
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+
+
+class BoundedRetryTransport(httpx2.BaseTransport):
+    """Wraps an `httpx2` transport: retries a request on a network error or a retryable status, with backoff.
+
+    Only requests with the client's timeout and a body that can be sent again (bytes and JSON: every Hub API call
+    of a push) are retried here. A streamed upload is passed through once, and huggingface_hub's own retry (which
+    rewinds the file) covers it; a request with a timeout of its own is a best-effort call (huggingface_hub's agent
+    registry lookup) and is sent once.
+    """
+
+    def __init__(self, inner: httpx2.BaseTransport, retries: int, retry_wait: float, timeout: float):
+        self.inner, self.retries, self.retry_wait, self.timeout = inner, retries, retry_wait, timeout
+        self.timeouts = httpx2.Timeout(timeout).as_dict()
+
+    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        if request.extensions.get("timeout") != self.timeouts or not isinstance(request.stream, httpx2.ByteStream):
+            return self.inner.handle_request(request)
+        attempts = self.retries + 1
+        for attempt in range(1, attempts + 1):
+            start = time.perf_counter()
+            try:
+                response = self.inner.handle_request(request)
+            except RETRY_EXCEPTIONS as error:
+                failure = HubRequestError(request, attempt, self.timeout, cause=error)
+                reason = _exception_name(error)
+            else:
+                seconds = time.perf_counter() - start
+                logger.debug(f"{request.method} {request.url.path}: {response.status_code} in {seconds:.1f} s")
+                if response.status_code not in RETRY_STATUS_CODES:
+                    return response
+                response.read()
+                response.close()
+                detail = _server_message(response.content)
+                failure = HubRequestError(request, attempt, self.timeout, status=response.status_code, detail=detail)
+                reason = f"HTTP {response.status_code}"
+            if attempt == attempts:
+                raise failure
+            wait = min(self.retry_wait * 2 ** (attempt - 1), MAX_RETRY_WAIT_SECONDS)
+            logger.warning(
+                f"{request.method} {request.url.path}: {reason} (attempt {attempt}/{attempts}); retrying in {wait:g} s"
+            )
+            time.sleep(wait)
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def _server_message(body: bytes) -> str:
+    """The `error` field of the Hub's JSON error answers, else the start of the body."""
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        payload = None
+    message = payload.get("error") if isinstance(payload, dict) else None
+    return str(message) if message else body[:200].decode(errors="replace").strip()
+
+
+@contextlib.contextmanager
+def bounded_hub_requests(timeout: float, retries: int, retry_wait: float):
+    """Within the block, every request huggingface_hub sends has `timeout` and is retried up to `retries` times.
+
+    huggingface_hub sends all its requests (repo and branch creation, preupload, commit, LFS) through one shared
+    `httpx2.Client` built by the factory of `set_client_factory`, with no timeout by default. This installs a factory
+    that wraps the current one (keeping a user's proxies and certificates) and puts the previous one back on exit, so
+    neither importing this module nor a push changes later calls. Xet uploads of large files run in hf_xet's own
+    client, with its own timeouts and retries (`HF_XET_CLIENT_READ_TIMEOUT`, `HF_XET_CLIENT_RETRY_MAX_DURATION`).
+    """
+    # huggingface_hub has no getter for the current factory; it is only read, to put it back afterwards.
+    previous = hf_http._GLOBAL_CLIENT_FACTORY
+
+    def factory() -> httpx2.Client:
+        client = previous()
+        client.timeout = httpx2.Timeout(timeout)
+        # `transport=` is public only at construction, where it would drop the proxies read from the environment;
+        # wrapping the built client's transports keeps them.
+        client._transport = BoundedRetryTransport(client._transport, retries, retry_wait, timeout)
+        client._mounts = {
+            pattern: None if transport is None else BoundedRetryTransport(transport, retries, retry_wait, timeout)
+            for pattern, transport in client._mounts.items()
+        }
+        return client
+
+    set_client_factory(factory)
+    try:
+        yield
+    finally:
+        set_client_factory(previous)
+
+
+def resolve_timeout(timeout: float | str | None) -> float:
+    """`timeout`, else `FINETUNE_HUB_TIMEOUT`, else `DEFAULT_TIMEOUT`, in seconds; anything but a positive finite
+    number is a `ValueError` naming where it came from."""
+    source = "timeout"
+    if timeout is None and os.environ.get(TIMEOUT_ENV):
+        timeout, source = os.environ[TIMEOUT_ENV], TIMEOUT_ENV
+    if timeout is None:
+        return DEFAULT_TIMEOUT
+    try:
+        value = float(timeout)
+    except (TypeError, ValueError):
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise ValueError(f"{source} must be a positive number of seconds (e.g. 60), got {timeout!r}.")
+    return value
+
+
+def _size(num_bytes: float) -> str:
+    for unit in ("B", "kB", "MB"):
+        if num_bytes < 1000:
+            return f"{num_bytes:.0f} {unit}" if unit == "B" else f"{num_bytes:.1f} {unit}"
+        num_bytes /= 1000
+    return f"{num_bytes:.2f} GB"
 
 
 def upload_plan(output_dir: str | os.PathLike) -> list[tuple[str, Path]]:
@@ -85,36 +247,68 @@ def retry_command(
     private: bool | None = None,
     revision: str | None = None,
     commit_message: str | None = None,
+    timeout: float | None = None,
+    retries: int | None = None,
 ) -> str:
-    """The shell command that repeats a push."""
-    parts = ["python", "-m", "finetune.hub", "push", str(output_dir), "--repo-id", repo_id]
+    """The shell command that repeats a push with the same options."""
+    parts = ["python", "-m", "finetune.hub", "push", str(output_dir), "--repo_id", repo_id]
     if private:
         parts.append("--private")
     if revision:
         parts += ["--revision", revision]
     if commit_message:
-        parts += ["--commit-message", commit_message]
+        parts += ["--commit_message", commit_message]
+    if timeout is not None:
+        parts += ["--timeout", f"{timeout:g}"]
+    if retries is not None:
+        parts += ["--retries", str(retries)]
     return shlex.join(parts)
 
 
+HTTP_HINTS = {
+    401: "the token was rejected: set HF_TOKEN or run `hf auth login` with a token that has write access",
+    403: "the token may not write to this repo or namespace: check the repo id and the token's permissions",
+    404: "the repo or revision was not found: check the repo id and that the token can see it",
+}
+
+
 def _describe_failure(error: BaseException, endpoint: str) -> str:
-    """Why a Hub call failed: the HTTP status and the server's message, or the network error, plus what to do."""
+    """Why a Hub call failed (the HTTP status and the server's message, or the network error) and what to do."""
+    if isinstance(error, HubRequestError):
+        where = f"{error.method} {error.url.path}"
+        tries = "1 attempt" if error.attempts == 1 else f"{error.attempts} attempts"
+        if error.status is not None:
+            return _describe_status(error.status, where, error.detail, tries)
+        cause = _exception_name(error.cause)
+        if isinstance(error.cause, httpx2.TimeoutException):
+            return (
+                f"no answer from {endpoint} within {error.timeout:g} s on {where} ({tries}; {cause}); the Hub or "
+                f"the network is slow or down: retry later, or allow more time (--timeout or "
+                f"{TIMEOUT_ENV})"
+            )
+        if isinstance(error.cause, httpx2.ConnectError):
+            return f"Could not reach {endpoint} ({tries}; {cause}): check the network connection (or HF_ENDPOINT)"
+        return (
+            f"the connection to {endpoint} broke on {where} ({tries}; {cause}); the Hub or a proxy dropped it: "
+            f"retry later"
+        )
     if isinstance(error, HfHubHTTPError) and error.response is not None:
-        status = error.response.status_code
         request = error.response.request
-        where = f" on {request.method} {request.url.path}" if request is not None else ""
+        where = f"{request.method} {request.url.path}" if request is not None else ""
         detail = error.server_message or str(error).splitlines()[0]
-        hints = {
-            401: "The token was rejected: set HF_TOKEN or run `hf auth login` with a token that has write access.",
-            403: "The token may not write to this repo or namespace: check the repo id and the token's permissions.",
-            404: "The repo or revision was not found: check the repo id and that the token can see it.",
-        }
-        hint = hints.get(status, "The Hub had a server error; retry later." if status >= 500 else "")
-        return f"HTTP {status}{where}: {detail}" + (f"\n{hint}" if hint else "")
-    cause = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+        return _describe_status(error.response.status_code, where, detail)
+    cause = _exception_name(error)
     if isinstance(error, (ConnectionError, TimeoutError)) or "connect" in type(error).__name__.lower():
-        return f"{cause}\nCould not reach {endpoint}: check the network connection (or HF_ENDPOINT)."
+        return f"{cause}; Could not reach {endpoint}: check the network connection (or HF_ENDPOINT)"
     return cause
+
+
+def _describe_status(status: int, where: str, detail: str, tries: str | None = None) -> str:
+    text = f"HTTP {status}" + (f" on {where}" if where else "") + (f": {detail}" if detail else "")
+    if tries and tries != "1 attempt":
+        text += f" ({tries})"
+    hint = HTTP_HINTS.get(status, "the Hub had a server error: retry later" if status >= 500 else "")
+    return f"{text}; {hint}" if hint else text
 
 
 def push_output_dir(
@@ -125,6 +319,9 @@ def push_output_dir(
     commit_message: str | None = None,
     token: str | None = None,
     endpoint: str | None = None,
+    timeout: float | None = None,
+    retries: int | None = None,
+    retry_wait: float | None = None,
 ) -> str:
     """Write the model card, then upload a run's output directory to the Hub repo `repo_id` in one commit.
 
@@ -136,12 +333,18 @@ def push_output_dir(
         commit_message: defaults to "Upload <run name>".
         token: Hub token; defaults to `HF_TOKEN` or the stored login. Never logged or written.
         endpoint: Hub URL (defaults to `HF_ENDPOINT` or huggingface.co); tests point it at a local server.
+        timeout: seconds each request may wait to connect, send or receive; defaults to `FINETUNE_HUB_TIMEOUT`,
+            else 60.
+        retries: how many times a request that timed out, lost its connection or got a 408, 429 or 5xx answer is
+            sent again (default 2).
+        retry_wait: seconds before the first retry, doubling for each further one (default 2).
 
     Returns:
         The URL of the commit.
 
     Raises:
         FileNotFoundError: `output_dir` is not a finished run's output directory.
+        ValueError: `timeout` or `retries` is out of range.
         HubPushError: the push failed; the message names the cause, says that every local file is still in place,
             and gives the command to retry.
     """
@@ -155,7 +358,12 @@ def push_output_dir(
         raise FileNotFoundError(
             f"{output_dir} is not the output directory of a finished run: missing {', '.join(missing)}.{hint}"
         )
-    retry = retry_command(output_dir, repo_id, private, revision, commit_message)
+    seconds = resolve_timeout(timeout)
+    if retries is not None and (isinstance(retries, bool) or not isinstance(retries, int) or retries < 0):
+        raise ValueError(f"retries must be a whole number >= 0 (e.g. 2), got {retries!r}.")
+    retry = retry_command(output_dir, repo_id, private, revision, commit_message, timeout, retries)
+    retries = DEFAULT_RETRIES if retries is None else retries
+    retry_wait = RETRY_WAIT_SECONDS if retry_wait is None else retry_wait
     write_model_card(output_dir, repo_id)
     plan = upload_plan(output_dir)
     token = token or get_token()
@@ -163,33 +371,53 @@ def push_output_dir(
 
     def failure(cause: str) -> HubPushError:
         message = (
-            f"Pushing {output_dir} to the Hub repo {repo_id!r} failed: {cause}\n"
-            f"Every local file in {output_dir} is still in place (only the model card {CARD_NAME} was written).\n"
-            f"Retry with:\n  {retry}"
+            f"Pushing {output_dir} to the Hub repo {repo_id!r} failed: {cause}. Every local file in {output_dir} "
+            f"is still in place (only the model card {CARD_NAME} was written).\nRetry with: {retry}"
         )
         return HubPushError(message.replace(token, "***") if token else message)
 
     if not token:
-        raise failure("no Hub token. Set HF_TOKEN or log in with `hf auth login` (a token with write access).")
+        raise failure("no Hub token; set HF_TOKEN or log in with `hf auth login` (a token with write access)")
     if commit_message is None:
         commit_message = f"Upload {output_dir.resolve().name}"
-    logger.info(f"Uploading {len(plan)} files from {output_dir} to {repo_id}: {', '.join(p for p, _ in plan)}")
+    sizes = {path: local.stat().st_size for path, local in plan}
+    target = repo_id + (f"@{revision}" if revision else "")
+    logger.info(f"Uploading {len(plan)} files ({_size(sum(sizes.values()))}) from {output_dir} to {target}:")
+    for path, size in sizes.items():
+        logger.info(f"  {path} ({_size(size)})")
+    tries = f"{retries} {'retry' if retries == 1 else 'retries'}"
+    logger.info(f"Each Hub request waits at most {seconds:g} s, with up to {tries}.")
+    start = time.perf_counter()
     try:
-        api.create_repo(repo_id, private=private, repo_type="model", exist_ok=True)
-        if revision and revision != "main":
-            api.create_branch(repo_id, branch=revision, repo_type="model", exist_ok=True)
-        operations = [CommitOperationAdd(path_in_repo=path, path_or_fileobj=str(local)) for path, local in plan]
-        info = api.create_commit(
-            repo_id, operations=operations, commit_message=commit_message, revision=revision, repo_type="model"
-        )
+        with bounded_hub_requests(seconds, retries, retry_wait):
+            logger.info(f"Creating {repo_id} on {api.endpoint} if it does not exist")
+            api.create_repo(repo_id, private=private, repo_type="model", exist_ok=True)
+            if revision and revision != "main":
+                logger.info(f"Creating branch {revision} if it does not exist")
+                api.create_branch(repo_id, branch=revision, repo_type="model", exist_ok=True)
+            logger.info(f"Committing {len(plan)} files ({_size(sum(sizes.values()))})")
+            operations = [CommitOperationAdd(path_in_repo=path, path_or_fileobj=str(local)) for path, local in plan]
+            info = api.create_commit(
+                repo_id, operations=operations, commit_message=commit_message, revision=revision, repo_type="model"
+            )
     except Exception as error:  # any failure (HTTP, network, file) gets the same clear message and retry command
         raise failure(_describe_failure(error, api.endpoint)) from error
-    logger.info(f"Pushed {output_dir} to {repo_id}: {info.commit_url}")
+    logger.info(f"Pushed {output_dir} to {repo_id} in {time.perf_counter() - start:.1f} s: {info.commit_url}")
     return info.commit_url
 
 
+def _add_argument(parser: argparse.ArgumentParser, name: str, **kwargs) -> None:
+    """A snake_case flag (`--repo_id`) that also answers to its kebab-case spelling (`--repo-id`)."""
+    flags = [f"--{name}"] + ([f"--{name.replace('_', '-')}"] if "_" in name else [])
+    parser.add_argument(*flags, dest=name, **kwargs)
+
+
 def main(argv: list[str] | None = None) -> str | list[str]:
-    """Command-line entry: `push` uploads a run, `files` writes the card and lists what would be uploaded."""
+    """Command-line entry: `push` uploads a run, `files` writes the card and lists what would be uploaded.
+
+    A failed push ends with one line naming the problem and the fix, then the command that retries it, and exit
+    status 1; `--debug` shows the traceback and every request.
+    """
     parser = argparse.ArgumentParser(prog="python -m finetune.hub", description="Push a run to the Hugging Face Hub.")
     commands = parser.add_subparsers(dest="command", required=True)
     push = commands.add_parser(
@@ -199,23 +427,55 @@ def main(argv: list[str] | None = None) -> str | list[str]:
         "`hf auth login`.",
     )
     push.add_argument("output_dir", metavar="OUTPUT_DIR", help="A run's output directory.")
-    push.add_argument("--repo-id", required=True, help="Target model repo, e.g. your-name/vit-cifar10.")
-    push.add_argument("--private", action="store_true", default=None, help="Create the repo as private.")
-    push.add_argument("--revision", help="Branch to push to (created if missing); default main.")
-    push.add_argument("--commit-message", help="Commit message (default: Upload <run>).")
+    _add_argument(push, "repo_id", required=True, help="Target model repo, e.g. your-name/vit-cifar10.")
+    _add_argument(push, "private", action="store_true", default=None, help="Create the repo as private.")
+    _add_argument(push, "revision", help="Branch to push to (created if missing); default main.")
+    _add_argument(push, "commit_message", help="Commit message (default: Upload <run>).")
+    _add_argument(
+        push,
+        "timeout",
+        type=float,
+        metavar="SECONDS",
+        help=f"Seconds each Hub request may wait (default: ${TIMEOUT_ENV}, else {DEFAULT_TIMEOUT:g}).",
+    )
+    _add_argument(
+        push,
+        "retries",
+        type=int,
+        metavar="N",
+        help=f"Retries of a request that timed out or got a server error (default {DEFAULT_RETRIES}).",
+    )
+    _add_argument(push, "debug", action="store_true", help="Log every request and show the traceback of a failure.")
     files = commands.add_parser("files", help="Write the model card and list the files a push would upload.")
     files.add_argument("output_dir", metavar="OUTPUT_DIR", help="A run's output directory.")
-    files.add_argument("--repo-id", help="Repo id the card is written for.")
+    _add_argument(files, "repo_id", help="Repo id the card is written for.")
     args = parser.parse_args(argv)
 
     if args.command == "files":
-        write_model_card(args.output_dir, args.repo_id)
-        paths = [path for path, _ in upload_plan(args.output_dir)]
+        try:
+            write_model_card(args.output_dir, args.repo_id)
+            paths = [path for path, _ in upload_plan(args.output_dir)]
+        except (FileNotFoundError, NotADirectoryError, ValueError) as error:
+            print(f"error: {error}", file=sys.stderr)
+            raise SystemExit(1) from None
         print("\n".join(paths))
         return paths
+    std_logging.basicConfig(format="%(levelname)s - %(name)s - %(message)s", handlers=[std_logging.StreamHandler()])
+    for name in ("finetune", logger.name):  # `python -m finetune.hub` names this module's logger __main__
+        std_logging.getLogger(name).setLevel(std_logging.DEBUG if args.debug else std_logging.INFO)
     try:
-        url = push_output_dir(args.output_dir, args.repo_id, args.private, args.revision, args.commit_message)
-    except (HubPushError, FileNotFoundError) as error:
+        url = push_output_dir(
+            args.output_dir,
+            args.repo_id,
+            args.private,
+            args.revision,
+            args.commit_message,
+            timeout=args.timeout,
+            retries=args.retries,
+        )
+    except (HubPushError, FileNotFoundError, ValueError) as error:
+        if args.debug:
+            raise
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(1) from None
     print(url)

@@ -1,7 +1,8 @@
 """Pushing a run to the Hub: what is uploaded, that it loads anywhere, the model card, the token, and failures.
 
 The Hub is a local stdlib HTTP server implementing just what `HfApi.create_repo`, `create_branch` and
-`create_commit` call (repo creation, README metadata validation, preupload, commit with inline base64 files).
+`create_commit` call (repo creation, README metadata validation, preupload, commit with inline base64 files). A silent
+server (accepts connections, never answers) and routes that hang or fail a few times test timeouts and retries.
 """
 
 import base64
@@ -11,10 +12,13 @@ import logging
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import textwrap
 import threading
+import time
+from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -22,7 +26,8 @@ import numpy as np
 import pytest
 import torch
 from helpers_runs import make_run_dir
-from huggingface_hub import ModelCard, constants
+from huggingface_hub import ModelCard, constants, get_session
+from huggingface_hub.utils import _http as hf_http
 from PIL import Image
 from transformers import (
     AutoImageProcessor,
@@ -42,12 +47,16 @@ TOKEN = "hf_secret123"
 class FakeHub:
     """A threaded local HTTP server standing in for the Hub API; records every request.
 
-    `fail` maps a route (`create`, `branch`, `commit`) to an HTTP status to answer with, or to `"close"` to drop the
-    connection without answering.
+    `fail` maps a route (`create`, `branch`, `preupload`, `commit`) to an HTTP status to answer with, to `"close"` to
+    drop the connection without answering, or to `"hang"` to read the request and never answer; each route fails its
+    first `failures` requests (all of them by default) and `attempts` counts the requests of each route.
     """
 
-    def __init__(self, fail: dict | None = None):
-        self.fail = fail or {}
+    def __init__(self, fail: dict | None = None, failures: int = 10**6):
+        self.fail, self.failures = fail or {}, failures
+        self.attempts: Counter = Counter()
+        self.failed: Counter = Counter()
+        self.release = threading.Event()  # set on exit: ends the handlers that hang
         self.requests: list[dict] = []
         self.created: list[dict] = []
         self.branches: list[tuple[str, str]] = []
@@ -88,7 +97,14 @@ class FakeHub:
                 route, match = next(((r, m) for r, m in matches if m), (None, None))
                 if match is None:
                     return self.reply(404, {"error": f"no route {path}"})
-                failure = hub_.fail.get(route)
+                hub_.attempts[route] += 1
+                failure = hub_.fail.get(route) if hub_.failed[route] < hub_.failures else None
+                if failure is not None:
+                    hub_.failed[route] += 1
+                if failure == "hang":
+                    hub_.release.wait(30)
+                    self.close_connection = True
+                    return
                 if failure == "close":
                     self.close_connection = True
                     return
@@ -146,8 +162,39 @@ class FakeHub:
         return self
 
     def __exit__(self, *exc):
+        self.release.set()
         self.server.shutdown()
         self.server.server_close()
+
+
+class SilentServer:
+    """A server on 127.0.0.1 that accepts every connection and never sends a byte (a hung Hub or proxy)."""
+
+    def __init__(self):
+        self.socket = socket.create_server(("127.0.0.1", 0))
+        self.socket.settimeout(0.1)
+        self.url = f"http://127.0.0.1:{self.socket.getsockname()[1]}"
+        self.connections: list[socket.socket] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+
+    def serve(self):
+        while not self.stop.is_set():
+            try:
+                self.connections.append(self.socket.accept()[0])
+            except TimeoutError:
+                pass
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(5)
+        for connection in self.connections:
+            connection.close()
+        self.socket.close()
 
 
 @pytest.fixture(autouse=True)
@@ -155,6 +202,8 @@ def online(monkeypatch):
     """The suite runs with HF_HUB_OFFLINE=1, which blocks every request; these tests only talk to localhost."""
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv(hub.TIMEOUT_ENV, raising=False)
+    monkeypatch.setattr(hub, "RETRY_WAIT_SECONDS", 0.01)  # retries keep their count, not their 2 s, 4 s waits
 
 
 @pytest.fixture(scope="module")
@@ -172,7 +221,7 @@ def both_output(both_output_template, tmp_path):
     return Path(shutil.copytree(both_output_template, tmp_path / "out"))
 
 
-def tree_hashes(folder: Path, skip: str = "README.md") -> dict[str, str]:
+def tree_hashes(folder: Path, skip: str | None = "README.md") -> dict[str, str]:
     return {
         str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(folder.rglob("*"))
@@ -370,7 +419,7 @@ def test_failed_push_says_why_and_how_to_retry(both_output, caplog, fail, cause)
     message = str(error.value)
     assert cause in message
     assert "Every local file" in message and "still in place" in message
-    assert f"python -m finetune.hub push {run} --repo-id me/vit --commit-message 'first try'" in message
+    assert f"python -m finetune.hub push {run} --repo_id me/vit --commit_message 'first try'" in message
     if fail.get("create") == 401:
         assert "token was rejected" in message
     assert TOKEN not in message and not any(TOKEN in r.getMessage() for r in caplog.records)
@@ -389,7 +438,7 @@ def test_no_token(both_output, monkeypatch):
     monkeypatch.setattr(hub, "get_token", lambda: None)
     with pytest.raises(hub.HubPushError, match="no Hub token") as error:
         hub.push_output_dir(both_output / "scratch", "me/vit", private=True, revision="v1")
-    assert f"python -m finetune.hub push {both_output / 'scratch'} --repo-id me/vit --private --revision v1" in str(
+    assert f"python -m finetune.hub push {both_output / 'scratch'} --repo_id me/vit --private --revision v1" in str(
         error.value
     )
 
@@ -416,7 +465,124 @@ def test_cli(both_output, monkeypatch, capsys):
             hub.main(["push", str(run), "--repo-id", "me/cli"])
     assert exit_info.value.code == 1
     err = capsys.readouterr().err
-    assert "HTTP 503" in err and f"python -m finetune.hub push {run} --repo-id me/cli" in err
+    assert "HTTP 503" in err and f"python -m finetune.hub push {run} --repo_id me/cli" in err
+
+
+def test_silent_hub_times_out_with_bounded_retries(both_output):
+    """A Hub that accepts the connection and never answers fails the push within timeout x attempts, not never."""
+    run = both_output / "scratch"
+    hub.write_model_card(run, "me/vit")  # the push rewrites the card to the same bytes: the tree stays identical
+    before = tree_hashes(both_output, skip=None)
+    factory = hf_http._GLOBAL_CLIENT_FACTORY
+    with SilentServer() as server:
+        start = time.perf_counter()
+        with pytest.raises(hub.HubPushError) as error:
+            hub.push_output_dir(run, "me/vit", token=TOKEN, endpoint=server.url, timeout=1, retries=1)
+        elapsed = time.perf_counter() - start
+    message = str(error.value)
+    assert f"no answer from {server.url} within 1 s on POST /api/repos/create (2 attempts; ReadTimeout" in message
+    assert "--timeout" in message and hub.TIMEOUT_ENV in message
+    assert f"Retry with: python -m finetune.hub push {run} --repo_id me/vit --timeout 1 --retries 1" in message
+    # two 1 s attempts (plus huggingface_hub's own 3 s agent-registry lookup when it is the process's first request)
+    assert 2 <= elapsed < 15
+    assert tree_hashes(both_output, skip=None) == before
+    # the timeout and retries were the push's own: the library's client factory is back, without a timeout
+    assert hf_http._GLOBAL_CLIENT_FACTORY is factory
+    assert get_session().timeout.read is None
+
+
+def test_upload_that_hangs_is_sent_again(both_output, caplog):
+    """A commit request that gets no answer times out and is retried; the second attempt lands the whole upload."""
+    caplog.set_level(logging.INFO)
+    run = both_output / "scratch"
+    with FakeHub(fail={"commit": "hang"}, failures=1) as server:
+        url = hub.push_output_dir(run, "me/vit", token=TOKEN, endpoint=server.url, timeout=1, retries=1)
+    assert url.startswith(f"{server.url}/me/vit/commit/")
+    assert server.attempts["commit"] == 2
+    [commit] = server.commits
+    plan = dict(hub.upload_plan(run))
+    assert commit["files"] == {path: local.read_bytes() for path, local in plan.items()}
+    messages = [r.getMessage() for r in caplog.records]
+    total = sum(local.stat().st_size for local in plan.values())
+    assert any(m.startswith(f"Uploading {len(plan)} files ({hub._size(total)})") for m in messages)
+    assert any("model.safetensors (" in m for m in messages)  # each file is named with its size
+    assert any("POST /api/models/me/vit/commit/main: ReadTimeout" in m and "(attempt 1/2)" in m for m in messages)
+
+
+def test_server_errors_then_success(both_output):
+    """A Hub that answers 503 and 500 twice before working is retried with backoff, and the push succeeds."""
+    with FakeHub(fail={"create": 503, "preupload": 500, "commit": 502}, failures=2) as server:
+        url = hub.push_output_dir(both_output / "pretrained", "me/vit", token=TOKEN, endpoint=server.url, retries=2)
+    assert url.startswith(f"{server.url}/me/vit/commit/") and len(server.commits) == 1
+    assert (server.attempts["create"], server.attempts["preupload"], server.attempts["commit"]) == (3, 3, 3)
+
+
+def test_retries_are_bounded_and_client_errors_are_not_retried(both_output):
+    with FakeHub(fail={"commit": 503}) as server:
+        with pytest.raises(hub.HubPushError, match=r"HTTP 503 on POST /api/models/me/vit/commit/main.*\(4 attempts\)"):
+            hub.push_output_dir(both_output / "pretrained", "me/vit", token=TOKEN, endpoint=server.url, retries=3)
+    assert server.attempts["commit"] == 4
+    with FakeHub(fail={"create": 401}) as server:
+        with pytest.raises(hub.HubPushError, match="token was rejected"):
+            hub.push_output_dir(both_output / "pretrained", "me/vit", token=TOKEN, endpoint=server.url)
+    assert server.attempts["create"] == 1
+
+
+def test_cli_against_a_silent_hub(both_output, monkeypatch, capsys):
+    """The CLI ends a hung push with one line naming the problem and the fix, then the retry command; exit 1."""
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    run = both_output / "scratch"
+    hub.write_model_card(run, "me/cli")
+    before = tree_hashes(both_output, skip=None)
+    with SilentServer() as server:
+        monkeypatch.setattr(constants, "ENDPOINT", server.url)
+        with pytest.raises(SystemExit) as exit_info:
+            hub.main(["push", str(run), "--repo_id", "me/cli", "--commit_message", "try", "--timeout", "1",
+                      "--retries", "0"])  # fmt: skip
+    assert exit_info.value.code == 1
+    first, retry = capsys.readouterr().err.strip().splitlines()
+    assert first.startswith(f"error: Pushing {run} to the Hub repo 'me/cli' failed: no answer from {server.url}")
+    assert "Every local file" in first and "still in place" in first
+    assert retry == (
+        f"Retry with: python -m finetune.hub push {run} --repo_id me/cli --commit_message try --timeout 1 --retries 0"
+    )
+    assert tree_hashes(both_output, skip=None) == before
+
+
+def test_cli_debug_shows_the_traceback(both_output, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    with FakeHub(fail={"create": 404}) as server:
+        monkeypatch.setattr(constants, "ENDPOINT", server.url)
+        with pytest.raises(hub.HubPushError, match="HTTP 404.*repo or revision was not found"):
+            hub.main(["push", str(both_output / "scratch"), "--repo-id", "me/cli", "--debug"])
+
+
+@pytest.mark.parametrize(
+    "argv, env, problem",
+    [
+        (["--timeout", "0"], None, "timeout must be a positive number of seconds (e.g. 60), got 0.0."),
+        (["--retries", "-1"], None, "retries must be a whole number >= 0 (e.g. 2), got -1."),
+        ([], "soon", "FINETUNE_HUB_TIMEOUT must be a positive number of seconds (e.g. 60), got 'soon'."),
+    ],
+)
+def test_cli_refuses_bad_timeouts_before_any_request(both_output, monkeypatch, capsys, argv, env, problem):
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    if env is not None:
+        monkeypatch.setenv(hub.TIMEOUT_ENV, env)
+    with FakeHub() as server:
+        monkeypatch.setattr(constants, "ENDPOINT", server.url)
+        with pytest.raises(SystemExit) as exit_info:
+            hub.main(["push", str(both_output / "scratch"), "--repo_id", "me/cli", *argv])
+    assert exit_info.value.code == 1
+    assert capsys.readouterr().err.strip() == f"error: {problem}"
+    assert server.requests == []
+
+
+def test_timeout_from_the_environment(both_output, monkeypatch):
+    monkeypatch.setenv(hub.TIMEOUT_ENV, "1.5")
+    with SilentServer() as server:
+        with pytest.raises(hub.HubPushError, match=r"within 1\.5 s .*\(1 attempt;"):
+            hub.push_output_dir(both_output / "scratch", "me/vit", token=TOKEN, endpoint=server.url, retries=0)
 
 
 def test_real_tiny_run_is_compared_and_pushed(tmp_path, monkeypatch, caplog):

@@ -51,14 +51,20 @@ def _slug(name: str) -> str:
 
 
 def per_class_table(runs: Sequence[Results], names: Sequence[str]) -> str:
-    """Markdown table of per-class accuracy: one row per class (in label order), one column per run."""
+    """Markdown table of per-class accuracy (the recall): one row per class (in label order), one column per run,
+    followed by a precision and an F1 column for each run whose results hold them."""
     classes: list[str] = []
     for run in runs:
         for label in list(run.label_names) + list(run.per_class_accuracy):
             if label not in classes:
                 classes.append(label)
     headers = ["Class"] + [f"{name} ({run.confusion_split or '?'})" for run, name in zip(runs, names)]
-    rows = [[label] + [format_percent(run.per_class_accuracy.get(label)) for run in runs] for label in classes]
+    columns = [run.per_class_accuracy for run in runs]
+    for run, name in zip(runs, names):
+        if run.per_class_precision:
+            headers += [f"{name} precision", f"{name} F1"]
+            columns += [run.per_class_precision, run.per_class_f1]
+    rows = [[label] + [format_percent(column.get(label)) for column in columns] for label in classes]
     return markdown_table(headers, rows)
 
 
@@ -101,7 +107,9 @@ def write_comparison(run_dirs: Sequence[str | os.PathLike], output_dir: str | os
         "## Learning curves",
         f"![Learning curves: loss and validation accuracy per epoch]({LEARNING_CURVES_NAME})",
         "## Per-class accuracy",
-        "On the split named in each column header (the test split when the run had one).",
+        "On the split named in each run's accuracy column (the test split when the run had one). A class's accuracy "
+        "is its recall: the fraction of its images predicted as it; precision is the fraction of the images "
+        "predicted as the class that belong to it.",
         per_class_table(runs, names),
     ]
     if confusion_files:
@@ -118,6 +126,8 @@ def write_comparison(run_dirs: Sequence[str | os.PathLike], output_dir: str | os
     summary = {
         "runs": rows,
         "per_class_accuracy": {name: run.per_class_accuracy for run, name in zip(runs, names)},
+        "per_class_precision": {name: run.per_class_precision for run, name in zip(runs, names)},
+        "per_class_f1": {name: run.per_class_f1 for run, name in zip(runs, names)},
     }
     (output_dir / SUMMARY_NAME).write_text(json.dumps(summary, indent=2))
     return report_path

@@ -96,22 +96,31 @@ def card_data(results: Results, model_name: str) -> ModelCardData:
     dataset_name = display_dataset(dataset)
     dataset_type = dataset if is_hub_id(dataset) else dataset_name
     eval_results = []
-    for split, metric_name in (("validation", "Validation accuracy"), ("test", "Test accuracy")):
+    for split in ("validation", "test"):
         metrics = getattr(results, split)
-        accuracy = metrics.accuracy if metrics else None
-        if accuracy is not None:
-            eval_results.append(
-                EvalResult(
-                    task_type="image-classification",
-                    task_name="Image Classification",
-                    dataset_type=dataset_type,
-                    dataset_name=dataset_name,
-                    dataset_split=split,
-                    metric_type="accuracy",
-                    metric_value=accuracy,
-                    metric_name=metric_name,
+        if metrics is None:
+            continue
+        # (value, metric id of the Hub's metrics, its arguments, the name shown)
+        values = (
+            (metrics.accuracy, "accuracy", None, f"{split.capitalize()} accuracy"),
+            (metrics.top5_accuracy, "top_k_accuracy", {"k": 5}, f"{split.capitalize()} top-5 accuracy"),
+            (metrics.macro_f1, "f1", {"average": "macro"}, f"{split.capitalize()} macro F1"),
+        )
+        for value, metric_type, metric_args, metric_name in values:
+            if value is not None:
+                eval_results.append(
+                    EvalResult(
+                        task_type="image-classification",
+                        task_name="Image Classification",
+                        dataset_type=dataset_type,
+                        dataset_name=dataset_name,
+                        dataset_split=split,
+                        metric_type=metric_type,
+                        metric_value=value,
+                        metric_name=metric_name,
+                        metric_args=metric_args,
+                    )
                 )
-            )
     base_model = results.model_name_or_path
     return ModelCardData(
         library_name="transformers",
@@ -206,20 +215,41 @@ def _results_section(results: Results) -> list[str]:
                 [
                     split,
                     format_percent(metrics.accuracy),
+                    format_percent(metrics.top5_accuracy),
+                    format_number(metrics.macro_f1, 4),
                     format_number(metrics.loss, 4),
                     count if count is not None else MISSING,
                 ]
             )
-    sections = ["## Results", markdown_table(["Split", "Accuracy", "Loss", "Images"], rows)]
+    headers = ["Split", "Accuracy", "Top-5 accuracy", "Macro F1", "Loss", "Images"]
+    sections = ["## Results", markdown_table(headers, rows)]
     if results.per_class_accuracy:
         split = results.confusion_split or "evaluation"
-        sections += [
-            f"Per-class accuracy on the {split} split:",
-            markdown_table(
-                ["Class", "Accuracy"],
-                [[label, format_percent(acc)] for label, acc in results.per_class_accuracy.items()],
-            ),
-        ]
+        if results.per_class_precision:
+            sections += [
+                f"Per-class accuracy, precision and F1 on the {split} split (accuracy is the recall: the fraction "
+                "of the class's images predicted as it):",
+                markdown_table(
+                    ["Class", "Accuracy (recall)", "Precision", "F1"],
+                    [
+                        [
+                            label,
+                            format_percent(acc),
+                            format_percent(results.per_class_precision.get(label)),
+                            format_percent(results.per_class_f1.get(label)),
+                        ]
+                        for label, acc in results.per_class_accuracy.items()
+                    ],
+                ),
+            ]
+        else:
+            sections += [
+                f"Per-class accuracy on the {split} split:",
+                markdown_table(
+                    ["Class", "Accuracy"],
+                    [[label, format_percent(acc)] for label, acc in results.per_class_accuracy.items()],
+                ),
+            ]
     return sections
 
 

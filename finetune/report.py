@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from finetune.results import HistoryRow, Results
+from finetune.results import EvalMetrics, HistoryRow, Results
 
 
 MISSING = "—"
@@ -95,16 +95,21 @@ SUMMARY_COLUMNS = (
     "Images/s",
     "Validation accuracy",
     "Test accuracy",
+    "Top-5 accuracy",
+    "Macro F1",
 )
 # What the "Training time" and "Images/s" columns measure (`results.json`'s `train.seconds`).
 SUMMARY_NOTE = (
     "Training time is the training loop (optimizer steps with their data path), without the evaluations and "
-    "checkpoints between epochs; images/s counts training images (all epochs) per second of it."
+    "checkpoints between epochs; images/s counts training images (all epochs) per second of it. Top-5 accuracy "
+    "(only with more than 5 classes) and macro F1 are on the test split, or on the validation split of a run "
+    "without one."
 )
 
 
 def summary_row(results: Results, name: str, run_dir: str) -> dict[str, Any]:
     """The raw values of one run's line in the summary table (also stored in `comparison.json`)."""
+    final = final_split(results)[1]
     return {
         "run": name,
         "run_dir": run_dir,
@@ -118,7 +123,14 @@ def summary_row(results: Results, name: str, run_dir: str) -> dict[str, Any]:
         "train_images_per_second": results.train.images_per_second,
         "validation_accuracy": results.validation.accuracy if results.validation else None,
         "test_accuracy": results.test.accuracy if results.test else None,
+        "top5_accuracy": final.top5_accuracy if final else None,
+        "macro_f1": final.macro_f1 if final else None,
     }
+
+
+def final_split(results: Results) -> tuple[str, EvalMetrics | None]:
+    """The split a run's headline metrics come from: test when the run had one, else validation."""
+    return ("test", results.test) if results.test is not None else ("validation", results.validation)
 
 
 def summary_table(rows: Sequence[dict]) -> str:
@@ -142,6 +154,8 @@ def summary_table(rows: Sequence[dict]) -> str:
                 format_number(row.get("train_images_per_second"), 1),
                 format_percent(row.get("validation_accuracy")),
                 format_percent(row.get("test_accuracy")),
+                format_percent(row.get("top5_accuracy")),
+                format_number(row.get("macro_f1"), 4),
             ]
         )
     return markdown_table(SUMMARY_COLUMNS, cells)

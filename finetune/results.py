@@ -23,7 +23,7 @@ from typing import Any
 
 
 RESULTS_NAME = "results.json"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 @dataclass
@@ -34,6 +34,8 @@ class EvalMetrics:
     loss: float | None = None
     runtime_seconds: float | None = None
     images_per_second: float | None = None
+    top5_accuracy: float | None = None  # only with more than 5 classes
+    macro_f1: float | None = None
 
     # The Trainer's metric names (after the `eval_`/`test_` prefix) -> ours.
     TRAINER_NAMES = {
@@ -41,6 +43,8 @@ class EvalMetrics:
         "loss": "loss",
         "runtime": "runtime_seconds",
         "samples_per_second": "images_per_second",
+        "top5_accuracy": "top5_accuracy",
+        "macro_f1": "macro_f1",
     }
 
     @classmethod
@@ -95,6 +99,11 @@ class Results:
     validation: EvalMetrics | None = None
     test: EvalMetrics | None = None
     per_class_accuracy: dict[str, float] = field(default_factory=dict)
+    # On `confusion_split`, as `per_class_accuracy` (which is the recall); None where undefined. Empty in files written
+    # before schema version 3.
+    per_class_precision: dict[str, float | None] = field(default_factory=dict)
+    per_class_recall: dict[str, float | None] = field(default_factory=dict)
+    per_class_f1: dict[str, float | None] = field(default_factory=dict)
     confusion_matrix: list[list[int]] = field(default_factory=list)
     confusion_split: str | None = None
     history: list[HistoryRow] = field(default_factory=list)

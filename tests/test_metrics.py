@@ -1,0 +1,132 @@
+"""The shipped metric modules against hand-computed values (and scikit-learn), and the new metrics' path into
+results.json, the comparison report and the model card."""
+
+import json
+
+import numpy as np
+import pytest
+from helpers_runs import make_run_dir
+from huggingface_hub import ModelCard
+from sklearn.metrics import f1_score, precision_recall_fscore_support, top_k_accuracy_score
+from transformers import EvalPrediction
+
+from finetune import compare, model_card
+from finetune.metrics import compute_metrics, confusion_report, load_metric
+from finetune.results import EvalMetrics, Results
+
+
+# Three classes, six images: class 0 TP 1 of 2 predicted / 2 true; class 1 TP 2 of 3 / 2; class 2 TP 1 of 1 / 2.
+REFERENCES = [0, 0, 1, 1, 2, 2]
+PREDICTIONS = [0, 1, 1, 1, 0, 2]
+PRECISION = [1 / 2, 2 / 3, 1.0]
+RECALL = [1 / 2, 1.0, 1 / 2]
+F1 = [1 / 2, 4 / 5, 2 / 3]  # 2PR / (P + R): (2 * 2/3 * 1) / (5/3) = 4/5; (2 * 1 * 1/2) / (3/2) = 2/3
+MACRO_F1 = 59 / 90  # (1/2 + 4/5 + 2/3) / 3 = (15 + 24 + 20) / 90
+
+
+def test_precision_recall_f1_by_hand():
+    result = load_metric("precision_recall_f1").compute(predictions=PREDICTIONS, references=REFERENCES)
+    np.testing.assert_allclose(result["precision"], PRECISION)
+    np.testing.assert_allclose(result["recall"], RECALL)
+    np.testing.assert_allclose(result["f1"], F1)
+    assert result["macro_f1"] == pytest.approx(MACRO_F1)
+    assert result["macro_precision"] == pytest.approx((1 / 2 + 2 / 3 + 1) / 3)
+
+
+def test_precision_recall_f1_matches_sklearn_with_absent_classes():
+    rng = np.random.default_rng(0)
+    references, predictions = rng.integers(0, 6, 200), rng.integers(0, 7, 200)
+    predictions[predictions == 3] = 4  # class 3 is never predicted: precision undefined, counted as 0 in the mean
+    result = load_metric("precision_recall_f1").compute(
+        predictions=predictions, references=references, num_labels=8
+    )  # class 7 occurs nowhere: left out of the macro averages, as scikit-learn does
+    precision, recall, f1, _ = precision_recall_fscore_support(
+        references, predictions, labels=range(8), zero_division=0
+    )
+    assert np.isnan(result["precision"][3]) and np.isnan(result["recall"][6]) and np.isnan(result["f1"][7])
+    np.testing.assert_allclose(np.nan_to_num(result["f1"][:7]), f1[:7])
+    np.testing.assert_allclose(np.nan_to_num(result["recall"][:6]), recall[:6])
+    assert result["macro_f1"] == pytest.approx(f1_score(references, predictions, average="macro", zero_division=0))
+
+
+def test_top_k_accuracy_by_hand():
+    scores = np.tile(np.arange(7, dtype=np.float32), (4, 1))  # class 6 scores highest, class 0 lowest
+    # label 6: 0 classes above it (hit); 2: 4 above (hit); 1: 5 above (miss); 0: 6 above (miss)
+    result = load_metric("top_k_accuracy").compute(predictions=scores, references=[6, 2, 1, 0], k=5)
+    assert result["top_k_accuracy"] == 0.5
+    assert load_metric("top_k_accuracy").compute(predictions=scores[:2], references=[1, 1], k=6)["top_k_accuracy"] == 1
+    rng = np.random.default_rng(1)
+    logits, labels = rng.normal(size=(50, 10)).astype(np.float32), rng.integers(0, 10, 50)
+    ours = load_metric("top_k_accuracy").compute(predictions=logits, references=labels, k=5)["top_k_accuracy"]
+    assert ours == pytest.approx(top_k_accuracy_score(labels, logits, k=5, labels=range(10)))
+
+
+def one_hot_logits(predictions, num_labels):
+    logits = np.zeros((len(predictions), num_labels), dtype=np.float32)
+    logits[np.arange(len(predictions)), predictions] = 1.0
+    return logits
+
+
+def test_compute_metrics_adds_top5_only_above_five_classes():
+    metrics = compute_metrics(EvalPrediction(one_hot_logits(PREDICTIONS, 3), np.array(REFERENCES)))
+    assert metrics == pytest.approx({"accuracy": 4 / 6, "macro_f1": MACRO_F1})
+    logits = np.tile(np.arange(7, dtype=np.float32), (4, 1))
+    metrics = compute_metrics(EvalPrediction(logits, np.array([6, 2, 1, 0])))
+    assert metrics["top5_accuracy"] == 0.5 and metrics["accuracy"] == 0.25
+    # argmax is class 6 for every image: F1 of class 6 is 2 * (1/4 * 1) / (5/4) = 0.4; classes 0, 1, 2 score 0
+    assert metrics["macro_f1"] == pytest.approx(0.4 / 4)
+
+
+def test_confusion_report_per_class_by_name():
+    report = confusion_report(one_hot_logits(PREDICTIONS, 4), np.array(REFERENCES), ["a", "b", "c", "d"])
+    assert report["confusion_matrix"] == [[1, 1, 0, 0], [0, 2, 0, 0], [1, 0, 1, 0], [0, 0, 0, 0]]
+    assert report["per_class_precision"] == pytest.approx({"a": 0.5, "b": 2 / 3, "c": 1.0, "d": None})
+    assert report["per_class_recall"] == report["per_class_accuracy"]
+    assert report["per_class_f1"]["b"] == pytest.approx(0.8) and report["per_class_f1"]["d"] is None
+
+
+def test_eval_metrics_from_the_trainer_names():
+    metrics = {"test_accuracy": 0.5, "test_top5_accuracy": 0.9, "test_macro_f1": 0.45, "test_loss": 1.0}
+    assert EvalMetrics.from_trainer(metrics, "test") == EvalMetrics(
+        accuracy=0.5, loss=1.0, top5_accuracy=0.9, macro_f1=0.45
+    )
+
+
+@pytest.fixture()
+def run_with_new_metrics(tmp_path):
+    run = make_run_dir(tmp_path / "run", "pretrained", extras=False)
+    data = json.loads((run / "results.json").read_text())
+    labels = data["label_names"]
+    data["validation"].update(top5_accuracy=0.97, macro_f1=0.4812)
+    data["test"].update(top5_accuracy=0.96, macro_f1=0.4401)
+    data["per_class_precision"] = {label: 0.25 + 0.1 * i for i, label in enumerate(labels)}
+    data["per_class_recall"] = data["per_class_accuracy"]
+    data["per_class_f1"] = {label: 0.3 + 0.1 * i for i, label in enumerate(labels)}
+    (run / "results.json").write_text(json.dumps(data))
+    return run, data
+
+
+def test_old_results_load_without_the_new_fields(tmp_path):
+    run = make_run_dir(tmp_path / "old", "scratch", extras=False)
+    results = Results.load(run)
+    assert results.validation.top5_accuracy is None and results.per_class_precision == {}
+
+
+def test_new_metrics_in_report_and_card(run_with_new_metrics, tmp_path):
+    run, data = run_with_new_metrics
+    results = Results.load(run)
+    assert results.test.macro_f1 == 0.4401 and results.per_class_f1 == data["per_class_f1"]
+    text = compare.write_comparison([run], tmp_path / "cmp").read_text()
+    summary_line = next(line for line in text.splitlines() if line.startswith("| run |"))
+    assert summary_line.rstrip(" |").endswith("96.00% | 0.4401")  # top-5 and macro F1 of the test split
+    first_label = data["label_names"][0]
+    class_line = next(line for line in text.splitlines() if line.startswith(f"| {first_label} |"))
+    assert "25.00%" in class_line and "30.00%" in class_line
+    model_card.write_model_card(run, "me/model")
+    card = ModelCard.load(run / "README.md")
+    values = {(r.dataset_split, r.metric_type): (r.metric_value, r.metric_args) for r in card.data.eval_results}
+    assert values[("test", "top_k_accuracy")] == (0.96, {"k": 5})
+    assert values[("validation", "f1")] == (0.4812, {"average": "macro"})
+    assert values[("test", "accuracy")][0] == data["test"]["accuracy"]
+    assert "| test | 45.00% | 96.00% | 0.4401 |" in card.text
+    assert f"| {first_label} | " in card.text and "Precision" in card.text

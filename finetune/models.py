@@ -60,6 +60,48 @@ def build_model(
     return model, processor, preprocessing
 
 
+def load_trained_model(
+    model_args: ModelArguments, data: ImageData
+) -> tuple[PreTrainedModel, ViTImageProcessor, Preprocessing]:
+    """Load a trained classifier as it was saved (`model_name_or_path`: a run's output directory, a checkpoint-*
+    folder or a Hub id; a saved ScratchViT loads through its registered Auto classes or `trust_remote_code`), for an
+    evaluation-only run. Its head must classify the dataset's labels: nothing is replaced."""
+    path = model_args.model_name_or_path
+    if looks_like_local_path(path) and not os.path.isdir(os.path.expanduser(path)):
+        raise FileNotFoundError(
+            f"`model_name_or_path` {path!r} is not a directory. Pass the output directory of a training run, one of "
+            "its checkpoint-* folders, or a Hub model id."
+        )
+    kwargs = _hub_kwargs(model_args)
+    attention = {"attn_implementation": model_args.attn_implementation} if model_args.attn_implementation else {}
+    try:
+        model = AutoModelForImageClassification.from_pretrained(path, **attention, **kwargs)
+        processor = AutoImageProcessor.from_pretrained(model_args.image_processor_name or path, **kwargs)
+    except OSError as error:
+        raise OSError(_unreachable_message("model", path, error)) from error
+    check_labels(model.config, data.label_names, path)
+    preprocessing = preprocessing_from(processor, model.config)
+    check_channels(data.num_channels, preprocessing.num_channels, model_args.convert_channels)
+    logger.info(f"Evaluating {type(model).__name__} from {path}: {count_parameters(model):,} parameters.")
+    return model.eval(), processor, preprocessing
+
+
+def check_labels(config, label_names: list[str], path: str) -> None:
+    """A trained head's classes must be the dataset's, in the same order (generic `LABEL_i` names match any)."""
+    names = [str(config.id2label[i]) for i in range(config.num_labels)]
+    if len(names) != len(label_names):
+        raise ValueError(
+            f"The model at {path!r} classifies {len(names)} classes but the dataset has {len(label_names)} "
+            f"({label_names[:5]}...). Evaluate it on the dataset it was trained for (`include_labels` selects "
+            "classes)."
+        )
+    if names != list(label_names) and names != [f"LABEL_{i}" for i in range(len(names))]:
+        raise ValueError(
+            f"The model at {path!r} was trained on the labels {names} but the dataset's are {list(label_names)}. "
+            "Evaluate it on the dataset it was trained for, with `include_labels` in the model's order if needed."
+        )
+
+
 def count_parameters(model: torch.nn.Module) -> int:
     """Number of parameters (trainable or not)."""
     return sum(p.numel() for p in model.parameters())

@@ -5,6 +5,7 @@ Plots use matplotlib's object-oriented API (`matplotlib.figure.Figure`) on the A
 no global backend is switched.
 """
 
+import csv
 import math
 import os
 import re
@@ -179,6 +180,31 @@ def history_table(history: Sequence[HistoryRow], max_rows: int | None = None) ->
             for h in history
         ],
     )
+
+
+def write_predictions_csv(
+    path: str | os.PathLike, logits: np.ndarray, labels: np.ndarray, label_names: Sequence[str], top_k: int = 5
+) -> Path:
+    """Per-image predictions of a split as CSV: `index` (position in the split), `label`, `predicted`, and the
+    `top_k` classes by softmax probability (`top1`, `top1_probability`, `top2`, ...); labels by name."""
+    logits = np.asarray(logits, dtype=np.float64)
+    probabilities = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    probabilities /= probabilities.sum(axis=-1, keepdims=True)
+    k = min(top_k, probabilities.shape[-1])
+    ranked = np.argsort(-probabilities, axis=-1, kind="stable")[:, :k]  # (N, K) -> (N, k)
+    header = ["index", "label", "predicted"]
+    for i in range(1, k + 1):
+        header += [f"top{i}", f"top{i}_probability"]
+    path = Path(path)
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        for index, (label, order) in enumerate(zip(labels, ranked)):
+            row = [index, label_names[int(label)], label_names[int(order[0])]]
+            for j in order:
+                row += [label_names[int(j)], f"{probabilities[index, j]:.6f}"]
+            writer.writerow(row)
+    return path
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -43,7 +43,8 @@ logger = logging.getLogger(__name__)
 
 
 def main(argv: list[str] | None = None) -> dict[str, dict]:
-    """Run the pipeline; returns the results of each trained model keyed by model type."""
+    """Run the pipeline; returns the results of each trained (or, with `do_train: false`, evaluated) model keyed by
+    model type."""
     model_args, data_args, scratch_args, training_args = parse_args(argv)
     setup_logging(training_args)
 
@@ -52,12 +53,17 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     push_to_hub, hub_token = training_args.push_to_hub, training_args.hub_token
     training_args.push_to_hub, training_args.hub_token = False, None
 
+    if not training_args.do_train:
+        check_evaluation_only(model_args, push_to_hub)
     model_types = ["pretrained", "scratch"] if model_args.model_type == "both" else [model_args.model_type]
     run_dirs = {
         t: Path(training_args.output_dir) / t if len(model_types) > 1 else Path(training_args.output_dir)
         for t in model_types
     }
-    checkpoints = {t: resolve_checkpoint(run_dirs[t], training_args) for t in model_types}
+    if training_args.do_train:
+        checkpoints = {t: resolve_checkpoint(run_dirs[t], training_args) for t in model_types}
+    else:
+        check_no_earlier_results(run_dirs[model_args.model_type], training_args)
 
     # ---- Data: decoded once into uint8 tensors (and cached); the main process decodes first, the others read it.
     target_size = scratch_args.image_size
@@ -68,6 +74,9 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     for model_type in model_types:
         args = dataclasses.replace(training_args, output_dir=str(run_dirs[model_type]))
         args.push_to_hub, args.hub_token = False, None
+        if not training_args.do_train:
+            results[model_type] = evaluate_only(model_type, model_args, data_args, args, data)
+            continue
         results[model_type] = train_and_evaluate(
             model_type, model_args, data_args, scratch_args, args, data, checkpoints[model_type]
         )
@@ -159,27 +168,7 @@ def train_and_evaluate(
     logger.info(f"==== {model_type} model -> {args.output_dir}")
     set_seed(args.seed)
     model, processor, prep = build_model(model_type, model_args, scratch_args, data)
-    batch_transform = BatchTransform(
-        image_size=prep.image_size,
-        mean=prep.image_mean,
-        std=prep.image_std,
-        in_channels=data.num_channels,
-        out_channels=prep.num_channels,
-        random_crop_padding=data_args.random_crop_padding,
-        horizontal_flip=data_args.horizontal_flip,
-        rand_augment_ops=data_args.rand_augment_ops,
-        rand_augment_magnitude=data_args.rand_augment_magnitude,
-    )
-    trainer = ImageClassificationTrainer(
-        model=model,
-        args=args,
-        train_dataset=data.train,
-        eval_dataset=data.validation,
-        data_collator=collate_batch,
-        compute_metrics=compute_metrics,
-        processing_class=processor,
-        batch_transform=batch_transform,
-    )
+    trainer = make_trainer(model, processor, prep, data_args, args, data)
 
     # ---- Training. With `load_best_model_at_end` the best checkpoint by validation accuracy is reloaded here.
     train_result = trainer.train(resume_from_checkpoint=checkpoint)
@@ -244,6 +233,143 @@ def train_and_evaluate(
     )
     if trainer.is_world_process_zero():
         logger.info(f"Results written to {results.save(args.output_dir)}")
+    return results
+
+
+def make_trainer(
+    model, processor, prep, data_args: DataArguments, args, data: ImageData
+) -> ImageClassificationTrainer:
+    """The Trainer of one model, with the batch transform that feeds it at its resolution and normalisation."""
+    batch_transform = BatchTransform(
+        image_size=prep.image_size,
+        mean=prep.image_mean,
+        std=prep.image_std,
+        in_channels=data.num_channels,
+        out_channels=prep.num_channels,
+        random_crop_padding=data_args.random_crop_padding,
+        horizontal_flip=data_args.horizontal_flip,
+        rand_augment_ops=data_args.rand_augment_ops,
+        rand_augment_magnitude=data_args.rand_augment_magnitude,
+    )
+    return ImageClassificationTrainer(
+        model=model,
+        args=args,
+        train_dataset=data.train,
+        eval_dataset=data.validation,
+        data_collator=collate_batch,
+        compute_metrics=compute_metrics,
+        processing_class=processor,
+        batch_transform=batch_transform,
+    )
+
+
+def check_evaluation_only(model_args: ModelArguments, push_to_hub: bool) -> None:
+    """`do_train: false` scores one saved model; refuse what it cannot do before any data is loaded."""
+    if model_args.model_type == "both":
+        raise ValueError(
+            "`do_train: false` evaluates one saved model, but `model_type: both` trains two. Fix: `model_type: "
+            "pretrained` (or `scratch`) with `model_name_or_path` set to the model's folder."
+        )
+    if model_args.model_type == "scratch" and not os.path.isdir(os.path.expanduser(model_args.model_name_or_path)):
+        raise ValueError(
+            "`do_train: false` with `model_type: scratch` needs a trained ScratchViT to score: set "
+            "`model_name_or_path` to its run's output directory or one of its checkpoint-* folders."
+        )
+    if push_to_hub:
+        raise ValueError("`do_train: false` trains no model to push: drop `push_to_hub`, or push the model's own run.")
+
+
+def check_no_earlier_results(run_dir: Path, args: ImageClassificationTrainingArguments) -> None:
+    """An evaluation writes results.json and predictions: never over an earlier run's, unless asked to."""
+    earlier = [p.name for p in (run_dir / "results.json", *run_dir.glob("predictions_*.csv")) if p.exists()]
+    if earlier and not args.overwrite_output_dir:
+        raise FileExistsError(
+            f"{run_dir} already holds {', '.join(earlier)}. Nothing was changed. Fix: a new `--output_dir` for the "
+            "evaluation, or `--overwrite_output_dir true` to replace them (checkpoints and weights are kept)."
+        )
+
+
+def evaluate_only(
+    model_type: str,
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    args: ImageClassificationTrainingArguments,
+    data: ImageData,
+) -> Results:
+    """Score the saved model `model_name_or_path` on the validation and test splits without training it.
+
+    Writes into `output_dir`: `results.json` (metrics of both splits, per-class figures and the confusion matrix on
+    the test split, else validation), `confusion_matrix.png`, and `predictions_<split>.csv` per split: one row per
+    image, in the split's order (`index`), with its `label`, the `predicted` label, and the top-k classes with their
+    softmax probabilities (`top1`, `top1_probability`, ... up to k = 5 or the number of classes).
+    """
+    from finetune.models import load_trained_model
+    from finetune.report import plot_confusion_matrix, write_predictions_csv
+
+    start = time.perf_counter()
+    logger.info(f"==== evaluating {model_args.model_name_or_path} (no training) -> {args.output_dir}")
+    set_seed(args.seed)
+    model, processor, prep = load_trained_model(model_args, data)
+    trainer = make_trainer(model, processor, prep, data_args, args, data)
+    output_dir = Path(args.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    splits = {"validation": (data.validation, "eval")}
+    if data.test is not None:
+        splits["test"] = (data.test, "test")
+    predictions, metrics = {}, {}
+    for split, (images, prefix) in splits.items():
+        predictions[split] = trainer.predict(images, metric_key_prefix=prefix)
+        metrics[split] = predictions[split].metrics
+        trainer.log_metrics(prefix, metrics[split])
+        if trainer.is_world_process_zero():
+            path = write_predictions_csv(
+                output_dir / f"predictions_{split}.csv",
+                predictions[split].predictions,
+                predictions[split].label_ids,
+                data.label_names,
+            )
+            logger.info(f"Predictions of the {split} split written to {path}")
+    confusion_split = "test" if data.test is not None else "validation"
+    final = predictions[confusion_split]
+    confusion = confusion_report(final.predictions, final.label_ids, data.label_names)
+    is_scratch = getattr(model.config, "model_type", "") == "scratch_vit"
+    results = Results(
+        run_name=args.run_name or output_dir.name,
+        model_type="scratch" if is_scratch else model_type,
+        architecture=type(model).__name__,
+        model_name_or_path=model_args.model_name_or_path,
+        dataset=data.source,
+        label_names=list(data.label_names),
+        image_size=prep.image_size[0],
+        num_parameters=count_parameters(model),
+        num_samples={"validation": len(data.validation), "test": len(data.test) if data.test is not None else None},
+        hyperparameters={
+            "evaluation_only": True,
+            "per_device_eval_batch_size": args.per_device_eval_batch_size,
+            "mixed_precision": str(args.mixed_precision),
+            "attn_implementation": model.config._attn_implementation,
+            "world_size": args.world_size,
+            **({"flip_tta": True} if args.flip_tta else {}),
+        },
+        hardware={**hardware.describe(args.device), "world_size": args.world_size},
+        validation=EvalMetrics.from_trainer(metrics["validation"], "eval"),
+        test=EvalMetrics.from_trainer(metrics.get("test"), "test"),
+        per_class_accuracy=confusion["per_class_accuracy"],
+        per_class_precision=confusion["per_class_precision"],
+        per_class_recall=confusion["per_class_recall"],
+        per_class_f1=confusion["per_class_f1"],
+        confusion_matrix=confusion["confusion_matrix"],
+        confusion_split=confusion_split,
+        wall_seconds=time.perf_counter() - start,
+    )
+    if trainer.is_world_process_zero():
+        plot_confusion_matrix(
+            results.confusion_matrix,
+            results.label_names,
+            f"{results.run_name}\n{confusion_split} split, normalized per true class",
+            output_dir / "confusion_matrix.png",
+        )
+        logger.info(f"Results written to {results.save(output_dir)}")
     return results
 
 

@@ -40,6 +40,13 @@ class ImageClassificationTrainingArguments(TrainingArguments):
     save_strategy: SaveStrategy | str = field(
         default="epoch", metadata={"help": "When to checkpoint: `no`, `steps`, `epoch`, `best`."}
     )
+    do_train: bool = field(
+        default=True,
+        metadata={
+            "help": "Train (the default). `false`: evaluate the saved model `model_name_or_path` on the validation "
+            "and test splits without training, writing results.json and predictions_<split>.csv."
+        },
+    )
     logging_steps: float = field(default=50, metadata={"help": "Log every N optimizer steps (a ratio when < 1)."})
     load_best_model_at_end: bool = field(
         default=True, metadata={"help": "Reload the best checkpoint (by `metric_for_best_model`) at the end."}

@@ -1,0 +1,100 @@
+"""`do_train: false`: a saved model is scored on the validation and test splits by the real Trainer, which never
+enters its training loop; results.json, the confusion matrix and per-image predictions are written."""
+
+import csv
+import json
+
+import numpy as np
+import pytest
+from test_run import TINY_SCRATCH, tiny_vit_checkpoint
+from transformers import Trainer
+
+from finetune import run
+from finetune.report import write_predictions_csv
+
+
+DIGITS = [
+    "--dataset_name", "sklearn:digits", "--max_train_samples", "240", "--max_eval_samples", "45",
+    "--validation_size", "0.2", "--per_device_eval_batch_size", "16", "--seed", "0", "--decoded_cache_dir", "none",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def trained_scratch(tmp_path_factory):
+    out = tmp_path_factory.mktemp("trained") / "scratch"
+    args = [*TINY_SCRATCH, "--output_dir", str(out), "--num_train_epochs", "1", "--save_strategy", "no"]
+    run.main([*args, "--eval_strategy", "no", "--load_best_model_at_end", "false"])
+    return out
+
+
+@pytest.fixture()
+def no_training(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the training loop ran")
+
+    monkeypatch.setattr(Trainer, "_inner_training_loop", refuse)
+    monkeypatch.setattr(Trainer, "create_optimizer", refuse)
+
+
+def test_scores_a_saved_scratch_model_without_training(trained_scratch, tmp_path, no_training):
+    out = tmp_path / "eval"
+    results = run.main(
+        ["--do_train", "false", "--model_type", "scratch", "--model_name_or_path", str(trained_scratch), *DIGITS,
+         "--output_dir", str(out)]
+    )["scratch"]  # fmt: skip
+    trained = json.loads((trained_scratch / "results.json").read_text())
+    written = json.loads((out / "results.json").read_text())
+    # The same weights on the same split give the training run's final figures.
+    assert written["validation"]["accuracy"] == pytest.approx(trained["validation"]["accuracy"])
+    assert written["confusion_matrix"] == trained["confusion_matrix"]
+    assert written["train"]["steps"] is None and written["hyperparameters"]["evaluation_only"] is True
+    assert written["architecture"] == "ScratchViTForImageClassification" and results.model_type == "scratch"
+    assert written["validation"]["top5_accuracy"] is not None and written["per_class_f1"]
+    assert (out / "confusion_matrix.png").stat().st_size > 0
+    assert not (out / "model.safetensors").exists()
+    with open(out / "predictions_validation.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == written["num_samples"]["validation"]
+    assert list(rows[0])[:7] == ["index", "label", "predicted", "top1", "top1_probability", "top2", "top2_probability"]
+    correct = sum(row["label"] == row["predicted"] for row in rows)
+    assert correct / len(rows) == pytest.approx(written["validation"]["accuracy"])
+    assert all(row["predicted"] == row["top1"] for row in rows)
+    # A second evaluation into the same folder would replace the first: refused unless asked.
+    with pytest.raises(FileExistsError, match="overwrite_output_dir"):
+        run.main(["--do_train", "false", "--model_type", "scratch", "--model_name_or_path", str(trained_scratch),
+                  *DIGITS, "--output_dir", str(out)])  # fmt: skip
+
+
+def test_pretrained_path_checks_the_heads_labels(tmp_path, no_training):
+    checkpoint = tiny_vit_checkpoint(tmp_path / "vit3", num_labels=3)
+    with pytest.raises(ValueError, match="classifies 3 classes but the dataset has 10"):
+        run.main(["--do_train", "false", "--model_name_or_path", str(checkpoint), *DIGITS,
+                  "--output_dir", str(tmp_path / "o")])  # fmt: skip
+    checkpoint = tiny_vit_checkpoint(tmp_path / "vit10", num_labels=10)
+    results = run.main(
+        ["--do_train", "false", "--model_name_or_path", str(checkpoint), *DIGITS, "--output_dir", str(tmp_path / "e")]
+    )["pretrained"]
+    assert results.model_type == "pretrained" and results.validation.accuracy is not None
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--model_type", "both"], "`model_type: both` trains two"),
+        (["--model_type", "scratch"], "needs a trained ScratchViT to score"),
+    ],
+)
+def test_refusals_name_the_fix(args, message, tmp_path):
+    with pytest.raises(ValueError, match=message):
+        run.main(["--do_train", "false", *args, *DIGITS, "--output_dir", str(tmp_path / "o")])
+    assert not (tmp_path / "o").exists()
+
+
+def test_predictions_csv_by_hand(tmp_path):
+    logits = np.log(np.array([[0.2, 0.5, 0.3], [0.6, 0.1, 0.3]]))
+    path = write_predictions_csv(tmp_path / "p.csv", logits, np.array([2, 0]), ["a", "b", "c"], top_k=2)
+    assert path.read_text().splitlines() == [
+        "index,label,predicted,top1,top1_probability,top2,top2_probability",
+        "0,c,b,b,0.500000,c,0.300000",
+        "1,a,a,a,0.600000,c,0.300000",
+    ]

@@ -26,6 +26,7 @@ from scratch_vit import ScratchViTConfig
 
 
 MODEL_TYPES = ("pretrained", "scratch", "both")
+FINETUNE_METHODS = ("full", "linear_probe", "lora")
 CORRUPT_IMAGE_POLICIES = ("skip", "error")
 
 
@@ -83,9 +84,65 @@ class ModelArguments:
         },
     )
 
+    finetune_method: str = field(
+        default="full",
+        metadata={
+            "help": "How the pretrained model is fine-tuned: `full` (every weight), `linear_probe` (only the new "
+            "classification head; the rest stays frozen) or `lora` (low-rank adapters on the attention projections "
+            "through peft, plus the head). A saved ScratchViT fine-tunes the same way as `model_type: pretrained`; "
+            "under `model_type: both` the scratch model trains fully.",
+            "choices": list(FINETUNE_METHODS),
+        },
+    )
+    lora_r: int = field(default=8, metadata={"help": "LoRA rank r of the update B A (`finetune_method: lora`)."})
+    lora_alpha: float = field(default=16, metadata={"help": "LoRA scaling: the update is multiplied by alpha / r."})
+    lora_dropout: float = field(default=0.1, metadata={"help": "Dropout on the input of the LoRA update."})
+    lora_target_modules: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Names of the linear layers that get adapters. Default: the query and value projections of "
+            "transformers' ViT (`q_proj`, `v_proj`; `query`, `value` in older layouts) and ScratchViT's fused "
+            "`qkv` projection."
+        },
+    )
+    merge_lora: bool = field(
+        default=False,
+        metadata={
+            "help": "Also save the model with the adapters merged into its weights to OUTPUT/merged: a plain "
+            "transformers model that loads without peft."
+        },
+    )
+    layer_decay: float | None = field(
+        default=None,
+        metadata={
+            "help": "Layer-wise learning-rate decay (BEiT, MAE, timm's --layer-decay), e.g. 0.65-0.75: block i of L "
+            "trains at learning_rate * decay^(L - i), the embeddings at decay^(L + 1), the head at the full rate. "
+            "Either model type."
+        },
+    )
+
     def __post_init__(self):
         if self.model_type not in MODEL_TYPES:
             raise ValueError(f"`model_type` must be one of {list(MODEL_TYPES)}, got {self.model_type!r}.")
+        if self.finetune_method not in FINETUNE_METHODS:
+            raise ValueError(
+                f"`finetune_method` must be one of {list(FINETUNE_METHODS)}, got {self.finetune_method!r}."
+            )
+        if self.model_type == "scratch" and self.finetune_method != "full":
+            raise ValueError(
+                f"`finetune_method: {self.finetune_method}` needs pretrained weights, but `model_type: scratch` "
+                "starts from random ones. Fix: `model_type: pretrained` with `model_name_or_path` set to a saved "
+                "ScratchViT (a run's output directory), or `finetune_method: full`."
+            )
+        if self.lora_r < 1 or self.lora_alpha <= 0 or not 0 <= self.lora_dropout < 1:
+            raise ValueError(
+                f"LoRA needs `lora_r` >= 1, `lora_alpha` > 0 and `lora_dropout` in [0, 1), got {self.lora_r}, "
+                f"{self.lora_alpha} and {self.lora_dropout}."
+            )
+        if self.merge_lora and self.finetune_method != "lora":
+            raise ValueError("`merge_lora: true` merges LoRA adapters: it needs `finetune_method: lora`.")
+        if self.layer_decay is not None and not 0 < self.layer_decay <= 1:
+            raise ValueError(f"`layer_decay` must be in (0, 1] (e.g. 0.75), got {self.layer_decay}.")
 
 
 @dataclass

@@ -42,6 +42,7 @@ logger = logging.get_logger(__name__)
 # Top-level files of a run directory that make up the model repo; everything else stays local.
 MODEL_FILE_PATTERNS = (
     "config.json",
+    "adapter_config.json",  # a LoRA run: the peft adapter (adapter_model.safetensors) with its base model's name
     "generation_config.json",
     "*.safetensors",
     "model.safetensors.index.json",

@@ -20,6 +20,7 @@ from transformers.utils import logging
 
 from finetune.compare import REPORT_NAME, SUMMARY_NAME
 from finetune.hardware import short_name
+from finetune.models import ADAPTER_CONFIG_NAME
 from finetune.report import (
     MISSING,
     display_dataset,
@@ -89,8 +90,15 @@ def card_license(results: Results) -> str | None:
     return None
 
 
-def card_data(results: Results, model_name: str) -> ModelCardData:
-    """The card's YAML metadata: tags, dataset, base model, license, pipeline tag and model-index accuracies."""
+def adapter_base(output_dir: str | os.PathLike) -> str | None:
+    """The base model of a LoRA run's peft adapter (`adapter_config.json`), or None for a full model."""
+    adapter = _read_json(Path(output_dir) / ADAPTER_CONFIG_NAME)
+    return adapter.get("base_model_name_or_path") if isinstance(adapter, dict) else None
+
+
+def card_data(results: Results, model_name: str, adapter_base_model: str | None = None) -> ModelCardData:
+    """The card's YAML metadata: tags, dataset, base model, license, pipeline tag and model-index metrics. A peft
+    adapter (`adapter_base_model` given) is a `library_name: peft` repo naming its base model."""
     scratch = is_scratch(results)
     dataset = results.dataset
     dataset_name = display_dataset(dataset)
@@ -122,12 +130,16 @@ def card_data(results: Results, model_name: str) -> ModelCardData:
                     )
                 )
     base_model = results.model_name_or_path
+    tags = ["image-classification", "vision", "vit"] + (["scratch-vit", "custom_code"] if scratch else [])
+    if adapter_base_model is not None:
+        base_model = adapter_base_model
+        tags += ["peft", "lora"]
     return ModelCardData(
-        library_name="transformers",
+        library_name="peft" if adapter_base_model is not None else "transformers",
         license=card_license(results),
-        tags=["image-classification", "vision", "vit"] + (["scratch-vit", "custom_code"] if scratch else []),
+        tags=tags,
         datasets=[dataset] if is_hub_id(dataset) else None,
-        base_model=base_model if not scratch and is_hub_id(base_model) else None,
+        base_model=base_model if (adapter_base_model or not scratch) and is_hub_id(base_model) else None,
         pipeline_tag="image-classification",
         model_name=model_name,
         eval_results=eval_results or None,
@@ -172,6 +184,29 @@ def _architecture_rows(config: dict) -> list[list[Any]]:
         "head_type",
     )
     return [[f"`{key}`", config[key]] for key in keys if key in config]
+
+
+def _adapter_usage(base: str, repo: str) -> str:
+    return "\n".join(
+        [
+            f"A LoRA adapter (peft) of `{base}`, with the fine-tuned classification head:",
+            "",
+            "```python",
+            "from peft import PeftModel",
+            "from transformers import AutoConfig, AutoImageProcessor, AutoModelForImageClassification",
+            "",
+            f'repo = "{repo}"',
+            "config = AutoConfig.from_pretrained(repo)  # the fine-tuned labels",
+            f'base = AutoModelForImageClassification.from_pretrained("{base}", config=config, '
+            "ignore_mismatched_sizes=True)",
+            "model = PeftModel.from_pretrained(base, repo).merge_and_unload()",
+            "processor = AutoImageProcessor.from_pretrained(repo)",
+            "```",
+            "",
+            "With this project's code, `python -m finetune.predict MODEL_DIR image.jpg` loads the adapter folder "
+            "as it is.",
+        ]
+    )
 
 
 def _usage(results: Results, config: dict, repo: str) -> str:
@@ -289,7 +324,9 @@ def build_model_card(output_dir: str | os.PathLike, repo_id: str | None = None) 
             f"(comparison/{REPORT_NAME})).",
             summary_table(summary["runs"]),
         ]
-    sections += ["## How to use", _usage(results, config, repo)]
+    base = adapter_base(output_dir)
+    usage = _adapter_usage(base, repo) if base is not None else _usage(results, config, repo)
+    sections += ["## How to use", usage]
     sections += _training_section(results)
     architecture_rows = _architecture_rows(config)
     if architecture_rows:
@@ -303,7 +340,7 @@ def build_model_card(output_dir: str | os.PathLike, repo_id: str | None = None) 
         f"- Transformers {transformers.__version__}\n- PyTorch {torch.__version__}\n"
         f"- huggingface_hub {huggingface_hub.__version__}",
     ]
-    data = card_data(results, model_name)
+    data = card_data(results, model_name, base)
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n\n".join(sections) + "\n")
 
 

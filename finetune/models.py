@@ -47,6 +47,7 @@ def build_model(
     with the model so `pipeline()` works) and the preprocessing the batch transform applies."""
     if model_type == "pretrained":
         model, processor = _load_pretrained(model_args, data)
+        model = apply_finetune_method(model, model_args)
     elif model_type == "scratch":
         model, processor = _build_scratch(scratch_args, data, model_args.attn_implementation)
     else:
@@ -54,7 +55,8 @@ def build_model(
     preprocessing = preprocessing_from(processor, model.config)
     check_channels(data.num_channels, preprocessing.num_channels, model_args.convert_channels)
     logger.info(
-        f"Model {type(model).__name__}: {count_parameters(model):,} parameters, input "
+        f"Model {type(model).__name__}: {count_parameters(model):,} parameters "
+        f"({count_parameters(model, trainable=True):,} trained), input "
         f"{preprocessing.num_channels}x{preprocessing.image_size[0]}x{preprocessing.image_size[1]}."
     )
     return model, processor, preprocessing
@@ -75,7 +77,11 @@ def load_trained_model(
     kwargs = _hub_kwargs(model_args)
     attention = {"attn_implementation": model_args.attn_implementation} if model_args.attn_implementation else {}
     try:
-        model = AutoModelForImageClassification.from_pretrained(path, **attention, **kwargs)
+        if is_adapter_dir(path):
+            remote = {"trust_remote_code": model_args.trust_remote_code}
+            model = load_adapter_model(path, **attention, **remote)
+        else:
+            model = AutoModelForImageClassification.from_pretrained(path, **attention, **kwargs)
         processor = AutoImageProcessor.from_pretrained(model_args.image_processor_name or path, **kwargs)
     except OSError as error:
         raise OSError(_unreachable_message("model", path, error)) from error
@@ -102,9 +108,94 @@ def check_labels(config, label_names: list[str], path: str) -> None:
         )
 
 
-def count_parameters(model: torch.nn.Module) -> int:
-    """Number of parameters (trainable or not)."""
-    return sum(p.numel() for p in model.parameters())
+def count_parameters(model: torch.nn.Module, trainable: bool = False) -> int:
+    """Number of parameters (only those that train with `trainable`)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable)
+
+
+# Query and value projections, where LoRA's authors put the adapters: transformers' ViT (5.x names, then the 4.x
+# layout) and ScratchViT's fused query-key-value projection, which the adapter updates as one matrix.
+LORA_DEFAULT_TARGETS = ("q_proj", "v_proj", "query", "value", "qkv")
+HEAD_NAME = "classifier"
+
+
+def apply_finetune_method(model: PreTrainedModel, model_args: ModelArguments) -> torch.nn.Module:
+    """Prepare a pretrained classifier for `finetune_method`: `full` returns it unchanged, `linear_probe` freezes
+    everything but the classification head, `lora` returns a peft `PeftModel` with adapters on
+    `lora_target_modules` and the head trained (and saved) in full."""
+    method = model_args.finetune_method
+    if method == "full":
+        return model
+    if not isinstance(getattr(model, HEAD_NAME, None), torch.nn.Module):
+        raise ValueError(
+            f"`finetune_method: {method}` trains the classification head `{HEAD_NAME}`, which "
+            f"{type(model).__name__} does not have. Use `finetune_method: full` for this model."
+        )
+    if method == "linear_probe":
+        for name, parameter in model.named_parameters():
+            parameter.requires_grad = name.startswith(f"{HEAD_NAME}.")
+        return model
+    return add_lora(model, model_args)
+
+
+def add_lora(model: PreTrainedModel, model_args: ModelArguments) -> torch.nn.Module:
+    """Wrap `model` in a peft `PeftModel` with LoRA adapters; only the adapters and the head train."""
+    from peft import LoraConfig, get_peft_model
+
+    linear_names = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    targets = model_args.lora_target_modules or [n for n in LORA_DEFAULT_TARGETS if n in linear_names]
+    missing = sorted(set(targets) - linear_names)
+    if not targets or missing:
+        raise ValueError(
+            f"`lora_target_modules` {missing or targets} name no linear layer of {type(model).__name__}; its linear "
+            f"layers are {sorted(linear_names)}. Set `lora_target_modules` to some of them."
+        )
+    config = LoraConfig(
+        r=model_args.lora_r,
+        lora_alpha=model_args.lora_alpha,
+        lora_dropout=model_args.lora_dropout,
+        target_modules=targets,
+        modules_to_save=[HEAD_NAME],
+    )
+    logger.info(f"LoRA r={config.r}, alpha={config.lora_alpha} on {targets}; the head `{HEAD_NAME}` trains fully.")
+    return get_peft_model(model, config)
+
+
+ADAPTER_CONFIG_NAME = "adapter_config.json"
+
+
+def is_adapter_dir(path: str | os.PathLike) -> bool:
+    """Whether `path` is a folder holding a peft adapter (a `finetune_method: lora` run's output)."""
+    return os.path.isfile(os.path.join(path, ADAPTER_CONFIG_NAME))
+
+
+def load_adapter_model(path: str | os.PathLike, merge: bool = True, **kwargs) -> torch.nn.Module:
+    """Load a LoRA run's output: its base model (named in `adapter_config.json`) with the run's labels (its
+    `config.json`), then the adapters and head through peft. `merge` folds the adapters into the weights and returns a
+    plain transformers model; otherwise the `PeftModel`. `kwargs` go to `from_pretrained` (e.g. `trust_remote_code`,
+    `attn_implementation`)."""
+    import json
+
+    from peft import PeftModel
+
+    path = str(path)
+    with open(os.path.join(path, ADAPTER_CONFIG_NAME)) as f:
+        base = json.load(f)["base_model_name_or_path"]
+    remote = {"trust_remote_code": kwargs["trust_remote_code"]} if "trust_remote_code" in kwargs else {}
+    config = AutoConfig.from_pretrained(path, **remote)
+    try:
+        model = AutoModelForImageClassification.from_pretrained(
+            base, config=config, ignore_mismatched_sizes=True, **kwargs
+        )
+    except OSError as error:
+        raise OSError(
+            f"The adapter in {path} was trained on the base model {base!r}, which could not be loaded "
+            f"({type(error).__name__}: {str(error).splitlines()[0]}). Fix: make it reachable (download it, or edit "
+            f"`base_model_name_or_path` in {ADAPTER_CONFIG_NAME} to its local folder), or load the merged model "
+            "(`merge_lora: true` saves it to OUTPUT/merged)."
+        ) from error
+    model = PeftModel.from_pretrained(model, path)
+    return model.merge_and_unload() if merge else model
 
 
 def _hub_kwargs(model_args: ModelArguments) -> dict:

@@ -25,6 +25,7 @@ from transformers.utils import logging
 
 import scratch_vit  # noqa: F401  (registers ScratchViT with the Auto classes, so local runs load without remote code)
 from finetune.data.decode import IMAGE_EXTENSIONS, decode_image
+from finetune.models import is_adapter_dir, load_adapter_model
 
 
 logger = logging.get_logger(__name__)
@@ -58,7 +59,8 @@ def load_classifier(
     with the model in eval mode on `device` (default: CUDA when available, else CPU).
 
     ScratchViT folders load without `trust_remote_code` since importing this module registers the local code;
-    with it, the code files saved next to the weights are used instead.
+    with it, the code files saved next to the weights are used instead. A LoRA run's folder (a peft adapter) loads
+    its base model and merges the adapters in (`finetune.models.load_adapter_model`).
     """
     model_dir = str(model_dir)
     if not os.path.isfile(os.path.join(model_dir, "config.json")) and os.path.isdir(model_dir):
@@ -67,7 +69,12 @@ def load_classifier(
             "OUTPUT/pretrained or OUTPUT/scratch) or a checkpoint-* folder."
         )
     kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
-    model = AutoModelForImageClassification.from_pretrained(model_dir, trust_remote_code=trust_remote_code, **kwargs)
+    if is_adapter_dir(model_dir):
+        model = load_adapter_model(model_dir, trust_remote_code=trust_remote_code, **kwargs)
+    else:
+        model = AutoModelForImageClassification.from_pretrained(
+            model_dir, trust_remote_code=trust_remote_code, **kwargs
+        )
     processor = AutoImageProcessor.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     return model.to(device).eval(), processor

@@ -91,6 +91,7 @@ class Results:
     label_names: list[str] = field(default_factory=list)
     image_size: int | None = None
     num_parameters: int | None = None
+    num_trainable_parameters: int | None = None  # those the fine-tuning method trains (LoRA: adapters and head)
     num_samples: dict[str, int | None] = field(default_factory=dict)
     epochs: float | None = None
     hyperparameters: dict[str, Any] = field(default_factory=dict)

@@ -168,12 +168,14 @@ def train_and_evaluate(
     logger.info(f"==== {model_type} model -> {args.output_dir}")
     set_seed(args.seed)
     model, processor, prep = build_model(model_type, model_args, scratch_args, data)
-    trainer = make_trainer(model, processor, prep, data_args, args, data)
+    trainer = make_trainer(model, processor, prep, data_args, args, data, layer_decay=model_args.layer_decay)
 
     # ---- Training. With `load_best_model_at_end` the best checkpoint by validation accuracy is reloaded here.
     train_result = trainer.train(resume_from_checkpoint=checkpoint)
     history = history_from_log_history(trainer.state.log_history)  # before the final evaluations add their own
     trainer.save_model()
+    if hasattr(model, "peft_config") and trainer.is_world_process_zero():
+        save_lora_model(model, processor, Path(args.output_dir), model_args.merge_lora)
     trainer.log_metrics("train", train_result.metrics)
     trainer.save_metrics("train", train_result.metrics)
     trainer.save_state()
@@ -198,7 +200,7 @@ def train_and_evaluate(
     results = Results(
         run_name=args.run_name or Path(args.output_dir).name,
         model_type=model_type,
-        architecture=type(model).__name__,
+        architecture=type(model.get_base_model() if hasattr(model, "peft_config") else model).__name__,
         model_name_or_path=model_args.model_name_or_path if model_type == "pretrained" else None,
         dataset=data.source,
         label_names=list(data.label_names),
@@ -210,7 +212,8 @@ def train_and_evaluate(
             "test": len(data.test) if data.test is not None else None,
         },
         epochs=float(train_result.metrics.get("epoch", args.num_train_epochs)),
-        hyperparameters=hyperparameters(args, model, total_batch_size),
+        num_trainable_parameters=count_parameters(model, trainable=True),
+        hyperparameters={**hyperparameters(args, model, total_batch_size), **method_settings(model_type, model_args)},
         hardware={**hardware.describe(args.device), "world_size": args.world_size},
         train=TrainMetrics(
             loss=train_result.metrics.get("train_loss"),
@@ -237,9 +240,11 @@ def train_and_evaluate(
 
 
 def make_trainer(
-    model, processor, prep, data_args: DataArguments, args, data: ImageData
+    model, processor, prep, data_args: DataArguments, args, data: ImageData, layer_decay: float | None = None
 ) -> ImageClassificationTrainer:
     """The Trainer of one model, with the batch transform that feeds it at its resolution and normalisation."""
+    # A peft model's forward takes **kwargs, from which the Trainer cannot tell that `labels` are the labels.
+    args.label_names = args.label_names or ["labels"]
     batch_transform = BatchTransform(
         image_size=prep.image_size,
         mean=prep.image_mean,
@@ -260,7 +265,21 @@ def make_trainer(
         compute_metrics=compute_metrics,
         processing_class=processor,
         batch_transform=batch_transform,
+        layer_decay=layer_decay,
     )
+
+
+def save_lora_model(model, processor, output_dir: Path, merge: bool) -> None:
+    """Next to the adapter `save_model` wrote: the fine-tuned model's `config.json` (its labels, for loading the base
+    with the right head and for the Hub), and with `merge` the merged plain model in `output_dir/merged`."""
+    model.get_base_model().config.save_pretrained(output_dir)
+    if merge:
+        import copy
+
+        merged = copy.deepcopy(model).merge_and_unload()
+        merged.save_pretrained(output_dir / "merged")
+        processor.save_pretrained(output_dir / "merged")
+        logger.info(f"Merged model (adapters folded into the weights) written to {output_dir / 'merged'}")
 
 
 def check_evaluation_only(model_args: ModelArguments, push_to_hub: bool) -> None:
@@ -395,6 +414,22 @@ def hyperparameters(args: ImageClassificationTrainingArguments, model, total_bat
             if getattr(args, name) not in (None, False, 0.0)
         },
     }
+
+
+def method_settings(model_type: str, model_args: ModelArguments) -> dict:
+    """The fine-tuning method of the run and its settings (LoRA's only for LoRA, layer decay only when set)."""
+    method = model_args.finetune_method if model_type == "pretrained" else "full"
+    settings = {"finetune_method": method}
+    if method == "lora":
+        settings.update(
+            lora_r=model_args.lora_r,
+            lora_alpha=model_args.lora_alpha,
+            lora_dropout=model_args.lora_dropout,
+            lora_target_modules=model_args.lora_target_modules or "default (query and value projections)",
+        )
+    if model_args.layer_decay is not None:
+        settings["layer_decay"] = model_args.layer_decay
+    return settings
 
 
 def push_results(run_dirs, model_types, training_args, token) -> None:

@@ -7,12 +7,14 @@ PIL image in loader workers is what makes the input pipeline fast, and it keeps 
 (32 px CIFAR-10 is upsampled to 224 px only on the way into ViT-B/16).
 """
 
+import re
 import time
 
 import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel, Trainer
 from transformers.modeling_outputs import ImageClassifierOutput
+from transformers.trainer_optimizer import is_optimizer_factory
 from transformers.utils import logging
 
 from finetune.augment import MixUpCutMix
@@ -33,12 +35,17 @@ class ImageClassificationTrainer(Trainer):
             weights, and the model ends training holding them.
         max_train_minutes / budget_schedule: a `TrainingBudgetCallback` on the run's clock.
 
+    The optimizer (`create_optimizer`) trains every parameter that requires a gradient, in the groups of
+    `parameter_groups`: no weight decay on norms, biases, position embeddings and the CLS token, and with `layer_decay`
+    a learning rate per layer.
+
     `clock` (a `RunClock`, registered first) is the run's one timer; the Trainer adds to its `data_seconds` the time
     of the training batches' data path (fetching from the loader, moving to the device and `batch_transform`).
     """
 
-    def __init__(self, *args, batch_transform: torch.nn.Module, **kwargs):
+    def __init__(self, *args, batch_transform: torch.nn.Module, layer_decay: float | None = None, **kwargs):
         super().__init__(*args, **kwargs)
+        self.layer_decay = layer_decay
         self.batch_transform = batch_transform.to(self.args.device)
         self.clock = RunClock()
         self.add_callback(self.clock)
@@ -53,6 +60,23 @@ class ImageClassificationTrainer(Trainer):
         mixup, cutmix = getattr(self.args, "mixup_alpha", 0.0), getattr(self.args, "cutmix_alpha", 0.0)
         self.mix = MixUpCutMix(self.model.config.num_labels, mixup, cutmix) if mixup > 0 or cutmix > 0 else None
         self.flip_tta = getattr(self.args, "flip_tta", False)
+
+    def create_optimizer(self, model=None) -> torch.optim.Optimizer:
+        opt_model = self.model if model is None else model
+        if self.optimizer is not None:
+            return self.optimizer
+        optimizer_cls, optimizer_kwargs = self.optimizer_cls_and_kwargs or self.get_optimizer_cls_and_kwargs(
+            self.args, opt_model
+        )
+        special = {"params", "model", "optimizer_dict"} & set(optimizer_kwargs) or is_optimizer_factory(optimizer_cls)
+        if special or self.is_deepspeed_enabled or self.is_fsdp_enabled:
+            # Optimizers that group parameters themselves (GaLore, LOMO, Muon, layer-wise) keep the Trainer's groups.
+            if self.layer_decay is not None:
+                raise ValueError(f"`layer_decay` does not work with `optim: {self.args.optim}`; use adamw_torch.")
+            return super().create_optimizer(model)
+        groups = parameter_groups(opt_model, self.args.learning_rate, self.args.weight_decay, self.layer_decay)
+        self.optimizer = optimizer_cls(groups, **optimizer_kwargs)
+        return self.optimizer
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: torch.nn.Module | None = None) -> None:
         if self.is_deepspeed_enabled or self.is_fsdp_enabled:
@@ -144,5 +168,64 @@ def load_checkpoint_weights(model: PreTrainedModel, checkpoint: str) -> None:
     current weights. Loading through `from_pretrained` applies the renaming; the strict copy proves every tensor
     arrived.
     """
+    if hasattr(model, "peft_config"):
+        # A LoRA model's checkpoint holds its adapters and head only; the frozen base weights never change.
+        from peft import load_peft_weights, set_peft_model_state_dict
+
+        result = set_peft_model_state_dict(model, load_peft_weights(checkpoint))
+        if result.unexpected_keys:
+            raise ValueError(f"{checkpoint} holds weights this LoRA model lacks: {result.unexpected_keys[:5]}")
+        return
     loaded = type(model).from_pretrained(checkpoint, config=model.config, dtype=next(model.parameters()).dtype)
     model.load_state_dict(loaded.state_dict(), strict=True)
+
+
+# Parameters that weight decay would only pull towards zero without regularising anything: position embeddings and
+# prefix tokens (timm's `no_weight_decay`), besides every bias and norm scale (the 1-D parameters).
+NO_WEIGHT_DECAY_NAMES = ("position_embeddings", "cls_token", "distillation_token", "mask_token")
+BLOCK_PATTERN = re.compile(r"(?:^|\.)layers?\.(\d+)\.")  # transformers' ViT `vit.layers.3.`, ScratchViT `layer.3.`
+
+
+def uses_weight_decay(name: str, parameter: torch.Tensor) -> bool:
+    """False for biases, norm weights (every 1-D parameter), position embeddings and the CLS/prefix tokens."""
+    return parameter.ndim > 1 and not any(token in name for token in NO_WEIGHT_DECAY_NAMES)
+
+
+def layer_id(name: str, num_layers: int) -> int:
+    """BEiT's layer index of a parameter: 0 for the embeddings, i + 1 for encoder block i, num_layers + 1 for the
+    rest (final norm, pooler, head)."""
+    block = BLOCK_PATTERN.search(name)
+    if block:
+        return int(block.group(1)) + 1
+    return 0 if ".embeddings." in f".{name}" else num_layers + 1
+
+
+def parameter_groups(
+    model: torch.nn.Module, learning_rate: float, weight_decay: float, layer_decay: float | None = None
+) -> list[dict]:
+    """The optimizer's parameter groups of the trainable parameters, by layer and by weight decay.
+
+    Each group has `params`, `param_names`, `weight_decay` (0 where `uses_weight_decay` says so) and `lr`. With
+    `layer_decay`, a parameter of BEiT layer `layer_id` of L blocks trains at
+    `learning_rate * layer_decay ** (L + 1 - layer_id)`: the head at the full rate, each block below it at
+    `layer_decay` times the rate of the one above; without it every group has `learning_rate`.
+    """
+    num_layers = model.config.num_hidden_layers if layer_decay is not None else 0
+    groups: dict[tuple[int, bool], dict] = {}
+    for name, parameter in model.named_parameters():
+        if not parameter.requires_grad:
+            continue
+        layer = layer_id(name, num_layers) if layer_decay is not None else 0
+        decay = uses_weight_decay(name, parameter)
+        group = groups.setdefault(
+            (layer, decay),
+            {
+                "params": [],
+                "param_names": [],
+                "weight_decay": weight_decay if decay else 0.0,
+                "lr": learning_rate * layer_decay ** (num_layers + 1 - layer) if layer_decay else learning_rate,
+            },
+        )
+        group["params"].append(parameter)
+        group["param_names"].append(name)
+    return [groups[key] for key in sorted(groups)]

@@ -1,0 +1,220 @@
+"""Fine-tuning methods on real runs: linear probing keeps the backbone bit for bit, LoRA (through peft) saves an
+adapter that loads in a clean process and equals its merged model, layer-wise learning-rate decay and the
+no-weight-decay groups of the optimizer."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+from test_evaluate_only import DIGITS
+from test_run import tiny_vit_checkpoint
+from transformers import AutoModelForImageClassification, ViTImageProcessor
+
+from finetune import attention, predict, run
+from finetune.arguments import ModelArguments
+from finetune.model_card import build_model_card
+from finetune.models import apply_finetune_method, load_adapter_model
+from finetune.trainer import parameter_groups
+from scratch_vit import ScratchViTConfig, ScratchViTForImageClassification
+
+
+ROOT = Path(__file__).resolve().parent.parent
+TRAIN = [
+    *DIGITS, "--num_train_epochs", "1", "--per_device_train_batch_size", "32", "--learning_rate", "1e-2",
+    "--horizontal_flip", "false", "--logging_steps", "4", "--report_to", "none",
+]  # fmt: skip
+
+
+def scratch_checkpoint(path: Path, num_labels: int = 3) -> Path:
+    """A small saved ScratchViT standing in for a pretrained source model."""
+    config = ScratchViTConfig(
+        image_size=8, patch_size=2, num_channels=1, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=32, num_labels=num_labels,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    ScratchViTForImageClassification(config).save_pretrained(path)
+    ViTImageProcessor(size={"height": 8, "width": 8}, image_mean=[0.5], image_std=[0.5]).save_pretrained(path)
+    return path
+
+
+def test_linear_probe_keeps_the_backbone_bit_identical(tmp_path):
+    base = tiny_vit_checkpoint(tmp_path / "base")
+    out = tmp_path / "probe"
+    results = run.main(["--model_name_or_path", str(base), *TRAIN, "--output_dir", str(out),
+                        "--finetune_method", "linear_probe", "--weight_decay", "0.1"])["pretrained"]  # fmt: skip
+    before = load_file(base / "model.safetensors")
+    after = load_file(out / "model.safetensors")
+    backbone = [name for name in before if not name.startswith("classifier.")]
+    assert backbone and all(torch.equal(before[name], after[name]) for name in backbone)
+    assert after["classifier.weight"].shape == (10, 16)  # the new head for digits' 10 classes, trained
+    assert results.num_trainable_parameters == 16 * 10 + 10
+    assert results.hyperparameters["finetune_method"] == "linear_probe"
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lora")
+    base = tiny_vit_checkpoint(root / "base")
+    out = root / "lora"
+    args = ["--model_name_or_path", str(base), *TRAIN, "--output_dir", str(out),
+            "--finetune_method", "lora", "--lora_r", "4", "--merge_lora", "true"]  # fmt: skip
+    results = run.main(args)["pretrained"]
+    return base, out, results
+
+
+def pixel_batch() -> torch.Tensor:
+    return torch.randn(4, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+
+
+def test_lora_saves_a_small_adapter_with_the_head(lora_run):
+    base, out, results = lora_run
+    adapter = json.loads((out / "adapter_config.json").read_text())
+    assert adapter["base_model_name_or_path"] == str(base) and adapter["r"] == 4
+    assert sorted(adapter["target_modules"]) == ["q_proj", "v_proj"] and adapter["modules_to_save"] == ["classifier"]
+    weights = load_file(out / "adapter_model.safetensors")
+    assert any("lora_A" in name for name in weights) and any("classifier" in name for name in weights)
+    assert not any("fc1" in name for name in weights)  # the frozen backbone is not saved again
+    assert (out / "adapter_model.safetensors").stat().st_size < (out / "merged" / "model.safetensors").stat().st_size
+    # 2 layers x (q, v) x (A: r x 16 + B: 16 x r) + the head 10 x 16 + 10
+    assert results.num_trainable_parameters == 2 * 2 * (4 * 16 + 16 * 4) + 170
+    assert results.architecture == "ViTForImageClassification"
+
+
+def test_lora_merged_and_unmerged_logits_agree(lora_run):
+    _, out, _ = lora_run
+    unmerged = load_adapter_model(out, merge=False).eval()
+    merged = AutoModelForImageClassification.from_pretrained(out / "merged").eval()
+    lora_b = [p for name, p in unmerged.named_parameters() if "lora_B" in name]
+    assert any(p.abs().sum() > 0 for p in lora_b)  # the adapters trained: merging changes the weights
+    with torch.no_grad():
+        expected = unmerged(pixel_values=pixel_batch()).logits
+        torch.testing.assert_close(merged(pixel_values=pixel_batch()).logits, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_adapter_loads_in_a_clean_process_and_in_predict(lora_run, tmp_path):
+    _, out, _ = lora_run
+    code = (
+        "import sys, torch\n"
+        "from finetune.predict import load_classifier\n"
+        "model, _ = load_classifier(sys.argv[1], device='cpu')\n"
+        "x = torch.randn(4, 1, 8, 8, generator=torch.Generator().manual_seed(0))\n"
+        "print(model(pixel_values=x).logits.tolist())\n"
+    )
+    env = {"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(out)], capture_output=True, text=True, env=env, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    merged = AutoModelForImageClassification.from_pretrained(out / "merged").eval()
+    with torch.no_grad():
+        expected = merged(pixel_values=pixel_batch()).logits
+    np.testing.assert_allclose(json.loads(done.stdout.strip().splitlines()[-1]), expected.numpy(), atol=1e-5)
+    image = tmp_path / "digit.png"
+    from PIL import Image
+
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (8, 8), dtype=np.uint8), "L").save(image)
+    assert len(predict.main([str(out), str(image), "--top-k", "3"])) == 1
+    assert len(attention.main([str(out), str(image), "--output", str(tmp_path / "maps")])) == 2
+
+
+def test_lora_card_names_the_base_model_and_peft(lora_run):
+    _, out, _ = lora_run
+    adapter_path = out / "adapter_config.json"
+    adapter = json.loads(adapter_path.read_text())
+    adapter["base_model_name_or_path"] = "google/vit-base-patch16-224-in21k"
+    adapter_path.write_text(json.dumps(adapter))
+    card = build_model_card(out, "me/vit-lora")
+    assert card.data.library_name == "peft" and card.data.base_model == "google/vit-base-patch16-224-in21k"
+    assert "PeftModel.from_pretrained" in card.text and "lora" in card.data.tags
+    from finetune.hub import upload_plan
+
+    assert {"adapter_config.json", "adapter_model.safetensors", "config.json"} <= {n for n, _ in upload_plan(out)}
+
+
+def test_lora_on_scratch_vit_targets_the_fused_qkv(tmp_path):
+    base = scratch_checkpoint(tmp_path / "scratch-base")
+    out = tmp_path / "lora"
+    args = ["--model_name_or_path", str(base), *TRAIN, "--output_dir", str(out),
+            "--finetune_method", "lora", "--lora_r", "2", "--layer_decay", "0.75"]  # fmt: skip
+    results = run.main(args)["pretrained"]
+    assert json.loads((out / "adapter_config.json").read_text())["target_modules"] == ["qkv"]
+    assert results.architecture == "ScratchViTForImageClassification"
+    assert results.hyperparameters["layer_decay"] == 0.75
+    model = load_adapter_model(out)
+    assert type(model).__name__ == "ScratchViTForImageClassification" and model.config.num_labels == 10
+
+
+def test_unknown_lora_targets_and_scratch_methods_are_refused():
+    model = AutoModelForImageClassification.from_pretrained(tiny_vit_checkpoint_in_memory())
+    with pytest.raises(ValueError, match="name no linear layer"):
+        apply_finetune_method(model, ModelArguments(finetune_method="lora", lora_target_modules=["qkv"]))
+    with pytest.raises(ValueError, match="starts from random ones"):
+        ModelArguments(model_type="scratch", finetune_method="lora")
+
+
+def tiny_vit_checkpoint_in_memory():
+    import tempfile
+
+    return tiny_vit_checkpoint(Path(tempfile.mkdtemp()) / "vit")
+
+
+def expected_layer_rates(name: str, lr: float, decay: float) -> float:
+    """The BEiT formula for 2 blocks, by hand: embeddings d^3, block 0 d^2, block 1 d^1, final norm and head d^0."""
+    if ".layers.0." in name or ".layer.0." in name:
+        return lr * decay**2
+    if ".layers.1." in name or ".layer.1." in name:
+        return lr * decay
+    if ".embeddings." in name:
+        return lr * decay**3
+    return lr
+
+
+@pytest.mark.parametrize("kind", ["vit", "scratch"])
+def test_layer_decay_rates_and_no_weight_decay_groups(kind, tmp_path):
+    path = tiny_vit_checkpoint(tmp_path / "m") if kind == "vit" else scratch_checkpoint(tmp_path / "m")
+    model = AutoModelForImageClassification.from_pretrained(path)
+    groups = parameter_groups(model, learning_rate=1e-3, weight_decay=0.05, layer_decay=0.5)
+    names = [n for n, _ in model.named_parameters()]
+    assert sorted(n for g in groups for n in g["param_names"]) == sorted(names)  # each parameter exactly once
+    for group in groups:
+        for name in group["param_names"]:
+            assert group["lr"] == pytest.approx(expected_layer_rates(name, 1e-3, 0.5), rel=1e-12), name
+    no_decay = {n for g in groups if g["weight_decay"] == 0.0 for n in g["param_names"]}
+    one_dim = {n for n, p in model.named_parameters() if p.ndim == 1}
+    embeddings = {n for n in names if n.endswith("cls_token") or n.endswith("position_embeddings")}
+    assert len(embeddings) == 2 and all(n.endswith("bias") or "norm" in n for n in one_dim)
+    assert no_decay == one_dim | embeddings
+    assert all(g["weight_decay"] == 0.05 for g in groups if g["weight_decay"] != 0.0)
+
+
+def test_the_trainer_uses_the_groups(tmp_path):
+    base = tiny_vit_checkpoint(tmp_path / "base")
+    out = tmp_path / "run"
+    args = ["--model_name_or_path", str(base), *TRAIN, "--output_dir", str(out), "--layer_decay", "0.5",
+            "--weight_decay", "0.05", "--lr_scheduler_type", "constant", "--learning_rate", "1e-3"]  # fmt: skip
+    from finetune import trainer as trainer_module
+
+    seen = {}
+    original = trainer_module.ImageClassificationTrainer.create_optimizer
+
+    def spy(self, model=None):
+        optimizer = original(self, model)
+        seen["groups"] = [(g["lr"], g["weight_decay"], list(g["param_names"])) for g in optimizer.param_groups]
+        return optimizer
+
+    trainer_module.ImageClassificationTrainer.create_optimizer = spy
+    try:
+        run.main(args)
+    finally:
+        trainer_module.ImageClassificationTrainer.create_optimizer = original
+    for lr, weight_decay, names in seen["groups"]:
+        for name in names:
+            assert lr == pytest.approx(expected_layer_rates(name, 1e-3, 0.5), rel=1e-12), name
+            assert (weight_decay == 0.0) == (
+                name.endswith(("bias", "cls_token", "position_embeddings")) or "norm" in name
+            )

@@ -292,6 +292,7 @@ def _training_section(results: Results) -> list[str]:
     rows = [[f"`{key}`", value] for key, value in results.hyperparameters.items()]
     rows += [
         ["hardware", short_name(results.hardware) or MISSING],
+        ["trained parameters", format_count(results.num_trainable_parameters)],
         ["epochs trained", format_number(results.epochs, 2)],
         ["training images", results.num_samples.get("train", MISSING)],
         ["training time (training loop)", format_duration(results.train.seconds)],

@@ -49,6 +49,13 @@ def format_count(n: int | None) -> str:
     return f"{n / 1e3:.1f}K" if n >= 1e3 else str(n)
 
 
+def format_parameters(total: int | None, trainable: int | None = None) -> str:
+    """`85.81M`, or `85.81M (7.7K trained)` when the fine-tuning method trains only some of them."""
+    if trainable is None or trainable == total:
+        return format_count(total)
+    return f"{format_count(total)} ({format_count(trainable)} trained)"
+
+
 def format_duration(seconds: float | None) -> str:
     """`754.5` -> `12m 34s`, `4000` -> `1h 06m 40s`, `42.3` -> `42.3s`."""
     if not is_number(seconds):
@@ -116,6 +123,7 @@ def summary_row(results: Results, name: str, run_dir: str) -> dict[str, Any]:
         "run_dir": run_dir,
         "architecture": results.architecture,
         "num_parameters": results.num_parameters,
+        "num_trainable_parameters": results.num_trainable_parameters,
         "model_type": results.model_type,
         "model_name_or_path": results.model_name_or_path,
         "dataset": display_dataset(results.dataset),
@@ -147,7 +155,7 @@ def summary_table(rows: Sequence[dict]) -> str:
             [
                 row["run"],
                 f"`{row['architecture']}`" if row.get("architecture") else MISSING,
-                format_count(row.get("num_parameters")),
+                format_parameters(row.get("num_parameters"), row.get("num_trainable_parameters")),
                 init,
                 f"`{row['dataset']}`",
                 format_number(row.get("epochs"), 1),

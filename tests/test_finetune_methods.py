@@ -96,6 +96,14 @@ def test_lora_merged_and_unmerged_logits_agree(lora_run):
         torch.testing.assert_close(merged(pixel_values=pixel_batch()).logits, expected, atol=1e-5, rtol=1e-5)
 
 
+def test_evaluation_only_accepts_the_adapter_folder(lora_run, tmp_path):
+    _, out, trained = lora_run
+    args = ["--do_train", "false", "--model_name_or_path", str(out), *DIGITS, "--output_dir", str(tmp_path / "e")]
+    evaluated = run.main(args)["pretrained"]
+    assert evaluated.validation.accuracy == pytest.approx(trained.validation.accuracy)
+    assert evaluated.confusion_matrix == trained.confusion_matrix
+
+
 def test_adapter_loads_in_a_clean_process_and_in_predict(lora_run, tmp_path):
     _, out, _ = lora_run
     code = (

@@ -68,12 +68,7 @@ def load_trained_model(
     """Load a trained classifier as it was saved (`model_name_or_path`: a run's output directory, a checkpoint-*
     folder or a Hub id; a saved ScratchViT loads through its registered Auto classes or `trust_remote_code`), for an
     evaluation-only run. Its head must classify the dataset's labels: nothing is replaced."""
-    path = model_args.model_name_or_path
-    if looks_like_local_path(path) and not os.path.isdir(os.path.expanduser(path)):
-        raise FileNotFoundError(
-            f"`model_name_or_path` {path!r} is not a directory. Pass the output directory of a training run, one of "
-            "its checkpoint-* folders, or a Hub model id."
-        )
+    path = _model_path(model_args, "the output directory of a training run, one of its checkpoint-* folders")
     kwargs = _hub_kwargs(model_args)
     attention = {"attn_implementation": model_args.attn_implementation} if model_args.attn_implementation else {}
     try:
@@ -207,13 +202,19 @@ def _hub_kwargs(model_args: ModelArguments) -> dict:
     }
 
 
-def _load_pretrained(model_args: ModelArguments, data: ImageData):
+def _model_path(model_args: ModelArguments, local_kind: str) -> str:
+    """`model_name_or_path`, or a `FileNotFoundError` when it names a local folder that does not exist."""
     path = model_args.model_name_or_path
     if looks_like_local_path(path) and not os.path.isdir(os.path.expanduser(path)):
         raise FileNotFoundError(
-            f"`model_name_or_path` {path!r} is not a directory. Pass a local checkpoint folder (with config.json "
-            "and the weights) or a Hub model id such as `google/vit-base-patch16-224-in21k`."
+            f"`model_name_or_path` {path!r} is not a directory. Pass {local_kind} or a Hub model id such as "
+            "`google/vit-base-patch16-224-in21k`."
         )
+    return path
+
+
+def _load_pretrained(model_args: ModelArguments, data: ImageData):
+    path = _model_path(model_args, "a local checkpoint folder (with config.json and the weights)")
     kwargs = _hub_kwargs(model_args)
     try:
         config = AutoConfig.from_pretrained(

@@ -11,7 +11,7 @@ Two measurements, each method in a process of its own so its peak resident memor
   and, with `--steps`, the time of a training step (forward, loss, backward, AdamW) on random images and the process's
   peak resident memory.
 
-    python benchmarks/finetune_methods.py quickstart --output benchmarks/results/finetune_methods
+    python benchmarks/finetune_methods.py quickstart --num_train_epochs 10 --output benchmarks/results/finetune_methods
     python benchmarks/finetune_methods.py vit_b16 --steps 3 --batch_size 8 --output benchmarks/results/finetune_methods
 """
 
@@ -168,11 +168,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS))
     parser.add_argument("--steps", type=int, default=0, help="vit_b16: timed training steps per method (0: none).")
     parser.add_argument("--batch_size", "--batch-size", type=int, default=8, help="vit_b16: images per step.")
+    parser.add_argument(
+        "--num_train_epochs", "--num-train-epochs", type=float, help="quickstart: epochs per method (config: 30)."
+    )
     parser.add_argument("--output", help="Folder for <kind>.json and <kind>.md.")
     args = parser.parse_args(argv)
     if args.kind == "quickstart":
         ensure_quickstart_source()
-    extra = [] if args.kind == "quickstart" else ["--steps", str(args.steps), "--batch_size", str(args.batch_size)]
+    if args.kind == "quickstart":
+        extra = ["--num_train_epochs", str(args.num_train_epochs)] if args.num_train_epochs else []
+    else:
+        extra = ["--steps", str(args.steps), "--batch_size", str(args.batch_size)]
     rows = []
     for method in args.methods:
         out = Path(f".finetune_methods_{os.getpid()}.json")

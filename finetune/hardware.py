@@ -75,9 +75,17 @@ def cpu_flags() -> set[str]:
     return set()
 
 
-def cpu_has_native_bf16(flags: set[str] | None = None) -> bool:
-    """Whether the CPU computes in bf16 natively (AVX512-BF16 or AMX)."""
+# oneDNN instruction-set caps (`ONEDNN_MAX_CPU_ISA`) below AVX512_CORE_BF16: with one set, oneDNN (PyTorch's CPU
+# bf16 matmuls) runs as on a CPU without native bf16, which is how benchmarks/precision.py emulates such a CPU.
+ONEDNN_ISAS_WITHOUT_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
+
+
+def cpu_has_native_bf16(flags: set[str] | None = None, max_isa: str | None = None) -> bool:
+    """Whether the CPU computes in bf16 natively (AVX512-BF16 or AMX) and oneDNN may use it."""
     flags = cpu_flags() if flags is None else flags
+    max_isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "") if max_isa is None else max_isa
+    if max_isa.upper() in ONEDNN_ISAS_WITHOUT_BF16:
+        return False
     return any(flag in flags for flag in NATIVE_BF16_CPU_FLAGS)
 
 

@@ -72,6 +72,9 @@ def test_cpu_flags_name_native_bf16():
     assert hardware.cpu_has_native_bf16({"avx2", "avx512f", "avx512_bf16"})
     assert hardware.cpu_has_native_bf16({"amx_bf16", "amx_tile"})
     assert not hardware.cpu_has_native_bf16({"avx2", "fma", "avx512f"})
+    # oneDNN capped below AVX512_CORE_BF16 (how benchmarks/precision.py emulates a CPU without native bf16)
+    assert not hardware.cpu_has_native_bf16({"avx512_bf16"}, max_isa="avx2")
+    assert hardware.cpu_has_native_bf16({"avx512_bf16"}, max_isa="AVX512_CORE_BF16")
 
 
 @pytest.mark.parametrize("native", [False, True])

@@ -145,8 +145,9 @@ class DataArguments:
     decode_size: int | None = field(
         default=None,
         metadata={
-            "help": "Resize images to this square size when decoding. Needed only when images differ in size "
-            "(defaults then to the model's resolution); same-size images are stored as they are."
+            "help": "Store images as squares of this size (shorter side resized, centre kept) when decoding. "
+            "Default: images of one size are stored as they are; images of mixed sizes at the model's input size "
+            "plus a margin for crops (256 for a 224 model)."
         },
     )
     random_crop_padding: int = field(

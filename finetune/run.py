@@ -33,7 +33,7 @@ from finetune.arguments import DataArguments, ModelArguments, parse_args  # noqa
 from finetune.augment import BatchTransform  # noqa: E402
 from finetune.data import ImageData, collate_batch, load_image_data  # noqa: E402
 from finetune.metrics import compute_metrics, confusion_report  # noqa: E402
-from finetune.models import build_model, count_parameters  # noqa: E402
+from finetune.models import build_model, count_parameters, storage_size  # noqa: E402
 from finetune.results import EvalMetrics, Results, TrainMetrics, history_from_log_history  # noqa: E402
 from finetune.trainer import ImageClassificationTrainer  # noqa: E402
 from finetune.training_args import ImageClassificationTrainingArguments  # noqa: E402
@@ -60,7 +60,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     checkpoints = {t: resolve_checkpoint(run_dirs[t], training_args) for t in model_types}
 
     # ---- Data: decoded once into uint8 tensors (and cached); the main process decodes first, the others read it.
-    target_size = scratch_args.image_size
+    # Photos of mixed sizes are stored at the model's size plus a margin for crops, read from its processor.
+    target_size = storage_size(model_args.model_type, model_args, scratch_args)
     with training_args.main_process_first(desc="loading and decoding the dataset"):
         data = load_image_data(data_args, seed=training_args.data_seed or training_args.seed, target_size=target_size)
 

@@ -98,7 +98,8 @@ def load_image_data(data_args: DataArguments, seed: int, target_size: int | None
         data_args: where the data is and how to split it (`dataset_name`, `validation_size`, `max_train_samples`,
             `corrupt_images`, `decoded_cache_dir`, `decode_size`, ...).
         seed: seeds the validation split carved from train and the `max_*_samples` subsets.
-        target_size: the model's resolution, used to resize when images differ in size and `decode_size` is unset.
+        target_size: the square size to store images of mixed sizes at when `decode_size` is unset (the run passes
+            `finetune.models.storage_size`: the model's input plus a margin for crops).
 
     Returns:
         `ImageData` with uint8 `(N, C, H, W)` splits. Grayscale sources keep 1 channel; `BatchTransform` converts

@@ -21,6 +21,18 @@ file gives the same pixels whichever command reads it:
   `finetune.augment.LUMA_WEIGHTS`.
 
 `_decode_images` decodes a whole split with it into one uint8 `(N, C, H, W)` array (one mode and size for all).
+Images of one size (CIFAR-10's 32 px, MNIST's 28 px) are stored as they are. Images of mixed sizes (photos) are
+stored as squares at the run's storage size (`finetune.models.storage_size`: the model's input plus a margin for
+crops, 256 for a 224 model; `decode_size` overrides): the shorter side is resized to it and the centre square kept.
+A center-cropped square, rather than padding to a common size with each image's extent recorded, because
+
+- every row of the cache has the same shape, so a batch is one index into one array and the device ops (random
+  resized crop, flip, resize) run on whole batches with no per-image sizes to carry;
+- padding a 640x480 photo to 640x640 stores a third of empty pixels, and a set with a few panoramas would be mostly
+  padding; a square at the storage size bounds the cache at `N * 3 * S * S` bytes whatever the photos;
+- the edges it drops are what evaluation drops anyway: image processors that center-crop keep the middle, and
+  RandomResizedCrop samples boxes of at most the whole square, which at the default scale (0.08, 1) rarely reach
+  the edges of a photo.
 """
 
 import io
@@ -158,10 +170,14 @@ def _decode_images(
                 if fallback_size is None:
                     raise ValueError(
                         f"The images of {where} differ in size ({restart.size[0]}x{restart.size[1]} and others) "
-                        "and no size to resize them to is known: set `decode_size`."
+                        "and no size to store them at is known: set `decode_size` (the model's size does this in "
+                        "`finetune.run`)."
                     ) from None
                 size = (fallback_size, fallback_size)
-                logger.info(f"The images of {where} differ in size: resizing them to {fallback_size}x{fallback_size}.")
+                logger.info(
+                    f"The images of {where} differ in size: storing them as {fallback_size}x{fallback_size} squares "
+                    "(shorter side resized, centre kept)."
+                )
             continue
         if skipped:
             listed = ", ".join(skipped[:MAX_LISTED_CORRUPT]) + (", ..." if len(skipped) > MAX_LISTED_CORRUPT else "")
@@ -191,7 +207,7 @@ def _decode_pass(items, num_images, mode, size, corrupt_images, where):
                 if image.size != first_size:
                     raise _Restart(size=image.size)
             elif image.size != size:
-                image = image.resize(size, Image.BILINEAR)
+                image = ImageOps.fit(image, size, Image.BILINEAR)  # shorter side to the size, centre square kept
             array = np.asarray(image)
         except _Restart:
             progress.close()

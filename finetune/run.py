@@ -30,7 +30,7 @@ if __package__ in (None, ""):
 
 from finetune import hardware  # noqa: E402
 from finetune.arguments import DataArguments, ModelArguments, parse_args  # noqa: E402
-from finetune.augment import BatchTransform  # noqa: E402
+from finetune.augment import BatchTransform, describe_augmentation, use_random_resized_crop  # noqa: E402
 from finetune.data import ImageData, collate_batch, load_image_data  # noqa: E402
 from finetune.metrics import compute_metrics, confusion_report  # noqa: E402
 from finetune.models import build_model, count_parameters, storage_size  # noqa: E402
@@ -170,7 +170,14 @@ def train_and_evaluate(
         horizontal_flip=data_args.horizontal_flip,
         rand_augment_ops=data_args.rand_augment_ops,
         rand_augment_magnitude=data_args.rand_augment_magnitude,
+        random_resized_crop=use_random_resized_crop(
+            data_args.random_resized_crop, data.train.image_size, prep.image_size
+        ),
+        crop_scale=data_args.crop_scale,
+        crop_ratio=data_args.crop_ratio,
+        eval_resize_size=prep.resize_size,
     )
+    logger.info(describe_augmentation(batch_transform))
     trainer = ImageClassificationTrainer(
         model=model,
         args=args,

@@ -151,6 +151,13 @@ class DataArguments:
             "plus a margin for crops (256 for a 224 model)."
         },
     )
+    decode_workers: int | None = field(
+        default=None,
+        metadata={
+            "help": "Processes that decode images in parallel (default: the CPU cores available). Only the first "
+            "process of a node decodes; the others map its decoded cache (keep `decoded_cache_dir` on for that)."
+        },
+    )
     random_resized_crop: str = field(
         default="auto",
         metadata={
@@ -210,6 +217,8 @@ class DataArguments:
                     f"{f' <= {high_bound}' if high_bound != float('inf') else ''}, got {getattr(self, name)}."
                 )
             setattr(self, name, value)
+        if self.decode_workers is not None and self.decode_workers < 1:
+            raise ValueError(f"`decode_workers` must be >= 1, got {self.decode_workers}.")
         if self.random_crop_padding < 0:
             raise ValueError(f"`random_crop_padding` must be >= 0, got {self.random_crop_padding}.")
         if self.rand_augment_ops < 0:

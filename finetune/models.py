@@ -9,6 +9,7 @@ supplies resolution and normalisation. `scratch`: a `ScratchViTForImageClassific
 import os
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from transformers import (
     AutoConfig,
@@ -163,7 +164,10 @@ def _build_scratch(scratch_args, data: ImageData, attn_implementation: str | Non
         **kwargs, num_labels=len(data.label_names), id2label=data.id2label, label2id=data.label2id
     )
     model = ScratchViTForImageClassification(config)
-    mean, std = channel_statistics(data.train.pixel_values, config.num_channels)
+    # At most 10,000 images and 2**27 values (512 MB as float): a memory-mapped set of photos is never read whole.
+    channels, height, width = data.train.num_channels, *data.train.image_size
+    sample = min(len(data.train), 10_000, max(1, 2**27 // (channels * height * width)))
+    mean, std = channel_statistics(data.train.take(np.arange(sample)), config.num_channels)
     processor = ViTImageProcessor(
         size={"height": config.image_size, "width": config.image_size}, image_mean=mean, image_std=std
     )

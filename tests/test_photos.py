@@ -1,10 +1,19 @@
 """Photos of mixed sizes: the storage size read from the model, a folder of mixed-size JPEGs stored as center-cropped
-squares, and both model paths trained on it."""
+squares, both model paths trained on it, and two processes sharing one decoded cache."""
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
+import pytest
 from PIL import Image
 from transformers import BitImageProcessor, ViTConfig, ViTForImageClassification, ViTImageProcessor
 
+from finetune import run
 from finetune.arguments import DataArguments, ModelArguments, ScratchViTArguments
 from finetune.data import load_image_data
 from finetune.models import storage_size
@@ -74,3 +83,53 @@ def test_a_folder_of_mixed_size_photos_loads_without_options(tmp_path):
     for split in (data.train, data.validation):
         means = split.pixel_values.float().mean(dim=(2, 3))  # (N, C, H, W) -> (N, C)
         assert means.argmax(dim=1).tolist() == split.labels.tolist()
+
+
+ROOT = Path(__file__).resolve().parent.parent
+# A tiny ViT at 16 px over a folder of photos, one epoch, no option about image sizes or augmentation.
+TINY_RUN = [
+    "--image_size", "16", "--patch_size", "4", "--hidden_size", "16", "--num_hidden_layers", "1",
+    "--num_attention_heads", "2", "--intermediate_size", "32", "--per_device_train_batch_size", "4",
+    "--per_device_eval_batch_size", "4", "--num_train_epochs", "1", "--validation_size", "3", "--seed", "0",
+    "--report_to", "none",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("model_type", ["scratch", "pretrained"])
+def test_both_model_paths_train_on_a_folder_of_mixed_size_photos(tmp_path, model_type, caplog):
+    photos = write_photo_folder(tmp_path / "photos")
+    args = [*TINY_RUN, "--model_type", model_type, "--dataset_name", str(photos)]
+    args += ["--decoded_cache_dir", str(tmp_path / "cache"), "--output_dir", str(tmp_path / "run")]
+    if model_type == "pretrained":
+        processor = ViTImageProcessor(size={"height": 16, "width": 16})
+        args += ["--model_name_or_path", tiny_vit_checkpoint(tmp_path / "checkpoint", processor)]
+    with caplog.at_level(logging.INFO):
+        results = run.main(args)[model_type]
+    assert results.num_samples == {"train": 9, "validation": 3, "test": None}
+    assert results.image_size == 16
+    # Stored at 16 * 256 / 224 = 18 px, cropped at random to 16 px for training: RandomResizedCrop chosen by itself.
+    assert "image size 18x18" in caplog.text
+    assert "Training augmentation: RandomResizedCrop(scale=(0.08, 1.0)" in caplog.text
+    assert "evaluation: resize to 16x16" in caplog.text
+
+
+def test_two_processes_share_one_decoded_cache(tmp_path):
+    photos = write_photo_folder(tmp_path / "photos")
+    out, cache = tmp_path / "run", tmp_path / "cache"
+    args = [*TINY_RUN, "--model_type", "scratch", "--dataset_name", str(photos), "--decoded_cache_dir", str(cache)]
+    args += ["--output_dir", str(out), "--log_level_replica", "info"]  # the second process logs what it does too
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+        str(ROOT / "configs" / "accelerate" / "cpu_2proc.yaml"), "--main_process_port", "0",
+        str(ROOT / "finetune" / "run.py"), *args,
+    ]  # fmt: skip
+    proc = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-3000:]
+    assert json.loads((out / "results.json").read_text())["hyperparameters"]["world_size"] == 2
+    assert "Process 0 of 2" in log and "Process 1 of 2" in log
+    # One process decoded the split (train and validation come from it); the other mapped the file it wrote.
+    assert log.count("Decoded 12 images of the train split") == 1, log[-3000:]
+    assert log.count("skipped decoding") == 1, log[-3000:]
+    assert len([entry for entry in os.listdir(cache) if not entry.startswith(".")]) == 1

@@ -4,13 +4,11 @@ squares, both model paths trained on it, and two processes sharing one decoded c
 import json
 import logging
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
+from test_run import launch_two_processes
 from transformers import BitImageProcessor, ViTConfig, ViTForImageClassification, ViTImageProcessor
 
 from finetune import run
@@ -85,7 +83,6 @@ def test_a_folder_of_mixed_size_photos_loads_without_options(tmp_path):
         assert means.argmax(dim=1).tolist() == split.labels.tolist()
 
 
-ROOT = Path(__file__).resolve().parent.parent
 # A tiny ViT at 16 px over a folder of photos, one epoch, no option about image sizes or augmentation.
 TINY_RUN = [
     "--image_size", "16", "--patch_size", "4", "--hidden_size", "16", "--num_hidden_layers", "1",
@@ -118,13 +115,7 @@ def test_two_processes_share_one_decoded_cache(tmp_path):
     out, cache = tmp_path / "run", tmp_path / "cache"
     args = [*TINY_RUN, "--model_type", "scratch", "--dataset_name", str(photos), "--decoded_cache_dir", str(cache)]
     args += ["--output_dir", str(out), "--log_level_replica", "info"]  # the second process logs what it does too
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    command = [
-        sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-        str(ROOT / "configs" / "accelerate" / "cpu_2proc.yaml"), "--main_process_port", "0",
-        str(ROOT / "finetune" / "run.py"), *args,
-    ]  # fmt: skip
-    proc = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    proc = launch_two_processes(args, tmp_path)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-3000:]
     assert json.loads((out / "results.json").read_text())["hyperparameters"]["world_size"] == 2

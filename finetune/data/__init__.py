@@ -255,7 +255,8 @@ def _decode_split(
                 return pixels, row_of
 
     selected = dataset.select(needed) if subset else dataset
-    workers = data_args.decode_workers or len(os.sched_getaffinity(0))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    workers = data_args.decode_workers or cores
     tmp = _start_entry(paths[decode_modes[0]])
     start = time.perf_counter()
     pixels, kept, rows, skipped, used_fallback = _decode_images(

@@ -20,7 +20,8 @@ file gives the same pixels whichever command reads it:
 - An RGB image asked for in mode `"L"` takes the ITU-R 601 luma, Pillow's conversion, with the weights of
   `finetune.augment.LUMA_WEIGHTS`.
 
-`_decode_images` decodes a whole split with it into one uint8 `(N, C, H, W)` array (one mode and size for all).
+`_decode_images` decodes a whole split with it, in parallel over the cores, into one uint8 `(N, C, H, W)` `.npy` file
+written chunk by chunk (one mode and size for all; `finetune.data.cache` keeps it).
 Images of one size (CIFAR-10's 32 px, MNIST's 28 px) are stored as they are. Images of mixed sizes (photos) are
 stored as squares at the run's storage size (`finetune.models.storage_size`: the model's input plus a margin for
 crops, 256 for a 224 model; `decode_size` overrides): the shorter side is resized to it and the centre square kept.

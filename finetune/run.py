@@ -31,10 +31,10 @@ if __package__ in (None, ""):
 
 from finetune import hardware  # noqa: E402
 from finetune.arguments import DataArguments, ModelArguments, parse_args, scratch_config_kwargs  # noqa: E402
-from finetune.augment import BatchTransform  # noqa: E402
+from finetune.augment import BatchTransform, describe_augmentation, use_random_resized_crop  # noqa: E402
 from finetune.data import ImageData, collate_batch, load_image_data  # noqa: E402
 from finetune.metrics import compute_metrics, confusion_report  # noqa: E402
-from finetune.models import build_model, count_parameters  # noqa: E402
+from finetune.models import build_model, count_parameters, storage_size  # noqa: E402
 from finetune.results import EvalMetrics, Results, TrainMetrics, history_from_log_history  # noqa: E402
 from finetune.trainer import ImageClassificationTrainer  # noqa: E402
 from finetune.training_args import ImageClassificationTrainingArguments  # noqa: E402
@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     checkpoints = {t: resolve_checkpoint(run_dirs[t], training_args) for t in model_types}
 
     # ---- Data: decoded once into uint8 tensors (and cached); the main process decodes first, the others read it.
-    target_size = scratch_args.image_size
+    # Photos of mixed sizes are stored at the model's size plus a margin for crops, read from its processor.
+    target_size = storage_size(model_args.model_type, model_args, scratch_args)
     with training_args.main_process_first(desc="loading and decoding the dataset"):
         data = load_image_data(data_args, seed=training_args.data_seed or training_args.seed, target_size=target_size)
 
@@ -181,7 +182,14 @@ def train_and_evaluate(
         horizontal_flip=data_args.horizontal_flip,
         rand_augment_ops=data_args.rand_augment_ops,
         rand_augment_magnitude=data_args.rand_augment_magnitude,
+        random_resized_crop=use_random_resized_crop(
+            data_args.random_resized_crop, data.train.image_size, prep.image_size
+        ),
+        crop_scale=data_args.crop_scale,
+        crop_ratio=data_args.crop_ratio,
+        eval_resize_size=prep.resize_size,
     )
+    logger.info(describe_augmentation(batch_transform))
     trainer = ImageClassificationTrainer(
         model=model,
         args=args,

@@ -28,6 +28,7 @@ from scratch_vit import ScratchViTConfig
 MODEL_TYPES = ("pretrained", "scratch", "both")
 FINETUNE_METHODS = ("full", "linear_probe", "lora")
 CORRUPT_IMAGE_POLICIES = ("skip", "error")
+RANDOM_RESIZED_CROP_CHOICES = ("auto", "true", "false")
 
 
 @dataclass
@@ -66,14 +67,14 @@ class ModelArguments:
         default=None,
         metadata={"help": "Hub token; prefer the HF_TOKEN environment variable or `hf auth login`. Never saved."},
     )
-    attn_implementation: str | None = field(
-        default=None,
+    attn_implementation: str = field(
+        default="auto",
         metadata={
-            "help": "Attention kernel of either model: `sdpa` (the default: torch's fused "
-            "scaled_dot_product_attention) or `eager` (explicit softmax(QK^T/sqrt(d))V). On a CPU under bf16 "
-            "autocast, `eager` is about 2.5x faster for small heads (head size 12-16: SDPA's CPU kernel has no fast "
-            "bf16 path there; README, 'Speed'). Not saved with the model.",
-            "choices": ["sdpa", "eager"],
+            "help": "Attention kernel of either model: `auto` (the default) takes the explicit path "
+            "(softmax(QK^T/sqrt(d))V) on a CPU under bf16 autocast with heads of at most 32 dimensions, where SDPA's "
+            "CPU kernel has no fast bf16 path (about 2.5x slower at head size 12-16), and `sdpa` (torch's fused "
+            "scaled_dot_product_attention) elsewhere; `sdpa` or `eager` force one. Not saved with the model.",
+            "choices": ["auto", "sdpa", "eager"],
         },
     )
     convert_channels: bool = field(
@@ -202,12 +203,41 @@ class DataArguments:
     decode_size: int | None = field(
         default=None,
         metadata={
-            "help": "Resize images to this square size when decoding. Needed only when images differ in size "
-            "(defaults then to the model's resolution); same-size images are stored as they are."
+            "help": "Store images as squares of this size (shorter side resized, centre kept) when decoding. "
+            "Default: images of one size are stored as they are; images of mixed sizes at the model's input size "
+            "plus a margin for crops (256 for a 224 model)."
         },
     )
+    decode_workers: int | None = field(
+        default=None,
+        metadata={
+            "help": "Processes that decode images in parallel (default: the CPU cores available). Only the first "
+            "process of a node decodes; the others map its decoded cache (keep `decoded_cache_dir` on for that)."
+        },
+    )
+    random_resized_crop: str = field(
+        default="auto",
+        metadata={
+            "help": "Train on random boxes of each image resized to the model's input (RandomResizedCrop, as the "
+            "transformers example and timm do for photos) instead of the padded random crop. `auto`: on for images "
+            "stored larger than the model's input (photos), off for small native images (CIFAR-10, MNIST).",
+            "choices": list(RANDOM_RESIZED_CROP_CHOICES),
+        },
+    )
+    crop_scale: list[float] = field(
+        default_factory=lambda: [0.08, 1.0],
+        metadata={"help": "RandomResizedCrop: range of the box's share of the image area (low high)."},
+    )
+    crop_ratio: list[float] = field(
+        default_factory=lambda: [3 / 4, 4 / 3],
+        metadata={"help": "RandomResizedCrop: range of the box's aspect ratio, width / height (low high)."},
+    )
     random_crop_padding: int = field(
-        default=4, metadata={"help": "Random crop with this much zero padding (in source pixels); 0 disables it."}
+        default=4,
+        metadata={
+            "help": "Random crop with this much zero padding (in source pixels); 0 disables it. Used when "
+            "`random_resized_crop` is off."
+        },
     )
     horizontal_flip: bool = field(default=True, metadata={"help": "Random horizontal flips of training images."})
     rand_augment_ops: int = field(
@@ -230,6 +260,22 @@ class DataArguments:
             raise ValueError(
                 f"`validation_size` must be a fraction in (0, 1) or an image count >= 1, got {self.validation_size}."
             )
+        self.random_resized_crop = str(self.random_resized_crop).lower()
+        if self.random_resized_crop not in RANDOM_RESIZED_CROP_CHOICES:
+            raise ValueError(
+                f"`random_resized_crop` must be one of {list(RANDOM_RESIZED_CROP_CHOICES)}, got "
+                f"{self.random_resized_crop!r}."
+            )
+        for name, low_bound, high_bound in (("crop_scale", 0, 1), ("crop_ratio", 0, float("inf"))):
+            value = [float(v) for v in getattr(self, name)]
+            if len(value) != 2 or not low_bound < value[0] <= value[1] <= high_bound:
+                raise ValueError(
+                    f"`{name}` must be two numbers `low high` with {low_bound} < low <= high"
+                    f"{f' <= {high_bound}' if high_bound != float('inf') else ''}, got {getattr(self, name)}."
+                )
+            setattr(self, name, value)
+        if self.decode_workers is not None and self.decode_workers < 1:
+            raise ValueError(f"`decode_workers` must be >= 1, got {self.decode_workers}.")
         if self.random_crop_padding < 0:
             raise ValueError(f"`random_crop_padding` must be >= 0, got {self.random_crop_padding}.")
         if self.rand_augment_ops < 0:

@@ -51,6 +51,101 @@ class RandomCrop(nn.Module):
         return padded.gather(2, index.expand(B, C, H * W)).view(B, C, H, W)
 
 
+class RandomResizedCrop(nn.Module):
+    """Crop a random box of each image and resize it to `size`: torchvision's `RandomResizedCrop`, batched.
+
+    Every image draws its own box as torchvision does: an area share from `scale` and a log-uniform aspect ratio
+    from `ratio`, ten tries for a box that fits, else the whole image cropped to the nearest ratio in range. All boxes
+    are then sampled in one `grid_sample` (bilinear) into a uint8 `(B, C, *size)` batch. The pixels equal
+    `torchvision.transforms.v2.functional.resized_crop(image, top, left, h, w, size, antialias=False)` up to
+    rounding: a box larger than `size` is not low-pass filtered first. Photos are stored with a small margin over
+    the model's input (256 for 224), so boxes shrink by at most that ratio and aliasing stays small.
+    """
+
+    def __init__(
+        self,
+        size: tuple[int, int] | int,
+        scale: Sequence[float] = (0.08, 1.0),
+        ratio: Sequence[float] = (3 / 4, 4 / 3),
+        attempts: int = 10,
+    ):
+        super().__init__()
+        if not 0 < scale[0] <= scale[1] <= 1:
+            raise ValueError(f"`scale` must be (low, high) with 0 < low <= high <= 1, got {tuple(scale)}.")
+        if not 0 < ratio[0] <= ratio[1]:
+            raise ValueError(f"`ratio` must be (low, high) with 0 < low <= high, got {tuple(ratio)}.")
+        self.size = (size, size) if isinstance(size, int) else tuple(size)
+        self.scale, self.ratio, self.attempts = tuple(scale), tuple(ratio), attempts
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        boxes = self.sample_boxes(x.shape[0], x.shape[-2], x.shape[-1], x.device)
+        return resized_crop(x, boxes, self.size)
+
+    def sample_boxes(self, B: int, H: int, W: int, device: torch.device) -> torch.Tensor:
+        """`(B, 4)` int64 boxes `(top, left, height, width)`, drawn as `RandomResizedCrop.get_params` draws one."""
+        area = H * W * torch.empty(B, self.attempts, device=device).uniform_(*self.scale)  # (B, tries)
+        log_ratio = torch.empty(B, self.attempts, device=device).uniform_(
+            math.log(self.ratio[0]), math.log(self.ratio[1])
+        )
+        aspect = torch.exp(log_ratio)
+        w = torch.sqrt(area * aspect).round().long()
+        h = torch.sqrt(area / aspect).round().long()
+        fits = (w > 0) & (w <= W) & (h > 0) & (h <= H)  # (B, tries)
+        first = torch.where(fits.any(1), fits.float().argmax(1), -1)  # (B,) the first try that fits, or -1
+        pick = first.clamp_min(0)[:, None]
+        h, w = h.gather(1, pick)[:, 0], w.gather(1, pick)[:, 0]  # (B, tries) -> (B,)
+        # No try fits: the whole image, cropped to the nearest aspect ratio in range (torchvision's fallback).
+        in_ratio = W / H
+        if in_ratio < self.ratio[0]:
+            fallback = (round(W / self.ratio[0]), W)
+        elif in_ratio > self.ratio[1]:
+            fallback = (H, round(H * self.ratio[1]))
+        else:
+            fallback = (H, W)
+        h = torch.where(first >= 0, h, fallback[0])
+        w = torch.where(first >= 0, w, fallback[1])
+        # A uniform offset in [0, H - h], as torch.randint(0, H - h + 1) draws it.
+        top = (torch.rand(B, device=device) * (H - h + 1)).long().clamp(max=H - h)
+        left = (torch.rand(B, device=device) * (W - w + 1)).long().clamp(max=W - w)
+        top = torch.where(first >= 0, top, (H - h) // 2)
+        left = torch.where(first >= 0, left, (W - w) // 2)
+        return torch.stack([top, left, h, w], dim=1)
+
+
+def resized_crop(x: torch.Tensor, boxes: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """Crop box `(top, left, height, width)` of each image and resize it bilinearly to `size`, in one `grid_sample`.
+
+    uint8 `(B, C, H, W)` -> uint8 `(B, C, *size)`. Sample positions are those of `F.interpolate(crop, size,
+    mode="bilinear", align_corners=False)` on each crop, clamped to the crop's own edge pixels as interpolation
+    clamps them, so no pixel outside a box leaks in.
+    """
+    B, _, H, W = x.shape
+    out_h, out_w = size
+    top, left, h, w = (boxes[:, i].to(torch.float32)[:, None] for i in range(4))  # each (B, 1)
+    # Source pixel coordinates of the output pixel centres, clamped to the crop; then grid_sample's [-1, 1] units.
+    ys = (torch.arange(out_h, device=x.device) + 0.5) * (h / out_h) - 0.5  # (B, out_h)
+    xs = (torch.arange(out_w, device=x.device) + 0.5) * (w / out_w) - 0.5  # (B, out_w)
+    ys = (ys.clamp(min=0).minimum(h - 1) + top + 0.5) * (2 / H) - 1
+    xs = (xs.clamp(min=0).minimum(w - 1) + left + 0.5) * (2 / W) - 1
+    grid = torch.stack(torch.broadcast_tensors(xs[:, None, :], ys[:, :, None]), dim=-1)  # (B, out_h, out_w, 2)
+    out = F.grid_sample(x.float(), grid, mode="bilinear", padding_mode="border", align_corners=False)
+    return out.round_().clamp_(0, 255).to(torch.uint8)
+
+
+class CenterCrop(nn.Module):
+    """The central `size` window of each image, placed as torchvision's `center_crop` places it."""
+
+    def __init__(self, size: tuple[int, int]):
+        super().__init__()
+        self.size = tuple(size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        H, W = x.shape[-2:]
+        h, w = self.size
+        top, left = int(round((H - h) / 2.0)), int(round((W - w) / 2.0))
+        return x[..., top : top + h, left : left + w]
+
+
 class RandomHorizontalFlip(nn.Module):
     """Mirror each image left-right with probability `p`, decided per image."""
 
@@ -314,6 +409,11 @@ class BatchTransform(torch.nn.Module):
         rand_augment_ops: 0: off; 1: TrivialAugment (one random op per image); N > 1: N random ops in a row
             (RandAugment with random magnitudes). See `RandomAugmentOps`.
         rand_augment_magnitude: the largest magnitude drawn, as a share of each op's range.
+        random_resized_crop: crop a random box of each training image and resize it to `image_size`
+            (`RandomResizedCrop`) instead of the padded random crop; for photos stored larger than the model input.
+        crop_scale, crop_ratio: the area share and aspect ratio ranges of `random_resized_crop`.
+        eval_resize_size: evaluation resizes to this size and then center-crops `image_size`, as image processors
+            that crop do (`Preprocessing.resize_size`); `None`: evaluation resizes straight to `image_size`.
     """
 
     def __init__(
@@ -327,6 +427,10 @@ class BatchTransform(torch.nn.Module):
         horizontal_flip: bool = True,
         rand_augment_ops: int = 0,
         rand_augment_magnitude: float = 1.0,
+        random_resized_crop: bool = False,
+        crop_scale: Sequence[float] = (0.08, 1.0),
+        crop_ratio: Sequence[float] = (3 / 4, 4 / 3),
+        eval_resize_size: tuple[int, int] | None = None,
     ):
         super().__init__()
         self.image_size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
@@ -338,12 +442,20 @@ class BatchTransform(torch.nn.Module):
         if random_crop_padding < 0:
             raise ValueError(f"`random_crop_padding` must be >= 0, got {random_crop_padding}.")
         # Training-only steps, uint8 -> uint8 at the source resolution: cheap, and exact for crops and flips.
+        if random_resized_crop:
+            crop = RandomResizedCrop(self.image_size, crop_scale, crop_ratio)
+        else:
+            crop = RandomCrop(random_crop_padding) if random_crop_padding > 0 else nn.Identity()
         self.augment = nn.Sequential(
-            RandomCrop(random_crop_padding) if random_crop_padding > 0 else nn.Identity(),
+            crop,
             RandomHorizontalFlip() if horizontal_flip else nn.Identity(),
             RandomAugmentOps(rand_augment_ops, rand_augment_magnitude) if rand_augment_ops > 0 else nn.Identity(),
         )
         self.resize = Resize(self.image_size)
+        if eval_resize_size is not None and tuple(eval_resize_size) != self.image_size:
+            self.eval_resize = nn.Sequential(Resize(tuple(eval_resize_size)), CenterCrop(self.image_size))
+        else:
+            self.eval_resize = self.resize
         self.convert_channels = _channel_conversion(in_channels, out_channels)
         self.normalize = Normalize(mean, std)
 
@@ -354,10 +466,41 @@ class BatchTransform(torch.nn.Module):
                 f"Expected uint8 images of shape (B, {self.in_channels}, h, w), got {pixel_values.dtype} "
                 f"{tuple(pixel_values.shape)}."
             )
-        x = self.augment(pixel_values) if train else pixel_values
-        x = self.resize(x.float())  # (B, C_in, h, w) -> (B, C_in, H, W)
+        if train:
+            x = self.resize(self.augment(pixel_values).float())  # (B, C_in, h, w) -> (B, C_in, H, W)
+        else:
+            x = self.eval_resize(pixel_values.float())  # (B, C_in, h, w) -> (B, C_in, H, W)
         x = self.convert_channels(x)  # (B, C_in, H, W) -> (B, C_out, H, W)
         return self.normalize(x)
+
+
+def use_random_resized_crop(choice: str, stored_size: tuple[int, int], image_size: tuple[int, int]) -> bool:
+    """Whether training crops with `RandomResizedCrop` (`choice` "true") or pads and crops (`"false"`); `"auto"`
+    picks RandomResizedCrop for photos, images stored larger than the model's input, and the padded crop for small
+    native images (CIFAR-10, MNIST, digits) that are resized up to the model."""
+    if choice == "auto":
+        return stored_size[0] > image_size[0] and stored_size[1] > image_size[1]
+    return choice == "true"
+
+
+def describe_augmentation(transform: "BatchTransform") -> str:
+    """One line naming the training crop, flip and ops of `transform`, and evaluation's resize, for the log."""
+    crop, flip, ops = transform.augment
+    if isinstance(crop, RandomResizedCrop):
+        parts = [f"RandomResizedCrop(scale={crop.scale}, ratio=({crop.ratio[0]:.3g}, {crop.ratio[1]:.3g}))"]
+    elif isinstance(crop, RandomCrop):
+        parts = [f"random crop with {crop.padding} px padding"]
+    else:
+        parts = ["no crop"]
+    parts.append("horizontal flip" if isinstance(flip, RandomHorizontalFlip) else "no flip")
+    if isinstance(ops, RandomAugmentOps):
+        parts.append(f"{ops.num_ops} random op(s) per image (magnitude {ops.magnitude})")
+    size = "x".join(map(str, transform.image_size))
+    if isinstance(transform.eval_resize, nn.Sequential):
+        evaluation = "resize to {}x{}, center crop {}".format(*transform.eval_resize[0].size, size)
+    else:
+        evaluation = f"resize to {size}"
+    return f"Training augmentation: {', '.join(parts)}; evaluation: {evaluation}."
 
 
 def _channel_conversion(in_channels: int, out_channels: int) -> nn.Module:

@@ -9,6 +9,7 @@ supplies resolution and normalisation. `scratch`: a `ScratchViTForImageClassific
 import os
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from transformers import (
     AutoConfig,
@@ -38,6 +39,34 @@ class Preprocessing:
     num_channels: int
     image_mean: list[float]
     image_std: list[float]
+    # The size evaluation resizes to before a center crop to `image_size`; `None` when the processor does not crop.
+    resize_size: tuple[int, int] | None = None
+
+
+# Photos are stored with this margin over the model's input, room for the crops of training and evaluation: a 224
+# model stores 256, the ratio of timm's `crop_pct` 0.875 and of the transformers example's resize 256 / crop 224.
+CROP_MARGIN = 256 / 224
+
+
+def storage_size(model_type: str, model_args: ModelArguments, scratch_args) -> int:
+    """The square size images of mixed sizes are stored at for `model_type` (`pretrained`, `scratch` or `both`).
+
+    The model's input (the image processor's size on the pretrained path, read with the config but without the
+    weights; `image_size` for scratch) times `CROP_MARGIN`, or the processor's resize size when it is larger.
+    """
+    sizes = []
+    if model_type in ("pretrained", "both"):
+        _check_model_path(model_args.model_name_or_path)
+        try:
+            config = AutoConfig.from_pretrained(model_args.model_name_or_path, **_hub_kwargs(model_args))
+        except OSError as error:
+            raise OSError(_unreachable_message("model", model_args.model_name_or_path, error)) from error
+        prep = preprocessing_from(_load_processor(model_args), config)
+        sizes += [round(max(prep.image_size) * CROP_MARGIN), max(prep.resize_size or (0,))]
+    if model_type in ("scratch", "both"):
+        config = ScratchViTConfig(**scratch_config_kwargs(scratch_args))
+        sizes.append(round(config.image_size * CROP_MARGIN))
+    return max(sizes)
 
 
 def build_model(
@@ -68,7 +97,8 @@ def load_trained_model(
     """Load a trained classifier as it was saved (`model_name_or_path`: a run's output directory, a checkpoint-*
     folder or a Hub id; a saved ScratchViT loads through its registered Auto classes or `trust_remote_code`), for an
     evaluation-only run. Its head must classify the dataset's labels: nothing is replaced."""
-    path = _model_path(model_args, "the output directory of a training run, one of its checkpoint-* folders")
+    path = model_args.model_name_or_path
+    _check_model_path(path)
     kwargs = _hub_kwargs(model_args)
     attention = {"attn_implementation": model_args.attn_implementation} if model_args.attn_implementation else {}
     try:
@@ -202,19 +232,9 @@ def _hub_kwargs(model_args: ModelArguments) -> dict:
     }
 
 
-def _model_path(model_args: ModelArguments, local_kind: str) -> str:
-    """`model_name_or_path`, or a `FileNotFoundError` when it names a local folder that does not exist."""
-    path = model_args.model_name_or_path
-    if looks_like_local_path(path) and not os.path.isdir(os.path.expanduser(path)):
-        raise FileNotFoundError(
-            f"`model_name_or_path` {path!r} is not a directory. Pass {local_kind} or a Hub model id such as "
-            "`google/vit-base-patch16-224-in21k`."
-        )
-    return path
-
-
 def _load_pretrained(model_args: ModelArguments, data: ImageData):
-    path = _model_path(model_args, "a local checkpoint folder (with config.json and the weights)")
+    path = model_args.model_name_or_path
+    _check_model_path(path)
     kwargs = _hub_kwargs(model_args)
     try:
         config = AutoConfig.from_pretrained(
@@ -226,7 +246,21 @@ def _load_pretrained(model_args: ModelArguments, data: ImageData):
         )
     except OSError as error:
         raise OSError(_unreachable_message("model", path, error)) from error
-    processor_path = model_args.image_processor_name or path
+    return model, _load_processor(model_args)
+
+
+def _check_model_path(path: str) -> None:
+    if looks_like_local_path(path) and not os.path.isdir(os.path.expanduser(path)):
+        raise FileNotFoundError(
+            f"`model_name_or_path` {path!r} is not a directory. Pass a local checkpoint folder (with config.json "
+            "and the weights) or a Hub model id such as `google/vit-base-patch16-224-in21k`."
+        )
+
+
+def _load_processor(model_args: ModelArguments):
+    """The pretrained model's image processor: a small json file, read without the weights."""
+    kwargs = _hub_kwargs(model_args)
+    processor_path = model_args.image_processor_name or model_args.model_name_or_path
     try:
         processor = AutoImageProcessor.from_pretrained(processor_path, **kwargs)
     except OSError as error:
@@ -237,7 +271,7 @@ def _load_pretrained(model_args: ModelArguments, data: ImageData):
                 "set `image_processor_name`."
             ) from error
         raise OSError(_unreachable_message("image processor", processor_path, error)) from error
-    return model, processor
+    return processor
 
 
 def _unreachable_message(what: str, path: str, error: Exception) -> str:
@@ -259,7 +293,10 @@ def _build_scratch(scratch_args, data: ImageData, attn_implementation: str | Non
         **kwargs, num_labels=len(data.label_names), id2label=data.id2label, label2id=data.label2id
     )
     model = ScratchViTForImageClassification(config)
-    mean, std = channel_statistics(data.train.pixel_values, config.num_channels)
+    # At most 10,000 images and 2**27 values (512 MB as float): a memory-mapped set of photos is never read whole.
+    channels, height, width = data.train.num_channels, *data.train.image_size
+    sample = min(len(data.train), 10_000, max(1, 2**27 // (channels * height * width)))
+    mean, std = channel_statistics(data.train.take(np.arange(sample)), config.num_channels)
     processor = ViTImageProcessor(
         size={"height": config.image_size, "width": config.image_size}, image_mean=mean, image_std=std
     )
@@ -280,15 +317,16 @@ def channel_statistics(pixel_values: torch.Tensor, num_channels: int) -> tuple[l
 def preprocessing_from(processor, config) -> Preprocessing:
     """Read resolution and normalisation from an image processor (`size` as height/width or shortest_edge)."""
     image_size = _height_width(processor.size) or (int(config.image_size),) * 2
+    resize_size = None
     if getattr(processor, "do_center_crop", False) and _height_width(getattr(processor, "crop_size", None)):
-        image_size = _height_width(processor.crop_size)
+        resize_size, image_size = image_size, _height_width(processor.crop_size)
     num_channels = int(getattr(config, "num_channels", 3))
     do_normalize = getattr(processor, "do_normalize", True)
     mean = list(processor.image_mean) if do_normalize else [0.0] * num_channels
     std = list(processor.image_std) if do_normalize else [1.0] * num_channels
     if len(mean) != num_channels:
         mean, std = [sum(mean) / len(mean)] * num_channels, [sum(std) / len(std)] * num_channels
-    return Preprocessing(image_size=image_size, num_channels=num_channels, image_mean=mean, image_std=std)
+    return Preprocessing(image_size, num_channels, mean, std, resize_size if resize_size != image_size else None)
 
 
 def _height_width(size) -> tuple[int, int] | None:

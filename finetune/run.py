@@ -9,6 +9,7 @@ transformers' example scripts: arguments and logging, data, model, Trainer, trai
 publishing.
 """
 
+import copy
 import dataclasses
 import logging
 import os
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import datasets
 import transformers
-from transformers import TrainingArguments, set_seed
+from transformers import AutoConfig, TrainingArguments, set_seed
 from transformers.trainer_utils import get_last_checkpoint
 
 
@@ -29,14 +30,15 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from finetune import hardware  # noqa: E402
-from finetune.arguments import DataArguments, ModelArguments, parse_args  # noqa: E402
-from finetune.augment import BatchTransform  # noqa: E402
+from finetune.arguments import DataArguments, ModelArguments, parse_args, scratch_config_kwargs  # noqa: E402
+from finetune.augment import BatchTransform, describe_augmentation, use_random_resized_crop  # noqa: E402
 from finetune.data import ImageData, collate_batch, load_image_data  # noqa: E402
 from finetune.metrics import compute_metrics, confusion_report  # noqa: E402
-from finetune.models import build_model, count_parameters  # noqa: E402
+from finetune.models import build_model, count_parameters, storage_size  # noqa: E402
 from finetune.results import EvalMetrics, Results, TrainMetrics, history_from_log_history  # noqa: E402
 from finetune.trainer import ImageClassificationTrainer  # noqa: E402
 from finetune.training_args import ImageClassificationTrainingArguments  # noqa: E402
+from scratch_vit import ScratchViTConfig  # noqa: E402
 
 
 logger = logging.getLogger(__name__)
@@ -66,13 +68,16 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
         check_no_earlier_results(run_dirs[model_args.model_type], training_args)
 
     # ---- Data: decoded once into uint8 tensors (and cached); the main process decodes first, the others read it.
-    target_size = scratch_args.image_size
+    # Photos of mixed sizes are stored at the model's size plus a margin for crops, read from its processor.
+    target_size = storage_size(model_args.model_type, model_args, scratch_args)
     with training_args.main_process_first(desc="loading and decoding the dataset"):
         data = load_image_data(data_args, seed=training_args.data_seed or training_args.seed, target_size=target_size)
 
     results = {}
     for model_type in model_types:
-        args = dataclasses.replace(training_args, output_dir=str(run_dirs[model_type]))
+        # A copy, not `dataclasses.replace`: the arguments are already resolved (`auto` precision and its reason).
+        args = copy.copy(training_args)
+        args.output_dir = str(run_dirs[model_type])
         args.push_to_hub, args.hub_token = False, None
         if not training_args.do_train:
             results[model_type] = evaluate_only(model_type, model_args, data_args, args, data)
@@ -116,7 +121,7 @@ def setup_logging(training_args: TrainingArguments) -> None:
     transformers.utils.logging.enable_explicit_format()
     logger.info(
         f"Process {training_args.process_index} of {training_args.world_size}, device {training_args.device}, "
-        f"mixed precision: {training_args.mixed_precision}"
+        f"mixed precision: {training_args.mixed_precision} ({getattr(training_args, 'precision_choice', 'as given')})"
     )
 
 
@@ -167,6 +172,7 @@ def train_and_evaluate(
     start = time.perf_counter()
     logger.info(f"==== {model_type} model -> {args.output_dir}")
     set_seed(args.seed)
+    model_args, attention_why = choose_attention(model_type, model_args, scratch_args, args)
     model, processor, prep = build_model(model_type, model_args, scratch_args, data)
     trainer = make_trainer(model, processor, prep, data_args, args, data, layer_decay=model_args.layer_decay)
 
@@ -213,7 +219,11 @@ def train_and_evaluate(
         },
         epochs=float(train_result.metrics.get("epoch", args.num_train_epochs)),
         num_trainable_parameters=count_parameters(model, trainable=True),
-        hyperparameters={**hyperparameters(args, model, total_batch_size), **method_settings(model_type, model_args)},
+        hyperparameters={
+            **hyperparameters(args, model, total_batch_size),
+            "attention_choice": attention_why,
+            **method_settings(model_type, model_args),
+        },
         hardware={**hardware.describe(args.device), "world_size": args.world_size},
         train=TrainMetrics(
             loss=train_result.metrics.get("train_loss"),
@@ -255,7 +265,14 @@ def make_trainer(
         horizontal_flip=data_args.horizontal_flip,
         rand_augment_ops=data_args.rand_augment_ops,
         rand_augment_magnitude=data_args.rand_augment_magnitude,
+        random_resized_crop=use_random_resized_crop(
+            data_args.random_resized_crop, data.train.image_size, prep.image_size
+        ),
+        crop_scale=data_args.crop_scale,
+        crop_ratio=data_args.crop_ratio,
+        eval_resize_size=prep.resize_size,
     )
+    logger.info(describe_augmentation(batch_transform))
     return ImageClassificationTrainer(
         model=model,
         args=args,
@@ -328,6 +345,7 @@ def evaluate_only(
     start = time.perf_counter()
     logger.info(f"==== evaluating {model_args.model_name_or_path} (no training) -> {args.output_dir}")
     set_seed(args.seed)
+    model_args, attention_why = choose_attention("pretrained", model_args, None, args)
     model, processor, prep = load_trained_model(model_args, data)
     trainer = make_trainer(model, processor, prep, data_args, args, data)
     output_dir = Path(args.output_dir)
@@ -367,6 +385,7 @@ def evaluate_only(
             "per_device_eval_batch_size": args.per_device_eval_batch_size,
             "mixed_precision": str(args.mixed_precision),
             "attn_implementation": model.config._attn_implementation,
+            "attention_choice": attention_why,
             "world_size": args.world_size,
             **({"flip_tta": True} if args.flip_tta else {}),
         },
@@ -392,6 +411,39 @@ def evaluate_only(
     return results
 
 
+def choose_attention(
+    model_type: str, model_args: ModelArguments, scratch_args, args: ImageClassificationTrainingArguments
+) -> tuple[ModelArguments, str]:
+    """`model_args` with `attn_implementation` resolved for this machine and precision, and the reason."""
+    attention, attention_why = hardware.choose_attention(
+        model_args.attn_implementation,
+        args.device.type,
+        args.bf16 or args.mixed_precision == "bf16",
+        attention_head_size(model_type, model_args, scratch_args),
+    )
+    logger.info(f"Attention: {attention} ({attention_why})")
+    return dataclasses.replace(model_args, attn_implementation=attention), attention_why
+
+
+def attention_head_size(model_type: str, model_args: ModelArguments, scratch_args) -> int | None:
+    """The attention head size of the model to build, from its config alone (no weights are read)."""
+    if model_type == "scratch":
+        config = ScratchViTConfig(**scratch_config_kwargs(scratch_args))
+    else:
+        try:
+            config = AutoConfig.from_pretrained(
+                model_args.model_name_or_path,
+                revision=model_args.model_revision,
+                cache_dir=model_args.cache_dir,
+                token=model_args.token,
+                trust_remote_code=model_args.trust_remote_code,
+            )
+        except (OSError, ValueError):
+            return None  # building the model reports the problem
+    hidden, heads = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
+    return hidden // heads if hidden and heads else None
+
+
 def hyperparameters(args: ImageClassificationTrainingArguments, model, total_batch_size: int) -> dict:
     """The training settings a reader of the results needs to reproduce them."""
     return {
@@ -406,6 +458,8 @@ def hyperparameters(args: ImageClassificationTrainingArguments, model, total_bat
         "label_smoothing_factor": args.label_smoothing_factor,
         "seed": args.seed,
         "mixed_precision": str(args.mixed_precision),
+        "tf32": args.tf32,
+        "precision_choice": getattr(args, "precision_choice", None),
         "attn_implementation": model.config._attn_implementation,
         "world_size": args.world_size,
         **{

@@ -7,7 +7,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from finetune.augment import BatchTransform, MixUpCutMix, RandomAugmentOps, RandomCrop, RandomHorizontalFlip
+from finetune.augment import (
+    BatchTransform,
+    MixUpCutMix,
+    RandomAugmentOps,
+    RandomCrop,
+    RandomHorizontalFlip,
+    RandomResizedCrop,
+    describe_augmentation,
+    resized_crop,
+    use_random_resized_crop,
+)
 
 
 MEAN = (0.485, 0.456, 0.406)
@@ -232,3 +242,84 @@ def test_solarize_posterize_autocontrast_match_pil():
 def test_batch_transform_rand_augment_option_is_off_by_default():
     assert isinstance(BatchTransform(12, MEAN, STD, 3, 3).augment[2], torch.nn.Identity)
     assert isinstance(BatchTransform(12, MEAN, STD, 3, 3, rand_augment_ops=1).augment[2], RandomAugmentOps)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Photos: RandomResizedCrop and the image processor's evaluation resize + center crop, against torchvision
+
+
+def _photo_batch(batch=6, height=40, width=52, seed=0):
+    return torch.randint(
+        0, 256, (batch, 3, height, width), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed)
+    )
+
+
+def test_resized_crop_matches_torchvision_box_by_box():
+    from torchvision.transforms.v2 import functional as TF
+
+    x = _photo_batch()
+    # Boxes that enlarge, shrink, change the aspect ratio, touch the image's edges and cover all of it.
+    boxes = torch.tensor(
+        [[0, 0, 40, 52], [5, 7, 10, 20], [30, 40, 10, 12], [0, 10, 33, 17], [12, 0, 28, 52], [3, 3, 3, 3]]
+    )
+    size = (24, 24)
+    ours = resized_crop(x, boxes, size)
+    for image, box, out in zip(x, boxes.tolist(), ours):
+        reference = TF.resized_crop(image, *box, size=list(size), antialias=False)
+        # Same sample positions and bilinear weights; float rounding may move a value across .5: at most 1 level.
+        assert (out.int() - reference.int()).abs().max() <= 1, box
+
+
+def test_random_resized_crop_draws_boxes_as_torchvision_does():
+    from torchvision.transforms import v2
+
+    crop = RandomResizedCrop(16, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3))
+    torch.manual_seed(0)
+    boxes = crop.sample_boxes(4000, 40, 52, torch.device("cpu")).double()
+    torch.manual_seed(0)
+    reference = torch.tensor(
+        [v2.RandomResizedCrop.get_params(torch.empty(3, 40, 52), [0.08, 1.0], [3 / 4, 4 / 3]) for _ in range(4000)]
+    ).double()
+    assert ((boxes[:, :2] >= 0) & (boxes[:, :2] + boxes[:, 2:] <= torch.tensor([40, 52]))).all()
+    # The same distribution: area share, aspect ratio and box centre agree in mean and spread within 3%.
+    for stats in (boxes, reference):
+        stats[:, 0] += stats[:, 2] / 2
+        stats[:, 1] += stats[:, 3] / 2
+    for ours, theirs in ((boxes[:, 2] * boxes[:, 3], reference[:, 2] * reference[:, 3]),
+                         (boxes[:, 3] / boxes[:, 2], reference[:, 3] / reference[:, 2]),
+                         (boxes[:, 0], reference[:, 0]), (boxes[:, 1], reference[:, 1])):  # fmt: skip
+        assert ours.mean().item() == pytest.approx(theirs.mean().item(), rel=0.03)
+        assert ours.std().item() == pytest.approx(theirs.std().item(), rel=0.05)
+    # No box fits with a ratio range far from the image's: the centre crop at the nearest ratio, as torchvision.
+    fallback = RandomResizedCrop(8, scale=(0.99, 1.0), ratio=(3.0, 4.0)).sample_boxes(2, 40, 52, torch.device("cpu"))
+    expected = v2.RandomResizedCrop.get_params(torch.empty(3, 40, 52), [0.99, 1.0], [3.0, 4.0])
+    assert fallback.tolist() == [list(expected)] * 2 == [[11, 0, 17, 52]] * 2
+
+
+def test_eval_resize_and_center_crop_match_torchvision():
+    from torchvision.transforms.v2 import functional as TF
+
+    x = _photo_batch(height=36, width=36)
+    transform = BatchTransform(24, (0.0,) * 3, (1.0,) * 3, 3, 3, eval_resize_size=(28, 28))
+    ours = transform(x, train=False) * 255
+    reference = TF.center_crop(TF.resize(x.float(), [28, 28], antialias=True), [24, 24])
+    # The same antialiased bilinear resize in float and the same crop window: equal up to float error.
+    assert (ours - reference).abs().max().item() < 1e-3
+
+
+def test_random_resized_crop_in_the_batch_transform_outputs_the_model_size():
+    transform = BatchTransform(16, MEAN, STD, 3, 3, random_resized_crop=True, crop_scale=(0.5, 1.0))
+    out = transform(_photo_batch(), train=True)
+    assert out.shape == (6, 3, 16, 16)
+    assert "RandomResizedCrop(scale=(0.5, 1.0)" in describe_augmentation(transform)
+    pad_crop = BatchTransform(16, MEAN, STD, 3, 3)
+    assert "random crop with 4 px padding" in describe_augmentation(pad_crop)
+
+
+def test_random_resized_crop_is_chosen_for_photos_only():
+    assert use_random_resized_crop("auto", (256, 256), (224, 224))  # photos stored with the crop margin
+    assert not use_random_resized_crop("auto", (32, 32), (224, 224))  # CIFAR-10 resized up to a pretrained ViT
+    assert not use_random_resized_crop("auto", (32, 32), (32, 32))  # CIFAR-10 at its own size
+    assert use_random_resized_crop("true", (32, 32), (224, 224)) and not use_random_resized_crop(
+        "false", (256, 256), (224, 224)
+    )

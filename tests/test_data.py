@@ -548,3 +548,59 @@ def test_image_split_batches_with_and_without_getitems():
     batches = list(loader)
     assert [len(b["labels"]) for b in batches] == [4, 4, 2]
     assert batches[0]["pixel_values"].dtype == torch.uint8 and batches[2]["labels"].tolist() == [8, 9]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Scale: a memory-mapped cache, decoded in parallel, only the chosen images
+
+
+def test_cache_is_memory_mapped_and_batches_copy_only_their_rows(tmp_path):
+    images, labels = _images(12), _labels(12)
+    path = tmp_path / "train.parquet"
+    _dataset(images, labels).to_parquet(path)
+    args = _args(dataset_name=str(path), validation_size=3, decoded_cache_dir=str(tmp_path / "cache"))
+    for data in (load_image_data(args, seed=0), load_image_data(args, seed=0)):  # decoded, then read from the cache
+        mapped = data.train._images
+        assert isinstance(mapped, np.memmap) and mapped.mode == "r" and mapped.filename.endswith("pixel_values.npy")
+        batch = data.train.__getitems__([2, 0])["pixel_values"]
+        assert not isinstance(batch.numpy(), np.memmap)  # a copy of two rows, not a view of the file
+        np.testing.assert_array_equal(batch.numpy(), data.train.pixel_values.numpy()[[2, 0]])
+        _assert_covers(data, images, labels)
+
+
+def test_parallel_decoding_gives_the_pixels_of_one_process(tmp_path, monkeypatch):
+    images, labels = _images(30), _labels(30)
+    root = tmp_path / "pets"
+    _write_png_folder(root, images, labels)
+    (root / "dog" / "broken.png").write_bytes(b"not a png")
+    monkeypatch.setattr("finetune.data.decode.DECODE_CHUNK", 4)  # 8 chunks over 2 worker processes
+    one, two = (
+        load_image_data(_args(dataset_name=str(root), validation_size=5, decode_workers=workers), seed=0)
+        for workers in (1, 2)
+    )
+    for a, b in ((one.train, two.train), (one.validation, two.validation)):
+        assert torch.equal(a.pixel_values, b.pixel_values) and torch.equal(a.labels, b.labels)
+    _assert_covers(two, images, labels)  # the broken file is skipped in the pool too
+
+
+def test_max_samples_select_before_decoding(tmp_path, monkeypatch):
+    images, labels = _images(30), _labels(30)
+    path = tmp_path / "train.parquet"
+    _dataset(images, labels).to_parquet(path)
+    decoded = []
+    real = data_module._decode_images
+
+    def counting(read_items, num_images, *args, **kwargs):
+        decoded.append(num_images)
+        return real(read_items, num_images, *args, **kwargs)
+
+    monkeypatch.setattr(data_module, "_decode_images", counting)
+    args = _args(dataset_name=str(path), validation_size=10, max_train_samples=5, max_eval_samples=2)
+    data = load_image_data(args, seed=0)
+    assert decoded == [7] and len(data.train) == 5 and len(data.validation) == 2
+    # The same images as choosing after decoding everything: the selection depends on labels and seed only.
+    full = load_image_data(_args(dataset_name=str(path), validation_size=10), seed=0)
+    assert set(map(bytes, data.train.pixel_values.numpy())) <= set(map(bytes, full.train.pixel_values.numpy()))
+    assert set(map(bytes, data.validation.pixel_values.numpy())) <= set(
+        map(bytes, full.validation.pixel_values.numpy())
+    )

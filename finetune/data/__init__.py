@@ -1,9 +1,10 @@
-"""Load an image-classification dataset once into memory as uint8 tensors.
+"""Load an image-classification dataset once as uint8 `(N, C, H, W)` splits, decoded into a memory-mapped cache.
 
 Every image is decoded a single time (by `finetune.data.decode.decode_image`, the decoding predict and attention use
-too) to a `(C, H, W)` uint8 array and the whole split is kept as one tensor (airbench style); augmentation happens
-later, on whole batches on the device (`finetune/augment.py`). Decoded splits are cached on disk, so a second run
-with the same data skips decoding.
+too), in parallel over the cores, straight into a `.npy` file that every process of the node maps (`cache.py`):
+the dataset never sits whole in a process's memory, and batches copy only their own rows. Augmentation happens
+later, on whole batches on the device (`finetune/augment.py`). A second run with the same data skips decoding;
+the run's processes wait for the first one to decode (`main_process_first`) and then map its file.
 
 Sources, chosen from `DataArguments.dataset_name` (or `train_file` / `validation_file` / `test_file`):
 
@@ -24,12 +25,20 @@ import os
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from transformers.utils import logging
 
 from finetune.arguments import DataArguments
-from finetune.data.cache import CACHE_FORMAT_VERSION, _cache_root, _load_cache, _save_cache
-from finetune.data.decode import IMAGE_EXTENSIONS, MAX_LISTED_CORRUPT, _decode_images, _image_items, decode_image
+from finetune.data.cache import CACHE_FORMAT_VERSION, _cache_root, _finish_entry, _load_cache, _start_entry
+from finetune.data.decode import (
+    DECODE_CHUNK,
+    IMAGE_EXTENSIONS,
+    MAX_LISTED_CORRUPT,
+    _decode_images,
+    _image_items,
+    decode_image,
+)
 from finetune.data.sources import (
     ACCEPTED_SOURCES,
     IMAGE_COLUMNS,
@@ -44,7 +53,15 @@ from finetune.data.sources import (
     _open_source,
     _Source,
 )
-from finetune.data.splits import ImageSplit, _check_labels, _keep_classes, _subsample, collate_batch, stratified_split
+from finetune.data.splits import (
+    ImageSplit,
+    _check_labels,
+    _keep_classes,
+    _Rows,
+    _subsample,
+    collate_batch,
+    stratified_split,
+)
 
 
 logger = logging.get_logger(__name__)
@@ -92,26 +109,58 @@ class ImageData:
 
 
 def load_image_data(data_args: DataArguments, seed: int, target_size: int | None = None) -> ImageData:
-    """Load, decode (or read from the decoded cache) and split the dataset that `data_args` describes.
+    """Load, decode (or map from the decoded cache) and split the dataset that `data_args` describes.
+
+    The images each split takes (class filter, validation split, `max_*_samples` subsets) are chosen from the labels
+    first; only those images are decoded.
 
     Args:
         data_args: where the data is and how to split it (`dataset_name`, `validation_size`, `max_train_samples`,
-            `corrupt_images`, `decoded_cache_dir`, `decode_size`, ...).
+            `corrupt_images`, `decoded_cache_dir`, `decode_size`, `decode_workers`, ...).
         seed: seeds the validation split carved from train and the `max_*_samples` subsets.
-        target_size: the model's resolution, used to resize when images differ in size and `decode_size` is unset.
+        target_size: the square size to store images of mixed sizes at when `decode_size` is unset (the run passes
+            `finetune.models.storage_size`: the model's input plus a margin for crops).
 
     Returns:
-        `ImageData` with uint8 `(N, C, H, W)` splits. Grayscale sources keep 1 channel; `BatchTransform` converts
-        channels for the model on the device.
+        `ImageData` with uint8 `(N, C, H, W)` splits, memory-mapped from the decoded cache for encoded sources.
+        Grayscale sources keep 1 channel; `BatchTransform` converts channels for the model on the device.
     """
     source = _open_source(data_args)
+    columns = None
     if source.encoded:
-        splits, label_names = _decode_source(source, data_args, target_size)
+        columns = _find_columns(source.encoded["train"], data_args, source.description)
+        for name, dataset in source.encoded.items():
+            missing = [c for c in columns if c not in dataset.column_names]
+            if missing:
+                raise ValueError(
+                    f"The {name} split of {source.description} lacks column(s) {missing}; its columns are "
+                    f"{dataset.column_names}."
+                )
+        label_names, encode_labels = _label_names(source.encoded, columns[1])
+        labels = {name: encode_labels(_column(dataset, columns[1])) for name, dataset in source.encoded.items()}
     else:
-        splits = {
-            name: ImageSplit(torch.from_numpy(px), torch.from_numpy(y)) for name, (px, y) in source.decoded.items()
-        }
         label_names = source.label_names
+        labels = {name: np.asarray(y, dtype=np.int64) for name, (_, y) in source.decoded.items()}
+    chosen = {name: _Rows(name, np.arange(len(y)), y) for name, y in labels.items()}
+    _check_labels(chosen, label_names)
+    if data_args.include_labels:
+        chosen, label_names = _keep_classes(chosen, label_names, list(data_args.include_labels))
+
+    train, test = chosen["train"], chosen.get("test")
+    if "validation" in chosen:
+        validation, how = chosen["validation"], "validation split of the source"
+    else:
+        train_index, validation_index = stratified_split(train.labels, data_args.validation_size, seed)
+        train, validation = train.select(train_index), train.select(validation_index)
+        how = f"held out from train: validation_size={data_args.validation_size}, stratified, seed {seed}"
+    chosen = {
+        "train": _subsample(train, data_args.max_train_samples, seed, salt=1),
+        "validation": _subsample(validation, data_args.max_eval_samples, seed, salt=2),
+    }
+    if test is not None:
+        chosen["test"] = _subsample(test, data_args.max_eval_samples, seed, salt=3)
+
+    splits = _materialize(source, chosen, labels, columns, data_args, target_size)
     num_channels = max(split.num_channels for split in splits.values())
     for name, split in splits.items():
         if split.num_channels != num_channels:
@@ -119,20 +168,7 @@ def load_image_data(data_args: DataArguments, seed: int, target_size: int | None
             logger.info(f"Repeating the 1-channel {name} images to {num_channels} channels to match the other splits.")
             splits[name] = ImageSplit(split.pixel_values.expand(-1, num_channels, -1, -1).contiguous(), split.labels)
     _check_labels(splits, label_names)
-    if data_args.include_labels:
-        splits, label_names = _keep_classes(splits, label_names, list(data_args.include_labels))
-
-    train = splits["train"]
-    if "validation" in splits:
-        validation, how = splits["validation"], "validation split of the source"
-    else:
-        train_index, validation_index = stratified_split(train.labels.numpy(), data_args.validation_size, seed)
-        train, validation = train.select(train_index), train.select(validation_index)
-        how = f"held out from train: validation_size={data_args.validation_size}, stratified, seed {seed}"
-    test = splits.get("test")
-    train = _subsample(train, data_args.max_train_samples, seed, salt=1)
-    validation = _subsample(validation, data_args.max_eval_samples, seed, salt=2)
-    test = _subsample(test, data_args.max_eval_samples, seed, salt=3) if test is not None else None
+    train, validation, test = splits["train"], splits["validation"], splits.get("test")
 
     sizes = {name: s.image_size for name, s in (("train", train), ("validation", validation), ("test", test)) if s}
     size_text = ", ".join(f"{name} {h}x{w}" for name, (h, w) in sizes.items())
@@ -146,25 +182,57 @@ def load_image_data(data_args: DataArguments, seed: int, target_size: int | None
     return ImageData(train, validation, test, list(label_names), num_channels, source.description)
 
 
-def _decode_source(
-    source: _Source, data_args: DataArguments, target_size: int | None
-) -> tuple[dict[str, ImageSplit], list[str]]:
-    image_column, label_column = _find_columns(source.encoded["train"], data_args, source.description)
-    for name, dataset in source.encoded.items():
-        missing = [c for c in (image_column, label_column) if c not in dataset.column_names]
-        if missing:
-            raise ValueError(
-                f"The {name} split of {source.description} lacks column(s) {missing}; its columns are "
-                f"{dataset.column_names}."
+def _materialize(
+    source: _Source,
+    chosen: dict[str, _Rows],
+    labels: dict[str, np.ndarray],
+    columns: tuple[str, str] | None,
+    data_args: DataArguments,
+    target_size: int | None,
+) -> dict[str, ImageSplit]:
+    """The chosen images of every split: decoded (only the images some split takes) or taken from the arrays."""
+    splits = {}
+    for source_split in dict.fromkeys(rows.source for rows in chosen.values()):
+        parts = {name: rows for name, rows in chosen.items() if rows.source == source_split}
+        needed = np.unique(np.concatenate([rows.positions for rows in parts.values()]))
+        if source.encoded:
+            pixels, row_of = _decode_split(
+                source, source_split, needed, labels[source_split], columns, data_args, target_size
             )
-    label_names, encode_labels = _label_names(source.encoded, label_column)
-    cache_root = _cache_root(data_args)
+        else:
+            pixels = torch.from_numpy(source.decoded[source_split][0])
+            row_of = np.arange(len(pixels))
+        for name, rows in parts.items():
+            row = row_of[rows.positions]
+            ok = row >= 0  # corrupt images, skipped when decoding, drop out here
+            splits[name] = ImageSplit(pixels, rows.labels[ok], row[ok])
+    return splits
+
+
+def _decode_split(
+    source: _Source,
+    name: str,
+    needed: np.ndarray,
+    labels: np.ndarray,
+    columns: tuple[str, str],
+    data_args: DataArguments,
+    target_size: int | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Decode (or map from the cache) the images at positions `needed` of a source split, whose labels are `labels`.
+
+    Returns the memory-mapped pixels and, for every position of the split, its row in them (-1: not decoded).
+    """
+    dataset = source.encoded[name]
+    where = f"the {name} split of {source.description}"
+    subset = len(needed) < len(dataset)
     key_fields = {
         "version": CACHE_FORMAT_VERSION,
         "source": source.fingerprint,
-        "columns": [image_column, label_column],
+        "split": name,
+        "columns": list(columns),
         "corrupt_images": data_args.corrupt_images,
-        "label_names": label_names,
+        # A run on a subset (`max_*_samples`) decodes and caches only that subset.
+        "images": _hash(needed.tolist()) if subset else "all",
     }
     # Without decode_size, same-size images are stored at their native size whatever the model's resolution, so the
     # cache is shared between models; only sources of mixed sizes depend on target_size ("fallback").
@@ -172,33 +240,49 @@ def _decode_source(
         decode_modes = [f"resize:{data_args.decode_size}"]
     else:
         decode_modes = ["native"] + ([f"fallback:{target_size}"] if target_size is not None else [])
+    cache_root = _cache_root(data_args)
+    paths = {
+        mode: os.path.join(cache_root, _hash({**key_fields, "decode": mode})) if cache_root is not None else None
+        for mode in decode_modes
+    }
+    row_of = np.full(len(dataset), -1, dtype=np.int64)
+    if cache_root is not None:
+        for path in paths.values():
+            cached = _load_cache(path, where)
+            if cached is not None:
+                pixels, _, meta = cached
+                row_of[np.asarray(meta["positions"], dtype=np.int64)] = np.asarray(meta["rows"], dtype=np.int64)
+                return pixels, row_of
 
-    splits = {}
-    for name, dataset in source.encoded.items():
-        where = f"the {name} split of {source.description}"
-        keys = {mode: _hash({**key_fields, "split": name, "decode": mode}) for mode in decode_modes}
-        cached = None
-        if cache_root is not None:
-            for key in keys.values():
-                cached = _load_cache(os.path.join(cache_root, key), where)
-                if cached is not None:
-                    break
-        if cached is None:
-            start = time.perf_counter()
-            pixels, kept, skipped, used_fallback = _decode_images(
-                lambda dataset=dataset: _image_items(dataset, image_column),
-                len(dataset),
-                resize_to=data_args.decode_size,
-                fallback_size=target_size,
-                corrupt_images=data_args.corrupt_images,
-                where=where,
-            )
-            labels = encode_labels(_column(dataset, label_column))[kept]
-            logger.info(f"Decoded {len(kept):,} images of {where} in {time.perf_counter() - start:.1f}s.")
-            if cache_root is not None:
-                mode = decode_modes[-1] if used_fallback else decode_modes[0]
-                meta = {"label_names": label_names, "num_channels": int(pixels.shape[1]), "skipped": skipped}
-                _save_cache(os.path.join(cache_root, keys[mode]), pixels, labels, meta)
-            cached = pixels, labels
-        splits[name] = ImageSplit(torch.from_numpy(cached[0]), torch.from_numpy(cached[1]))
-    return splits, label_names
+    selected = dataset.select(needed) if subset else dataset
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    workers = data_args.decode_workers or cores
+    tmp = _start_entry(paths[decode_modes[0]])
+    start = time.perf_counter()
+    pixels, kept, rows, skipped, used_fallback = _decode_images(
+        lambda: _image_items(selected, columns[0]),
+        len(needed),
+        resize_to=data_args.decode_size,
+        fallback_size=target_size,
+        corrupt_images=data_args.corrupt_images,
+        where=where,
+        out_path=os.path.join(tmp, "pixel_values.npy"),
+        workers=workers,
+        positions=needed,
+    )
+    seconds = time.perf_counter() - start
+    logger.info(
+        f"Decoded {len(kept):,} images of {where} in {seconds:.1f}s ({len(needed) / max(seconds, 1e-9):,.0f} "
+        f"images/s, {min(workers, max(1, -(-len(needed) // DECODE_CHUNK)))} process(es))."
+    )
+    positions = needed[kept]
+    row_of[positions] = rows
+    mode = decode_modes[-1] if used_fallback else decode_modes[0]
+    meta = {
+        "num_channels": int(pixels.shape[1]),
+        "skipped": skipped,
+        "positions": positions.tolist(),
+        "rows": rows.tolist(),
+    }
+    _finish_entry(tmp, paths[mode], labels[positions], meta)
+    return pixels, row_of

@@ -20,10 +20,26 @@ file gives the same pixels whichever command reads it:
 - An RGB image asked for in mode `"L"` takes the ITU-R 601 luma, Pillow's conversion, with the weights of
   `finetune.augment.LUMA_WEIGHTS`.
 
-`_decode_images` decodes a whole split with it into one uint8 `(N, C, H, W)` array (one mode and size for all).
+`_decode_images` decodes a whole split with it, in parallel over the cores, into one uint8 `(N, C, H, W)` `.npy` file
+written chunk by chunk (one mode and size for all; `finetune.data.cache` keeps it).
+Images of one size (CIFAR-10's 32 px, MNIST's 28 px) are stored as they are. Images of mixed sizes (photos) are
+stored as squares at the run's storage size (`finetune.models.storage_size`: the model's input plus a margin for
+crops, 256 for a 224 model; `decode_size` overrides): the shorter side is resized to it and the centre square kept.
+A center-cropped square, rather than padding to a common size with each image's extent recorded, because
+
+- every row of the cache has the same shape, so a batch is one index into one array and the device ops (random
+  resized crop, flip, resize) run on whole batches with no per-image sizes to carry;
+- padding a 640x480 photo to 640x640 stores a third of empty pixels, and a set with a few panoramas would be mostly
+  padding; a square at the storage size bounds the cache at `N * 3 * S * S` bytes whatever the photos;
+- the edges it drops are what evaluation drops anyway: image processors that center-crop keep the middle, and
+  RandomResizedCrop samples boxes of at most the whole square, which at the default scale (0.08, 1) rarely reach
+  the edges of a photo.
 """
 
+import collections
+import concurrent.futures
 import io
+import multiprocessing
 import os
 from collections.abc import Callable, Iterator
 from typing import BinaryIO
@@ -121,11 +137,43 @@ def _image_items(dataset: datasets.Dataset, column: str) -> Iterator[tuple[bytes
             )
 
 
-class _Restart(Exception):
-    """Raised inside a decoding pass when a later image shows the pass started with the wrong mode or size."""
+# Images per task of the decoding pool: large enough to amortize the hand-over, small enough to spread a split.
+DECODE_CHUNK = 128
 
-    def __init__(self, mode: str | None = None, size: tuple[int, int] | None = None):
-        self.mode, self.size = mode, size
+
+def _decoded_mode(mode: str) -> str:
+    """The mode `decode_image(..., None)` gives an image opened in `mode`, as `_to_8_bit` converts it."""
+    grayscale = mode in ("L", "1", "F") or mode in SIXTEEN_BIT_MODES or ALPHA_MODES.get(mode) == "L"
+    return "L" if grayscale else "RGB"
+
+
+def _probe(data: bytes | None, path: str | None) -> tuple[str, tuple[int, int]]:
+    """The mode and upright `(width, height)` of an image from its header, without decoding its pixels."""
+    if data is None and path is None:
+        raise ValueError("the image is missing (no bytes, no path)")
+    with Image.open(io.BytesIO(data) if data is not None else path) as image:
+        width, height = image.size
+        if image.getexif().get(0x0112) in (5, 6, 7, 8):  # EXIF orientations that turn the image by 90 degrees
+            width, height = height, width
+        return _decoded_mode(image.mode), (width, height)
+
+
+def _decode_chunk(path: str, first_row: int, items: list, mode: str, size: tuple[int, int]) -> list[tuple[int, str]]:
+    """Decode `items` into rows `first_row...` of the `.npy` memory map at `path`; returns `(index, error)` of the
+    images that failed. Runs in the decoding pool's worker processes (or inline for small splits)."""
+    pixels = np.load(path, mmap_mode="r+")
+    failures = []
+    for j, (data, image_path) in enumerate(items):
+        try:
+            image = decode_image(data if data is not None else image_path, mode)
+            if image.size != size:
+                image = ImageOps.fit(image, size, Image.BILINEAR)  # shorter side to the size, centre square kept
+            array = np.asarray(image)
+            pixels[first_row + j] = array[None] if mode == "L" else array.transpose(2, 0, 1)  # (H, W, C) -> (C, H, W)
+        except Exception as error:  # PIL raises many types (OSError, SyntaxError, ValueError...) for broken files
+            failures.append((j, f"{type(error).__name__}: {error}"))
+    pixels.flush()
+    return failures
 
 
 def _decode_images(
@@ -135,84 +183,128 @@ def _decode_images(
     fallback_size: int | None,
     corrupt_images: str,
     where: str,
-) -> tuple[np.ndarray, np.ndarray, list[str], bool]:
-    """Decode every image once to uint8 `(N, C, H, W)`.
+    out_path: str,
+    workers: int = 1,
+    positions: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str], bool]:
+    """Decode every image once into a uint8 `(N, C, H, W)` `.npy` file at `out_path`, written chunk by chunk.
 
-    The first image decides the starting mode ("L" for grayscale, else "RGB") and size; a pass restarts in RGB when
-    a colour image follows grayscale ones, and at `fallback_size` when sizes differ. Restarts are rare and happen at
-    most once each, which keeps the common case to one pass into a preallocated array.
+    A first pass reads only the headers: the mode ("L" when every image is grayscale, else "RGB") and whether the
+    sizes differ (then every image is stored as a square at `fallback_size`, see the module docstring). A second pass
+    decodes chunks of `DECODE_CHUNK` images in `workers` processes, each writing its rows straight into the file, so
+    no process holds more than a chunk of images. `read_items` is called once per pass.
+
+    Args:
+        positions: the images' positions in their source split, to name corrupt images; default `range(N)`.
 
     Returns:
-        `(pixels, kept, skipped, used_fallback)`: the decoded images, the indices of the images kept, descriptions of
-        the skipped corrupt images, and whether the images were resized to `fallback_size` because their sizes differ.
+        `(pixels, kept, rows, skipped, used_fallback)`: the file as a read-only memory map, the indices of the images
+        that decoded, the row of each of them in `pixels`, descriptions of the skipped corrupt images, and whether
+        the images were stored at `fallback_size` because their sizes differ.
     """
-    mode = None
-    size = (resize_to, resize_to) if resize_to is not None else None
-    while True:
-        try:
-            pixels, kept, skipped = _decode_pass(read_items(), num_images, mode, size, corrupt_images, where)
-        except _Restart as restart:
-            if restart.mode is not None:
-                mode = restart.mode
-            if restart.size is not None:
-                if fallback_size is None:
-                    raise ValueError(
-                        f"The images of {where} differ in size ({restart.size[0]}x{restart.size[1]} and others) "
-                        "and no size to resize them to is known: set `decode_size`."
-                    ) from None
-                size = (fallback_size, fallback_size)
-                logger.info(f"The images of {where} differ in size: resizing them to {fallback_size}x{fallback_size}.")
-            continue
-        if skipped:
-            listed = ", ".join(skipped[:MAX_LISTED_CORRUPT]) + (", ..." if len(skipped) > MAX_LISTED_CORRUPT else "")
-            logger.warning(f"Skipped {len(skipped)} corrupt image(s) of {where} that could not be decoded: {listed}.")
-        used_fallback = resize_to is None and size is not None
-        return pixels, np.asarray(kept, dtype=np.int64), skipped, used_fallback
 
+    def name(i: int, path: str | None) -> str:
+        return f"index {i if positions is None else int(positions[i])}" + (f" ({path})" if path else "")
 
-def _decode_pass(items, num_images, mode, size, corrupt_images, where):
-    pixels, kept, skipped = None, [], []
-    first_size = None
-    progress = logging.tqdm(total=num_images, desc="Decoding images", unit="img", leave=False)
-    for i, (data, path) in enumerate(items):
-        name = f"index {i}" + (f" ({path})" if path else "")
+    def corrupt(i: int, path: str | None, error: str) -> None:
+        if corrupt_images == "error":
+            raise ValueError(
+                f"Could not decode image {name(i, path)} of {where}: {error}. "
+                "Set `corrupt_images=skip` to drop images that cannot be decoded."
+            )
+        skipped.append(name(i, path))
+
+    skipped, modes, sizes = [], set(), set()
+    readable = np.zeros(num_images, dtype=bool)
+    for i, (data, path) in enumerate(read_items()):
         try:
-            if data is None and path is None:
-                raise ValueError("the image is missing (no bytes, no path)")
-            # Before the mode is known (or while it is "L"), an image decodes to its own kind; a colour image among
-            # grayscale ones restarts the pass in RGB.
-            image = decode_image(data if data is not None else path, "RGB" if mode == "RGB" else None)
-            if mode is None:
-                mode = image.mode
-            elif image.mode != mode:
-                raise _Restart(mode="RGB")
-            if size is None:
-                first_size = first_size or image.size
-                if image.size != first_size:
-                    raise _Restart(size=image.size)
-            elif image.size != size:
-                image = image.resize(size, Image.BILINEAR)
-            array = np.asarray(image)
-        except _Restart:
-            progress.close()
-            raise
-        except Exception as error:  # PIL raises many types (OSError, SyntaxError, ValueError...) for broken files
-            if corrupt_images == "error":
-                progress.close()
-                raise ValueError(
-                    f"Could not decode image {name} of {where}: {type(error).__name__}: {error}. "
-                    "Set `corrupt_images=skip` to drop images that cannot be decoded."
-                ) from error
-            skipped.append(name)
-            progress.update(1)
+            mode, size = _probe(data, path)
+        except Exception as error:
+            corrupt(i, path, f"{type(error).__name__}: {error}")
             continue
-        if pixels is None:
-            channels = 1 if mode == "L" else 3
-            pixels = np.empty((num_images, channels, *array.shape[:2]), dtype=np.uint8)
-        pixels[len(kept)] = array[None] if mode == "L" else array.transpose(2, 0, 1)  # (H, W, C) -> (C, H, W)
-        kept.append(i)
-        progress.update(1)
-    progress.close()
-    if pixels is None:
+        readable[i] = True
+        modes.add(mode)
+        sizes.add(size)
+    if not readable.any():
         raise ValueError(f"No image of {where} could be decoded ({len(skipped)} corrupt).")
-    return pixels[: len(kept)], kept, skipped
+    mode = "RGB" if "RGB" in modes else "L"
+    used_fallback = False
+    if resize_to is not None:
+        size = (resize_to, resize_to)
+    elif len(sizes) == 1:
+        size = next(iter(sizes))
+    elif fallback_size is None:
+        (width, height), *_ = sorted(sizes)
+        raise ValueError(
+            f"The images of {where} differ in size ({width}x{height} and others) and no size to store them at is "
+            "known: set `decode_size` (the model's size does this in `finetune.run`)."
+        )
+    else:
+        size, used_fallback = (fallback_size, fallback_size), True
+        logger.info(
+            f"The images of {where} differ in size: storing them as {fallback_size}x{fallback_size} squares "
+            "(shorter side resized, centre kept)."
+        )
+
+    rows = np.cumsum(readable) - 1  # (num_images,) the row of each readable image
+    channels = 1 if mode == "L" else 3
+    pixels = np.lib.format.open_memmap(out_path, "w+", np.uint8, (int(readable.sum()), channels, size[1], size[0]))
+    del pixels  # the file exists at full size; workers map it and write their rows
+    failed = np.zeros(num_images, dtype=bool)
+    progress = logging.tqdm(total=num_images, desc="Decoding images", unit="img", leave=False)
+
+    def collect(indices: list[int], paths: list[str | None], failures: list[tuple[int, str]]) -> None:
+        for j, error in failures:
+            failed[indices[j]] = True
+            corrupt(indices[j], paths[j], error)
+        progress.update(len(indices))
+
+    def chunks() -> Iterator[tuple[list[int], list]]:
+        indices, items = [], []
+        for i, item in enumerate(read_items()):
+            if readable[i]:
+                indices.append(i)
+                items.append(item)
+            if len(items) == DECODE_CHUNK:
+                yield indices, items
+                indices, items = [], []
+        if items:
+            yield indices, items
+
+    try:
+        if workers <= 1 or num_images <= DECODE_CHUNK:
+            for indices, items in chunks():
+                collect(indices, [p for _, p in items], _decode_chunk(out_path, rows[indices[0]], items, mode, size))
+        else:
+            _decode_in_pool(chunks(), out_path, rows, mode, size, workers, collect)
+    finally:
+        progress.close()
+    if skipped:
+        listed = ", ".join(skipped[:MAX_LISTED_CORRUPT]) + (", ..." if len(skipped) > MAX_LISTED_CORRUPT else "")
+        logger.warning(f"Skipped {len(skipped)} corrupt image(s) of {where} that could not be decoded: {listed}.")
+    kept = np.flatnonzero(readable & ~failed)
+    if len(kept) == 0:
+        raise ValueError(f"No image of {where} could be decoded ({len(skipped)} corrupt).")
+    return np.load(out_path, mmap_mode="r"), kept, rows[kept], skipped, used_fallback
+
+
+def _decode_in_pool(chunks, out_path, rows, mode, size, workers, collect) -> None:
+    """Decode `chunks` in a pool of `workers` processes, with at most two chunks per worker in flight (memory)."""
+    methods = multiprocessing.get_all_start_methods()
+    # fork starts workers at once (they only need PIL and numpy, already imported); elsewhere the default method.
+    context = multiprocessing.get_context("fork" if "fork" in methods else None)
+    pending = collections.deque()
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+        try:
+            for indices, items in chunks:
+                future = pool.submit(_decode_chunk, out_path, int(rows[indices[0]]), items, mode, size)
+                pending.append((indices, [p for _, p in items], future))
+                while len(pending) >= 2 * workers:
+                    indices, paths, future = pending.popleft()
+                    collect(indices, paths, future.result())
+            while pending:
+                indices, paths, future = pending.popleft()
+                collect(indices, paths, future.result())
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise

@@ -1,6 +1,8 @@
-"""The in-memory splits (`ImageSplit`, `collate_batch`), their validation split, subsets and class filter."""
+"""The splits (`ImageSplit`, `collate_batch`), and the choice of their images before decoding: the validation split,
+subsets and class filter work on labels and positions (`_Rows`), so only the images a run uses are decoded."""
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -11,47 +13,91 @@ logger = logging.get_logger(__name__)
 
 
 class ImageSplit(torch.utils.data.Dataset):
-    """One split held in memory: `pixel_values` uint8 `(N, C, H, W)` and `labels` int64 `(N,)`.
+    """One split: uint8 `(N, C, H, W)` images and int64 `(N,)` labels, read lazily from a tensor or a memory map.
 
-    `__getitems__` serves a whole batch with one tensor index, which torch's `DataLoader` uses instead of calling
-    `__getitem__` once per image; pair it with `collate_batch`.
+    Args:
+        pixel_values: uint8 `(M, C, H, W)` images, a tensor or a numpy array (the decoded cache's memory map).
+        labels: one label per image of the split.
+        rows: the rows of `pixel_values` that make the split, in order; `None`: all of them.
+
+    A batch copies only its own rows: `__getitems__` serves a whole batch with one index, which torch's
+    `DataLoader` uses instead of calling `__getitem__` once per image (pair it with `collate_batch`), so a split over
+    a memory-mapped cache never reads the rest of the file into the process. `select` makes a subset without
+    copying images.
     """
 
-    def __init__(self, pixel_values: torch.Tensor, labels: torch.Tensor):
-        if pixel_values.dtype != torch.uint8 or pixel_values.ndim != 4:
+    def __init__(
+        self,
+        pixel_values: torch.Tensor | np.ndarray,
+        labels: torch.Tensor | np.ndarray,
+        rows: np.ndarray | None = None,
+    ):
+        if pixel_values.dtype not in (torch.uint8, np.uint8) or pixel_values.ndim != 4:
             raise ValueError(
                 f"`pixel_values` must be uint8 (N, C, H, W), got {pixel_values.dtype} {tuple(pixel_values.shape)}."
             )
-        if labels.ndim != 1 or len(labels) != len(pixel_values):
-            raise ValueError(
-                f"`labels` must be 1-D with one label per image ({len(pixel_values)}), got {tuple(labels.shape)}."
-            )
-        self.pixel_values = pixel_values
+        labels = torch.as_tensor(labels)
+        rows = None if rows is None else np.asarray(rows, dtype=np.int64)
+        count = len(pixel_values) if rows is None else len(rows)
+        if labels.ndim != 1 or len(labels) != count:
+            raise ValueError(f"`labels` must be 1-D with one label per image ({count}), got {tuple(labels.shape)}.")
+        self._images, self._rows = pixel_values, rows
         self.labels = labels.to(torch.int64)
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def __getitem__(self, i) -> dict[str, torch.Tensor]:
-        return {"pixel_values": self.pixel_values[i], "labels": self.labels[i]}
+        return {"pixel_values": self.take([i])[0], "labels": self.labels[i]}
 
     def __getitems__(self, indices: list[int]) -> dict[str, torch.Tensor]:
         index = torch.as_tensor(indices, dtype=torch.int64)
-        return {"pixel_values": self.pixel_values[index], "labels": self.labels[index]}
+        return {"pixel_values": self.take(index), "labels": self.labels[index]}
+
+    def take(self, indices) -> torch.Tensor:
+        """uint8 `(len(indices), C, H, W)`: a copy of the images at `indices` of the split (only those rows)."""
+        index = np.asarray(indices, dtype=np.int64)
+        rows = index if self._rows is None else self._rows[index]
+        if isinstance(self._images, torch.Tensor):
+            return self._images[torch.from_numpy(rows)]
+        return torch.from_numpy(np.ascontiguousarray(self._images[rows]))  # a memory map copies the rows it reads
+
+    @property
+    def pixel_values(self) -> torch.Tensor:
+        """All images of the split as one tensor; copies a memory-mapped split whole, so meant for small splits."""
+        if isinstance(self._images, torch.Tensor) and self._rows is None:
+            return self._images
+        return self.take(np.arange(len(self)))
 
     @property
     def num_channels(self) -> int:
-        return self.pixel_values.shape[1]
+        return self._images.shape[1]
 
     @property
     def image_size(self) -> tuple[int, int]:
         """`(H, W)` of the stored images."""
-        return tuple(self.pixel_values.shape[2:])
+        return tuple(self._images.shape[2:])
 
     def select(self, indices: Sequence[int] | np.ndarray | torch.Tensor) -> "ImageSplit":
-        """A new split with the images at `indices`, in that order."""
-        index = torch.as_tensor(np.asarray(indices), dtype=torch.int64)
-        return ImageSplit(self.pixel_values[index], self.labels[index])
+        """A new split with the images at `indices`, in that order; the images themselves are not copied."""
+        index = np.asarray(indices, dtype=np.int64)
+        rows = index if self._rows is None else self._rows[index]
+        return ImageSplit(self._images, self.labels[torch.from_numpy(index)], rows)
+
+
+@dataclass
+class _Rows:
+    """The images one output split takes from a source split, by position, chosen from labels before decoding."""
+
+    source: str
+    positions: np.ndarray  # int64 positions in the source split
+    labels: np.ndarray  # int64, one per position
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def select(self, index: np.ndarray) -> "_Rows":
+        return _Rows(self.source, self.positions[index], self.labels[index])
 
 
 def collate_batch(batch) -> dict[str, torch.Tensor]:
@@ -61,11 +107,12 @@ def collate_batch(batch) -> dict[str, torch.Tensor]:
     return {key: torch.stack([item[key] for item in batch]) for key in batch[0]}
 
 
-def _check_labels(splits: dict[str, ImageSplit], label_names: list[str]) -> None:
+def _check_labels(splits: dict[str, "_Rows | ImageSplit"], label_names: list[str]) -> None:
     for name, split in splits.items():
         if len(split) == 0:
             raise ValueError(f"The {name} split is empty (after dropping corrupt images).")
-        low, high = int(split.labels.min()), int(split.labels.max())
+        labels = np.asarray(split.labels)
+        low, high = int(labels.min()), int(labels.max())
         if low < 0 or high >= len(label_names):
             raise ValueError(
                 f"The {name} split has label ids in [{low}, {high}], outside the {len(label_names)} classes "
@@ -74,20 +121,20 @@ def _check_labels(splits: dict[str, ImageSplit], label_names: list[str]) -> None
 
 
 def _keep_classes(
-    splits: dict[str, ImageSplit], label_names: list[str], keep: list[str]
-) -> tuple[dict[str, ImageSplit], list[str]]:
+    splits: dict[str, _Rows], label_names: list[str], keep: list[str]
+) -> tuple[dict[str, _Rows], list[str]]:
     """Only the images of the classes in `keep`, renumbered in the order of `keep`."""
     unknown = [name for name in keep if name not in label_names]
     if unknown or len(set(keep)) != len(keep):
         problem = f"unknown label(s) {unknown}" if unknown else f"repeated labels in {keep}"
         raise ValueError(f"`include_labels` has {problem}; the dataset's labels are {label_names}.")
-    new_id = torch.full((len(label_names),), -1, dtype=torch.int64)
-    new_id[[label_names.index(name) for name in keep]] = torch.arange(len(keep))
+    new_id = np.full(len(label_names), -1, dtype=np.int64)
+    new_id[[label_names.index(name) for name in keep]] = np.arange(len(keep))
     kept = {}
     for name, split in splits.items():
         labels = new_id[split.labels]
-        index = torch.nonzero(labels >= 0).flatten()
-        kept[name] = ImageSplit(split.pixel_values[index], labels[index])
+        index = np.flatnonzero(labels >= 0)
+        kept[name] = _Rows(split.source, split.positions[index], labels[index])
     logger.info(f"Kept the {len(keep)} classes of `include_labels` {keep}, renumbered in that order.")
     return kept, keep
 
@@ -122,7 +169,7 @@ def stratified_split(labels: np.ndarray, validation_size: float, seed: int) -> t
     return np.flatnonzero(~is_validation), np.flatnonzero(is_validation)
 
 
-def _subsample(split: ImageSplit, max_samples: int | None, seed: int, salt: int) -> ImageSplit:
+def _subsample(split: _Rows, max_samples: int | None, seed: int, salt: int) -> _Rows:
     """The first `max_samples` images after a seeded shuffle (kept in source order)."""
     if max_samples is None or max_samples >= len(split):
         return split

@@ -1,0 +1,126 @@
+"""Photos of mixed sizes: the storage size read from the model, a folder of mixed-size JPEGs stored as center-cropped
+squares, both model paths trained on it, and two processes sharing one decoded cache."""
+
+import json
+import logging
+import os
+
+import numpy as np
+import pytest
+from PIL import Image
+from test_run import launch_two_processes
+from transformers import BitImageProcessor, ViTConfig, ViTForImageClassification, ViTImageProcessor
+
+from finetune import run
+from finetune.arguments import DataArguments, ModelArguments, ScratchViTArguments
+from finetune.data import load_image_data
+from finetune.models import storage_size
+
+
+CLASSES = ["beans", "leaves", "pods"]
+# (width, height) of the photos, landscape, portrait and square; no two classes share a size pattern.
+SIZES = [(40, 30), (24, 36), (32, 32), (50, 20)]
+
+
+def write_photo_folder(root, per_class: int = 4, seed: int = 0):
+    """JPEGs of mixed sizes in one subfolder per class; each class has its own dominant colour channel."""
+    rng = np.random.default_rng(seed)
+    for k, name in enumerate(CLASSES):
+        (root / name).mkdir(parents=True)
+        for i in range(per_class):
+            width, height = SIZES[(i + k) % len(SIZES)]
+            image = rng.integers(0, 60, (height, width, 3), dtype=np.uint8)
+            image[..., k] += 180
+            Image.fromarray(image).save(root / name / f"{i}.jpg", quality=95)
+    return root
+
+
+def tiny_vit_checkpoint(path, processor) -> str:
+    config = ViTConfig(
+        image_size=16, patch_size=4, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32
+    )
+    ViTForImageClassification(config).save_pretrained(path)
+    processor.save_pretrained(path)
+    return str(path)
+
+
+def test_storage_size_comes_from_the_model_with_a_crop_margin(tmp_path):
+    scratch = ScratchViTArguments(image_size=224)
+    assert storage_size("scratch", ModelArguments(model_type="scratch"), scratch) == 256
+    vit = tiny_vit_checkpoint(tmp_path / "vit", ViTImageProcessor(size={"height": 112, "width": 112}))
+    assert storage_size("pretrained", ModelArguments(model_name_or_path=vit), scratch) == 128
+    # A processor that resizes then center-crops (ConvNeXt, BiT): its resize size when that is the larger.
+    cropping = BitImageProcessor(size={"shortest_edge": 160}, crop_size={"height": 112, "width": 112})
+    bit = tiny_vit_checkpoint(tmp_path / "bit", cropping)
+    assert storage_size("pretrained", ModelArguments(model_name_or_path=bit), scratch) == 160
+    assert storage_size("both", ModelArguments(model_type="both", model_name_or_path=vit), scratch) == 256
+
+
+def test_mixed_size_photos_are_stored_as_center_cropped_squares(tmp_path):
+    root = tmp_path / "photos"
+    (root / "a").mkdir(parents=True)
+    (root / "b").mkdir()
+    wide = np.zeros((20, 60, 3), np.uint8)  # left third red, middle green, right third blue
+    wide[:, :20, 0], wide[:, 20:40, 1], wide[:, 40:, 2] = 255, 255, 255
+    Image.fromarray(wide).save(root / "a" / "wide.png")
+    Image.fromarray(np.full((30, 10, 3), 128, np.uint8)).save(root / "b" / "tall.png")
+    args = DataArguments(dataset_name=str(root), validation_size=1, decoded_cache_dir="none")
+    data = load_image_data(args, seed=0, target_size=20)  # the wide photo needs no resize, only the crop
+    assert data.train.image_size == (20, 20) and data.validation.image_size == (20, 20)
+    images = {int(split.labels[0]): split.pixel_values[0] for split in (data.train, data.validation)}
+    # The wide photo keeps its green middle only, with its aspect ratio (no squeeze).
+    assert images[0][1].min() == 255 and images[0][0].max() == 0 and images[0][2].max() == 0
+    assert int(images[1].float().mean().round()) == 128
+
+
+def test_a_folder_of_mixed_size_photos_loads_without_options(tmp_path):
+    root = write_photo_folder(tmp_path / "photos")
+    data = load_image_data(DataArguments(dataset_name=str(root), decoded_cache_dir="none"), seed=0, target_size=18)
+    assert data.train.image_size == (18, 18) and len(data.train) + len(data.validation) == 12
+    # Each class's own colour channel dominates after decoding and cropping.
+    for split in (data.train, data.validation):
+        means = split.pixel_values.float().mean(dim=(2, 3))  # (N, C, H, W) -> (N, C)
+        assert means.argmax(dim=1).tolist() == split.labels.tolist()
+
+
+# A tiny ViT at 16 px over a folder of photos, one epoch, no option about image sizes or augmentation.
+TINY_RUN = [
+    "--image_size", "16", "--patch_size", "4", "--hidden_size", "16", "--num_hidden_layers", "1",
+    "--num_attention_heads", "2", "--intermediate_size", "32", "--per_device_train_batch_size", "4",
+    "--per_device_eval_batch_size", "4", "--num_train_epochs", "1", "--validation_size", "3", "--seed", "0",
+    "--report_to", "none",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("model_type", ["scratch", "pretrained"])
+def test_both_model_paths_train_on_a_folder_of_mixed_size_photos(tmp_path, model_type, caplog):
+    photos = write_photo_folder(tmp_path / "photos")
+    args = [*TINY_RUN, "--model_type", model_type, "--dataset_name", str(photos)]
+    args += ["--decoded_cache_dir", str(tmp_path / "cache"), "--output_dir", str(tmp_path / "run")]
+    if model_type == "pretrained":
+        processor = ViTImageProcessor(size={"height": 16, "width": 16})
+        args += ["--model_name_or_path", tiny_vit_checkpoint(tmp_path / "checkpoint", processor)]
+    with caplog.at_level(logging.INFO):
+        results = run.main(args)[model_type]
+    assert results.num_samples == {"train": 9, "validation": 3, "test": None}
+    assert results.image_size == 16
+    # Stored at 16 * 256 / 224 = 18 px, cropped at random to 16 px for training: RandomResizedCrop chosen by itself.
+    assert "image size 18x18" in caplog.text
+    assert "Training augmentation: RandomResizedCrop(scale=(0.08, 1.0)" in caplog.text
+    assert "evaluation: resize to 16x16" in caplog.text
+
+
+def test_two_processes_share_one_decoded_cache(tmp_path):
+    photos = write_photo_folder(tmp_path / "photos")
+    out, cache = tmp_path / "run", tmp_path / "cache"
+    args = [*TINY_RUN, "--model_type", "scratch", "--dataset_name", str(photos), "--decoded_cache_dir", str(cache)]
+    args += ["--output_dir", str(out), "--log_level_replica", "info"]  # the second process logs what it does too
+    proc = launch_two_processes(args, tmp_path)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-3000:]
+    assert json.loads((out / "results.json").read_text())["hyperparameters"]["world_size"] == 2
+    assert "Process 0 of 2" in log and "Process 1 of 2" in log
+    # One process decoded the split (train and validation come from it); the other mapped the file it wrote.
+    assert log.count("Decoded 12 images of the train split") == 1, log[-3000:]
+    assert log.count("skipped decoding") == 1, log[-3000:]
+    assert len([entry for entry in os.listdir(cache) if not entry.startswith(".")]) == 1

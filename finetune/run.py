@@ -235,11 +235,7 @@ def train_and_evaluate(
         ),
         validation=EvalMetrics.from_trainer(validation, "eval"),
         test=EvalMetrics.from_trainer(test, "test"),
-        per_class_accuracy=confusion["per_class_accuracy"],
-        per_class_precision=confusion["per_class_precision"],
-        per_class_recall=confusion["per_class_recall"],
-        per_class_f1=confusion["per_class_f1"],
-        confusion_matrix=confusion["confusion_matrix"],
+        **confusion,  # confusion_matrix and the per-class figures, named as Results' fields
         confusion_split=confusion_split,
         history=history,
         wall_seconds=time.perf_counter() - start,
@@ -392,11 +388,7 @@ def evaluate_only(
         hardware={**hardware.describe(args.device), "world_size": args.world_size},
         validation=EvalMetrics.from_trainer(metrics["validation"], "eval"),
         test=EvalMetrics.from_trainer(metrics.get("test"), "test"),
-        per_class_accuracy=confusion["per_class_accuracy"],
-        per_class_precision=confusion["per_class_precision"],
-        per_class_recall=confusion["per_class_recall"],
-        per_class_f1=confusion["per_class_f1"],
-        confusion_matrix=confusion["confusion_matrix"],
+        **confusion,  # confusion_matrix and the per-class figures, named as Results' fields
         confusion_split=confusion_split,
         wall_seconds=time.perf_counter() - start,
     )

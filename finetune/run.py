@@ -35,7 +35,7 @@ from finetune.data import ImageData, collate_batch, load_image_data  # noqa: E40
 from finetune.metrics import compute_metrics, confusion_report  # noqa: E402
 from finetune.models import build_model, count_parameters  # noqa: E402
 from finetune.results import EvalMetrics, Results, TrainMetrics, history_from_log_history  # noqa: E402
-from finetune.trainer import ImageClassificationTrainer  # noqa: E402
+from finetune.trainer import PARTIAL_CHECKPOINT_PREFIX, ImageClassificationTrainer  # noqa: E402
 from finetune.training_args import ImageClassificationTrainingArguments  # noqa: E402
 
 
@@ -113,6 +113,7 @@ def setup_logging(training_args: TrainingArguments) -> None:
 
 def resolve_checkpoint(run_dir: Path, training_args: ImageClassificationTrainingArguments) -> str | None:
     """The checkpoint to resume from, and a guard that never trains over an earlier run's work by accident."""
+    remove_partial_checkpoints(run_dir, training_args)
     resume = training_args.resume_from_checkpoint
     if resume is not None and str(resume).lower() in ("true", "last", "latest"):
         last = get_last_checkpoint(str(run_dir)) if run_dir.is_dir() else None
@@ -143,6 +144,20 @@ def resolve_checkpoint(run_dir: Path, training_args: ImageClassificationTraining
             path = run_dir / name
             shutil.rmtree(path) if path.is_dir() else path.unlink()
     return None
+
+
+def remove_partial_checkpoints(run_dir: Path, training_args: ImageClassificationTrainingArguments) -> None:
+    """Delete the `tmp-checkpoint-*` folders of saves that failed or were interrupted: they are incomplete by
+    construction (a checkpoint is renamed to `checkpoint-N` only once fully written) and nothing can resume from
+    them."""
+    partial = sorted(run_dir.glob(PARTIAL_CHECKPOINT_PREFIX + "checkpoint-*")) if run_dir.is_dir() else []
+    if partial and training_args.process_index == 0:
+        logger.warning(
+            f"Removing {len(partial)} incomplete checkpoint(s) left by an interrupted or failed save in {run_dir}: "
+            f"{', '.join(p.name for p in partial)}. The complete checkpoint-* folders are kept."
+        )
+        for path in partial:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def train_and_evaluate(

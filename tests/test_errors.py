@@ -104,3 +104,70 @@ def test_invalid_scratch_config_names_the_field(tmp_path):
     with pytest.raises(ValueError, match=r"(?s)`hidden_size` \(8\).*`num_attention_heads` \(3\)"):
         run.main([*SCRATCH, "--num_attention_heads", "3", "--dataset_name", "sklearn:digits",
                   "--output_dir", str(tmp_path / "out")])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "flags, match",
+    [
+        (["--num_train_epochs", "0"], r"Nothing to train.*`num_train_epochs` > 0"),
+        (["--num_train_epochs", "-2"], r"Nothing to train"),
+        (["--max_steps", "0"], r"Nothing to train"),
+        (["--per_device_train_batch_size", "0"], r"`per_device_train_batch_size` must be an integer >= 1"),
+        (["--per_device_eval_batch_size", "0"], r"`per_device_eval_batch_size` must be an integer >= 1"),
+        (["--gradient_accumulation_steps", "0"], r"`gradient_accumulation_steps` must be an integer >= 1"),
+        (["--label_smoothing_factor", "2"], r"`label_smoothing_factor` must be in \[0, 1\)"),
+        (["--label_smoothing_factor", "-0.1"], r"`label_smoothing_factor` must be in \[0, 1\)"),
+        (["--learning_rate", "-1"], r"`learning_rate` and `weight_decay` must be >= 0"),
+        (["--validation_size", "1.0"], r"`validation_size` must be a fraction in \(0, 1\).*whole number"),
+        (["--validation_size", "2.5"], r"`validation_size` must be a fraction"),
+        (["--validation_size", "0"], r"`validation_size` must be a fraction"),
+        (["--eval_strategy", "no"], r"(?s)cannot keep a best model.*`load_best_model_at_end: false`, or evaluate"),
+        (["--save_strategy", "no"], r"cannot keep a best model"),
+        (["--eval_strategy", "steps"], r"`save_strategy` \(epoch\) must equal `eval_strategy` \(steps\)"),
+        (["--metric_for_best_model", "f1"], r"`metric_for_best_model: f1` names no metric.*accuracy, loss"),
+        (["--metric_for_best_model", "loss"], r"would keep the worst checkpoint.*`greater_is_better: false`"),
+        (["--push_to_hub", "true"], r"`push_to_hub: true` needs `hub_model_id`.*Nothing was trained"),
+        (["--include_labels", "cat"], r"keeps 1 class\(es\): a classifier needs at least 2"),
+        (["--include_labels", "cat", "cat"], r"names \['cat'\] more than once"),
+        (["--max_train_samples", "0"], r"`max_train_samples` must be >= 1"),
+    ],
+)
+def test_arguments_are_checked_before_any_data_is_loaded(tmp_path, flags, match):
+    with pytest.raises(ValueError, match=match):
+        parse_args([*flags, "--output_dir", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
+
+
+def test_arguments_that_agree_are_accepted(tmp_path):
+    flags = ["--eval_strategy", "no", "--save_strategy", "no", "--load_best_model_at_end", "false",
+             "--metric_for_best_model", "eval_loss", "--greater_is_better", "false", "--validation_size", "500",
+             "--max_steps", "3", "--num_train_epochs", "0"]  # fmt: skip
+    training_args = parse_args(flags)[3]
+    assert training_args.max_steps == 3 and str(training_args.eval_strategy.value) == "no"
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        (
+            "learning_rate: [1, 2]\n",
+            r"`learning_rate` in .*c\.yaml \(line 1\) must be a number, got the list \[1, 2\]",
+        ),
+        ("model_type: scratch\nnum_hidden_layers: 2.5\n", r"`num_hidden_layers` in .*\(line 2\) must be an integer"),
+        ("horizontal_flip: maybe\n", r"`horizontal_flip` .* must be true or false, got 'maybe'"),
+        ("include_labels: cat\n", r"`include_labels` .* must be a list, e.g. `include_labels: \[cat, \.\.\.\]`"),
+        ("eval_strategy: sometimes\n", r"`eval_strategy` .* must be one of \['no', 'steps', 'epoch'\]"),
+        ("model_type: scratch\n\tlearning_rate: 1\n", r"(?s)c\.yaml' is not valid YAML, line 2, column 1.*tabs"),
+        ("model_type: [scratch\n", r"c\.yaml' is not valid YAML, line 2"),
+    ],
+)
+def test_yaml_values_of_the_wrong_kind_name_the_file_and_line(tmp_path, text, match):
+    with pytest.raises(ValueError, match=match):
+        parse_args(["--config", write_yaml(tmp_path / "c.yaml", text)])
+
+
+def test_yaml_no_is_the_strategy_no(tmp_path):
+    """YAML 1.1 reads a bare `no` as false; for a strategy it means the choice `no`."""
+    config = write_yaml(tmp_path / "c.yaml", "eval_strategy: no\nsave_strategy: no\nload_best_model_at_end: false\n")
+    training_args = parse_args(["--config", config])[3]
+    assert str(training_args.eval_strategy.value) == "no" and str(training_args.save_strategy.value) == "no"

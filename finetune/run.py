@@ -32,6 +32,7 @@ from finetune import hardware  # noqa: E402
 from finetune.arguments import DataArguments, ModelArguments, parse_args  # noqa: E402
 from finetune.augment import BatchTransform  # noqa: E402
 from finetune.data import ImageData, collate_batch, load_image_data  # noqa: E402
+from finetune.errors import run_command  # noqa: E402
 from finetune.metrics import compute_metrics, confusion_report  # noqa: E402
 from finetune.models import build_model, count_parameters  # noqa: E402
 from finetune.results import EvalMetrics, Results, TrainMetrics, history_from_log_history  # noqa: E402
@@ -303,4 +304,4 @@ def push_results(run_dirs, model_types, training_args, token) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_command(main))

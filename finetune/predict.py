@@ -67,6 +67,10 @@ def load_classifier(
             f"{model_dir} has no config.json: pass the output directory of a run (for `model_type: both`, "
             "OUTPUT/pretrained or OUTPUT/scratch) or a checkpoint-* folder."
         )
+    if os.path.isdir(model_dir):
+        from finetune.models import check_local_checkpoint
+
+        check_local_checkpoint(model_dir, trust_remote_code)
     kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
     model = AutoModelForImageClassification.from_pretrained(model_dir, trust_remote_code=trust_remote_code, **kwargs)
     processor = AutoImageProcessor.from_pretrained(model_dir, trust_remote_code=trust_remote_code)

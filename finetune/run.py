@@ -34,7 +34,7 @@ from finetune.augment import BatchTransform  # noqa: E402
 from finetune.data import ImageData, collate_batch, load_image_data  # noqa: E402
 from finetune.errors import run_command  # noqa: E402
 from finetune.metrics import compute_metrics, confusion_report  # noqa: E402
-from finetune.models import build_model, count_parameters  # noqa: E402
+from finetune.models import build_model, check_local_checkpoint, count_parameters  # noqa: E402
 from finetune.results import EvalMetrics, Results, TrainMetrics, history_from_log_history  # noqa: E402
 from finetune.trainer import PARTIAL_CHECKPOINT_PREFIX, ImageClassificationTrainer  # noqa: E402
 from finetune.training_args import ImageClassificationTrainingArguments  # noqa: E402
@@ -46,6 +46,7 @@ logger = logging.getLogger(__name__)
 def main(argv: list[str] | None = None) -> dict[str, dict]:
     """Run the pipeline; returns the results of each trained model keyed by model type."""
     model_args, data_args, scratch_args, training_args = parse_args(argv)
+    check_model_and_output_dir(model_args, training_args)
     setup_logging(training_args)
 
     # Publishing is done once, at the end, by our own code: the Trainer would create the repo at start-up (failing
@@ -110,6 +111,25 @@ def setup_logging(training_args: TrainingArguments) -> None:
         f"Process {training_args.process_index} of {training_args.world_size}, device {training_args.device}, "
         f"mixed precision: {training_args.mixed_precision}"
     )
+
+
+def check_model_and_output_dir(model_args: ModelArguments, training_args: TrainingArguments) -> None:
+    """Before any data is loaded or file written: a local pretrained model must be a complete image classifier, and
+    the run must not write into it (saving would replace its weights, config and labels)."""
+    if model_args.model_type == "scratch":
+        return
+    model_dir = Path(model_args.model_name_or_path).expanduser()
+    if not model_dir.is_dir():
+        return  # a Hub id, or a missing folder that `build_model` explains
+    output, model = Path(training_args.output_dir).expanduser().resolve(), model_dir.resolve()
+    if output == model or model in output.parents or output in model.parents:
+        relation = "is" if output == model else "is inside" if model in output.parents else "contains"
+        raise ValueError(
+            f"`output_dir` {training_args.output_dir} {relation} the pretrained model {model_args.model_name_or_path}"
+            ": the run would overwrite or mix with it. Nothing was written. Choose an `output_dir` outside the model "
+            "folder."
+        )
+    check_local_checkpoint(model_dir, model_args.trust_remote_code)
 
 
 def resolve_checkpoint(run_dir: Path, training_args: ImageClassificationTrainingArguments) -> str | None:

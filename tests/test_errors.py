@@ -171,3 +171,86 @@ def test_yaml_no_is_the_strategy_no(tmp_path):
     config = write_yaml(tmp_path / "c.yaml", "eval_strategy: no\nsave_strategy: no\nload_best_model_at_end: false\n")
     training_args = parse_args(["--config", config])[3]
     assert str(training_args.eval_strategy.value) == "no" and str(training_args.save_strategy.value) == "no"
+
+
+def saved_vit(path):
+    """A tiny transformers ViT classifier saved with its image processor, as a local pretrained model."""
+    from helpers_runs import tiny_vit_model
+    from transformers import ViTImageProcessor
+
+    tiny_vit_model().save_pretrained(path)
+    ViTImageProcessor(size={"height": 16, "width": 16}).save_pretrained(path)
+    return path
+
+
+PRETRAINED = ["--model_type", "pretrained", "--dataset_name", "sklearn:digits", "--decoded_cache_dir", "none",
+              "--num_train_epochs", "1", "--max_train_samples", "32", "--max_eval_samples", "16"]  # fmt: skip
+
+
+@pytest.mark.parametrize("where, relation", [(".", "is"), ("run", "is inside"), ("..", "contains")])
+def test_output_dir_that_would_overwrite_the_pretrained_model(tmp_path, where, relation):
+    model_dir = saved_vit(tmp_path / "models" / "vit")
+    before = {p.name: p.read_bytes() for p in model_dir.iterdir()}
+    output_dir = model_dir / where
+    with pytest.raises(ValueError, match=rf"`output_dir` .* {relation} the pretrained model .*Nothing was written"):
+        run.main([*PRETRAINED, "--model_name_or_path", str(model_dir), "--output_dir", str(output_dir)])
+    assert {p.name: p.read_bytes() for p in model_dir.iterdir()} == before
+    assert not (model_dir / "run").exists()
+
+
+def test_a_local_model_folder_without_weights(tmp_path):
+    model_dir = saved_vit(tmp_path / "vit")
+    (model_dir / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match=r"holds a config.json but no weights \(model.safetensors or"):
+        run.main([*PRETRAINED, "--model_name_or_path", str(model_dir), "--output_dir", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_corrupt_safetensors_file_is_named(tmp_path):
+    model_dir = saved_vit(tmp_path / "vit")
+    (model_dir / "model.safetensors").write_bytes(b"\xff" * 64)
+    with pytest.raises(OSError, match=r"vit/model.safetensors is damaged or incomplete"):
+        run.main([*PRETRAINED, "--model_name_or_path", str(model_dir), "--output_dir", str(tmp_path / "out")])
+    from finetune.predict import load_classifier
+
+    with pytest.raises(OSError, match=r"model.safetensors is damaged"):
+        load_classifier(model_dir)
+
+
+def test_a_model_of_a_type_without_image_classification(tmp_path):
+    from transformers import BertConfig, BertModel
+
+    BertModel(BertConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8,
+                         vocab_size=16)).save_pretrained(tmp_path / "bert")  # fmt: skip
+    with pytest.raises(ValueError, match=r"holds a 'bert' model, which has no image-classification head.*vit, deit"):
+        run.main([*PRETRAINED, "--model_name_or_path", str(tmp_path / "bert"), "--output_dir", str(tmp_path / "o")])
+
+
+def labelled_parquet(path, labels):
+    import datasets
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(buffer, format="PNG")
+    ds = datasets.Dataset.from_dict({"image": [{"bytes": buffer.getvalue(), "path": None}] * len(labels),
+                                     "label": labels})  # fmt: skip
+    ds.cast_column("image", datasets.Image()).to_parquet(str(path))
+    return str(path)
+
+
+def test_a_dataset_with_one_class_is_refused(tmp_path):
+    data = labelled_parquet(tmp_path / "train.parquet", [4] * 12)
+    with pytest.raises(ValueError, match=r"1 class \(\['4'\]\): a classifier needs at least 2"):
+        run.main([*SCRATCH, "--dataset_name", data, "--output_dir", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
+
+
+def test_sparse_label_ids_are_renumbered_and_keep_their_names(tmp_path, caplog):
+    from finetune.data import load_image_data
+
+    data_args = parse_args(["--dataset_name", labelled_parquet(tmp_path / "train.parquet", [0, 1, 3000] * 6),
+                            "--decoded_cache_dir", "none", "--validation_size", "0.5"])[1]  # fmt: skip
+    with caplog.at_level("WARNING"):
+        data = load_image_data(data_args, seed=0)
+    assert data.label_names == ["0", "1", "3000"]
+    assert sorted(set(data.train.labels.tolist()) | set(data.validation.labels.tolist())) == [0, 1, 2]
+    assert "not consecutive" in caplog.text and "renumbered 0..2" in caplog.text

@@ -44,7 +44,16 @@ from finetune.data.sources import (
     _open_source,
     _Source,
 )
-from finetune.data.splits import ImageSplit, _check_labels, _keep_classes, _subsample, collate_batch, stratified_split
+from finetune.data.splits import (
+    ImageSplit,
+    _check_labels,
+    _check_num_classes,
+    _keep_classes,
+    _renumber_sparse_ids,
+    _subsample,
+    collate_batch,
+    stratified_split,
+)
 
 
 logger = logging.get_logger(__name__)
@@ -118,9 +127,11 @@ def load_image_data(data_args: DataArguments, seed: int, target_size: int | None
             # A grayscale split next to RGB ones (e.g. a test set saved differently): store all splits alike.
             logger.info(f"Repeating the 1-channel {name} images to {num_channels} channels to match the other splits.")
             splits[name] = ImageSplit(split.pixel_values.expand(-1, num_channels, -1, -1).contiguous(), split.labels)
+    splits, label_names = _renumber_sparse_ids(splits, label_names)
     _check_labels(splits, label_names)
     if data_args.include_labels:
         splits, label_names = _keep_classes(splits, label_names, list(data_args.include_labels))
+    _check_num_classes(splits["train"], label_names)
 
     train = splits["train"]
     if "validation" in splits:

@@ -183,11 +183,7 @@ class DataArguments:
                 f"; got the string {self.include_labels!r}."
             )
         if self.include_labels is not None:
-            if len(self.include_labels) < 2:
-                raise ValueError(
-                    f"`include_labels` keeps {len(self.include_labels)} class(es): a classifier needs at least 2. "
-                    "Name two or more label names, or leave it unset for all classes."
-                )
+            # One class is refused once the data is loaded (`_check_num_classes`), after its name is checked.
             repeated = sorted({n for n in self.include_labels if self.include_labels.count(n) > 1})
             if repeated:
                 raise ValueError(f"`include_labels` names {repeated} more than once; name each class once.")

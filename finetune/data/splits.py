@@ -105,7 +105,7 @@ def _check_num_classes(train: ImageSplit, label_names: list[str]) -> None:
     if len(label_names) < 2 or len(present) < 2:
         names = [label_names[i] for i in present]
         raise ValueError(
-            f"The training images hold {len(present)} class ({names}): a classifier needs at least 2. Use a "
+            f"The training images are of {len(present)} class ({names}): a classifier needs at least 2. Use a "
             "dataset (or `include_labels`) with two or more classes."
         )
 

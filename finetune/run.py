@@ -20,7 +20,6 @@ from pathlib import Path
 import datasets
 import transformers
 from transformers import TrainingArguments, set_seed
-from transformers.trainer_utils import get_last_checkpoint
 
 
 if __package__ in (None, ""):
@@ -34,7 +33,7 @@ from finetune.augment import BatchTransform  # noqa: E402
 from finetune.data import ImageData, collate_batch, load_image_data  # noqa: E402
 from finetune.errors import run_command  # noqa: E402
 from finetune.metrics import compute_metrics, confusion_report  # noqa: E402
-from finetune.models import build_model, check_local_checkpoint, count_parameters  # noqa: E402
+from finetune.models import WEIGHT_FILES, build_model, check_local_checkpoint, count_parameters  # noqa: E402
 from finetune.results import EvalMetrics, Results, TrainMetrics, history_from_log_history  # noqa: E402
 from finetune.trainer import PARTIAL_CHECKPOINT_PREFIX, ImageClassificationTrainer  # noqa: E402
 from finetune.training_args import ImageClassificationTrainingArguments  # noqa: E402
@@ -137,17 +136,23 @@ def resolve_checkpoint(run_dir: Path, training_args: ImageClassificationTraining
     remove_partial_checkpoints(run_dir, training_args)
     resume = training_args.resume_from_checkpoint
     if resume is not None and str(resume).lower() in ("true", "last", "latest"):
-        last = get_last_checkpoint(str(run_dir)) if run_dir.is_dir() else None
+        last = last_complete_checkpoint(run_dir)
         if last is None:
             raise FileNotFoundError(
-                f"`resume_from_checkpoint: {resume}` but {run_dir} holds no checkpoint-* folder. Train without it "
-                "first, or pass the path of a checkpoint folder."
+                f"`resume_from_checkpoint: {resume}` but {run_dir} holds no complete checkpoint-* folder. Train "
+                "without it first, or pass the path of a checkpoint folder."
             )
         logger.info(f"Resuming from {last}")
         return last
     if resume is not None and str(resume).lower() not in ("false", "none", ""):
         if not os.path.isdir(resume):
             raise FileNotFoundError(f"`resume_from_checkpoint` {resume!r} is not a checkpoint folder.")
+        missing = missing_checkpoint_files(Path(resume))
+        if missing:
+            raise FileNotFoundError(
+                f"`resume_from_checkpoint` {resume!r} is incomplete (no {' or '.join(missing)}). Pass a complete "
+                "checkpoint-* folder, or `true` for the run's last complete one."
+            )
         return resume
     earlier = sorted(p.name for p in run_dir.glob("checkpoint-*")) + [
         p.name for p in (run_dir / "results.json",) if p.exists()
@@ -164,6 +169,28 @@ def resolve_checkpoint(run_dir: Path, training_args: ImageClassificationTraining
         for name in earlier:
             path = run_dir / name
             shutil.rmtree(path) if path.is_dir() else path.unlink()
+    return None
+
+
+def missing_checkpoint_files(checkpoint: Path) -> list[str]:
+    """What a checkpoint folder lacks to resume from: its weights and `trainer_state.json` (empty when complete)."""
+    has_weights = any((checkpoint / name).is_file() for name in WEIGHT_FILES)
+    missing = [] if has_weights else ["model.safetensors"]
+    return missing + [name for name in ("trainer_state.json",) if not (checkpoint / name).is_file()]
+
+
+def last_complete_checkpoint(run_dir: Path) -> str | None:
+    """The newest `checkpoint-N` of `run_dir` that can be resumed from. Checkpoints are saved atomically, but a folder
+    written by an older version, or damaged since, may lack files: it is skipped with a warning (and left in place)
+    instead of being resumed into a crash."""
+    numbered = [p for p in run_dir.glob("checkpoint-*") if p.is_dir() and p.name.split("-", 1)[1].isdigit()]
+    for checkpoint in sorted(numbered, key=lambda p: int(p.name.split("-", 1)[1]), reverse=True):
+        missing = missing_checkpoint_files(checkpoint)
+        if not missing:
+            return str(checkpoint)
+        logger.warning(
+            f"Skipping the incomplete checkpoint {checkpoint} (no {', '.join(missing)}); it is left in place."
+        )
     return None
 
 

@@ -117,5 +117,22 @@ def test_a_leftover_partial_checkpoint_blocks_nothing(tmp_path, caplog):
 
     (out / "tmp-checkpoint-8").mkdir()
     args = run.parse_args([*TINY, "--output_dir", str(out), "--resume_from_checkpoint", "true"])[3]
-    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+    with pytest.raises(FileNotFoundError, match="holds no complete checkpoint"):
+        run.resolve_checkpoint(out, args)
+
+
+def test_resume_skips_an_incomplete_checkpoint_and_a_named_one_is_checked(tmp_path, caplog):
+    """A `checkpoint-N` without weights (written by an older version, or damaged) is skipped by `true`, not resumed
+    into a crash; a checkpoint named explicitly must be complete."""
+    out = tmp_path / "out"
+    for step, files in ((8, ("model.safetensors", "trainer_state.json")), (16, ("trainer_state.json",))):
+        (out / f"checkpoint-{step}").mkdir(parents=True)
+        for name in files:
+            (out / f"checkpoint-{step}" / name).write_text("{}")
+    args = run.parse_args([*TINY, "--output_dir", str(out), "--resume_from_checkpoint", "true"])[3]
+    with caplog.at_level("WARNING"):
+        assert run.resolve_checkpoint(out, args) == str(out / "checkpoint-8")
+    assert "Skipping the incomplete checkpoint" in caplog.text and "checkpoint-16" in caplog.text
+    args = run.parse_args([*TINY, "--output_dir", str(out), "--resume_from_checkpoint", str(out / "checkpoint-16")])[3]
+    with pytest.raises(FileNotFoundError, match=r"checkpoint-16' is incomplete \(no model.safetensors\)"):
         run.resolve_checkpoint(out, args)

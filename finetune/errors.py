@@ -5,7 +5,8 @@
 
 Each command's `main(argv)` raises an exception whose message names the problem and the fix; `run_command` turns it
 into that line, and `vit-finetune` (finetune/cli.py) does the same for every subcommand. The traceback is shown
-only when asked for: `--debug` on the command line, or the environment variable `LOG_LEVEL=debug`.
+only when asked for: `--debug` on the command line (`--log_level debug` too for training), or the environment
+variable `LOG_LEVEL=debug`.
 """
 
 import os
@@ -22,9 +23,16 @@ EXIT_ERROR, EXIT_INTERRUPTED = 1, 130  # 130 = 128 + SIGINT, what a shell report
 EXPECTED = (ValueError, OSError, RuntimeError)
 
 
+def _debug_flags(argv: Sequence[str]) -> list[int]:
+    """Positions of a bare `--debug`. One followed by a value is another option's (TrainingArguments' `--debug
+    underflow_overflow`) and is left to the command."""
+    return [i for i, a in enumerate(argv) if a == DEBUG_FLAG and (i + 1 == len(argv) or argv[i + 1].startswith("-"))]
+
+
 def wants_traceback(argv: Sequence[str]) -> bool:
-    """Whether the user asked for tracebacks: `--debug` in `argv` or `LOG_LEVEL=debug`."""
-    return DEBUG_FLAG in argv or os.environ.get(DEBUG_ENV, "").strip().lower() == "debug"
+    """Whether the user asked for tracebacks: a bare `--debug`, `--log_level debug`, or `LOG_LEVEL=debug`."""
+    log_level = [argv[i + 1].lower() for i, a in enumerate(argv[:-1]) if a in ("--log_level", "--log-level")]
+    return bool(_debug_flags(argv)) or "debug" in log_level or os.environ.get(DEBUG_ENV, "").strip().lower() == "debug"
 
 
 def error_line(error: BaseException) -> str:
@@ -48,7 +56,8 @@ def run_command(
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = wants_traceback(argv)
     if not keep_debug:
-        argv = [a for a in argv if a != DEBUG_FLAG]
+        flags = set(_debug_flags(argv))
+        argv = [a for i, a in enumerate(argv) if i not in flags]
     try:
         main(argv)
     except KeyboardInterrupt:

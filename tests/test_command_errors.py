@@ -40,6 +40,10 @@ def test_a_traceback_only_when_asked(monkeypatch):
     with pytest.raises(ValueError, match="bad"):
         run_command(lambda argv: seen.append(argv) or failing(ValueError("bad"))(argv), ["x", "--debug"])
     assert seen == [["x"]]  # the flag is the helper's, not the command's
+    assert run_command(lambda argv: seen.append(argv), ["--debug", "underflow_overflow"]) == 0
+    assert seen[-1] == ["--debug", "underflow_overflow"]  # TrainingArguments' own `--debug OPTION`
+    with pytest.raises(ValueError, match="bad"):
+        run_command(failing(ValueError("bad")), ["--log_level", "debug"])
     monkeypatch.setenv("LOG_LEVEL", "DEBUG")
     with pytest.raises(ValueError, match="bad"):
         run_command(failing(ValueError("bad")), [])

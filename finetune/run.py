@@ -115,6 +115,10 @@ def setup_logging(training_args: TrainingArguments) -> None:
 def check_model_and_output_dir(model_args: ModelArguments, training_args: TrainingArguments) -> None:
     """Before any data is loaded or file written: a local pretrained model must be a complete image classifier, and
     the run must not write into it (saving would replace its weights, config and labels)."""
+    if Path(training_args.output_dir).exists() and not Path(training_args.output_dir).is_dir():
+        raise NotADirectoryError(
+            f"`output_dir` {training_args.output_dir} is a file; pass a folder (new or existing)."
+        )
     if model_args.model_type == "scratch":
         return
     model_dir = Path(model_args.model_name_or_path).expanduser()

@@ -215,5 +215,12 @@ def load_checkpoint_weights(model: PreTrainedModel, checkpoint: str) -> None:
     current weights. Loading through `from_pretrained` applies the renaming; the strict copy proves every tensor
     arrived.
     """
-    loaded = type(model).from_pretrained(checkpoint, config=model.config, dtype=next(model.parameters()).dtype)
-    model.load_state_dict(loaded.state_dict(), strict=True)
+    try:
+        loaded = type(model).from_pretrained(checkpoint, config=model.config, dtype=next(model.parameters()).dtype)
+        model.load_state_dict(loaded.state_dict(), strict=True)
+    except (RuntimeError, ValueError) as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ValueError(
+            f"The checkpoint {checkpoint} does not fit this model ({first_line}): it was saved by a run with other "
+            "model settings or data. Resume with that run's settings, or train anew into another `output_dir`."
+        ) from error

@@ -256,3 +256,27 @@ def test_sparse_label_ids_are_renumbered_and_keep_their_names(tmp_path, caplog):
     assert data.label_names == ["0", "1", "3000"]
     assert sorted(set(data.train.labels.tolist()) | set(data.validation.labels.tolist())) == [0, 1, 2]
     assert "not consecutive" in caplog.text and "renumbered 0..2" in caplog.text
+
+
+def test_output_dir_that_is_a_file(tmp_path):
+    (tmp_path / "out").write_text("notes")
+    with pytest.raises(NotADirectoryError, match=r"`output_dir` .*out is a file; pass a folder"):
+        run.main([*SCRATCH, "--dataset_name", "sklearn:digits", "--output_dir", str(tmp_path / "out")])
+    assert (tmp_path / "out").read_text() == "notes"
+
+
+def test_an_image_folder_with_one_class_subfolder(tmp_path):
+    (tmp_path / "images" / "cat").mkdir(parents=True)
+    for i in range(4):
+        Image.new("RGB", (8, 8), (60 * i, 0, 0)).save(tmp_path / "images" / "cat" / f"{i}.png")
+    with pytest.raises(ValueError, match=r"one subfolder per class, at least two"):
+        run.main([*SCRATCH, "--dataset_name", str(tmp_path / "images"), "--output_dir", str(tmp_path / "out")])
+
+
+def test_resuming_a_checkpoint_of_another_model(tmp_path):
+    tiny = [*SCRATCH, "--dataset_name", "sklearn:digits", "--max_train_samples", "32", "--max_eval_samples", "16"]
+    run.main([*tiny, "--output_dir", str(tmp_path / "a")])
+    checkpoint = next((tmp_path / "a").glob("checkpoint-*"))
+    with pytest.raises(ValueError, match=r"checkpoint-\d+ does not fit this model .*Resume with that run's settings"):
+        run.main([*tiny, "--hidden_size", "16", "--output_dir", str(tmp_path / "b"),
+                  "--resume_from_checkpoint", str(checkpoint)])  # fmt: skip

@@ -64,12 +64,33 @@ PRESETS = {
         "intermediate_size": 768,
         "batch_size": 128,
     },
+    # GPU sizes, not part of `all`: the encoder of the scratch GPU recipe (configs/cifar10_scratch_gpu.yaml, with ViT's
+    # patch projection in both models) and ViT-B/16 at 224 px (google/vit-base-patch16-224-in21k's architecture).
+    "gpu": {
+        "image_size": 32,
+        "patch_size": 4,
+        "hidden_size": 384,
+        "num_hidden_layers": 8,
+        "num_attention_heads": 6,
+        "intermediate_size": 1536,
+        "batch_size": 512,
+    },
+    "vit-b16": {
+        "image_size": 224,
+        "patch_size": 16,
+        "hidden_size": 768,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 12,
+        "intermediate_size": 3072,
+        "batch_size": 64,
+    },
 }
+CPU_PRESETS = ("cifar", "cpu30", "tiny")
 # Steps per timed repeat and repeats on CPU: a repeat takes one to two seconds per model on two idle cores, so
 # `--preset all` takes about four minutes (more when other processes share the cores). Odd repeat counts give each
 # model the first slot of a pair about as often as the other.
-DEFAULT_STEPS = {"cifar": 3, "cpu30": 3, "tiny": 1}
-DEFAULT_REPEATS = {"cifar": 11, "cpu30": 11, "tiny": 5}
+DEFAULT_STEPS = {"cifar": 3, "cpu30": 3, "tiny": 1, "gpu": 2, "vit-b16": 1}
+DEFAULT_REPEATS = {"cifar": 11, "cpu30": 11, "tiny": 5, "gpu": 5, "vit-b16": 5}
 
 
 @dataclass
@@ -255,7 +276,9 @@ def markdown_table(results: list[Result]) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", choices=[*PRESETS, "all"], nargs="+", default=["all"])
+    parser.add_argument(
+        "--preset", choices=[*PRESETS, "all"], nargs="+", default=["all"], help=f"`all`: {', '.join(CPU_PRESETS)}"
+    )
     parser.add_argument("--compile", action="store_true", help="torch.compile both models")
     parser.add_argument("--bf16", action="store_true", help="run the forward pass under bfloat16 autocast")
     parser.add_argument("--repeats", type=int, default=None, help="timed repeats per model (default: per preset)")
@@ -288,7 +311,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    presets = list(PRESETS) if "all" in args.preset else list(dict.fromkeys(args.preset))
+    presets = list(CPU_PRESETS) if "all" in args.preset else list(dict.fromkeys(args.preset))
     warmup = args.warmup if args.warmup is not None else (3 if args.compile else 1)
     # Other processes on the same cores skew wall-clock numbers; the load average tells how much to trust them.
     load_before = os.getloadavg()

@@ -66,14 +66,14 @@ class ModelArguments:
         default=None,
         metadata={"help": "Hub token; prefer the HF_TOKEN environment variable or `hf auth login`. Never saved."},
     )
-    attn_implementation: str | None = field(
-        default=None,
+    attn_implementation: str = field(
+        default="auto",
         metadata={
-            "help": "Attention kernel of either model: `sdpa` (the default: torch's fused "
-            "scaled_dot_product_attention) or `eager` (explicit softmax(QK^T/sqrt(d))V). On a CPU under bf16 "
-            "autocast, `eager` is about 2.5x faster for small heads (head size 12-16: SDPA's CPU kernel has no fast "
-            "bf16 path there; README, 'Speed'). Not saved with the model.",
-            "choices": ["sdpa", "eager"],
+            "help": "Attention kernel of either model: `auto` (the default) takes the explicit path "
+            "(softmax(QK^T/sqrt(d))V) on a CPU under bf16 autocast with heads of at most 32 dimensions, where SDPA's "
+            "CPU kernel has no fast bf16 path (about 2.5x slower at head size 12-16), and `sdpa` (torch's fused "
+            "scaled_dot_product_attention) elsewhere; `sdpa` or `eager` force one. Not saved with the model.",
+            "choices": ["auto", "sdpa", "eager"],
         },
     )
     convert_channels: bool = field(

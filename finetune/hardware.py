@@ -1,7 +1,9 @@
-"""What a run ran on, recorded in `results.json` so that every figure names its machine."""
+"""What a run runs on: the machine recorded in `results.json` (so that every figure names its machine), and the
+precision and attention kernels chosen from it where the arguments say `auto`."""
 
 import os
 import platform
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,3 +47,166 @@ def short_name(hardware: dict[str, Any] | None) -> str | None:
     if hardware.get("accelerator"):
         return f"1x {hardware['accelerator']}"
     return f"CPU {hardware.get('cpu', '?')}, {hardware.get('torch_threads', '?')} threads"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Precision and attention kernels chosen from the machine (`auto`, the default of `bf16`, `fp16`, `tf32` and
+# `attn_implementation`).
+
+# CPU flags of native bf16 arithmetic; without them PyTorch runs bf16 autocast through slow conversion paths.
+NATIVE_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+# bf16 autocast against float32 on a CPU without native bf16, training step of the CPU recipe's model
+# (benchmarks/README.md, "Precision on CPUs without native bf16").
+CPU_BF16_SLOWDOWN = "about 14x"
+# Largest attention head size for which SDPA's CPU kernel under bf16 is slower than the explicit path (measured at
+# head sizes 12 and 16: 2.5-3x slower; benchmarks/README.md, "model_speed"). Head size 64 (ViT-B) keeps SDPA.
+SMALL_HEAD_SIZE = 32
+AUTO = "auto"
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (`/proc/cpuinfo`; empty where there is none, e.g. macOS)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+# oneDNN instruction-set caps (`ONEDNN_MAX_CPU_ISA`) below AVX512_CORE_BF16: with one set, oneDNN (PyTorch's CPU
+# bf16 matmuls) runs as on a CPU without native bf16, which is how benchmarks/precision.py emulates such a CPU.
+ONEDNN_ISAS_WITHOUT_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
+
+
+def cpu_has_native_bf16(flags: set[str] | None = None, max_isa: str | None = None) -> bool:
+    """Whether the CPU computes in bf16 natively (AVX512-BF16 or AMX) and oneDNN may use it."""
+    flags = cpu_flags() if flags is None else flags
+    max_isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "") if max_isa is None else max_isa
+    if max_isa.upper() in ONEDNN_ISAS_WITHOUT_BF16:
+        return False
+    return any(flag in flags for flag in NATIVE_BF16_CPU_FLAGS)
+
+
+def accelerator_type(use_cpu: bool) -> str:
+    """`cpu`, `cuda`, `mps` or another torch accelerator's name: where the Trainer will put the model."""
+    if use_cpu:
+        return "cpu"
+    if torch.cuda.is_available():
+        return "cuda"
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        return "mps"
+    accelerator = getattr(torch, "accelerator", None)
+    current = accelerator.current_accelerator() if accelerator is not None and accelerator.is_available() else None
+    return current.type if current is not None else "cpu"
+
+
+def parse_switch(value: Any, name: str) -> bool | str:
+    """`true`/`false` (bool or string, as YAML and the command line give them) or `auto`."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text == AUTO:
+        return AUTO
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no", "none"):
+        return False
+    raise ValueError(f"`{name}` must be auto, true or false, got {value!r}.")
+
+
+@dataclass
+class PrecisionChoice:
+    """The resolved `bf16` / `fp16` / `tf32` switches, why they were chosen, and warnings about explicit choices."""
+
+    bf16: bool
+    fp16: bool
+    tf32: bool | None
+    reasons: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def summary(self) -> str:
+        mode = "bf16 autocast" if self.bf16 else "fp16 autocast with loss scaling" if self.fp16 else "float32"
+        return f"{mode}; " + "; ".join(self.reasons)
+
+
+def choose_precision(
+    bf16: Any,
+    fp16: Any,
+    tf32: Any,
+    device: str,
+    *,
+    cuda_bf16: bool = False,
+    cuda_capability: tuple[int, int] = (0, 0),
+    cpu_native_bf16: bool = False,
+    launcher_precision: str | None = None,
+) -> PrecisionChoice:
+    """Resolve `auto` for mixed precision and TF32 from the device; an explicit value is kept.
+
+    - CUDA: bf16 where the GPU supports it, else fp16 (the Trainer scales the loss); TF32 matmuls on compute
+      capability 8.0 (Ampere) or newer.
+    - CPU: bf16 only with native bf16 (AVX512-BF16 or AMX), float32 otherwise. An explicit bf16 on a CPU without it
+      is kept, with a warning naming the expected slowdown.
+    - Apple MPS and other accelerators: float32. torch's MPS autocast exists, but the Trainer's mixed-precision path
+      on MPS could not be tested here; choose `--fp16 true` or `--bf16 true` there to try it.
+    - A precision given to `accelerate launch --mixed_precision` counts as explicit: `auto` then leaves it alone.
+    """
+    bf16, fp16, tf32 = parse_switch(bf16, "bf16"), parse_switch(fp16, "fp16"), parse_switch(tf32, "tf32")
+    reasons, warnings = [], []
+    launcher = launcher_precision if launcher_precision in ("bf16", "fp16") else None
+    if launcher and AUTO in (bf16, fp16):
+        reasons.append(f"mixed precision {launcher} from `accelerate launch --mixed_precision`")
+        bf16 = False if bf16 == AUTO else bf16
+        fp16 = False if fp16 == AUTO else fp16
+    if bf16 is True and fp16 == AUTO:
+        fp16 = False
+    if fp16 is True and bf16 == AUTO:
+        bf16 = False
+    if bf16 == AUTO or fp16 == AUTO:
+        if device == "cuda":
+            auto_bf16, auto_fp16 = cuda_bf16, not cuda_bf16
+            reasons.append("auto: this GPU supports bf16" if cuda_bf16 else "auto: this GPU has no bf16, fp16 instead")
+        elif device == "cpu":
+            auto_bf16, auto_fp16 = cpu_native_bf16, False
+            reasons.append(
+                "auto: this CPU has native bf16 (AVX512-BF16/AMX)"
+                if cpu_native_bf16
+                else f"auto: this CPU has no native bf16 (AVX512-BF16/AMX), where bf16 runs {CPU_BF16_SLOWDOWN} slower"
+            )
+        else:
+            auto_bf16 = auto_fp16 = False
+            reasons.append(f"auto: float32 on {device} (mixed precision there is not tested)")
+        bf16 = auto_bf16 if bf16 == AUTO else bf16
+        fp16 = (auto_fp16 and not bf16) if fp16 == AUTO else fp16
+    else:
+        reasons.append("as given")
+    uses_bf16 = bf16 or launcher == "bf16"
+    if device == "cpu" and uses_bf16 and not cpu_native_bf16:
+        warnings.append(
+            f"bf16 autocast on a CPU without native bf16 (no AVX512-BF16/AMX) runs {CPU_BF16_SLOWDOWN} slower than "
+            "float32. Fix: `--bf16 auto` (or false) unless this is what you want to measure."
+        )
+    if tf32 == AUTO:
+        tf32 = True if device == "cuda" and cuda_capability >= (8, 0) else None
+        if tf32:
+            reasons.append("TF32 matmuls (compute capability >= 8.0)")
+    return PrecisionChoice(bool(bf16), bool(fp16), tf32, reasons, warnings)
+
+
+def choose_attention(requested: str | None, device: str, bf16: bool, head_size: int | None) -> tuple[str, str]:
+    """Resolve `attn_implementation: auto`: the explicit path on a CPU under bf16 with small heads (SDPA's CPU
+    kernel has no fast bf16 path there), SDPA elsewhere. Returns `(implementation, why)`."""
+    if requested not in (None, AUTO):
+        return requested, "as given"
+    if device == "cpu" and bf16 and head_size is not None and head_size <= SMALL_HEAD_SIZE:
+        return "eager", f"auto: CPU, bf16, head size {head_size} <= {SMALL_HEAD_SIZE}"
+    return "sdpa", "auto"
+
+
+def probe(device: str) -> dict[str, Any]:
+    """What `choose_precision` needs to know about this machine's `device`."""
+    if device == "cuda" and torch.cuda.is_available():
+        return {"cuda_bf16": torch.cuda.is_bf16_supported(), "cuda_capability": torch.cuda.get_device_capability()}
+    return {"cpu_native_bf16": cpu_has_native_bf16()} if device == "cpu" else {}

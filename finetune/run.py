@@ -9,6 +9,7 @@ transformers' example scripts: arguments and logging, data, model, Trainer, trai
 publishing.
 """
 
+import copy
 import dataclasses
 import logging
 import os
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import datasets
 import transformers
-from transformers import TrainingArguments, set_seed
+from transformers import AutoConfig, TrainingArguments, set_seed
 
 
 if __package__ in (None, ""):
@@ -28,7 +29,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from finetune import hardware  # noqa: E402
-from finetune.arguments import DataArguments, ModelArguments, parse_args  # noqa: E402
+from finetune.arguments import DataArguments, ModelArguments, parse_args, scratch_config_kwargs  # noqa: E402
 from finetune.augment import BatchTransform  # noqa: E402
 from finetune.data import ImageData, collate_batch, load_image_data  # noqa: E402
 from finetune.errors import run_command  # noqa: E402
@@ -37,6 +38,7 @@ from finetune.models import WEIGHT_FILES, build_model, check_local_checkpoint, c
 from finetune.results import EvalMetrics, Results, TrainMetrics, history_from_log_history  # noqa: E402
 from finetune.trainer import PARTIAL_CHECKPOINT_PREFIX, ImageClassificationTrainer  # noqa: E402
 from finetune.training_args import ImageClassificationTrainingArguments  # noqa: E402
+from scratch_vit import ScratchViTConfig  # noqa: E402
 
 
 logger = logging.getLogger(__name__)
@@ -67,7 +69,9 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
 
     results = {}
     for model_type in model_types:
-        args = dataclasses.replace(training_args, output_dir=str(run_dirs[model_type]))
+        # A copy, not `dataclasses.replace`: the arguments are already resolved (`auto` precision and its reason).
+        args = copy.copy(training_args)
+        args.output_dir = str(run_dirs[model_type])
         args.push_to_hub, args.hub_token = False, None
         results[model_type] = train_and_evaluate(
             model_type, model_args, data_args, scratch_args, args, data, checkpoints[model_type]
@@ -108,7 +112,7 @@ def setup_logging(training_args: TrainingArguments) -> None:
     transformers.utils.logging.enable_explicit_format()
     logger.info(
         f"Process {training_args.process_index} of {training_args.world_size}, device {training_args.device}, "
-        f"mixed precision: {training_args.mixed_precision}"
+        f"mixed precision: {training_args.mixed_precision} ({getattr(training_args, 'precision_choice', 'as given')})"
     )
 
 
@@ -225,6 +229,14 @@ def train_and_evaluate(
     start = time.perf_counter()
     logger.info(f"==== {model_type} model -> {args.output_dir}")
     set_seed(args.seed)
+    attention, attention_why = hardware.choose_attention(
+        model_args.attn_implementation,
+        args.device.type,
+        args.bf16 or args.mixed_precision == "bf16",
+        attention_head_size(model_type, model_args, scratch_args),
+    )
+    logger.info(f"Attention: {attention} ({attention_why})")
+    model_args = dataclasses.replace(model_args, attn_implementation=attention)
     model, processor, prep = build_model(model_type, model_args, scratch_args, data)
     batch_transform = BatchTransform(
         image_size=prep.image_size,
@@ -288,7 +300,7 @@ def train_and_evaluate(
             "test": len(data.test) if data.test is not None else None,
         },
         epochs=float(train_result.metrics.get("epoch", args.num_train_epochs)),
-        hyperparameters=hyperparameters(args, model, total_batch_size),
+        hyperparameters={**hyperparameters(args, model, total_batch_size), "attention_choice": attention_why},
         hardware={**hardware.describe(args.device), "world_size": args.world_size},
         train=TrainMetrics(
             loss=train_result.metrics.get("train_loss"),
@@ -311,6 +323,25 @@ def train_and_evaluate(
     return results
 
 
+def attention_head_size(model_type: str, model_args: ModelArguments, scratch_args) -> int | None:
+    """The attention head size of the model to build, from its config alone (no weights are read)."""
+    if model_type == "scratch":
+        config = ScratchViTConfig(**scratch_config_kwargs(scratch_args))
+    else:
+        try:
+            config = AutoConfig.from_pretrained(
+                model_args.model_name_or_path,
+                revision=model_args.model_revision,
+                cache_dir=model_args.cache_dir,
+                token=model_args.token,
+                trust_remote_code=model_args.trust_remote_code,
+            )
+        except (OSError, ValueError):
+            return None  # building the model reports the problem
+    hidden, heads = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
+    return hidden // heads if hidden and heads else None
+
+
 def hyperparameters(args: ImageClassificationTrainingArguments, model, total_batch_size: int) -> dict:
     """The training settings a reader of the results needs to reproduce them."""
     return {
@@ -325,6 +356,8 @@ def hyperparameters(args: ImageClassificationTrainingArguments, model, total_bat
         "label_smoothing_factor": args.label_smoothing_factor,
         "seed": args.seed,
         "mixed_precision": str(args.mixed_precision),
+        "tf32": args.tf32,
+        "precision_choice": getattr(args, "precision_choice", None),
         "attn_implementation": model.config._attn_implementation,
         "world_size": args.world_size,
         **{

@@ -6,13 +6,19 @@ weights (`ema_decay`), MixUp/CutMix (`mixup_alpha`, `cutmix_alpha`) and flip tes
 plus `overwrite_output_dir` and `hub_commit_message`, used around training by `finetune/run.py`.
 """
 
+import os
 from dataclasses import dataclass, field
 
 import torch
 from transformers import TrainingArguments
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy
+from transformers.utils import logging
 
+from finetune import hardware
 from finetune.metrics import EVAL_METRICS
+
+
+logger = logging.get_logger(__name__)
 
 
 def has_accelerator() -> bool:
@@ -24,6 +30,9 @@ def has_accelerator() -> bool:
 @dataclass
 class ImageClassificationTrainingArguments(TrainingArguments):
     """`TrainingArguments` for image classification with the pipeline's defaults and training-loop options.
+
+    Precision is chosen from the machine: `bf16`, `fp16` and `tf32` default to `auto` (`finetune.hardware.
+    choose_precision`); `precision_choice` says what was chosen and why.
 
     Defaults that differ from the Trainer's: evaluate and save every epoch and keep the best model by validation
     accuracy (the one saved and tested), at most two checkpoints, no loader workers and no column pruning (the images
@@ -68,6 +77,24 @@ class ImageClassificationTrainingArguments(TrainingArguments):
     )
     use_cpu: bool | None = field(
         default=None, metadata={"help": "Train on the CPU (default: where torch sees no accelerator)."}
+    )
+
+    bf16: str = field(
+        default="auto",
+        metadata={
+            "help": "bf16 autocast: `auto` (the default) uses it on GPUs that support it and on CPUs with native bf16 "
+            "(AVX512-BF16 or AMX), where it is fast; `true` or `false` force it."
+        },
+    )
+    fp16: str = field(
+        default="auto",
+        metadata={
+            "help": "fp16 autocast with loss scaling: `auto` uses it on GPUs without bf16; `true`/`false` force it."
+        },
+    )
+    tf32: str | None = field(
+        default="auto",
+        metadata={"help": "TF32 matmuls: `auto` enables them on Ampere or newer GPUs; `true`/`false` force them."},
     )
 
     overwrite_output_dir: bool = field(
@@ -123,7 +150,21 @@ class ImageClassificationTrainingArguments(TrainingArguments):
             self.use_cpu = not has_accelerator()
         if self.dataloader_pin_memory is None:
             self.dataloader_pin_memory = torch.cuda.is_available() and not self.use_cpu
+        device = hardware.accelerator_type(self.use_cpu)
+        choice = hardware.choose_precision(
+            self.bf16,
+            self.fp16,
+            self.tf32,
+            device,
+            launcher_precision=os.environ.get("ACCELERATE_MIXED_PRECISION"),
+            **hardware.probe(device),
+        )
+        self.bf16, self.fp16, self.tf32 = choice.bf16, choice.fp16, choice.tf32
+        for warning in choice.warnings:
+            logger.warning(warning)
         super().__post_init__()
+        # Not a field: what `auto` chose and why, for the log and results.json.
+        self.precision_choice = choice.summary
         if self.max_train_minutes is not None and self.max_train_minutes <= 0:
             raise ValueError(f"`max_train_minutes` must be > 0, got {self.max_train_minutes}.")
         if self.budget_schedule and self.max_train_minutes is None:

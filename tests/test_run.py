@@ -5,6 +5,7 @@ The data is scikit-learn's digits (shipped with the package); the "Hub checkpoin
 """
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -240,3 +241,23 @@ def test_both_models_report_their_own_times(tmp_path):
     for saved in (pretrained, scratch):
         assert 0 < saved["train"]["seconds"] < saved["wall_seconds"]
     assert results["scratch"].wall_seconds == scratch["wall_seconds"]
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_auto_precision_and_attention_are_chosen_logged_and_recorded(tmp_path, monkeypatch, caplog, native):
+    """The defaults (`auto`) follow the CPU: bf16 with the explicit attention path for these small heads where the
+    CPU has native bf16, float32 with SDPA where it has not; the log and results.json say so."""
+    from finetune import hardware
+
+    monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda flags=None: native)
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+    out = tmp_path / "auto"
+    caplog.set_level(logging.INFO)
+    run.main([*TINY_SCRATCH, "--num_train_epochs", "1", "--output_dir", str(out), "--report_to", "none"])
+    saved = read_results(out)["hyperparameters"]
+    assert saved["mixed_precision"] == ("bf16" if native else "no")
+    assert saved["attn_implementation"] == ("eager" if native else "sdpa")
+    assert ("has native bf16" if native else "no native bf16") in saved["precision_choice"]
+    assert saved["attention_choice"].startswith("auto")
+    messages = " ".join(r.getMessage() for r in caplog.records)
+    assert f"Attention: {saved['attn_implementation']} (auto" in messages and saved["precision_choice"] in messages

@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 from transformers import HfArgumentParser
+from transformers.hf_argparser import string_to_bool
 
 from finetune.training_args import ImageClassificationTrainingArguments
 from scratch_vit import ScratchViTConfig
@@ -256,9 +257,12 @@ class DataArguments:
             raise ValueError(
                 f"`corrupt_images` must be one of {list(CORRUPT_IMAGE_POLICIES)}, got {self.corrupt_images!r}."
             )
-        if self.validation_size <= 0:
+        size = self.validation_size
+        if size <= 0 or size == 1 or (size > 1 and size != int(size)):
+            # 1 would be read as one image, although it most often means "all of it".
             raise ValueError(
-                f"`validation_size` must be a fraction in (0, 1) or an image count >= 1, got {self.validation_size}."
+                f"`validation_size` must be a fraction in (0, 1) (e.g. 0.1) or a whole number of images >= 2 "
+                f"(e.g. 5000), got {size}."
             )
         self.random_resized_crop = str(self.random_resized_crop).lower()
         if self.random_resized_crop not in RANDOM_RESIZED_CROP_CHOICES:
@@ -276,6 +280,19 @@ class DataArguments:
             setattr(self, name, value)
         if self.decode_workers is not None and self.decode_workers < 1:
             raise ValueError(f"`decode_workers` must be >= 1, got {self.decode_workers}.")
+        if isinstance(self.include_labels, str):
+            raise ValueError(
+                f"`include_labels` must be a list of label names, e.g. `include_labels: [{self.include_labels}, ...]`"
+                f"; got the string {self.include_labels!r}."
+            )
+        if self.include_labels is not None:
+            # One class is refused once the data is loaded (`_check_num_classes`), after its name is checked.
+            repeated = sorted({n for n in self.include_labels if self.include_labels.count(n) > 1})
+            if repeated:
+                raise ValueError(f"`include_labels` names {repeated} more than once; name each class once.")
+        for name in ("max_train_samples", "max_eval_samples", "decode_size"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"`{name}` must be >= 1 (or unset), got {getattr(self, name)}.")
         if self.random_crop_padding < 0:
             raise ValueError(f"`random_crop_padding` must be >= 0, got {self.random_crop_padding}.")
         if self.rand_augment_ops < 0:
@@ -353,7 +370,8 @@ def load_yaml_config(path: str | os.PathLike, parser: HfArgumentParser | None = 
             raise ValueError(f"Config {chain[0]!r} has a `base` cycle: {' -> '.join([*chain, path])}. Remove one.")
         chain.append(path)
         with open(path) as f:
-            own = yaml.safe_load(f) or {}
+            text = f.read()
+        own, lines = _read_yaml(text, path)
         if not isinstance(own, dict):
             raise ValueError(
                 f"Config file {path!r} must be a flat YAML map of `key: value`, got {type(own).__name__}."
@@ -363,10 +381,64 @@ def load_yaml_config(path: str | os.PathLike, parser: HfArgumentParser | None = 
             unknown = [k for k in own if k not in known]
             if unknown:
                 raise ValueError(_unknown_keys_message(unknown, known, f"in {path}"))
+            own = _check_yaml_types(own, parser, path, lines)
         base = own.pop(BASE_KEY, None)
         values = {**own, **values}
         path = os.path.join(os.path.dirname(path), base) if base is not None else None
     return values
+
+
+def _read_yaml(text: str, path: str) -> tuple[Any, dict[str, int]]:
+    """The YAML document and the line of each top-level key; a syntax error names the file, line and column."""
+    try:
+        values = yaml.safe_load(text) or {}
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark or error.context_mark
+        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        line = text.splitlines()[mark.line] if mark is not None and mark.line < len(text.splitlines()) else ""
+        hint = " YAML indents with spaces, never tabs: replace the tab." if "\t" in line else ""
+        raise ValueError(f"Config file {path!r} is not valid YAML{where}: {error.problem}.{hint}") from None
+    except yaml.YAMLError as error:
+        raise ValueError(f"Config file {path!r} is not valid YAML: {error}") from None
+    lines = {}
+    if isinstance(node, yaml.MappingNode):
+        lines = {key.value: key.start_mark.line + 1 for key, _ in node.value if isinstance(key, yaml.ScalarNode)}
+    return values, lines
+
+
+def _check_yaml_types(values: dict[str, Any], parser: HfArgumentParser, path: str, lines: dict[str, int]) -> dict:
+    """Refuse a value of the wrong kind (a list where a number belongs, a string where a list belongs, a value outside
+    a field's choices) with the file and line: argparse converts only string defaults, so a YAML list would otherwise
+    reach torch as a learning rate."""
+    actions = {}
+    for action in parser._actions:
+        if action.nargs != 0:
+            actions.setdefault(action.dest, action)
+    checked = dict(values)
+    for key, value in values.items():
+        action = actions.get(key)
+        if action is None or value is None:
+            continue
+        where = f"`{key}` in {path}" + (f" (line {lines[key]})" if key in lines else "")
+        if action.choices and value is False and "no" in map(str, action.choices):
+            checked[key] = value = "no"  # YAML 1.1 reads a bare `no` as false
+        if action.nargs in ("+", "*"):
+            if not isinstance(value, list):
+                raise ValueError(f"{where} must be a list, e.g. `{key}: [{value}, ...]`; got {value!r}.")
+            continue
+        scalar_type = {int: "an integer", float: "a number", string_to_bool: "true or false"}.get(action.type)
+        if isinstance(value, (list, dict)) and (scalar_type or action.choices):
+            kind = scalar_type or f"one of {list(map(str, action.choices))}"
+            raise ValueError(f"{where} must be {kind}, got the {type(value).__name__} {value!r}.")
+        if scalar_type:
+            try:
+                action.type(str(value))
+            except Exception:
+                raise ValueError(f"{where} must be {scalar_type}, got {value!r}.") from None
+        if action.choices and str(value) not in map(str, action.choices):
+            raise ValueError(f"{where} must be one of {list(map(str, action.choices))}, got {value!r}.")
+    return checked
 
 
 def _unknown_keys_message(unknown: list[str], known: set[str], where: str) -> str:

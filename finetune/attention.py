@@ -15,6 +15,7 @@ query tokens instead, and the figure title says so.
 import argparse
 import math
 import os
+import sys
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from matplotlib.figure import Figure
 from PIL import Image
 from transformers.utils import logging
 
+from finetune.errors import run_command
 from finetune.predict import (
     add_model_arguments,
     check_image_size,
@@ -161,11 +163,19 @@ def compute_attention_maps(model, processor, image: Image.Image, image_size: int
     The model must return real attention probabilities: ScratchViT always does when asked; load transformers' ViT
     with `attn_implementation="eager"` (SDPA returns none).
     """
+    no_attention = ValueError(
+        f"{type(model).__name__} has no attention to draw (a {model.config.model_type} model); attention maps need a "
+        "vision transformer: ScratchViT, ViT, DeiT, ..."
+    )
+    if getattr(model.config, "patch_size", None) is None:
+        raise no_attention
     check_image_size(model, image_size)
     pixel_values = preprocess([image.convert(image_mode(model))], processor, image_size)  # (1, C, H, W)
     kwargs = {"interpolate_pos_encoding": True} if needs_interpolation(model, image_size) else {}
     device = next(model.parameters()).device
     outputs = model(pixel_values=pixel_values.to(device), output_attentions=True, **kwargs)
+    if not hasattr(outputs, "attentions"):
+        raise no_attention
     if not outputs.attentions:
         raise ValueError(
             "The model returned no attention probabilities. Load it with `attn_implementation='eager'` "
@@ -280,10 +290,15 @@ def main(argv: list[str] | None = None) -> list[Path]:
         parser.error(f"Not found: {', '.join(missing)}")
     model, processor = classifier_from_arguments(parser, args, attn_implementation="eager")
     written = write_attention_maps(model, processor, args.images, args.output, args.image_size)
+    if not written:
+        raise ValueError(
+            f"None of {', '.join(args.images)} could be read as an image; nothing was written. Pass PNG, JPEG, ... "
+            "files."
+        )
     for path in written:
         print(path)
     return written
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_command(main))

@@ -10,11 +10,14 @@
 
 Each subcommand is also a module (`python -m finetune.run`, `python -m finetune.compare`, ...; `accelerate launch -m
 finetune.run` for several processes). Flags are snake_case, as transformers' `HfArgumentParser` writes them;
-kebab-case spellings (`--top-k`) are accepted too.
+kebab-case spellings (`--top-k`) are accepted too. An error ends as one line `error: ...` with exit status 1;
+`--debug` (or `LOG_LEVEL=debug`) shows its traceback.
 """
 
 import importlib
 import sys
+
+from finetune.errors import run_command
 
 
 # subcommand -> (module, what it does); each module has `main(argv)`.
@@ -50,8 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(COMMANDS[command][0])
     if command == "push":
         rest = ["push", *rest]
-    module.main(rest)  # returns what it made (results, paths), not a status; errors raise
-    return 0
+    # Each `main` returns what it made (results, paths) and raises on errors: one line `error: ...` and status 1.
+    return run_command(module.main, rest, keep_debug=command == "push")
 
 
 if __name__ == "__main__":

@@ -13,11 +13,13 @@ import argparse
 import json
 import os
 import re
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from transformers.utils import logging
 
+from finetune.errors import run_command
 from finetune.report import (
     SUMMARY_NOTE,
     format_percent,
@@ -157,4 +159,4 @@ def main(argv: list[str] | None = None) -> Path:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_command(main))

@@ -34,6 +34,7 @@ from huggingface_hub.errors import HfHubHTTPError
 from huggingface_hub.utils import _http as hf_http
 from transformers.utils import logging
 
+from finetune.errors import run_command
 from finetune.model_card import CARD_NAME, find_comparison_dir, write_model_card
 
 
@@ -484,4 +485,4 @@ def main(argv: list[str] | None = None) -> str | list[str]:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_command(main, keep_debug=True))

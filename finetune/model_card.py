@@ -9,6 +9,7 @@ comparison's summary.
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from transformers.utils import logging
 
 from finetune.compare import REPORT_NAME, SUMMARY_NAME
+from finetune.errors import run_command
 from finetune.hardware import short_name
 from finetune.models import ADAPTER_CONFIG_NAME
 from finetune.report import (
@@ -371,4 +373,4 @@ def main(argv: list[str] | None = None) -> Path:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_command(main))

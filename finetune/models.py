@@ -235,6 +235,8 @@ def _hub_kwargs(model_args: ModelArguments) -> dict:
 def _load_pretrained(model_args: ModelArguments, data: ImageData):
     path = model_args.model_name_or_path
     _check_model_path(path)
+    if os.path.isdir(os.path.expanduser(path)):
+        check_local_checkpoint(os.path.expanduser(path), model_args.trust_remote_code)
     kwargs = _hub_kwargs(model_args)
     try:
         config = AutoConfig.from_pretrained(
@@ -272,6 +274,69 @@ def _load_processor(model_args: ModelArguments):
             ) from error
         raise OSError(_unreachable_message("image processor", processor_path, error)) from error
     return processor
+
+
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+
+
+def check_local_checkpoint(path: str | os.PathLike, trust_remote_code: bool = False) -> None:
+    """Refuse a local model folder that cannot give an image classifier, naming what is wrong: no config.json, no
+    weights, a damaged `model.safetensors`, or a model type with no image-classification head. Without this check
+    `from_pretrained` blames the Hub for a missing file, reports "header too large" without naming the file, or
+    "Unrecognized configuration class"."""
+    path = os.fspath(path)
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise FileNotFoundError(
+            f"{path} has no config.json: it is not a saved model. Pass the output directory of a run (for "
+            "`model_type: both`, OUTPUT/pretrained or OUTPUT/scratch), a checkpoint-* folder, or a Hub model id."
+        )
+    if is_adapter_dir(path):
+        # A LoRA run's folder: its weights are the adapter's; `load_adapter_model` loads the base it names.
+        if not os.path.isfile(os.path.join(path, "adapter_model.safetensors")):
+            raise FileNotFoundError(
+                f"{path} holds an {ADAPTER_CONFIG_NAME} but no adapter_model.safetensors: the save was incomplete."
+            )
+        return
+    present = [name for name in WEIGHT_FILES if os.path.isfile(os.path.join(path, name))]
+    if not present:
+        raise FileNotFoundError(
+            f"{path} holds a config.json but no weights ({' or '.join(WEIGHT_FILES[::2])}): the save was incomplete. "
+            "Pass a complete model folder (a finished run's output directory or a checkpoint-* folder)."
+        )
+    if present[0] == "model.safetensors":
+        from safetensors import safe_open
+
+        weights = os.path.join(path, "model.safetensors")
+        try:
+            with safe_open(weights, framework="pt") as f:
+                f.keys()
+        except Exception as error:
+            raise OSError(
+                f"{weights} is damaged or incomplete ({type(error).__name__}: {str(error).splitlines()[0]}). Save "
+                "the model again, copy it again, or use another checkpoint-* folder of the run."
+            ) from None
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES
+
+    import scratch_vit  # noqa: F401  (registers ScratchViT with the Auto classes)
+
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    remote = "AutoModelForImageClassification" in (getattr(config, "auto_map", None) or {})
+    if (
+        config.model_type not in MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES
+        and type(config) not in AutoModelForImageClassification._model_mapping
+        and not remote
+    ):
+        others = len(MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES) - 6
+        raise ValueError(
+            f"{path} holds a {config.model_type!r} model, which has no image-classification head. Pass an image "
+            f"classifier: a ScratchViT, or a model of a type transformers classifies images with (vit, deit, beit, "
+            f"swin, convnext, resnet and {others} more)."
+        )
 
 
 def _unreachable_message(what: str, path: str, error: Exception) -> str:

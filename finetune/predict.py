@@ -25,6 +25,7 @@ from transformers.utils import logging
 
 import scratch_vit  # noqa: F401  (registers ScratchViT with the Auto classes, so local runs load without remote code)
 from finetune.data.decode import IMAGE_EXTENSIONS, decode_image
+from finetune.errors import run_command
 from finetune.models import is_adapter_dir, load_adapter_model
 
 
@@ -68,6 +69,10 @@ def load_classifier(
             f"{model_dir} has no config.json: pass the output directory of a run (for `model_type: both`, "
             "OUTPUT/pretrained or OUTPUT/scratch) or a checkpoint-* folder."
         )
+    if os.path.isdir(model_dir):
+        from finetune.models import check_local_checkpoint
+
+        check_local_checkpoint(model_dir, trust_remote_code)
     kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
     if is_adapter_dir(model_dir):
         model = load_adapter_model(model_dir, trust_remote_code=trust_remote_code, **kwargs)
@@ -286,10 +291,18 @@ def main(argv: list[str] | None = None) -> list[Prediction]:
         print(f"Wrote {len(predictions)} prediction(s) to {write_predictions(predictions, args.output, skipped)}")
     if skipped:
         print(f"Skipped {len(skipped)} unreadable file(s): " + ", ".join(path for path, _ in skipped), file=sys.stderr)
-    if not predictions and not skipped:
-        print("No image files found.", file=sys.stderr)
+    if not predictions:  # a command that classified nothing has failed, whatever the reason
+        if skipped:
+            raise ValueError(
+                f"None of the {len(skipped)} file(s) could be read as an image; pass PNG, JPEG, ... files."
+            )
+        extensions = " ".join(sorted(IMAGE_EXTENSIONS))
+        raise FileNotFoundError(
+            f"No image files in {', '.join(args.paths)} (folders are searched for {extensions}). "
+            "Pass image files, or folders that hold them."
+        )
     return predictions
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_command(main))

@@ -15,6 +15,7 @@ from pathlib import Path
 from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
 
 from finetune import run
+from finetune.errors import run_command
 
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -47,4 +48,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_command(main))

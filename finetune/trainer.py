@@ -7,14 +7,19 @@ PIL image in loader workers is what makes the input pipeline fast, and it keeps 
 (32 px CIFAR-10 is upsampled to 224 px only on the way into ViT-B/16).
 """
 
+import os
 import re
+import shutil
 import time
 
 import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel, Trainer
 from transformers.modeling_outputs import ImageClassifierOutput
+from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer_callback import ExportableState
 from transformers.trainer_optimizer import is_optimizer_factory
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy, rotate_checkpoints
 from transformers.utils import logging
 
 from finetune.augment import MixUpCutMix
@@ -22,6 +27,10 @@ from finetune.callbacks import EMACallback, ModelEMA, RunClock, TrainingBudgetCa
 
 
 logger = logging.get_logger(__name__)
+
+# A checkpoint is written under this prefix and renamed to `checkpoint-N` once complete. Neither transformers'
+# `get_last_checkpoint` nor its rotation (both match `checkpoint-*` from the start of the name) ever sees it.
+PARTIAL_CHECKPOINT_PREFIX = "tmp-"
 
 
 class ImageClassificationTrainer(Trainer):
@@ -89,6 +98,68 @@ class ImageClassificationTrainer(Trainer):
         checkpoint = self.state.best_model_checkpoint
         logger.info(f"Loading the best model from {checkpoint} (accuracy {self.state.best_metric}).")
         load_checkpoint_weights(self.accelerator.unwrap_model(self.model), checkpoint)
+
+    def _save_checkpoint(self, model, trial) -> None:
+        """transformers 5.18's `Trainer._save_checkpoint`, made atomic: every file goes into `tmp-checkpoint-N`,
+        which is renamed to `checkpoint-N` only once complete, so a save that fails or is interrupted (a full disk,
+        Ctrl-C) never leaves a `checkpoint-N` that `resume_from_checkpoint` would pick."""
+        if self.hp_search_backend is None and trial is None:
+            self.store_flos()
+        run_dir = self._get_output_dir(trial=trial)
+        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        final_dir = os.path.join(run_dir, name)
+        partial_dir = os.path.join(run_dir, PARTIAL_CHECKPOINT_PREFIX + name)
+        if self.args.should_save and os.path.isdir(partial_dir):
+            shutil.rmtree(partial_dir)  # the remains of an earlier, failed save of this step
+        self.accelerator.wait_for_everyone()
+        try:
+            self._write_checkpoint(partial_dir, final_dir, run_dir)
+        except BaseException:
+            if self.args.should_save:
+                shutil.rmtree(partial_dir, ignore_errors=True)
+            raise
+        self.accelerator.wait_for_everyone()  # every process has written its share (RNG states, shards)
+        if self.args.should_save:
+            if os.path.isdir(final_dir):
+                # The same step saved again (e.g. after a resume): swap, so a complete copy exists at every moment.
+                stale_dir = os.path.join(run_dir, PARTIAL_CHECKPOINT_PREFIX + "old-" + name)
+                os.replace(final_dir, stale_dir)
+                os.replace(partial_dir, final_dir)
+                shutil.rmtree(stale_dir, ignore_errors=True)
+            else:
+                os.replace(partial_dir, final_dir)
+        self.accelerator.wait_for_everyone()
+        if self.args.push_to_hub:
+            self._push_from_checkpoint(final_dir)
+        if self.args.should_save:
+            rotate_checkpoints(
+                output_dir=run_dir,
+                save_total_limit=self.args.save_total_limit,
+                best_model_checkpoint=self.state.best_model_checkpoint,
+                use_mtime=True,
+            )
+
+    def _write_checkpoint(self, output_dir: str, final_dir: str, run_dir: str) -> None:
+        self.save_model(output_dir, _internal_call=True)
+        best_step = self.state.best_global_step
+        if self.args.save_strategy in (SaveStrategy.STEPS, SaveStrategy.EPOCH, SaveStrategy.BEST) and best_step:
+            # The best checkpoint is this one (under its final name once renamed) or an earlier, complete one.
+            best_dir = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{best_step}")
+            if best_dir == final_dir or os.path.exists(best_dir):
+                self.state.best_model_checkpoint = best_dir
+        if not self.args.save_only_model:
+            self._save_optimizer_and_scheduler(output_dir)
+            self._save_scaler(output_dir)
+            self._save_rng_state(output_dir)
+        if self.args.should_save:
+            # Callbacks' and `TrainerControl`'s state as of now, restored on resume.
+            for cb in [c for c in self.callback_handler.callbacks + [self.control] if isinstance(c, ExportableState)]:
+                cb_name = cb.__class__.__name__
+                if isinstance(self.state.stateful_callbacks[cb_name], list):
+                    self.state.stateful_callbacks[cb_name].append(cb.state())
+                else:
+                    self.state.stateful_callbacks[cb_name] = cb.state()
+            self.state.save_to_json(os.path.join(output_dir, TRAINER_STATE_NAME))
 
     def _sync(self) -> None:
         # CUDA runs asynchronously: without a sync the timers would measure kernel launches, not the work.
@@ -176,8 +247,15 @@ def load_checkpoint_weights(model: PreTrainedModel, checkpoint: str) -> None:
         if result.unexpected_keys:
             raise ValueError(f"{checkpoint} holds weights this LoRA model lacks: {result.unexpected_keys[:5]}")
         return
-    loaded = type(model).from_pretrained(checkpoint, config=model.config, dtype=next(model.parameters()).dtype)
-    model.load_state_dict(loaded.state_dict(), strict=True)
+    try:
+        loaded = type(model).from_pretrained(checkpoint, config=model.config, dtype=next(model.parameters()).dtype)
+        model.load_state_dict(loaded.state_dict(), strict=True)
+    except (RuntimeError, ValueError) as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ValueError(
+            f"The checkpoint {checkpoint} does not fit this model ({first_line}): it was saved by a run with other "
+            "model settings or data. Resume with that run's settings, or train anew into another `output_dir`."
+        ) from error
 
 
 # Parameters that weight decay would only pull towards zero without regularising anything: position embeddings and

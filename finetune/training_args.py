@@ -15,6 +15,7 @@ from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 from transformers.utils import logging
 
 from finetune import hardware
+from finetune.metrics import EVAL_METRICS
 
 
 logger = logging.get_logger(__name__)
@@ -150,6 +151,7 @@ class ImageClassificationTrainingArguments(TrainingArguments):
     )
 
     def __post_init__(self):
+        check_training_arguments(self)  # before the Trainer's own checks, whose messages name no fix
         # Unset means "from the machine"; resolved before the Trainer's own checks (bf16 needs `use_cpu` on a CPU).
         if self.use_cpu is None:
             self.use_cpu = not has_accelerator()
@@ -179,4 +181,59 @@ class ImageClassificationTrainingArguments(TrainingArguments):
         if self.mixup_alpha < 0 or self.cutmix_alpha < 0:
             raise ValueError(
                 f"`mixup_alpha` and `cutmix_alpha` must be >= 0, got {self.mixup_alpha} and {self.cutmix_alpha}."
+            )
+
+
+def _name(value) -> str:
+    return str(getattr(value, "value", value))
+
+
+def check_training_arguments(args: ImageClassificationTrainingArguments) -> None:
+    """Refuse values and combinations that would crash inside the Trainer or train something other than asked."""
+    if args.max_steps == 0 or (args.max_steps < 0 and args.num_train_epochs <= 0):
+        raise ValueError(
+            f"Nothing to train: `num_train_epochs` is {args.num_train_epochs} and `max_steps` {args.max_steps}. "
+            "Set `num_train_epochs` > 0, or `max_steps` > 0."
+        )
+    for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"`{name}` must be an integer >= 1, got {getattr(args, name)}.")
+    if not 0 <= args.label_smoothing_factor < 1:
+        raise ValueError(
+            f"`label_smoothing_factor` must be in [0, 1) (e.g. 0.1; 0 is off), got {args.label_smoothing_factor}."
+        )
+    if args.learning_rate < 0 or args.weight_decay < 0:
+        raise ValueError(
+            f"`learning_rate` and `weight_decay` must be >= 0, got {args.learning_rate} and {args.weight_decay}."
+        )
+    if args.push_to_hub and not args.hub_model_id:
+        raise ValueError(
+            "`push_to_hub: true` needs `hub_model_id` (e.g. `your-name/vit-cifar10`). Nothing was trained; set it, "
+            "or push later with `python -m finetune.hub push OUTPUT_DIR --repo_id ID`."
+        )
+    metric = args.metric_for_best_model
+    if metric is not None:
+        name = metric.removeprefix("eval_")
+        if name not in EVAL_METRICS:
+            raise ValueError(
+                f"`metric_for_best_model: {metric}` names no metric of the evaluation; it reports "
+                f"{', '.join(EVAL_METRICS)}."
+            )
+        if args.greater_is_better is not None and args.greater_is_better != EVAL_METRICS[name]:
+            raise ValueError(
+                f"`metric_for_best_model: {metric}` with `greater_is_better: {args.greater_is_better}` would keep the "
+                f"worst checkpoint. Set `greater_is_better: {str(EVAL_METRICS[name]).lower()}`."
+            )
+    if args.load_best_model_at_end:
+        evaluate, save = _name(args.eval_strategy), _name(args.save_strategy)
+        if evaluate == "no" or save == "no":
+            raise ValueError(
+                f"`eval_strategy: {evaluate}` and `save_strategy: {save}` cannot keep a best model, which the "
+                "pipeline does by default (`load_best_model_at_end: true`). Set `load_best_model_at_end: false`, or "
+                "evaluate and save (`eval_strategy: epoch`, `save_strategy: epoch`)."
+            )
+        if save not in (evaluate, "best"):
+            raise ValueError(
+                f"`load_best_model_at_end` needs a checkpoint at every evaluation: `save_strategy` ({save}) must "
+                f"equal `eval_strategy` ({evaluate}), with `save_steps` a multiple of `eval_steps`, or be `best`."
             )

@@ -104,3 +104,179 @@ def test_invalid_scratch_config_names_the_field(tmp_path):
     with pytest.raises(ValueError, match=r"(?s)`hidden_size` \(8\).*`num_attention_heads` \(3\)"):
         run.main([*SCRATCH, "--num_attention_heads", "3", "--dataset_name", "sklearn:digits",
                   "--output_dir", str(tmp_path / "out")])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "flags, match",
+    [
+        (["--num_train_epochs", "0"], r"Nothing to train.*`num_train_epochs` > 0"),
+        (["--num_train_epochs", "-2"], r"Nothing to train"),
+        (["--max_steps", "0"], r"Nothing to train"),
+        (["--per_device_train_batch_size", "0"], r"`per_device_train_batch_size` must be an integer >= 1"),
+        (["--per_device_eval_batch_size", "0"], r"`per_device_eval_batch_size` must be an integer >= 1"),
+        (["--gradient_accumulation_steps", "0"], r"`gradient_accumulation_steps` must be an integer >= 1"),
+        (["--label_smoothing_factor", "2"], r"`label_smoothing_factor` must be in \[0, 1\)"),
+        (["--label_smoothing_factor", "-0.1"], r"`label_smoothing_factor` must be in \[0, 1\)"),
+        (["--learning_rate", "-1"], r"`learning_rate` and `weight_decay` must be >= 0"),
+        (["--validation_size", "1.0"], r"`validation_size` must be a fraction in \(0, 1\).*whole number"),
+        (["--validation_size", "2.5"], r"`validation_size` must be a fraction"),
+        (["--validation_size", "0"], r"`validation_size` must be a fraction"),
+        (["--eval_strategy", "no"], r"(?s)cannot keep a best model.*`load_best_model_at_end: false`, or evaluate"),
+        (["--save_strategy", "no"], r"cannot keep a best model"),
+        (["--eval_strategy", "steps"], r"`save_strategy` \(epoch\) must equal `eval_strategy` \(steps\)"),
+        (["--metric_for_best_model", "f1"], r"`metric_for_best_model: f1` names no metric.*accuracy, loss"),
+        (["--metric_for_best_model", "loss"], r"would keep the worst checkpoint.*`greater_is_better: false`"),
+        (["--push_to_hub", "true"], r"`push_to_hub: true` needs `hub_model_id`.*Nothing was trained"),
+        (["--include_labels", "cat", "cat"], r"names \['cat'\] more than once"),
+        (["--max_train_samples", "0"], r"`max_train_samples` must be >= 1"),
+    ],
+)
+def test_arguments_are_checked_before_any_data_is_loaded(tmp_path, flags, match):
+    with pytest.raises(ValueError, match=match):
+        parse_args([*flags, "--output_dir", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
+
+
+def test_arguments_that_agree_are_accepted(tmp_path):
+    flags = ["--eval_strategy", "no", "--save_strategy", "no", "--load_best_model_at_end", "false",
+             "--metric_for_best_model", "eval_loss", "--greater_is_better", "false", "--validation_size", "500",
+             "--max_steps", "3", "--num_train_epochs", "0"]  # fmt: skip
+    training_args = parse_args(flags)[3]
+    assert training_args.max_steps == 3 and str(training_args.eval_strategy.value) == "no"
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        (
+            "learning_rate: [1, 2]\n",
+            r"`learning_rate` in .*c\.yaml \(line 1\) must be a number, got the list \[1, 2\]",
+        ),
+        ("model_type: scratch\nnum_hidden_layers: 2.5\n", r"`num_hidden_layers` in .*\(line 2\) must be an integer"),
+        ("horizontal_flip: maybe\n", r"`horizontal_flip` .* must be true or false, got 'maybe'"),
+        ("include_labels: cat\n", r"`include_labels` .* must be a list, e.g. `include_labels: \[cat, \.\.\.\]`"),
+        ("eval_strategy: sometimes\n", r"`eval_strategy` .* must be one of \['no', 'steps', 'epoch'\]"),
+        ("model_type: scratch\n\tlearning_rate: 1\n", r"(?s)c\.yaml' is not valid YAML, line 2, column 1.*tabs"),
+        ("model_type: [scratch\n", r"c\.yaml' is not valid YAML, line 2"),
+    ],
+)
+def test_yaml_values_of_the_wrong_kind_name_the_file_and_line(tmp_path, text, match):
+    with pytest.raises(ValueError, match=match):
+        parse_args(["--config", write_yaml(tmp_path / "c.yaml", text)])
+
+
+def test_yaml_no_is_the_strategy_no(tmp_path):
+    """YAML 1.1 reads a bare `no` as false; for a strategy it means the choice `no`."""
+    config = write_yaml(tmp_path / "c.yaml", "eval_strategy: no\nsave_strategy: no\nload_best_model_at_end: false\n")
+    training_args = parse_args(["--config", config])[3]
+    assert str(training_args.eval_strategy.value) == "no" and str(training_args.save_strategy.value) == "no"
+
+
+def saved_vit(path):
+    """A tiny transformers ViT classifier saved with its image processor, as a local pretrained model."""
+    from helpers_runs import tiny_vit_model
+    from transformers import ViTImageProcessor
+
+    tiny_vit_model().save_pretrained(path)
+    ViTImageProcessor(size={"height": 16, "width": 16}).save_pretrained(path)
+    return path
+
+
+PRETRAINED = ["--model_type", "pretrained", "--dataset_name", "sklearn:digits", "--decoded_cache_dir", "none",
+              "--num_train_epochs", "1", "--max_train_samples", "32", "--max_eval_samples", "16"]  # fmt: skip
+
+
+@pytest.mark.parametrize("where, relation", [(".", "is"), ("run", "is inside"), ("..", "contains")])
+def test_output_dir_that_would_overwrite_the_pretrained_model(tmp_path, where, relation):
+    model_dir = saved_vit(tmp_path / "models" / "vit")
+    before = {p.name: p.read_bytes() for p in model_dir.iterdir()}
+    output_dir = model_dir / where
+    with pytest.raises(ValueError, match=rf"`output_dir` .* {relation} the pretrained model .*Nothing was written"):
+        run.main([*PRETRAINED, "--model_name_or_path", str(model_dir), "--output_dir", str(output_dir)])
+    assert {p.name: p.read_bytes() for p in model_dir.iterdir()} == before
+    assert not (model_dir / "run").exists()
+
+
+def test_a_local_model_folder_without_weights(tmp_path):
+    model_dir = saved_vit(tmp_path / "vit")
+    (model_dir / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match=r"holds a config.json but no weights \(model.safetensors or"):
+        run.main([*PRETRAINED, "--model_name_or_path", str(model_dir), "--output_dir", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_corrupt_safetensors_file_is_named(tmp_path):
+    model_dir = saved_vit(tmp_path / "vit")
+    (model_dir / "model.safetensors").write_bytes(b"\xff" * 64)
+    with pytest.raises(OSError, match=r"vit/model.safetensors is damaged or incomplete"):
+        run.main([*PRETRAINED, "--model_name_or_path", str(model_dir), "--output_dir", str(tmp_path / "out")])
+    from finetune.predict import load_classifier
+
+    with pytest.raises(OSError, match=r"model.safetensors is damaged"):
+        load_classifier(model_dir)
+
+
+def test_a_model_of_a_type_without_image_classification(tmp_path):
+    from transformers import BertConfig, BertModel
+
+    BertModel(BertConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8,
+                         vocab_size=16)).save_pretrained(tmp_path / "bert")  # fmt: skip
+    with pytest.raises(ValueError, match=r"holds a 'bert' model, which has no image-classification head.*vit, deit"):
+        run.main([*PRETRAINED, "--model_name_or_path", str(tmp_path / "bert"), "--output_dir", str(tmp_path / "o")])
+
+
+def labelled_parquet(path, labels):
+    import datasets
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(buffer, format="PNG")
+    ds = datasets.Dataset.from_dict({"image": [{"bytes": buffer.getvalue(), "path": None}] * len(labels),
+                                     "label": labels})  # fmt: skip
+    ds.cast_column("image", datasets.Image()).to_parquet(str(path))
+    return str(path)
+
+
+def test_a_dataset_with_one_class_is_refused(tmp_path):
+    data = labelled_parquet(tmp_path / "train.parquet", [4] * 12)
+    with pytest.raises(ValueError, match=r"1 class \(\['4'\]\): a classifier needs at least 2"):
+        run.main([*SCRATCH, "--dataset_name", data, "--output_dir", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(ValueError, match=r"1 class \(\['3'\]\): a classifier needs at least 2"):
+        run.main([*SCRATCH, "--dataset_name", "sklearn:digits", "--include_labels", "3",
+                  "--output_dir", str(tmp_path / "out")])  # fmt: skip
+
+
+def test_sparse_label_ids_are_renumbered_and_keep_their_names(tmp_path, caplog):
+    from finetune.data import load_image_data
+
+    data_args = parse_args(["--dataset_name", labelled_parquet(tmp_path / "train.parquet", [0, 1, 3000] * 6),
+                            "--decoded_cache_dir", "none", "--validation_size", "0.5"])[1]  # fmt: skip
+    with caplog.at_level("WARNING"):
+        data = load_image_data(data_args, seed=0)
+    assert data.label_names == ["0", "1", "3000"]
+    assert sorted(set(data.train.labels.tolist()) | set(data.validation.labels.tolist())) == [0, 1, 2]
+    assert "not consecutive" in caplog.text and "renumbered 0..2" in caplog.text
+
+
+def test_output_dir_that_is_a_file(tmp_path):
+    (tmp_path / "out").write_text("notes")
+    with pytest.raises(NotADirectoryError, match=r"`output_dir` .*out is a file; pass a folder"):
+        run.main([*SCRATCH, "--dataset_name", "sklearn:digits", "--output_dir", str(tmp_path / "out")])
+    assert (tmp_path / "out").read_text() == "notes"
+
+
+def test_an_image_folder_with_one_class_subfolder(tmp_path):
+    (tmp_path / "images" / "cat").mkdir(parents=True)
+    for i in range(4):
+        Image.new("RGB", (8, 8), (60 * i, 0, 0)).save(tmp_path / "images" / "cat" / f"{i}.png")
+    with pytest.raises(ValueError, match=r"one subfolder per class, at least two"):
+        run.main([*SCRATCH, "--dataset_name", str(tmp_path / "images"), "--output_dir", str(tmp_path / "out")])
+
+
+def test_resuming_a_checkpoint_of_another_model(tmp_path):
+    tiny = [*SCRATCH, "--dataset_name", "sklearn:digits", "--max_train_samples", "32", "--max_eval_samples", "16"]
+    run.main([*tiny, "--output_dir", str(tmp_path / "a")])
+    checkpoint = next((tmp_path / "a").glob("checkpoint-*"))
+    with pytest.raises(ValueError, match=r"checkpoint-\d+ does not fit this model .*Resume with that run's settings"):
+        run.main([*tiny, "--hidden_size", "16", "--output_dir", str(tmp_path / "b"),
+                  "--resume_from_checkpoint", str(checkpoint)])  # fmt: skip

@@ -62,12 +62,17 @@ def test_mixed_size_photos_are_stored_as_center_cropped_squares(tmp_path):
     (root / "b").mkdir()
     wide = np.zeros((20, 60, 3), np.uint8)  # left third red, middle green, right third blue
     wide[:, :20, 0], wide[:, 20:40, 1], wide[:, 40:, 2] = 255, 255, 255
-    Image.fromarray(wide).save(root / "a" / "wide.png")
-    Image.fromarray(np.full((30, 10, 3), 128, np.uint8)).save(root / "b" / "tall.png")
-    args = DataArguments(dataset_name=str(root), validation_size=1, decoded_cache_dir="none")
+    for copy in (1, 2):  # two of each: a classifier is trained on two classes or more
+        Image.fromarray(wide).save(root / "a" / f"wide{copy}.png")
+        Image.fromarray(np.full((30, 10, 3), 128, np.uint8)).save(root / "b" / f"tall{copy}.png")
+    args = DataArguments(dataset_name=str(root), validation_size=0.5, decoded_cache_dir="none")
     data = load_image_data(args, seed=0, target_size=20)  # the wide photo needs no resize, only the crop
     assert data.train.image_size == (20, 20) and data.validation.image_size == (20, 20)
-    images = {int(split.labels[0]): split.pixel_values[0] for split in (data.train, data.validation)}
+    images = {
+        int(label): split.pixel_values[i]
+        for split in (data.train, data.validation)
+        for i, label in enumerate(split.labels)
+    }
     # The wide photo keeps its green middle only, with its aspect ratio (no squeeze).
     assert images[0][1].min() == 255 and images[0][0].max() == 0 and images[0][2].max() == 0
     assert int(images[1].float().mean().round()) == 128

@@ -56,7 +56,9 @@ from finetune.data.sources import (
 from finetune.data.splits import (
     ImageSplit,
     _check_labels,
+    _check_num_classes,
     _keep_classes,
+    _renumber_sparse_ids,
     _Rows,
     _subsample,
     collate_batch,
@@ -167,7 +169,9 @@ def load_image_data(data_args: DataArguments, seed: int, target_size: int | None
             # A grayscale split next to RGB ones (e.g. a test set saved differently): store all splits alike.
             logger.info(f"Repeating the 1-channel {name} images to {num_channels} channels to match the other splits.")
             splits[name] = ImageSplit(split.pixel_values.expand(-1, num_channels, -1, -1).contiguous(), split.labels)
+    splits, label_names = _renumber_sparse_ids(splits, label_names)
     _check_labels(splits, label_names)
+    _check_num_classes(splits["train"], label_names)
     train, validation, test = splits["train"], splits["validation"], splits.get("test")
 
     sizes = {name: s.image_size for name, s in (("train", train), ("validation", validation), ("test", test)) if s}

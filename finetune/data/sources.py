@@ -272,9 +272,13 @@ def _pick_column(columns: list[str], explicit: str | None, candidates: tuple[str
     for candidate in candidates:
         if candidate in columns:
             return candidate
+    hint = ""
+    if kind == "label" and columns == ["image"] and os.path.isdir(where):
+        # datasets' image folder builder gives no label column when it finds only one class subfolder.
+        hint = " An image folder needs one subfolder per class, at least two (e.g. cat/ and dog/)."
     raise ValueError(
         f"Found no {kind} column in {where} (looked for {list(candidates)}); its columns are {columns}. "
-        f"Set `{argument}` to the column holding the {kind}s."
+        f"Set `{argument}` to the column holding the {kind}s.{hint}"
     )
 
 

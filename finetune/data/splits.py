@@ -120,6 +120,43 @@ def _check_labels(splits: dict[str, "_Rows | ImageSplit"], label_names: list[str
             )
 
 
+def _renumber_sparse_ids(
+    splits: dict[str, ImageSplit], label_names: list[str]
+) -> tuple[dict[str, ImageSplit], list[str]]:
+    """Integer label ids with gaps (0, 1 and 3000) renumbered to consecutive ids, each class keeping its original id
+    as its name. Without this, ids 0, 1 and 3000 would make a 3,001-way head of which 2,998 classes never occur.
+
+    Only ids whose names are the ids themselves (a label column of plain integers) are renumbered; named classes
+    (a `ClassLabel`, strings) keep their ids, even for a class that has no images.
+    """
+    if label_names != [str(i) for i in range(len(label_names))]:
+        return splits, label_names
+    present = torch.unique(torch.cat([split.labels for split in splits.values()]))
+    if len(present) == len(label_names) or len(present) == 0 or present.min() < 0:
+        return splits, label_names
+    new_id = torch.full((len(label_names),), -1, dtype=torch.int64)
+    new_id[present] = torch.arange(len(present))
+    names = [label_names[i] for i in present.tolist()]
+    shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+    logger.warning(
+        f"The label ids are not consecutive: {len(names)} distinct ids between {names[0]} and {names[-1]} ({shown}). "
+        f"They are renumbered 0..{len(names) - 1} for training; each class keeps its original id as its name "
+        "(id2label), which predictions and results report."
+    )
+    return {name: ImageSplit(split.pixel_values, new_id[split.labels]) for name, split in splits.items()}, names
+
+
+def _check_num_classes(train: ImageSplit, label_names: list[str]) -> None:
+    """A classifier needs two classes or more, and training images of at least two of them."""
+    present = torch.unique(train.labels).tolist()
+    if len(label_names) < 2 or len(present) < 2:
+        names = [label_names[i] for i in present]
+        raise ValueError(
+            f"The training images are of {len(present)} class ({names}): a classifier needs at least 2. Use a "
+            "dataset (or `include_labels`) with two or more classes."
+        )
+
+
 def _keep_classes(
     splits: dict[str, _Rows], label_names: list[str], keep: list[str]
 ) -> tuple[dict[str, _Rows], list[str]]:

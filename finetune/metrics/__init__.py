@@ -13,6 +13,8 @@ from transformers import EvalPrediction
 
 
 METRICS_DIR = Path(__file__).resolve().parent
+# What an evaluation reports (`eval_accuracy`, `eval_loss`), and so what `metric_for_best_model` may name.
+EVAL_METRICS = {"accuracy": True, "loss": False}  # name -> whether greater is better
 
 
 @cache

@@ -1,0 +1,111 @@
+"""Every command ends an error as one line `error: ...` with exit status 1, and shows a traceback only when asked."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers_runs import make_run_dir
+from PIL import Image
+from transformers import ResNetConfig, ResNetForImageClassification
+
+from finetune import cli, run
+from finetune.errors import run_command
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def failing(error: BaseException):
+    def main(argv):
+        raise error
+
+    return main
+
+
+def test_an_error_is_one_line_and_status_1(capsys, monkeypatch):
+    monkeypatch.delenv("LOG_LEVEL", raising=False)
+    assert run_command(failing(ValueError("Bad value.\nFix: another value.")), []) == 1
+    assert capsys.readouterr().err == "error: Bad value. Fix: another value.\n"
+    assert run_command(failing(KeyError("id2label")), []) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: KeyError: 'id2label' (unexpected; rerun with --debug") and err.count("\n") == 1
+    assert run_command(failing(KeyboardInterrupt()), []) == 130
+    assert run_command(lambda argv: argv, ["a"]) == 0
+
+
+def test_a_traceback_only_when_asked(monkeypatch):
+    seen = []
+    with pytest.raises(ValueError, match="bad"):
+        run_command(lambda argv: seen.append(argv) or failing(ValueError("bad"))(argv), ["x", "--debug"])
+    assert seen == [["x"]]  # the flag is the helper's, not the command's
+    assert run_command(lambda argv: seen.append(argv), ["--debug", "underflow_overflow"]) == 0
+    assert seen[-1] == ["--debug", "underflow_overflow"]  # TrainingArguments' own `--debug OPTION`
+    with pytest.raises(ValueError, match="bad"):
+        run_command(failing(ValueError("bad")), ["--log_level", "debug"])
+    monkeypatch.setenv("LOG_LEVEL", "DEBUG")
+    with pytest.raises(ValueError, match="bad"):
+        run_command(failing(ValueError("bad")), [])
+
+
+def test_train_module_error_exit(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    env.pop("LOG_LEVEL", None)
+    result = subprocess.run(
+        [sys.executable, "-m", "finetune.run", "--num_train_epochs", "0", "--output_dir", str(tmp_path / "out")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith("error: Nothing to train")
+    assert "Traceback" not in result.stderr and not (tmp_path / "out").exists()
+
+
+def test_predict_on_a_folder_without_images_fails(tmp_path, capsys):
+    model_dir = make_run_dir(tmp_path / "run", extras=False)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.txt").write_text("not an image")
+    assert cli.main(["predict", str(model_dir), str(tmp_path / "empty")]) == 1
+    assert "error: No image files in" in capsys.readouterr().err
+    (tmp_path / "broken.png").write_bytes(b"not a png")
+    assert cli.main(["predict", str(model_dir), str(tmp_path / "broken.png")]) == 1
+    assert "error: None of the 1 file(s) could be read as an image" in capsys.readouterr().err
+
+
+def test_attention_on_an_unreadable_image_fails(tmp_path, capsys):
+    model_dir = make_run_dir(tmp_path / "run", extras=False)
+    (tmp_path / "broken.png").write_bytes(b"not a png")
+    out = tmp_path / "maps"
+    assert cli.main(["attention", str(model_dir), str(tmp_path / "broken.png"), "--output", str(out)]) == 1
+    assert "could be read as an image; nothing was written" in capsys.readouterr().err
+    assert not list(out.glob("*.png"))
+
+
+def test_attention_on_a_model_without_attention(tmp_path, capsys):
+    config = ResNetConfig(embedding_size=8, hidden_sizes=[8, 8], depths=[1, 1], num_labels=2)
+    ResNetForImageClassification(config).save_pretrained(tmp_path / "resnet")
+    make_run_dir(tmp_path / "vit", extras=False)  # for its image processor
+    (tmp_path / "vit" / "preprocessor_config.json").replace(tmp_path / "resnet" / "preprocessor_config.json")
+    Image.new("RGB", (16, 16)).save(tmp_path / "image.png")
+    argv = ["attention", str(tmp_path / "resnet"), str(tmp_path / "image.png"), "--output", str(tmp_path / "maps")]
+    assert cli.main(argv) == 1
+    assert "error: ResNetForImageClassification has no attention to draw" in capsys.readouterr().err
+
+
+def test_a_failed_push_after_training_is_one_line_and_keeps_the_model(tmp_path, capsys, monkeypatch):
+    """Offline, the push fails after training: the error names the retry command and the trained model stays."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    out = tmp_path / "out"
+    argv = ["--model_type", "scratch", "--image_size", "8", "--patch_size", "2", "--hidden_size", "8",
+            "--num_hidden_layers", "1", "--num_attention_heads", "2", "--num_train_epochs", "1",
+            "--dataset_name", "sklearn:digits", "--max_train_samples", "32", "--max_eval_samples", "16",
+            "--decoded_cache_dir", "none", "--output_dir", str(out), "--push_to_hub", "true",
+            "--hub_model_id", "me/vit-digits", "--hub_token", "not-a-real-token"]  # fmt: skip
+    assert run_command(run.main, argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: Pushing ") and "is still in place" in err and "Retry with: " in err
+    assert "not-a-real-token" not in err
+    assert (out / "model.safetensors").is_file() and (out / "results.json").is_file()

@@ -1,6 +1,6 @@
 """Classify image files with a saved model: a ScratchViT or transformers' ViT, as `finetune/run.py` saves them.
 
-    python -m finetune.predict OUTPUT_DIR photo.jpg images/ --top-k 3 --output predictions.csv
+    python -m finetune.predict OUTPUT_DIR photo.jpg images/ --top_k 3 --output predictions.csv
 
 Files of any size and format Pillow reads (JPEG, PNG, BMP, WebP, GIF, TIFF; grayscale, 16-bit, RGBA, palette, CMYK)
 are decoded as training decodes them (`finetune.data.decode`: upright per EXIF, transparency on white) in the model's
@@ -236,10 +236,11 @@ def write_predictions(
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """The arguments of every command on a saved classifier (predict, attention): MODEL_DIR, `--image-size`,
-    `--device`, `--trust-remote-code`. Read them back with `classifier_from_arguments`."""
+    """The arguments of every command on a saved classifier (predict, attention): MODEL_DIR, `--image_size`,
+    `--device`, `--trust_remote_code`. Read them back with `classifier_from_arguments`."""
     parser.add_argument("model_dir", metavar="MODEL_DIR", help="Output directory of a run (config.json, weights).")
     parser.add_argument(
+        "--image_size",
         "--image-size",
         type=int,
         metavar="N",
@@ -247,14 +248,17 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--device", help="torch device (default: cuda when available, else cpu).")
     parser.add_argument(
-        "--trust-remote-code", action="store_true", help="Use the code files saved next to the weights."
+        "--trust_remote_code",
+        "--trust-remote-code",
+        action="store_true",
+        help="Use the code files saved next to the weights.",
     )
 
 
 def classifier_from_arguments(
     parser: argparse.ArgumentParser, args: argparse.Namespace, attn_implementation: str | None = None
 ):
-    """`(model, processor)` loaded as `add_model_arguments`' arguments say; an `--image-size` that does not fit the
+    """`(model, processor)` loaded as `add_model_arguments`' arguments say; an `--image_size` that does not fit the
     model's patches is a usage error of `parser`."""
     model, processor = load_classifier(args.model_dir, args.trust_remote_code, attn_implementation, args.device)
     try:
@@ -272,9 +276,13 @@ def main(argv: list[str] | None = None) -> list[Prediction]:
     )
     add_model_arguments(parser)
     parser.add_argument("paths", nargs="+", metavar="PATH", help="Image files, or folders searched recursively.")
-    parser.add_argument("--top-k", type=int, default=5, help="How many classes to report per image (default 5).")
+    parser.add_argument(
+        "--top_k", "--top-k", type=int, default=5, help="How many classes to report per image (default 5)."
+    )
     parser.add_argument("--output", metavar="FILE", help="Also write the predictions to a .csv or .json file.")
-    parser.add_argument("--batch-size", type=int, default=32, help="Images per forward pass (default 32).")
+    parser.add_argument(
+        "--batch_size", "--batch-size", type=int, default=32, help="Images per forward pass (default 32)."
+    )
     args = parser.parse_args(argv)
     if args.output and Path(args.output).suffix.lower() not in (".csv", ".json"):
         parser.error(f"--output must end in .csv or .json, got {args.output}.")

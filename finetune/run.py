@@ -139,13 +139,16 @@ def check_model_and_output_dir(model_args: ModelArguments, training_args: Traini
     if not model_dir.is_dir():
         return  # a Hub id, or a missing folder that `build_model` explains
     output, model = Path(training_args.output_dir).expanduser().resolve(), model_dir.resolve()
-    if output == model or model in output.parents or output in model.parents:
-        relation = "is" if output == model else "is inside" if model in output.parents else "contains"
-        raise ValueError(
-            f"`output_dir` {training_args.output_dir} {relation} the pretrained model {model_args.model_name_or_path}"
-            ": the run would overwrite or mix with it. Nothing was written. Choose an `output_dir` outside the model "
-            "folder."
-        )
+    # The folders the run writes into (saves, checkpoint rotation, cleanup): under `both`, one per model.
+    run_dirs = [output / "pretrained", output / "scratch"] if model_args.model_type == "both" else [output]
+    for run_dir in run_dirs:
+        if run_dir == model or model in run_dir.parents or run_dir in model.parents:
+            relation = "is" if run_dir == model else "is inside" if model in run_dir.parents else "contains"
+            raise ValueError(
+                f"`output_dir` {training_args.output_dir}: the run's folder {run_dir} {relation} the pretrained model "
+                f"{model_args.model_name_or_path}, which it would overwrite or mix with. Nothing was written. Choose "
+                "an `output_dir` outside the model folder."
+            )
     check_local_checkpoint(model_dir, model_args.trust_remote_code)
 
 

@@ -197,6 +197,25 @@ def test_output_dir_that_would_overwrite_the_pretrained_model(tmp_path, where, r
     assert not (model_dir / "run").exists()
 
 
+def test_a_model_beside_the_run_folders_of_both_is_accepted(tmp_path):
+    """The quickstart's layout: `model_type: both` writes OUTPUT/pretrained and OUTPUT/scratch, so a source model in
+    OUTPUT/source_model is beside the run folders, not in them."""
+    from finetune.arguments import parse_args
+
+    model_dir = saved_vit(tmp_path / "out" / "source_model")
+    model_args, _, _, training_args = parse_args(
+        ["--model_type", "both", "--model_name_or_path", str(model_dir), "--output_dir", str(tmp_path / "out")]
+    )
+    run.check_model_and_output_dir(model_args, training_args)  # no error
+    model_args, _, _, training_args = parse_args(
+        ["--model_type", "both", "--model_name_or_path", str(model_dir), "--output_dir", str(model_dir / "..")]
+    )
+    inside = saved_vit(tmp_path / "out" / "pretrained" / "base")
+    model_args.model_name_or_path = str(inside)
+    with pytest.raises(ValueError, match="contains the pretrained model"):
+        run.check_model_and_output_dir(model_args, training_args)
+
+
 def test_a_local_model_folder_without_weights(tmp_path):
     model_dir = saved_vit(tmp_path / "vit")
     (model_dir / "model.safetensors").unlink()

@@ -261,3 +261,14 @@ def test_auto_precision_and_attention_are_chosen_logged_and_recorded(tmp_path, m
     assert saved["attention_choice"].startswith("auto")
     messages = " ".join(r.getMessage() for r in caplog.records)
     assert f"Attention: {saved['attn_implementation']} (auto" in messages and saved["precision_choice"] in messages
+
+
+def test_quickstart_runs_offline_end_to_end(tmp_path, monkeypatch):
+    """The README's first command: the source model, then both models and the comparison, from an empty folder."""
+    from finetune import quickstart
+
+    monkeypatch.chdir(tmp_path)
+    results = quickstart.main(["--num_train_epochs", "2"])
+    assert set(results) == {"pretrained", "scratch"}
+    assert (tmp_path / "outputs/quickstart/comparison/report.md").is_file()
+    assert all(0 < r.validation.accuracy <= 1 for r in results.values())

@@ -57,7 +57,7 @@ def short_name(hardware: dict[str, Any] | None) -> str | None:
 NATIVE_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 # bf16 autocast against float32 on a CPU without native bf16, training step of the CPU recipe's model
 # (benchmarks/README.md, "Precision on CPUs without native bf16").
-CPU_BF16_SLOWDOWN = "about 14x"
+CPU_BF16_SLOWDOWN = "about 13x"
 # Largest attention head size for which SDPA's CPU kernel under bf16 is slower than the explicit path (measured at
 # head sizes 12 and 16: 2.5-3x slower; benchmarks/README.md, "model_speed"). Head size 64 (ViT-B) keeps SDPA.
 SMALL_HEAD_SIZE = 32

@@ -44,7 +44,7 @@ from scratch_vit import ScratchViTConfig  # noqa: E402
 logger = logging.getLogger(__name__)
 
 
-def main(argv: list[str] | None = None) -> dict[str, dict]:
+def main(argv: list[str] | None = None) -> dict[str, Results]:
     """Run the pipeline; returns the results of each trained (or, with `do_train: false`, evaluated) model keyed by
     model type."""
     model_args, data_args, scratch_args, training_args = parse_args(argv)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from finetune import run
+from finetune.checkpoints import resolve_checkpoint
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -112,13 +113,13 @@ def test_a_leftover_partial_checkpoint_blocks_nothing(tmp_path, caplog):
     (out / "tmp-checkpoint-8" / "config.json").write_text("{}")
     args = run.parse_args([*TINY, "--output_dir", str(out)])[3]
     with caplog.at_level("WARNING"):
-        assert run.resolve_checkpoint(out, args) is None
+        assert resolve_checkpoint(out, args) is None
     assert "tmp-checkpoint-8" in caplog.text and not (out / "tmp-checkpoint-8").exists()
 
     (out / "tmp-checkpoint-8").mkdir()
     args = run.parse_args([*TINY, "--output_dir", str(out), "--resume_from_checkpoint", "true"])[3]
     with pytest.raises(FileNotFoundError, match="holds no complete checkpoint"):
-        run.resolve_checkpoint(out, args)
+        resolve_checkpoint(out, args)
 
 
 def test_resume_skips_an_incomplete_checkpoint_and_a_named_one_is_checked(tmp_path, caplog):
@@ -131,8 +132,8 @@ def test_resume_skips_an_incomplete_checkpoint_and_a_named_one_is_checked(tmp_pa
             (out / f"checkpoint-{step}" / name).write_text("{}")
     args = run.parse_args([*TINY, "--output_dir", str(out), "--resume_from_checkpoint", "true"])[3]
     with caplog.at_level("WARNING"):
-        assert run.resolve_checkpoint(out, args) == str(out / "checkpoint-8")
+        assert resolve_checkpoint(out, args) == str(out / "checkpoint-8")
     assert "Skipping the incomplete checkpoint" in caplog.text and "checkpoint-16" in caplog.text
     args = run.parse_args([*TINY, "--output_dir", str(out), "--resume_from_checkpoint", str(out / "checkpoint-16")])[3]
     with pytest.raises(FileNotFoundError, match=r"checkpoint-16' is incomplete \(no model.safetensors\)"):
-        run.resolve_checkpoint(out, args)
+        resolve_checkpoint(out, args)

@@ -151,7 +151,7 @@ def markdown(runs: list[dict]) -> str:
             format_number(r["images_per_second"], 0),
             format_percent(r["data_share"]),
             format_count(r["num_parameters"]),
-            r["mixed_precision"] or MISSING,
+            {"no": "float32"}.get(r["mixed_precision"], r["mixed_precision"]) or MISSING,
             r["hardware"] or MISSING,
         ]
         for r in runs

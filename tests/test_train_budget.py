@@ -36,7 +36,8 @@ def test_report_tables_and_plot(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert [r["name"] for r in summary] == ["a", "b"]
     assert summary[0]["data_share"] == pytest.approx(0.1) and summary[0]["minutes"] == pytest.approx(1.5)
-    assert "| a | 60.00% | 60.00% | — | 1.5 | 3.0 | 1,000 | 10.00% | 1.2K | no | CPU Test CPU, 2 threads |" in text
+    row = "| a | 60.00% | 60.00% | — | 1.5 | 3.0 | 1,000 | 10.00% | 1.2K | float32 | CPU Test CPU, 2 threads |"
+    assert row in text
     assert "| 1.0 | 2.0 | 50.00% |" in text and "`python finetune/run.py --config a.yaml`" in text
 
 

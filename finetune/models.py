@@ -69,6 +69,19 @@ def storage_size(model_type: str, model_args: ModelArguments, scratch_args) -> i
     return max(sizes)
 
 
+def attention_head_size(model_type: str, model_args: ModelArguments, scratch_args) -> int | None:
+    """The attention head size of the model to build, from its config alone (no weights are read)."""
+    if model_type == "scratch":
+        config = ScratchViTConfig(**scratch_config_kwargs(scratch_args))
+    else:
+        try:
+            config = AutoConfig.from_pretrained(model_args.model_name_or_path, **_hub_kwargs(model_args))
+        except (OSError, ValueError):
+            return None  # building the model reports the problem
+    hidden, heads = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
+    return hidden // heads if hidden and heads else None
+
+
 def build_model(
     model_type: str, model_args: ModelArguments, scratch_args, data: ImageData
 ) -> tuple[PreTrainedModel, ViTImageProcessor, Preprocessing]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import datasets
 import transformers
-from transformers import AutoConfig, TrainingArguments, set_seed
+from transformers import TrainingArguments, set_seed
 
 
 if __package__ in (None, ""):
@@ -28,17 +28,22 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from finetune import hardware  # noqa: E402
-from finetune.arguments import DataArguments, ModelArguments, parse_args, scratch_config_kwargs  # noqa: E402
+from finetune.arguments import DataArguments, ModelArguments, parse_args  # noqa: E402
 from finetune.augment import BatchTransform, describe_augmentation, use_random_resized_crop  # noqa: E402
 from finetune.checkpoints import resolve_checkpoint  # noqa: E402
 from finetune.data import ImageData, collate_batch, load_image_data  # noqa: E402
 from finetune.errors import run_command  # noqa: E402
 from finetune.metrics import compute_metrics, confusion_report  # noqa: E402
-from finetune.models import build_model, check_local_checkpoint, count_parameters, storage_size  # noqa: E402
+from finetune.models import (  # noqa: E402
+    attention_head_size,
+    build_model,
+    check_local_checkpoint,
+    count_parameters,
+    storage_size,
+)
 from finetune.results import EvalMetrics, Results, TrainMetrics, history_from_log_history  # noqa: E402
 from finetune.trainer import ImageClassificationTrainer  # noqa: E402
 from finetune.training_args import ImageClassificationTrainingArguments  # noqa: E402
-from scratch_vit import ScratchViTConfig  # noqa: E402
 
 
 logger = logging.getLogger(__name__)
@@ -191,20 +196,14 @@ def train_and_evaluate(
     else:
         prediction = trainer.predict(data.validation, metric_key_prefix="eval")
         confusion_split = "validation"
-    confusion = confusion_report(prediction.predictions, prediction.label_ids, data.label_names)
 
     # ---- Results: every figure once, the timings from the run's one clock.
     clock = trainer.clock
     total_batch_size = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
     results = Results(
-        run_name=args.run_name or Path(args.output_dir).name,
         model_type=model_type,
-        architecture=type(model.get_base_model() if hasattr(model, "peft_config") else model).__name__,
         model_name_or_path=model_args.model_name_or_path if model_type == "pretrained" else None,
-        dataset=data.source,
-        label_names=list(data.label_names),
-        image_size=prep.image_size[0],
-        num_parameters=count_parameters(model),
+        **evaluated_model_fields(args, model, prep, data, prediction, confusion_split, start),
         num_samples={
             "train": len(data.train),
             "validation": len(data.validation),
@@ -217,7 +216,6 @@ def train_and_evaluate(
             "attention_choice": attention_why,
             **method_settings(model_type, model_args),
         },
-        hardware={**hardware.describe(args.device), "world_size": args.world_size},
         train=TrainMetrics(
             loss=train_result.metrics.get("train_loss"),
             seconds=clock.train_seconds,
@@ -228,14 +226,29 @@ def train_and_evaluate(
         ),
         validation=EvalMetrics.from_trainer(validation, "eval"),
         test=EvalMetrics.from_trainer(test, "test"),
-        **confusion,  # confusion_matrix and the per-class figures, named as Results' fields
-        confusion_split=confusion_split,
         history=history,
-        wall_seconds=time.perf_counter() - start,
     )
     if trainer.is_world_process_zero():
         logger.info(f"Results written to {results.save(args.output_dir)}")
     return results
+
+
+def evaluated_model_fields(args, model, prep, data: ImageData, prediction, confusion_split: str, start: float) -> dict:
+    """The `Results` fields of a trained or an evaluation-only run alike: the model, the data, the machine, the
+    confusion report of `prediction` (on `confusion_split`) and the wall time since `start`."""
+    return {
+        "run_name": args.run_name or Path(args.output_dir).name,
+        "architecture": type(model.get_base_model() if hasattr(model, "peft_config") else model).__name__,
+        "dataset": data.source,
+        "label_names": list(data.label_names),
+        "image_size": prep.image_size[0],
+        "num_parameters": count_parameters(model),
+        "hardware": {**hardware.describe(args.device), "world_size": args.world_size},
+        # confusion_matrix and the per-class figures, named as Results' fields
+        **confusion_report(prediction.predictions, prediction.label_ids, data.label_names),
+        "confusion_split": confusion_split,
+        "wall_seconds": time.perf_counter() - start,
+    }
 
 
 def make_trainer(
@@ -356,18 +369,11 @@ def evaluate_only(
             )
             logger.info(f"Predictions of the {split} split written to {path}")
     confusion_split = "test" if data.test is not None else "validation"
-    final = predictions[confusion_split]
-    confusion = confusion_report(final.predictions, final.label_ids, data.label_names)
     is_scratch = getattr(model.config, "model_type", "") == "scratch_vit"
     results = Results(
-        run_name=args.run_name or output_dir.name,
         model_type="scratch" if is_scratch else model_type,
-        architecture=type(model).__name__,
         model_name_or_path=model_args.model_name_or_path,
-        dataset=data.source,
-        label_names=list(data.label_names),
-        image_size=prep.image_size[0],
-        num_parameters=count_parameters(model),
+        **evaluated_model_fields(args, model, prep, data, predictions[confusion_split], confusion_split, start),
         num_samples={"validation": len(data.validation), "test": len(data.test) if data.test is not None else None},
         hyperparameters={
             "evaluation_only": True,
@@ -378,12 +384,8 @@ def evaluate_only(
             "world_size": args.world_size,
             **({"flip_tta": True} if args.flip_tta else {}),
         },
-        hardware={**hardware.describe(args.device), "world_size": args.world_size},
         validation=EvalMetrics.from_trainer(metrics["validation"], "eval"),
         test=EvalMetrics.from_trainer(metrics.get("test"), "test"),
-        **confusion,  # confusion_matrix and the per-class figures, named as Results' fields
-        confusion_split=confusion_split,
-        wall_seconds=time.perf_counter() - start,
     )
     if trainer.is_world_process_zero():
         plot_confusion_matrix(
@@ -408,25 +410,6 @@ def choose_attention(
     )
     logger.info(f"Attention: {attention} ({attention_why})")
     return dataclasses.replace(model_args, attn_implementation=attention), attention_why
-
-
-def attention_head_size(model_type: str, model_args: ModelArguments, scratch_args) -> int | None:
-    """The attention head size of the model to build, from its config alone (no weights are read)."""
-    if model_type == "scratch":
-        config = ScratchViTConfig(**scratch_config_kwargs(scratch_args))
-    else:
-        try:
-            config = AutoConfig.from_pretrained(
-                model_args.model_name_or_path,
-                revision=model_args.model_revision,
-                cache_dir=model_args.cache_dir,
-                token=model_args.token,
-                trust_remote_code=model_args.trust_remote_code,
-            )
-        except (OSError, ValueError):
-            return None  # building the model reports the problem
-    hidden, heads = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
-    return hidden // heads if hidden and heads else None
 
 
 def hyperparameters(args: ImageClassificationTrainingArguments, model, total_batch_size: int) -> dict:
@@ -475,8 +458,7 @@ def push_results(run_dirs, model_types, training_args, token) -> None:
     """Push each trained model to the Hub (`hub_model_id`, suffixed by the model type when both were trained)."""
     from finetune.hub import push_output_dir
 
-    if not training_args.hub_model_id:
-        raise ValueError("`push_to_hub: true` needs `hub_model_id` (e.g. `your-name/vit-cifar10`).")
+    # `hub_model_id` is checked with the arguments, before anything is trained (`finetune/training_args.py`).
     for model_type in model_types:
         repo_id = training_args.hub_model_id + (f"-{model_type}" if len(model_types) > 1 else "")
         url = push_output_dir(

@@ -114,6 +114,17 @@ class ImageClassificationTrainingArguments(TrainingArguments):
     hub_commit_message: str = field(
         default="Upload fine-tuned model", metadata={"help": "Commit message of the push to the Hub."}
     )
+    recipe_precision: str | None = field(
+        default=None,
+        metadata={
+            "help": "The precision a recipe (config) was tuned for, `bf16` or `float32`. Where the machine trains in "
+            "another (`bf16: auto` chose otherwise), the log warns and names `recipe_alternative`."
+        },
+    )
+    recipe_alternative: str | None = field(
+        default=None,
+        metadata={"help": "The config to use instead where the precision chosen is not `recipe_precision`."},
+    )
     max_train_minutes: float | None = field(
         default=None,
         metadata={
@@ -172,6 +183,7 @@ class ImageClassificationTrainingArguments(TrainingArguments):
         super().__post_init__()
         # Not a field: what `auto` chose and why, for the log and results.json.
         self.precision_choice = choice.summary
+        self.warn_if_another_recipe_fits()
         if self.max_train_minutes is not None and self.max_train_minutes <= 0:
             raise ValueError(f"`max_train_minutes` must be > 0, got {self.max_train_minutes}.")
         if self.budget_schedule and self.max_train_minutes is None:
@@ -181,6 +193,21 @@ class ImageClassificationTrainingArguments(TrainingArguments):
         if self.mixup_alpha < 0 or self.cutmix_alpha < 0:
             raise ValueError(
                 f"`mixup_alpha` and `cutmix_alpha` must be >= 0, got {self.mixup_alpha} and {self.cutmix_alpha}."
+            )
+
+    def warn_if_another_recipe_fits(self) -> None:
+        """Warn where the precision chosen for this machine is not the one the recipe was tuned for."""
+        if self.recipe_precision is None:
+            return
+        if self.recipe_precision not in ("bf16", "float32"):
+            raise ValueError(f"`recipe_precision` must be `bf16` or `float32`, got {self.recipe_precision!r}.")
+        chosen = "bf16" if self.bf16 else "fp16" if self.fp16 else "float32"
+        if chosen != self.recipe_precision:
+            instead = f" Use {self.recipe_alternative}, the recipe for it." if self.recipe_alternative else ""
+            reason = self.precision_choice.split("; ", 1)[-1]  # the summary starts with the precision itself
+            logger.warning(
+                f"This recipe is tuned for training in {self.recipe_precision}; this machine trains in {chosen} "
+                f"({reason}).{instead}"
             )
 
 

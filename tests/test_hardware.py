@@ -1,6 +1,7 @@
 """Precision and attention chosen from the machine (`auto`), with the detection mocked; explicit choices are kept."""
 
 import logging
+from pathlib import Path
 
 import pytest
 
@@ -9,6 +10,7 @@ from finetune.training_args import ImageClassificationTrainingArguments
 
 
 choose = hardware.choose_precision
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize(
@@ -94,3 +96,31 @@ def test_explicit_bf16_on_a_cpu_without_it_warns(tmp_path, monkeypatch, caplog):
         args = ImageClassificationTrainingArguments(output_dir=str(tmp_path), use_cpu=True, bf16=True)
     assert args.bf16 and args.mixed_precision == "bf16"
     assert any(f"{hardware.CPU_BF16_SLOWDOWN} slower" in record.getMessage() for record in caplog.records)
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_a_recipe_for_the_other_precision_names_the_one_to_use(tmp_path, monkeypatch, caplog, native):
+    """The two 30-minute CPU recipes each name the other: the one tuned for bf16 warns on a CPU that trains in
+    float32, and the float32 one on a CPU with native bf16; the recipe that fits says nothing."""
+    from finetune.arguments import load_yaml_config
+
+    monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda flags=None: native)
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+    configs = {}
+    for name in ("cifar10_scratch_cpu30_stem.yaml", "cifar10_scratch_cpu30_stem_h48l4.yaml"):
+        config = load_yaml_config(ROOT / "configs" / name)
+        configs[config["recipe_precision"]] = (f"configs/{name}", config["recipe_alternative"])
+    assert configs["bf16"][1] == configs["float32"][0] and configs["float32"][1] == configs["bf16"][0]
+    for precision, (_, alternative) in configs.items():
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            ImageClassificationTrainingArguments(
+                output_dir=str(tmp_path), use_cpu=True, recipe_precision=precision, recipe_alternative=alternative
+            )
+        warned = [r.getMessage() for r in caplog.records if "This recipe is tuned for" in r.getMessage()]
+        if precision == ("bf16" if native else "float32"):
+            assert warned == []
+        else:
+            assert len(warned) == 1 and f"Use {alternative}, the recipe for it." in warned[0]
+    with pytest.raises(ValueError, match="`recipe_precision` must be `bf16` or `float32`"):
+        ImageClassificationTrainingArguments(output_dir=str(tmp_path), use_cpu=True, recipe_precision="fp8")

@@ -4,7 +4,8 @@
 
 For every image this writes `<name>_attention.png` (the input, the rollout, and the CLS token's attention to the
 patches in every layer, heads averaged, each upsampled and overlaid on the image) and `<name>_rollout.png` (the
-rollout overlaid on the image alone, at the image's aspect ratio).
+rollout overlaid on the image alone). The image is framed as the model sees it (`finetune.predict.model_view`): a
+photo that is not square shows as its centre square.
 
 Attention rollout (Abnar & Zuidema, 2020, "Quantifying Attention Flow in Transformers"): average the heads, add the
 identity for the residual connection, renormalize the rows, multiply the layers' matrices, and read the CLS row. A
@@ -30,12 +31,15 @@ from PIL import Image
 from transformers.utils import logging
 
 from finetune.errors import run_command
+from finetune.models import photo_size
 from finetune.predict import (
     add_model_arguments,
     check_image_size,
     classifier_from_arguments,
     image_mode,
     load_images,
+    model_preprocessing,
+    model_view,
     needs_interpolation,
     preprocess,
 )
@@ -170,7 +174,7 @@ def compute_attention_maps(model, processor, image: Image.Image, image_size: int
     if getattr(model.config, "patch_size", None) is None:
         raise no_attention
     check_image_size(model, image_size)
-    pixel_values = preprocess([image.convert(image_mode(model))], processor, image_size)  # (1, C, H, W)
+    pixel_values = preprocess([image.convert(image_mode(model))], model, processor, image_size)  # (1, C, H, W)
     kwargs = {"interpolate_pos_encoding": True} if needs_interpolation(model, image_size) else {}
     device = next(model.parameters()).device
     outputs = model(pixel_values=pixel_values.to(device), output_attentions=True, **kwargs)
@@ -259,10 +263,12 @@ def write_attention_maps(
     output_dir.mkdir(parents=True, exist_ok=True)
     written, used_names = [], set()
     for image_path in map(Path, image_paths):
-        images, _, _ = load_images([image_path], "RGB")  # logs a file it cannot read
+        prep = model_preprocessing(model, processor, image_size)
+        images, _, _ = load_images([image_path], "RGB", photo_size(prep))  # logs a file it cannot read
         if not images:
             continue
-        image = images[0]
+        # The maps cover what the model sees: a photo that is not square is framed as its centre square.
+        image = model_view(images[0], prep)
         name, n = image_path.stem, 1
         while name in used_names:
             n += 1

@@ -48,6 +48,12 @@ class Preprocessing:
 CROP_MARGIN = 256 / 224
 
 
+def photo_size(prep: Preprocessing) -> int:
+    """The square size photos are stored at for a model fed as `prep` says: its input times `CROP_MARGIN`, or the
+    processor's resize size when that is larger."""
+    return max(round(max(prep.image_size) * CROP_MARGIN), max(prep.resize_size or (0,)))
+
+
 def storage_size(model_type: str, model_args: ModelArguments, scratch_args) -> int:
     """The square size images of mixed sizes are stored at for `model_type` (`pretrained`, `scratch` or `both`).
 
@@ -61,8 +67,7 @@ def storage_size(model_type: str, model_args: ModelArguments, scratch_args) -> i
             config = AutoConfig.from_pretrained(model_args.model_name_or_path, **_hub_kwargs(model_args))
         except OSError as error:
             raise OSError(_unreachable_message("model", model_args.model_name_or_path, error)) from error
-        prep = preprocessing_from(_load_processor(model_args), config)
-        sizes += [round(max(prep.image_size) * CROP_MARGIN), max(prep.resize_size or (0,))]
+        sizes.append(photo_size(preprocessing_from(_load_processor(model_args), config)))
     if model_type in ("scratch", "both"):
         config = ScratchViTConfig(**scratch_config_kwargs(scratch_args))
         sizes.append(round(config.image_size * CROP_MARGIN))
@@ -252,6 +257,7 @@ def _load_pretrained(model_args: ModelArguments, data: ImageData):
         check_local_checkpoint(os.path.expanduser(path), model_args.trust_remote_code)
     kwargs = _hub_kwargs(model_args)
     try:
+        original = AutoConfig.from_pretrained(path, **kwargs)
         config = AutoConfig.from_pretrained(
             path, num_labels=len(data.label_names), id2label=data.id2label, label2id=data.label2id, **kwargs
         )
@@ -261,7 +267,45 @@ def _load_pretrained(model_args: ModelArguments, data: ImageData):
         )
     except OSError as error:
         raise OSError(_unreachable_message("model", path, error)) from error
+    checkpoint_labels = [str(original.id2label[i]) for i in range(original.num_labels)]
+    if _names_other_classes(checkpoint_labels, data.label_names):
+        logger.warning(
+            f"{path} classifies {_shorten(checkpoint_labels)}, the dataset has {_shorten(data.label_names)}: the "
+            "classification head starts anew (random, as for a checkpoint with another number of classes)."
+        )
+        reset_head(model)
     return model, _load_processor(model_args)
+
+
+def _names_other_classes(checkpoint_labels: list[str], dataset_labels: list[str]) -> bool:
+    """Whether a checkpoint's head, of the dataset's size, was trained for other classes than the dataset's: its
+    labels are named (not transformers' placeholders `LABEL_0`, ...) and differ, by name or order. A head of another
+    size is replaced on loading (`ignore_mismatched_sizes`)."""
+    placeholders = [f"LABEL_{i}" for i in range(len(checkpoint_labels))]
+    if len(checkpoint_labels) != len(dataset_labels) or checkpoint_labels == placeholders:
+        return False
+    return checkpoint_labels != list(dataset_labels)
+
+
+def _shorten(names: list[str], limit: int = 5) -> str:
+    return ", ".join(names[:limit]) + (f", ... ({len(names)} classes)" if len(names) > limit else "")
+
+
+def reset_head(model: PreTrainedModel) -> None:
+    """Re-initialise the classification head `HEAD_NAME` with the model's own `_init_weights`, as a head created on
+    loading is initialised. Loading marks loaded tensors as initialised, and the init functions skip those, so the
+    marks are cleared first."""
+    head = getattr(model, HEAD_NAME, None)
+    if not isinstance(head, torch.nn.Module):
+        raise ValueError(
+            f"{type(model).__name__} has no classification head `{HEAD_NAME}` to start anew; fine-tune it on data "
+            "with the checkpoint's classes, or from a checkpoint without a head."
+        )
+    for module in head.modules():
+        module._is_hf_initialized = False
+        for tensor in [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
+            tensor._is_hf_initialized = False
+        model._init_weights(module)
 
 
 def _check_model_path(path: str) -> None:

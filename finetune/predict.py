@@ -4,7 +4,9 @@
 
 Files of any size and format Pillow reads (JPEG, PNG, BMP, WebP, GIF, TIFF; grayscale, 16-bit, RGBA, palette, CMYK)
 are decoded as training decodes them (`finetune.data.decode`: upright per EXIF, transparency on white) in the model's
-channels, then resized, rescaled and normalized by the saved image processor. Folders are searched recursively for
+channels, framed as training stores them (a photo that is not square: its centre square, no squeeze), then resized,
+center-cropped where the saved image processor asks for it, and normalized by training's evaluation transform, so a
+file gets the probabilities an evaluation run gives it. Folders are searched recursively for
 image files. Files that cannot be read are reported and skipped.
 """
 
@@ -14,7 +16,7 @@ import json
 import os
 import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -24,9 +26,10 @@ from transformers import AutoImageProcessor, AutoModelForImageClassification
 from transformers.utils import logging
 
 import scratch_vit  # noqa: F401  (registers ScratchViT with the Auto classes, so local runs load without remote code)
-from finetune.data.decode import IMAGE_EXTENSIONS, decode_image
+from finetune.augment import BatchTransform
+from finetune.data.decode import IMAGE_EXTENSIONS, center_fit, decode_image
 from finetune.errors import run_command
-from finetune.models import is_adapter_dir, load_adapter_model
+from finetune.models import Preprocessing, is_adapter_dir, load_adapter_model, photo_size, preprocessing_from
 
 
 logger = logging.get_logger(__name__)
@@ -101,9 +104,10 @@ def collect_image_paths(paths: Iterable[str | os.PathLike]) -> list[Path]:
 
 
 def load_images(
-    paths: Sequence[str | os.PathLike], mode: str
+    paths: Sequence[str | os.PathLike], mode: str, min_size: int | None = None
 ) -> tuple[list[Image.Image], list[str], list[tuple[str, str]]]:
-    """Decode image files in `mode` (`"L"` or `"RGB"`) with `decode_image`, the decoding training uses too.
+    """Decode image files in `mode` (`"L"` or `"RGB"`) with `decode_image`, the decoding training uses too
+    (`min_size`: the storage size of photos, `photo_size`, at which large JPEGs decode at a reduced scale).
 
     Returns the images, their paths (as str), and the files that could not be read as `(path, reason)` pairs (each
     also logged as a warning).
@@ -111,7 +115,7 @@ def load_images(
     images, names, skipped = [], [], []
     for path in paths:
         try:
-            images.append(decode_image(path, mode))
+            images.append(decode_image(path, mode, min_size))
             names.append(str(path))
         except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as error:
             reason = f"{type(error).__name__}: {error}"
@@ -125,19 +129,49 @@ def image_mode(model) -> str:
     return "L" if getattr(model.config, "num_channels", 3) == 1 else "RGB"
 
 
-def preprocess(images: Sequence[Image.Image], processor, image_size: int | None = None) -> torch.Tensor:
-    """Resize, rescale and normalize images with the saved processor; `(B, C, H, W)` float pixel values.
-
-    With `image_size`, images are resized to `image_size` x `image_size` instead of the processor's size.
-    """
-    # Pillow -> channels-last arrays, stated explicitly: the processor cannot tell channels from pixels in a 3x3 image.
-    arrays = [np.array(image)[..., None] if image.mode == "L" else np.array(image) for image in images]
-    kwargs = {}
+def model_preprocessing(model, processor, image_size: int | None = None) -> Preprocessing:
+    """Resolution, channels and normalisation of the model's inputs, read from its saved processor as training reads
+    them; with `image_size`, inputs of `image_size` x `image_size` with no center crop."""
+    prep = preprocessing_from(processor, model.config)
     if image_size is not None:
-        kwargs["size"] = {"height": image_size, "width": image_size}
-        if getattr(processor, "do_center_crop", False):
-            kwargs["crop_size"] = {"height": image_size, "width": image_size}
-    return processor(arrays, return_tensors="pt", input_data_format="channels_last", **kwargs)["pixel_values"]
+        prep = replace(prep, image_size=(image_size, image_size), resize_size=None)
+    return prep
+
+
+def model_view(image: Image.Image, prep: Preprocessing) -> Image.Image:
+    """The part of a decoded image the model sees, framed as training stores it: an image that is not square, or is
+    larger than the storage size (`finetune.models.photo_size`), becomes the centre square at that size, as photos
+    of mixed sizes are stored; a smaller square (CIFAR-10's 32 px, MNIST's 28 px) stays as it is, as a split of one
+    native size is stored."""
+    size = photo_size(prep)
+    if image.width != image.height or image.width > size:
+        return center_fit(image, (size, size))
+    return image
+
+
+def preprocess(images: Sequence[Image.Image], model, processor, image_size: int | None = None) -> torch.Tensor:
+    """Pixel values as training's evaluation makes them: each image framed by `model_view`, then resized (and center
+    cropped where the processor asks for it) and normalized by the batch transform's evaluation path
+    (`finetune.augment.BatchTransform`); `(B, C, H, W)` float32.
+
+    The images must be in the model's mode (`image_mode`). With `image_size`, they are resized to `image_size` x
+    `image_size` instead of the processor's size.
+    """
+    prep = model_preprocessing(model, processor, image_size)
+    transform = BatchTransform(
+        image_size=prep.image_size,
+        mean=prep.image_mean,
+        std=prep.image_std,
+        in_channels=prep.num_channels,
+        out_channels=prep.num_channels,
+        eval_resize_size=prep.resize_size,
+    )
+    batches = []
+    for image in images:  # one at a time: framed images of different sizes do not stack
+        array = np.asarray(model_view(image, prep))
+        pixels = torch.from_numpy(array[None] if array.ndim == 2 else array.transpose(2, 0, 1).copy())  # (C, h, w)
+        batches.append(transform(pixels[None], train=False))  # (1, C, h, w) -> (1, C, H, W)
+    return torch.cat(batches)
 
 
 def check_image_size(model, image_size: int | None) -> None:
@@ -186,14 +220,15 @@ def predict_files(
     top_k = min(top_k, model.config.num_labels)
     mode = image_mode(model)
     interpolate = needs_interpolation(model, image_size)
+    size = photo_size(model_preprocessing(model, processor, image_size))
     predictions: list[Prediction] = []
     skipped: list[tuple[str, str]] = []
     for start in range(0, len(paths), batch_size):
-        images, names, unreadable = load_images(paths[start : start + batch_size], mode)
+        images, names, unreadable = load_images(paths[start : start + batch_size], mode, size)
         skipped.extend(unreadable)
         if not images:
             continue
-        probabilities = class_probabilities(model, preprocess(images, processor, image_size), interpolate)
+        probabilities = class_probabilities(model, preprocess(images, model, processor, image_size), interpolate)
         scores, indices = probabilities.topk(top_k, dim=-1)  # (B, k)
         for name, row, top_scores, top_indices in zip(names, probabilities, scores, indices):
             predictions.append(

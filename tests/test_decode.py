@@ -199,3 +199,15 @@ def test_unknown_mode_and_one_extension_list(files, tmp_path):
         (tmp_path / "folder" / f"x{extension}").write_bytes(b"")
     (tmp_path / "folder" / "notes.txt").write_text("skipped")
     assert {p.suffix for p in collect_image_paths([tmp_path / "folder"])} == set(IMAGE_EXTENSIONS)
+
+
+def test_a_large_jpeg_decodes_at_a_reduced_scale_no_smaller_than_asked(tmp_path):
+    path = tmp_path / "large.jpg"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (600, 800, 3), dtype=np.uint8)).save(path)
+    assert decode_image(path, "RGB").size == (800, 600)
+    assert decode_image(path, "RGB", min_size=256).size == (400, 300)  # 1/2: 1/4 would give 200 x 150
+    assert decode_image(path, "RGB", min_size=70).size == (100, 75)  # 1/8, the decoder's smallest scale
+    assert decode_image(path, "RGB", min_size=400).size == (800, 600)  # 1/2 would leave a side under 400
+    png = tmp_path / "large.png"
+    Image.open(path).save(png)
+    assert decode_image(png, "RGB", min_size=70).size == (800, 600)  # other formats decode whole

@@ -16,9 +16,10 @@ from test_run import tiny_vit_checkpoint
 from transformers import AutoModelForImageClassification, ViTImageProcessor
 
 from finetune import attention, predict, run
-from finetune.arguments import ModelArguments
+from finetune.arguments import DataArguments, ModelArguments
+from finetune.data import load_image_data
 from finetune.model_card import build_model_card
-from finetune.models import apply_finetune_method, load_adapter_model
+from finetune.models import apply_finetune_method, build_model, load_adapter_model
 from finetune.trainer import parameter_groups
 from scratch_vit import ScratchViTConfig, ScratchViTForImageClassification
 
@@ -226,3 +227,36 @@ def test_the_trainer_uses_the_groups(tmp_path):
             assert (weight_decay == 0.0) == (
                 name.endswith(("bias", "cls_token", "position_embeddings")) or "norm" in name
             )
+
+
+@pytest.mark.parametrize(
+    "checkpoint_labels, kept",
+    [
+        ([str(i) for i in range(10)], True),  # the dataset's classes: the head goes on learning them
+        ([f"LABEL_{i}" for i in range(10)], True),  # transformers' placeholders: nothing says it is another task
+        ([str(9 - i) for i in range(10)], False),  # the same names in another order
+        ([f"class {i}" for i in range(10)], False),  # other classes, as many of them
+    ],
+)
+def test_a_head_trained_for_other_classes_starts_anew(tmp_path, checkpoint_labels, kept):
+    path = tiny_vit_checkpoint(tmp_path / "checkpoint", num_labels=10)
+    checkpoint = AutoModelForImageClassification.from_pretrained(path)
+    with torch.no_grad():
+        checkpoint.classifier.bias.uniform_(-1, 1)  # a head that has learned something
+    checkpoint.config.id2label = dict(enumerate(checkpoint_labels))
+    checkpoint.config.label2id = {name: i for i, name in enumerate(checkpoint_labels)}
+    checkpoint.save_pretrained(path)
+    saved = checkpoint.state_dict()
+    data = load_image_data(DataArguments(dataset_name="sklearn:digits", decoded_cache_dir="none"), seed=0)
+    assert data.label_names == [str(i) for i in range(10)]
+
+    model_args = ModelArguments(model_name_or_path=str(path), attn_implementation="sdpa")
+    model, _, _ = build_model("pretrained", model_args, None, data)
+    head = model.classifier
+    assert [model.config.id2label[i] for i in range(10)] == data.label_names
+    assert torch.equal(head.weight, saved["classifier.weight"]) == kept
+    assert torch.equal(head.bias, saved["classifier.bias"]) == kept
+    if not kept:  # as `ViTForImageClassification` initialises a new head: N(0, initializer_range), zero bias
+        assert not head.bias.any() and abs(head.weight.std().item() - model.config.initializer_range) < 0.005
+    encoder = [name for name in saved if not name.startswith("classifier.")]
+    assert encoder and all(torch.equal(model.state_dict()[name], saved[name]) for name in encoder)

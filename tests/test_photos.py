@@ -1,6 +1,7 @@
 """Photos of mixed sizes: the storage size read from the model, a folder of mixed-size JPEGs stored as center-cropped
 squares, both model paths trained on it, and two processes sharing one decoded cache."""
 
+import csv
 import json
 import logging
 import os
@@ -11,7 +12,7 @@ from PIL import Image
 from test_run import launch_two_processes
 from transformers import BitImageProcessor, ViTConfig, ViTForImageClassification, ViTImageProcessor
 
-from finetune import run
+from finetune import predict, run
 from finetune.arguments import DataArguments, ModelArguments, ScratchViTArguments
 from finetune.data import load_image_data
 from finetune.models import storage_size
@@ -35,10 +36,13 @@ def write_photo_folder(root, per_class: int = 4, seed: int = 0):
     return root
 
 
-def tiny_vit_checkpoint(path, processor) -> str:
+def tiny_vit_checkpoint(path, processor, labels: list[str] | None = None) -> str:
     config = ViTConfig(
         image_size=16, patch_size=4, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32
     )
+    if labels:
+        config.id2label = dict(enumerate(labels))
+        config.label2id = {name: i for i, name in enumerate(labels)}
     ViTForImageClassification(config).save_pretrained(path)
     processor.save_pretrained(path)
     return str(path)
@@ -129,3 +133,37 @@ def test_two_processes_share_one_decoded_cache(tmp_path):
     assert log.count("Decoded 12 images of the train split") == 1, log[-3000:]
     assert log.count("skipped decoding") == 1, log[-3000:]
     assert len([entry for entry in os.listdir(cache) if not entry.startswith(".")]) == 1
+
+
+def test_predict_gives_each_photo_the_probabilities_evaluation_gives(tmp_path):
+    """Predict frames, resizes and normalizes a photo as training's evaluation does: its probabilities for a folder of
+    mixed-size photos equal those in an evaluation-only run's predictions CSV, where the processor's own resize
+    (which squeezes a photo that is not square into the model's square) gives other ones."""
+    photos = write_photo_folder(tmp_path / "photos")
+    large = np.random.default_rng(1).integers(0, 256, (200, 300, 3), dtype=np.uint8)
+    Image.fromarray(large).save(photos / "pods" / "large.jpg")  # decoded at 1/8 scale by both paths (JPEG draft)
+    paths = sorted(photos.rglob("*.jpg"))
+    index = tmp_path / "index.csv"
+    index.write_text("image,label\n" + "".join(f"{path},{path.parent.name}\n" for path in paths))
+    processor = ViTImageProcessor(size={"height": 16, "width": 16})
+    model_dir = tiny_vit_checkpoint(tmp_path / "checkpoint", processor, labels=CLASSES)
+    run.main(
+        ["--do_train", "false", "--model_name_or_path", model_dir, "--train_file", str(index),
+         "--validation_file", str(index), "--decoded_cache_dir", "none", "--bf16", "false",
+         "--output_dir", str(tmp_path / "evaluation"), "--report_to", "none"]
+    )  # fmt: skip
+    with open(tmp_path / "evaluation" / "predictions_validation.csv") as f:
+        rows = list(csv.DictReader(f))
+    evaluation = np.array([[float(row[f"top{k}_probability"]) for k in (1, 2, 3)] for row in rows])  # (N, 3)
+
+    model, processor = predict.load_classifier(model_dir, device="cpu")
+    predictions, skipped = predict.predict_files(model, processor, paths, top_k=3)
+    assert not skipped and [p.path for p in predictions] == [str(path) for path in paths]
+    assert [p.labels[0] for p in predictions] == [row["top1"] for row in rows]
+    np.testing.assert_allclose(np.array([p.scores for p in predictions]), evaluation, atol=2e-6)
+
+    images, _, _ = predict.load_images(paths, "RGB")
+    squeezed = processor([np.asarray(image) for image in images], return_tensors="pt")["pixel_values"]
+    squeezed = predict.class_probabilities(model, squeezed).sort(dim=-1, descending=True).values.numpy()
+    not_square = [i for i, image in enumerate(images) if image.width != image.height]
+    assert np.abs(squeezed[not_square] - evaluation[not_square]).max() > 1e-4

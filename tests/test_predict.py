@@ -10,6 +10,7 @@ from helpers_runs import make_images, make_run_dir, tiny_scratch_model, tiny_vit
 from PIL import Image
 
 from finetune import predict
+from finetune.models import photo_size
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +62,10 @@ def test_predictions_on_every_kind_of_image(run_dirs, images, name):
 def test_top1_is_argmax_of_the_models_logits(run_dirs, images, name):
     model, processor = predict.load_classifier(run_dirs[name])
     [p], _ = predict.predict_files(model, processor, [images["jpg"]], top_k=3)
-    with Image.open(images["jpg"]) as image:
-        pixel_values = processor(image.convert("RGB"), return_tensors="pt")["pixel_values"]
+    # 53x37: decoded at half scale (JPEG draft) and framed as its centre square, as training stores photos
+    size = photo_size(predict.model_preprocessing(model, processor))
+    decoded, _, _ = predict.load_images([images["jpg"]], "RGB", size)
+    pixel_values = predict.preprocess(decoded, model, processor)
     with torch.no_grad():
         logits = model(pixel_values=pixel_values).logits[0]
     assert p.labels[0] == model.config.id2label[int(logits.argmax())]
@@ -73,7 +76,7 @@ def test_top1_is_argmax_of_the_models_logits(run_dirs, images, name):
 def test_other_resolution(run_dirs, images, name):
     model, processor = predict.load_classifier(run_dirs[name])
     assert model.config.image_size == 16
-    pixel_values = predict.preprocess([Image.open(images["png"]).convert("RGB")], processor, image_size=24)
+    pixel_values = predict.preprocess([Image.open(images["png"]).convert("RGB")], model, processor, image_size=24)
     assert pixel_values.shape == (1, 3, 24, 24)
     with pytest.raises(ValueError):  # without interpolation the model refuses another grid
         model(pixel_values=pixel_values)

@@ -15,6 +15,8 @@ Three parts, each also runnable alone with `--parts`:
   (5,000 held out): validation accuracy over time and images/s (`benchmarks/train_budget.py`). Goal: >= 94%.
 - **model_speed**: ScratchViT against transformers' ViT at the recipe's size and at ViT-B/16 224 px, bf16, eager and
   compiled (`benchmarks/model_speed.py`).
+- **methods**: the fine-tuning methods at ViT-B/16 224 px, bf16 autocast, batch 32: trained parameters, AdamW state,
+  time per training step and peak GPU memory (`benchmarks/finetune_methods.py`).
 
 Writes `OUTPUT/suite.json` and `OUTPUT/suite.md` (each naming the device), plus the scratch recipe's report in
 `OUTPUT/scratch_recipe/`. benchmarks/README.md, "GPU suite", says how to run it on a machine without `datasets` or
@@ -34,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import data_pipeline  # noqa: E402
+import finetune_methods  # noqa: E402
 import model_speed  # noqa: E402
 import torch  # noqa: E402
 import train_budget  # noqa: E402
@@ -42,7 +45,7 @@ from finetune import hardware  # noqa: E402
 from finetune.report import format_number, format_percent, markdown_table  # noqa: E402
 
 
-PARTS = ("pipeline", "scratch_recipe", "model_speed")
+PARTS = ("pipeline", "scratch_recipe", "model_speed", "methods")
 # The example's DataLoader: its default (0 workers) and the usual tuned value.
 EXAMPLE_WORKERS = (0, 8)
 BATCH_CANDIDATES = (512, 384, 256, 192, 128, 96, 64, 32)
@@ -56,6 +59,9 @@ FULL = {
     "recipe_overrides": [],
     "speed_presets": ["gpu", "vit-b16"],
     "speed_args": [],
+    "methods_model": None,  # ViT-B/16 at 224 px
+    "methods_steps": 10,
+    "methods_batch": 32,
 }
 # A CPU-sized run with the same code paths, for the test suite.
 TINY = {
@@ -73,6 +79,12 @@ TINY = {
     ],
     "speed_presets": ["cifar"],
     "speed_args": ["--steps", "1", "--repeats", "1", "--warmup", "0", "--batch_size", "8"],
+    "methods_model": {
+        "image_size": 32, "patch_size": 8, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+        "intermediate_size": 64, "num_labels": 10,
+    },
+    "methods_steps": 1,
+    "methods_batch": 4,
 }  # fmt: skip
 
 
@@ -178,6 +190,42 @@ def speed_part(sizes: dict, device: torch.device) -> list[dict]:
     return rows
 
 
+def methods_part(sizes: dict, device: torch.device) -> list[dict]:
+    """Each fine-tuning method's trained parameters, AdamW state, step time and peak memory (bf16 on CUDA)."""
+    import gc
+
+    from transformers import ViTConfig
+
+    rows = []
+    for method in finetune_methods.METHODS:
+        config = ViTConfig(**sizes["methods_model"]) if sizes["methods_model"] else None
+        rows.append(
+            finetune_methods.method_figures(
+                method, sizes["methods_steps"], sizes["methods_batch"], str(device), device.type == "cuda", config
+            )
+        )
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
+def methods_table(rows: list[dict]) -> str:
+    memory = "peak_gpu_memory_mib" if "peak_gpu_memory_mib" in rows[0] else "peak_rss_mib"
+    return markdown_table(
+        ["method", "trained parameters", "AdamW state (MiB)", "s/step", "images/s", "peak GPU memory (MiB)"
+         if memory == "peak_gpu_memory_mib" else "peak RSS (MiB)"],
+        [
+            [
+                r["method"], f"{r['trained_parameters']:,} of {r['parameters']:,}",
+                format_number(r["adamw_state_mib"], 1), format_number(r["step_seconds"], 4),
+                format_number(r["batch_size"] / r["step_seconds"], 0), format_number(r[memory], 0),
+            ]
+            for r in rows
+        ],
+    )  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default=str(ROOT.parent / "shared/data/cifar10-jpeg/train.parquet"))
@@ -235,6 +283,13 @@ def main(argv: list[str] | None = None) -> dict:
                     for r in suite["model_speed"]
                 ],
             ),  # fmt: skip
+        ]
+    if "methods" in args.parts:
+        suite["methods"] = methods_part(sizes, device)
+        sections += [
+            f"## Fine-tuning methods at {'a tiny ViT' if sizes['methods_model'] else 'ViT-B/16 224 px'}, batch "
+            f"{sizes['methods_batch']}{', bf16 autocast' if device.type == 'cuda' else ''} ({suite['device']})",
+            methods_table(suite["methods"]),
         ]
     suite["seconds"] = time.perf_counter() - start
     sections.append(f"Whole suite: {suite['seconds'] / 60:.1f} minutes.")

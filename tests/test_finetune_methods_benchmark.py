@@ -1,0 +1,45 @@
+"""benchmarks/finetune_methods.py at a tiny size, so the methods benchmark cannot rot: the cifar10 measurement trains
+its source on five classes and fine-tunes it on the other five; the ViT-B/16 figures count what each method trains."""
+
+import json
+import sys
+from pathlib import Path
+
+from test_gpu_suite import small_cifar_parquet
+
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import finetune_methods  # noqa: E402
+
+
+CIFAR10_NAMES = [*finetune_methods.CIFAR10_SOURCE_CLASSES, *finetune_methods.CIFAR10_TARGET_CLASSES]
+
+
+def test_cifar10_source_on_five_classes_fine_tuned_on_the_other_five(tmp_path):
+    data = small_cifar_parquet(tmp_path / "train.parquet", n=200, names=CIFAR10_NAMES)
+    work, out = tmp_path / "work", tmp_path / "out"
+    rows = finetune_methods.main(
+        ["cifar10", "--dataset_name", str(data), "--work_dir", str(work), "--output", str(out),
+         "--methods", "linear_probe", "--num_train_epochs", "1", "--source_epochs", "1", "--validation_size", "20",
+         "--per_device_train_batch_size", "16", "--decoded_cache_dir", "none"]
+    )  # fmt: skip
+    source = json.loads((work / "source_model" / "config.json").read_text())
+    assert list(source["id2label"].values()) == finetune_methods.CIFAR10_SOURCE_CLASSES
+    [row] = rows
+    assert row["method"] == "linear_probe" and row["learning_rate"] == 1e-2
+    assert row["trained_parameters"] == 64 * 5 + 5  # the new five-class head alone
+    assert 0 <= row["validation_accuracy"] <= 1 and row["step_seconds"] > 0
+    tuned = json.loads((work / "linear_probe" / "config.json").read_text())
+    assert list(tuned["id2label"].values()) == finetune_methods.CIFAR10_TARGET_CLASSES
+    assert "| linear_probe | 0.01 | 1.0 |" in (out / "cifar10.md").read_text()
+
+
+def test_vit_b16_figures_count_what_each_method_trains():
+    probe, lora = (finetune_methods.method_figures(m) for m in ("linear_probe", "lora"))
+    assert probe["parameters"] == 85_806_346 and probe["trained_parameters"] == 768 * 10 + 10  # ViT-B/16, its head
+    adapters = 12 * 2 * 2 * 8 * 768  # 12 layers x (query, value) x (A, B) x r 8 x 768
+    # peft trains a copy of the head (`modules_to_save`) and keeps the original beside it
+    assert lora["trained_parameters"] == adapters + probe["trained_parameters"]
+    assert lora["parameters"] == probe["parameters"] + lora["trained_parameters"]
+    assert lora["adamw_state_mib"] == 8 * lora["trained_parameters"] / 2**20

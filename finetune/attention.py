@@ -262,8 +262,8 @@ def write_attention_maps(
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     written, used_names = [], set()
+    prep = model_preprocessing(model, processor, image_size)
     for image_path in map(Path, image_paths):
-        prep = model_preprocessing(model, processor, image_size)
         images, _, _ = load_images([image_path], "RGB", photo_size(prep))  # logs a file it cannot read
         if not images:
             continue

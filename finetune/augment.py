@@ -459,6 +459,21 @@ class BatchTransform(torch.nn.Module):
         self.convert_channels = _channel_conversion(in_channels, out_channels)
         self.normalize = Normalize(mean, std)
 
+    @classmethod
+    def for_model(cls, prep, in_channels: int, **augmentation) -> "BatchTransform":
+        """The transform that feeds a model as its `finetune.models.Preprocessing` says (resolution, channels,
+        normalisation, and evaluation's resize and center crop) from images of `in_channels` channels; training
+        (`finetune.run`) adds its `augmentation` options, predict and attention use the evaluation path alone."""
+        return cls(
+            image_size=prep.image_size,
+            mean=prep.image_mean,
+            std=prep.image_std,
+            in_channels=in_channels,
+            out_channels=prep.num_channels,
+            eval_resize_size=prep.resize_size,
+            **augmentation,
+        )
+
     def forward(self, pixel_values: torch.Tensor, train: bool) -> torch.Tensor:
         """uint8 `(B, C_in, h, w)` -> float32 normalized `(B, C_out, H, W)`; `train` adds the random augmentations."""
         if pixel_values.dtype != torch.uint8 or pixel_values.ndim != 4 or pixel_values.shape[1] != self.in_channels:

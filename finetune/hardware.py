@@ -10,15 +10,20 @@ from typing import Any
 import torch
 
 
-def cpu_name() -> str:
-    """The CPU's model name (`/proc/cpuinfo` on Linux, else what `platform` knows)."""
+def cpuinfo_field(key: str) -> str | None:
+    """The value of the first `key` line of `/proc/cpuinfo`; `None` where there is none (e.g. macOS)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.startswith(key):
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return None
+
+
+def cpu_name() -> str:
+    """The CPU's model name (`/proc/cpuinfo` on Linux, else what `platform` knows)."""
+    return cpuinfo_field("model name") or platform.processor() or platform.machine()
 
 
 def describe(device: torch.device | str | None = None) -> dict[str, Any]:
@@ -66,13 +71,7 @@ AUTO = "auto"
 
 def cpu_flags() -> set[str]:
     """The CPU's feature flags (`/proc/cpuinfo`; empty where there is none, e.g. macOS)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
+    return set((cpuinfo_field("flags") or "").split())
 
 
 # oneDNN instruction-set caps (`ONEDNN_MAX_CPU_ISA`) below AVX512_CORE_BF16: with one set, oneDNN (PyTorch's CPU

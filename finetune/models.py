@@ -137,14 +137,14 @@ def load_trained_model(
 
 def check_labels(config, label_names: list[str], path: str) -> None:
     """A trained head's classes must be the dataset's, in the same order (generic `LABEL_i` names match any)."""
-    names = [str(config.id2label[i]) for i in range(config.num_labels)]
+    names = config_label_names(config)
     if len(names) != len(label_names):
         raise ValueError(
             f"The model at {path!r} classifies {len(names)} classes but the dataset has {len(label_names)} "
             f"({label_names[:5]}...). Evaluate it on the dataset it was trained for (`include_labels` selects "
             "classes)."
         )
-    if names != list(label_names) and names != [f"LABEL_{i}" for i in range(len(names))]:
+    if _names_other_classes(names, label_names):
         raise ValueError(
             f"The model at {path!r} was trained on the labels {names} but the dataset's are {list(label_names)}. "
             "Evaluate it on the dataset it was trained for, with `include_labels` in the model's order if needed."
@@ -258,8 +258,9 @@ def _load_pretrained(model_args: ModelArguments, data: ImageData):
     kwargs = _hub_kwargs(model_args)
     try:
         original = AutoConfig.from_pretrained(path, **kwargs)
-        config = AutoConfig.from_pretrained(
-            path, num_labels=len(data.label_names), id2label=data.id2label, label2id=data.label2id, **kwargs
+        # Relabelled as `from_pretrained(path, num_labels=..., id2label=...)` would do it, without reading it again.
+        config = type(original).from_dict(
+            original.to_dict(), num_labels=len(data.label_names), id2label=data.id2label, label2id=data.label2id
         )
         attention = {"attn_implementation": model_args.attn_implementation} if model_args.attn_implementation else {}
         model = AutoModelForImageClassification.from_pretrained(
@@ -267,7 +268,7 @@ def _load_pretrained(model_args: ModelArguments, data: ImageData):
         )
     except OSError as error:
         raise OSError(_unreachable_message("model", path, error)) from error
-    checkpoint_labels = [str(original.id2label[i]) for i in range(original.num_labels)]
+    checkpoint_labels = config_label_names(original)
     if _names_other_classes(checkpoint_labels, data.label_names):
         logger.warning(
             f"{path} classifies {_shorten(checkpoint_labels)}, the dataset has {_shorten(data.label_names)}: the "
@@ -275,6 +276,11 @@ def _load_pretrained(model_args: ModelArguments, data: ImageData):
         )
         reset_head(model)
     return model, _load_processor(model_args)
+
+
+def config_label_names(config) -> list[str]:
+    """A classifier config's class names, in the order of its head's rows."""
+    return [str(config.id2label[i]) for i in range(config.num_labels)]
 
 
 def _names_other_classes(checkpoint_labels: list[str], dataset_labels: list[str]) -> bool:

@@ -158,14 +158,7 @@ def preprocess(images: Sequence[Image.Image], model, processor, image_size: int 
     `image_size` instead of the processor's size.
     """
     prep = model_preprocessing(model, processor, image_size)
-    transform = BatchTransform(
-        image_size=prep.image_size,
-        mean=prep.image_mean,
-        std=prep.image_std,
-        in_channels=prep.num_channels,
-        out_channels=prep.num_channels,
-        eval_resize_size=prep.resize_size,
-    )
+    transform = BatchTransform.for_model(prep, prep.num_channels)  # images already in the model's mode
     batches = []
     for image in images:  # one at a time: framed images of different sizes do not stack
         array = np.asarray(model_view(image, prep))

@@ -257,12 +257,9 @@ def make_trainer(
     """The Trainer of one model, with the batch transform that feeds it at its resolution and normalisation."""
     # A peft model's forward takes **kwargs, from which the Trainer cannot tell that `labels` are the labels.
     args.label_names = args.label_names or ["labels"]
-    batch_transform = BatchTransform(
-        image_size=prep.image_size,
-        mean=prep.image_mean,
-        std=prep.image_std,
-        in_channels=data.num_channels,
-        out_channels=prep.num_channels,
+    batch_transform = BatchTransform.for_model(
+        prep,
+        data.num_channels,
         random_crop_padding=data_args.random_crop_padding,
         horizontal_flip=data_args.horizontal_flip,
         rand_augment_ops=data_args.rand_augment_ops,
@@ -272,7 +269,6 @@ def make_trainer(
         ),
         crop_scale=data_args.crop_scale,
         crop_ratio=data_args.crop_ratio,
-        eval_resize_size=prep.resize_size,
     )
     logger.info(describe_augmentation(batch_transform))
     return ImageClassificationTrainer(
@@ -293,8 +289,6 @@ def save_lora_model(model, processor, output_dir: Path, merge: bool) -> None:
     with the right head and for the Hub), and with `merge` the merged plain model in `output_dir/merged`."""
     model.get_base_model().config.save_pretrained(output_dir)
     if merge:
-        import copy
-
         merged = copy.deepcopy(model).merge_and_unload()
         merged.save_pretrained(output_dir / "merged")
         processor.save_pretrained(output_dir / "merged")

@@ -183,7 +183,7 @@ class ImageClassificationTrainingArguments(TrainingArguments):
         super().__post_init__()
         # Not a field: what `auto` chose and why, for the log and results.json.
         self.precision_choice = choice.summary
-        self.warn_if_another_recipe_fits()
+        self.warn_if_another_recipe_fits(choice)
         if self.max_train_minutes is not None and self.max_train_minutes <= 0:
             raise ValueError(f"`max_train_minutes` must be > 0, got {self.max_train_minutes}.")
         if self.budget_schedule and self.max_train_minutes is None:
@@ -195,19 +195,18 @@ class ImageClassificationTrainingArguments(TrainingArguments):
                 f"`mixup_alpha` and `cutmix_alpha` must be >= 0, got {self.mixup_alpha} and {self.cutmix_alpha}."
             )
 
-    def warn_if_another_recipe_fits(self) -> None:
+    def warn_if_another_recipe_fits(self, choice: "hardware.PrecisionChoice") -> None:
         """Warn where the precision chosen for this machine is not the one the recipe was tuned for."""
         if self.recipe_precision is None:
             return
         if self.recipe_precision not in ("bf16", "float32"):
             raise ValueError(f"`recipe_precision` must be `bf16` or `float32`, got {self.recipe_precision!r}.")
-        chosen = "bf16" if self.bf16 else "fp16" if self.fp16 else "float32"
+        chosen = "bf16" if choice.bf16 else "fp16" if choice.fp16 else "float32"
         if chosen != self.recipe_precision:
             instead = f" Use {self.recipe_alternative}, the recipe for it." if self.recipe_alternative else ""
-            reason = self.precision_choice.split("; ", 1)[-1]  # the summary starts with the precision itself
             logger.warning(
                 f"This recipe is tuned for training in {self.recipe_precision}; this machine trains in {chosen} "
-                f"({reason}).{instead}"
+                f"({'; '.join(choice.reasons)}).{instead}"
             )
 
 

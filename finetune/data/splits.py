@@ -62,6 +62,10 @@ class ImageSplit(torch.utils.data.Dataset):
             return self._images[torch.from_numpy(rows)]
         return torch.from_numpy(np.ascontiguousarray(self._images[rows]))  # a memory map copies the rows it reads
 
+    def with_labels(self, labels: torch.Tensor) -> "ImageSplit":
+        """The same images (the same array or memory map, nothing copied) with other labels."""
+        return ImageSplit(self._images, labels, self._rows)
+
     @property
     def pixel_values(self) -> torch.Tensor:
         """All images of the split as one tensor; copies a memory-mapped split whole, so meant for small splits."""
@@ -143,7 +147,7 @@ def _renumber_sparse_ids(
         f"They are renumbered 0..{len(names) - 1} for training; each class keeps its original id as its name "
         "(id2label), which predictions and results report."
     )
-    return {name: ImageSplit(split.pixel_values, new_id[split.labels]) for name, split in splits.items()}, names
+    return {name: split.with_labels(new_id[split.labels]) for name, split in splits.items()}, names
 
 
 def _check_num_classes(train: ImageSplit, label_names: list[str]) -> None:

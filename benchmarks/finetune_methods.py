@@ -37,11 +37,11 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-METHODS = {
-    "full": [],
-    "linear_probe": ["--finetune_method", "linear_probe"],
-    "lora": ["--finetune_method", "lora"],
-    "full + layer_decay 0.75": ["--layer_decay", "0.75"],
+METHODS = {  # each method's `ModelArguments` settings
+    "full": {},
+    "linear_probe": {"finetune_method": "linear_probe"},
+    "lora": {"finetune_method": "lora"},
+    "full + layer_decay 0.75": {"layer_decay": 0.75},
 }
 QUICKSTART_OUTPUT = Path("outputs/finetune_methods")
 CIFAR10_OUTPUT = Path("outputs/finetune_methods/cifar10")
@@ -112,10 +112,7 @@ def method_figures(
     from finetune.models import apply_finetune_method, count_parameters
     from finetune.trainer import parameter_groups
 
-    model_args = ModelArguments(
-        finetune_method=METHODS[method][1] if METHODS[method][:1] == ["--finetune_method"] else "full",
-        layer_decay=float(METHODS[method][1]) if METHODS[method][:1] == ["--layer_decay"] else None,
-    )
+    model_args = ModelArguments(**METHODS[method])
     config = config or ViTConfig(image_size=224, patch_size=16, num_labels=10)  # ViT-B/16 dimensions
     torch.manual_seed(0)
     model = apply_finetune_method(ViTForImageClassification(config), model_args).to(device)
@@ -209,6 +206,11 @@ def slug(method: str) -> str:
     return {"full + layer_decay 0.75": "layer_decay", RANDOM_INIT: "random_init"}.get(method, method)
 
 
+def method_flags(method: str) -> list[str]:
+    """A method's settings as command-line flags of `finetune.run` (none for full fine-tuning and the control)."""
+    return [flag for key, value in METHODS.get(method, {}).items() for flag in (f"--{key}", str(value))]
+
+
 def method_argv(kind: str, method: str, extra: list[str], root: Path = CIFAR10_OUTPUT) -> list[str]:
     if kind == "cifar10":
         source = root / ("source_init" if method == RANDOM_INIT else "source_model")
@@ -216,16 +218,16 @@ def method_argv(kind: str, method: str, extra: list[str], root: Path = CIFAR10_O
             "--model_type", "pretrained", "--model_name_or_path", str(source),
             "--include_labels", *CIFAR10_TARGET_CLASSES, *CIFAR10_SETTINGS,
             "--learning_rate", str(CIFAR10_LEARNING_RATES[method]), "--warmup_steps", "100",
-            "--output_dir", str(root / slug(method)), *METHODS.get(method, []), *extra,
+            "--output_dir", str(root / slug(method)), *method_flags(method), *extra,
         ]  # fmt: skip
     if kind == "quickstart":
         return [
             "--config", str(ROOT / "configs" / "quickstart.yaml"), "--model_type", "pretrained",
             "--output_dir", str(QUICKSTART_OUTPUT / slug(method)), "--overwrite_output_dir", "true",
             "--report_to", "none",
-            *METHODS[method], *extra,
+            *method_flags(method), *extra,
         ]  # fmt: skip
-    return [*METHODS[method], *extra]
+    return [*method_flags(method), *extra]
 
 
 def table(rows: list[dict], kind: str) -> str:

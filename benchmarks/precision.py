@@ -33,7 +33,9 @@ from model_speed import make_step, time_steps  # noqa: E402
 
 from finetune import hardware  # noqa: E402
 from finetune.arguments import parse_args, scratch_config_kwargs  # noqa: E402
+from finetune.models import attention_head_size  # noqa: E402
 from finetune.report import format_number, markdown_table  # noqa: E402
+from finetune.run import choose_attention  # noqa: E402
 from scratch_vit import ScratchViTConfig, ScratchViTForImageClassification  # noqa: E402
 
 
@@ -44,17 +46,19 @@ def variants(config: str) -> tuple[dict, ScratchViTConfig, int]:
     """`name -> (bf16, attention)` for the config as shipped, float32 and forced bf16; its model config; batch size."""
     model_args, _, scratch_args, training_args = parse_args(["--config", config, "--output_dir", "outputs/precision"])
     model_config = ScratchViTConfig(**scratch_config_kwargs(scratch_args), num_labels=10)
-    head_size = model_config.hidden_size // model_config.num_attention_heads
+    head_size = attention_head_size("scratch", model_args, scratch_args)
     device = training_args.device.type
 
-    def attention(bf16: bool, requested: str = model_args.attn_implementation) -> str:
-        return hardware.choose_attention(requested, device, bf16, head_size)[0]
+    def attention(bf16: bool) -> str:
+        return hardware.choose_attention("auto", device, bf16, head_size)[0]
 
-    shipped = training_args.bf16
+    # As shipped: exactly what `finetune.run` trains with, through its own choice.
+    shipped = training_args.bf16 or training_args.mixed_precision == "bf16"
+    shipped_attention = choose_attention("scratch", model_args, scratch_args, training_args)[0].attn_implementation
     table = {
-        "as shipped (auto)": (shipped, attention(shipped)),
-        "float32": (False, attention(False, "auto")),
-        "bf16 forced": (True, attention(True, "auto")),
+        "as shipped (auto)": (shipped, shipped_attention),
+        "float32": (False, attention(False)),
+        "bf16 forced": (True, attention(True)),
     }
     return table, model_config, training_args.per_device_train_batch_size
 

@@ -40,6 +40,12 @@ class ScratchViTConfig(PretrainedConfig):
             Dropout on the attention probabilities.
         qkv_bias (`bool`, *optional*, defaults to `True`):
             Whether the fused query/key/value projection has a bias.
+        qk_norm (`bool`, *optional*, defaults to `False`):
+            Apply a LayerNorm (over each head's `hidden_size / num_attention_heads` channels, with its own scale and
+            bias) to the queries and the keys before their dot product, as timm's `qk_norm` (Dehghani et al. 2023,
+            "Scaling Vision Transformers to 22 Billion Parameters"). It bounds the attention logits, whose growth at
+            high learning rates makes attention collapse onto single tokens and training diverge, most readily under
+            bf16 (Wortsman et al. 2023, "Small-scale proxies for large-scale Transformer training instabilities").
         layer_norm_eps (`float`, *optional*, defaults to 1e-12):
             Epsilon of every LayerNorm (transformers' ViT uses 1e-12).
         initializer_range (`float`, *optional*, defaults to 0.02):
@@ -92,6 +98,7 @@ class ScratchViTConfig(PretrainedConfig):
         hidden_dropout_prob: float = 0.0,
         attention_probs_dropout_prob: float = 0.0,
         qkv_bias: bool = True,
+        qk_norm: bool = False,
         layer_norm_eps: float = 1e-12,
         initializer_range: float = 0.02,
         position_embedding_type: str = "learned",
@@ -114,6 +121,7 @@ class ScratchViTConfig(PretrainedConfig):
         self.hidden_dropout_prob = hidden_dropout_prob
         self.attention_probs_dropout_prob = attention_probs_dropout_prob
         self.qkv_bias = qkv_bias
+        self.qk_norm = qk_norm
         self.layer_norm_eps = layer_norm_eps
         self.initializer_range = initializer_range
         self.position_embedding_type = position_embedding_type
@@ -143,6 +151,9 @@ class ScratchViTConfig(PretrainedConfig):
                 raise ValueError(
                     f"`{name}` must be a positive integer, got {value!r}. Set `{name}` to an integer >= 1."
                 )
+        for name in ("qkv_bias", "qk_norm"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"`{name}` must be true or false, got {getattr(self, name)!r}.")
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "head_dropout_prob"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:

@@ -171,19 +171,26 @@ class ScratchViTEmbeddings(nn.Module):
 
     def forward(self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool = False) -> torch.Tensor:
         height, width = pixel_values.shape[-2:]
-        embeddings = self.patch_embeddings(pixel_values)  # (B, C, H, W) -> (B, N, D)
+        # The residual stream keeps the images' dtype, which `ScratchViTModel` sets to the weights' dtype: float32
+        # under autocast, where only matmuls and convolutions run in bf16 and their outputs are added back in float32
+        # (as in timm and transformers' ViT). A bf16 stream would round every block's update to 8 significant bits.
+        dtype = pixel_values.dtype
+        embeddings = self.patch_embeddings(pixel_values).to(dtype)  # (B, C, H, W) -> (B, N, D)
         if self.cls_token is not None:
             cls_tokens = self.cls_token.expand(embeddings.shape[0], -1, -1)  # (1, 1, D) -> (B, 1, D)
-            embeddings = torch.cat([cls_tokens, embeddings], dim=1)  # (B, N, D) -> (B, 1 + N, D)
+            embeddings = torch.cat([cls_tokens.to(dtype), embeddings], dim=1)  # (B, N, D) -> (B, 1 + N, D)
         positions = self.position_embeddings(
             height // self.patch_size, width // self.patch_size, interpolate_pos_encoding
         )
-        embeddings = embeddings + positions.to(embeddings.dtype)
+        embeddings = embeddings + positions.to(dtype)
         return self.dropout(embeddings)
 
 
 class ScratchViTAttention(nn.Module):
     """Multi-head self-attention with one fused QKV projection.
+
+    With `config.qk_norm`, the queries and keys of each head are layer-normalized before their dot product, which
+    bounds the attention logits (timm's `qk_norm`).
 
     Runs `scaled_dot_product_attention` (flash / memory-efficient kernels where available). When the attention
     probabilities are requested, it computes softmax(QK^T / sqrt(d)) explicitly instead, since SDPA does not
@@ -199,6 +206,8 @@ class ScratchViTAttention(nn.Module):
         self.head_dim = config.hidden_size // config.num_attention_heads
         self.scale = self.head_dim**-0.5
         self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=config.qkv_bias)
+        self.q_norm = nn.LayerNorm(self.head_dim, eps=config.layer_norm_eps) if config.qk_norm else nn.Identity()
+        self.k_norm = nn.LayerNorm(self.head_dim, eps=config.layer_norm_eps) if config.qk_norm else nn.Identity()
         self.attn_drop = nn.Dropout(config.attention_probs_dropout_prob)
         self.out_proj = nn.Linear(config.hidden_size, config.hidden_size)
         self.proj_drop = nn.Dropout(config.hidden_dropout_prob)
@@ -214,6 +223,7 @@ class ScratchViTAttention(nn.Module):
         # into the (B, T, 3, nh, hs) layout the projection needs, instead of stacking and copying again (a few % of a
         # training step for small models on CPU).
         q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))  # (B, T, 3, nh, hs) -> 3 x (B, nh, T, hs)
+        q, k = self.q_norm(q), self.k_norm(k)  # per head, over hs (`qk_norm`; identities without it)
         if output_attentions or self.config._attn_implementation == "eager":
             probs = (q @ k.transpose(-2, -1) * self.scale).softmax(dim=-1)  # (B, nh, T, T)
             context = self.attn_drop(probs) @ v  # (B, nh, T, T) @ (B, nh, T, hs) -> (B, nh, T, hs)

@@ -30,6 +30,7 @@ INVALID = [
     ({"head_dropout_prob": "0.1"}, "head_dropout_prob", "'0.1'", "head_dropout_prob=0.1"),
     ({"layer_norm_eps": 0.0}, "layer_norm_eps", "0.0", "positive number"),
     ({"initializer_range": -0.02}, "initializer_range", "-0.02", "positive number"),
+    ({"qk_norm": "yes"}, "qk_norm", "'yes'", "true or false"),
 ]
 
 
@@ -66,6 +67,7 @@ def test_round_trip_keeps_every_field(tmp_path):
         "hidden_dropout_prob": 0.1,
         "attention_probs_dropout_prob": 0.2,
         "qkv_bias": False,
+        "qk_norm": True,
         "layer_norm_eps": 1e-6,
         "initializer_range": 0.05,
         "position_embedding_type": "sinusoidal",

@@ -101,6 +101,9 @@ def reference_forward(model: ScratchViTForImageClassification, pixels: torch.Ten
             q = h @ qkv_weight[q_rows].T + qkv_bias[q_rows]  # (B, T, hs)
             k = h @ qkv_weight[k_rows].T + qkv_bias[k_rows]  # (B, T, hs)
             v = h @ qkv_weight[v_rows].T + qkv_bias[v_rows]  # (B, T, hs)
+            if config.qk_norm:  # one LayerNorm over each head's hs channels, shared by the heads
+                q = layer_norm(q, w[prefix + "attention.q_norm.weight"], w[prefix + "attention.q_norm.bias"], eps)
+                k = layer_norm(k, w[prefix + "attention.k_norm.weight"], w[prefix + "attention.k_norm.bias"], eps)
             a = softmax(q @ k.transpose(1, 2) / math.sqrt(hs))  # (B, T, T)
             heads.append(a @ v)  # (B, T, hs)
             probs.append(a)
@@ -152,6 +155,8 @@ def trained_like(config: ScratchViTConfig, seed: int = 0) -> ScratchViTForImageC
             noise = torch.randn(param.shape, generator=generator)
             if "layernorm" in name and name.endswith("weight"):
                 param.copy_(1.0 + 0.2 * noise)
+            elif "_norm." in name and name.endswith("weight"):  # qk_norm's scales: peaked attention needs > 1
+                param.copy_(1.5 + 0.1 * noise)
             elif name.endswith("bias"):
                 param.copy_(0.2 * noise)
             elif param.dim() >= 2 and "embeddings.c" not in name and "position" not in name:
@@ -191,8 +196,19 @@ CASES = [
     {"position_embedding_type": "sinusoidal", "pooling": "mean"},
     {"position_embedding_type": "learned", "pooling": "cls", "head_type": "mlp", "head_hidden_size": 10},
     {"position_embedding_type": "sinusoidal", "pooling": "mean", "head_type": "mlp", "qkv_bias": False},
+    {"position_embedding_type": "learned", "pooling": "cls", "qk_norm": True},
+    {"position_embedding_type": "sinusoidal", "pooling": "mean", "qk_norm": True, "qkv_bias": False},
 ]
-CASE_IDS = ["learned-cls", "learned-mean", "sinusoidal-cls", "sinusoidal-mean", "mlp-head", "mlp-head-no-qkv-bias"]
+CASE_IDS = [
+    "learned-cls",
+    "learned-mean",
+    "sinusoidal-cls",
+    "sinusoidal-mean",
+    "mlp-head",
+    "mlp-head-no-qkv-bias",
+    "qk-norm-cls",
+    "qk-norm-mean-no-qkv-bias",
+]
 
 
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
@@ -247,3 +263,25 @@ def test_patch_embedding_is_unfold_then_one_linear(height, width, channels):
     expected = linear(patches)  # (B, N, D)
     assert expected.shape == (2, (height // 4) * (width // 4), config.hidden_size)
     torch.testing.assert_close(patch_embeddings(pixels), expected, rtol=0, atol=ATOL)
+
+
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_qk_norm_makes_attention_independent_of_query_and_key_scale(qk_norm):
+    """Attention-logit growth is the query and key projections growing; qk_norm removes their scale from the logits.
+
+    Scaling the query and key rows of the fused projection by 30 leaves every attention map unchanged with qk_norm
+    (LayerNorm is scale-invariant) and collapses attention onto single tokens without it."""
+    model = trained_like(tiny_config(qk_norm=qk_norm))
+    pixels = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(6))
+    before = model(pixels, output_attentions=True).attentions
+    D = model.config.hidden_size
+    with torch.no_grad():
+        for layer in model.vit.encoder.layer:
+            layer.attention.qkv.weight[: 2 * D] *= 30.0
+            layer.attention.qkv.bias[: 2 * D] *= 30.0
+    after = model(pixels, output_attentions=True).attentions
+    if qk_norm:
+        for a, b in zip(before, after):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    else:
+        assert max(a.max().item() for a in after) > 0.999 > max(b.max().item() for b in before)

@@ -3,8 +3,11 @@ moving average (EMA) of the weights. `ImageClassificationTrainer` builds them fr
 
 - `RunClock` is the only timer of a run. It stamps each entry of `state.log_history` with `elapsed_seconds` since
   training began (so accuracy can be plotted against wall-clock minutes), adds up the training loop's own time
-  (`train_seconds`, without the evaluations and checkpoints between epochs) and its optimizer steps, and holds the
-  time the Trainer spends on the data path (`data_seconds`). `results.json`'s timings all come from it.
+  (`train_seconds`, without the evaluations and checkpoints between epochs) and its optimizer steps, and estimates
+  the time the Trainer spends on the data path (`data_seconds`) from the steps it times (every step on a CPU; one
+  step in `data_timing_interval` on a GPU, where timing a step means waiting for the device twice). Evaluation
+  entries also get the training figures so far (`train_seconds`, `data_seconds`, `train_steps`), so a run that stops
+  early still has them. `results.json`'s timings all come from it.
 - `TrainingBudgetCallback` stops training once `max_train_minutes` of wall-clock time (training, evaluation and
   saving alike, since that is what the budget buys) is spent on the clock; the Trainer then still loads the best
   model and `run.py` evaluates, tests and saves it as after any run. With `fit_schedule=True` it also stretches or
@@ -35,19 +38,38 @@ class RunClock(TrainerCallback):
 
     Args:
         time_fn: a function returning seconds (`time.perf_counter`); tests pass a fake one.
+        data_timing_interval: time the data path of one optimizer step in this many (1: every step).
     """
 
-    def __init__(self, time_fn: Callable[[], float] = time.perf_counter):
+    def __init__(self, time_fn: Callable[[], float] = time.perf_counter, data_timing_interval: int = 1):
         self.time_fn = time_fn
+        self.data_timing_interval = data_timing_interval
         self.train_start = None
         self.train_seconds = 0.0
-        self.data_seconds = 0.0
         self.steps = 0
+        self.data_steps_timed = 0
+        self.data_seconds_timed = 0.0
         self._epoch_start = None
 
     def elapsed(self) -> float:
         """Seconds since training began (0 before it does)."""
         return 0.0 if self.train_start is None else self.time_fn() - self.train_start
+
+    def times_data_of_step(self, step: int) -> bool:
+        """Whether the data path of optimizer step `step` (0-based) is to be timed."""
+        return step % self.data_timing_interval == 0
+
+    def add_data_time(self, seconds: float, new_step: bool) -> None:
+        """Add a timed piece of a step's data path (`new_step`: the first piece of that step)."""
+        self.data_seconds_timed += seconds
+        self.data_steps_timed += int(new_step)
+
+    @property
+    def data_seconds(self) -> float:
+        """Seconds spent on the data path: measured on every step, or scaled up from the steps timed."""
+        if not self.data_steps_timed:
+            return 0.0
+        return self.data_seconds_timed * max(self.steps, self.data_steps_timed) / self.data_steps_timed
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.train_start = self.time_fn()
@@ -70,7 +92,13 @@ class RunClock(TrainerCallback):
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if self.train_start is not None and state.log_history:
-            state.log_history[-1]["elapsed_seconds"] = round(self.elapsed(), 3)
+            entry = state.log_history[-1]
+            entry["elapsed_seconds"] = round(self.elapsed(), 3)
+            if "eval_accuracy" in entry:
+                running = self.time_fn() - self._epoch_start if self._epoch_start is not None else 0.0
+                entry["train_seconds"] = round(self.train_seconds + running, 3)
+                entry["data_seconds"] = round(self.data_seconds, 3)
+                entry["train_steps"] = self.steps
 
 
 class TrainingBudgetCallback(TrainerCallback):

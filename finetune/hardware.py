@@ -204,6 +204,68 @@ def choose_attention(requested: str | None, device: str, bf16: bool, head_size: 
     return "sdpa", "auto"
 
 
+@dataclass
+class CompileChoice:
+    """The resolved `torch_compile` switch: whether, how (`backend`, `mode`), whether the compiled training step must
+    prove itself faster than eager (`verify`, for `auto`), and why."""
+
+    enabled: bool
+    backend: str | None = None
+    mode: str | None = None
+    verify: bool = False
+    reason: str = ""
+
+    @property
+    def summary(self) -> str:
+        if not self.enabled:
+            return f"eager; {self.reason}"
+        how = f"{self.backend}" + (f", mode {self.mode}" if self.mode else "")
+        return f"torch.compile ({how}); {self.reason}"
+
+
+# Compute capability Triton (inductor's GPU code generator) needs.
+TRITON_MIN_CAPABILITY = (7, 0)
+# What `auto` compiles with on a CUDA GPU: CUDA graphs replay a whole forward or backward pass as one launch, which
+# removes the per-kernel launch cost that bounds small-batch steps (ViT-B/16 at batch 32 launches about a thousand
+# kernels per step).
+AUTO_CUDA_COMPILE = {"backend": "inductor", "mode": "reduce-overhead"}
+
+
+def choose_compile(
+    requested: Any,
+    device: str,
+    mode: str | None = None,
+    backend: str | None = None,
+    cuda_capability: tuple[int, int] = (0, 0),
+) -> CompileChoice:
+    """Resolve `torch_compile: auto`; `true` and `false` are kept, and a `torch_compile_mode` or
+    `torch_compile_backend` given with `auto` means `true` (as in transformers).
+
+    - CUDA (compute capability >= 7.0): inductor with CUDA graphs (`reduce-overhead`), verified: after warm-up the
+      compiled step is timed against the eager one and kept only if it is not slower.
+    - CPU, MPS and others: eager. On the CPU recipes torch.compile gained nothing (benchmarks/README.md), and its first
+      step takes minutes of C++ compilation.
+    """
+    requested = parse_switch(requested, "torch_compile")
+    if requested == AUTO and (mode is not None or backend is not None):
+        requested = True
+    if requested is False:
+        return CompileChoice(False, reason="as given")
+    if requested is True:
+        return CompileChoice(True, backend or "inductor", mode, verify=False, reason="as given")
+    if device == "cuda" and cuda_capability >= TRITON_MIN_CAPABILITY:
+        return CompileChoice(
+            True,
+            verify=True,
+            reason="auto: CUDA graphs remove the kernel-launch cost of each step; kept only if measured faster than "
+            "eager after warm-up",
+            **AUTO_CUDA_COMPILE,
+        )
+    if device == "cuda":
+        return CompileChoice(False, reason=f"auto: compute capability {cuda_capability} is below Triton's 7.0")
+    return CompileChoice(False, reason=f"auto: eager on {device}, where torch.compile gained nothing here")
+
+
 def probe(device: str) -> dict[str, Any]:
     """What `choose_precision` needs to know about this machine's `device`."""
     if device == "cuda" and torch.cuda.is_available():

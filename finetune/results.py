@@ -65,6 +65,7 @@ class TrainMetrics:
     data_seconds: float | None = None
     steps: int | None = None
     images_per_second: float | None = None
+    nonfinite_steps: int | None = None  # optimizer steps skipped for a non-finite loss or gradient
 
 
 @dataclass

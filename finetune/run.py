@@ -52,6 +52,18 @@ logger = logging.getLogger(__name__)
 def main(argv: list[str] | None = None) -> dict[str, Results]:
     """Run the pipeline; returns the results of each trained (or, with `do_train: false`, evaluated) model keyed by
     model type."""
+    import torch.distributed
+
+    try:
+        return run_pipeline(argv)
+    finally:
+        # Processes that exit with the process group still up abort (gloo/NCCL); end it, after an error too.
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
+    """The pipeline's stages (`main` adds the process group's end)."""
     model_args, data_args, scratch_args, training_args = parse_args(argv)
     check_model_and_output_dir(model_args, training_args)
     setup_logging(training_args)
@@ -100,11 +112,6 @@ def main(argv: list[str] | None = None) -> dict[str, Results]:
         logger.info(f"Comparison written to {report}")
     if is_main and push_to_hub:
         push_results(run_dirs, model_types, training_args, hub_token)
-
-    from accelerate import PartialState
-
-    # Processes that exit with the process group still up abort (gloo/NCCL); end it explicitly.
-    PartialState().destroy_process_group()
     return results
 
 
@@ -214,6 +221,7 @@ def train_and_evaluate(
         hyperparameters={
             **hyperparameters(args, model, total_batch_size),
             "attention_choice": attention_why,
+            "torch_compile": trainer.compiler.summary(),
             **method_settings(model_type, model_args),
         },
         train=TrainMetrics(
@@ -221,6 +229,7 @@ def train_and_evaluate(
             seconds=clock.train_seconds,
             data_seconds=clock.data_seconds,
             steps=clock.steps,
+            nonfinite_steps=trainer.guard.bad_steps,
             # Steps x batch size overcounts the last, partial batch of each epoch by less than one batch.
             images_per_second=clock.steps * total_batch_size / clock.train_seconds if clock.train_seconds else None,
         ),

@@ -14,16 +14,19 @@ import time
 
 import torch
 import torch.nn.functional as F
-from transformers import PreTrainedModel, Trainer
+from transformers import PreTrainedModel, Trainer, TrainerCallback
 from transformers.modeling_outputs import ImageClassifierOutput
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_callback import ExportableState
 from transformers.trainer_optimizer import is_optimizer_factory
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy, rotate_checkpoints
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy, get_last_checkpoint, rotate_checkpoints
 from transformers.utils import logging
 
 from finetune.augment import MixUpCutMix
 from finetune.callbacks import EMACallback, ModelEMA, RunClock, TrainingBudgetCallback
+from finetune.compile import TrainingCompiler, synchronize
+from finetune.hardware import CompileChoice
+from finetune.nonfinite import DEFAULT_MAX_CONSECUTIVE, BadStep, NonFiniteGuard
 
 
 logger = logging.get_logger(__name__)
@@ -31,6 +34,9 @@ logger = logging.get_logger(__name__)
 # A checkpoint is written under this prefix and renamed to `checkpoint-N` once complete. Neither transformers'
 # `get_last_checkpoint` nor its rotation (both match `checkpoint-*` from the start of the name) ever sees it.
 PARTIAL_CHECKPOINT_PREFIX = "tmp-"
+# On a GPU the data path of one optimizer step in this many is timed, between two synchronisations; every step would
+# stop the host from queueing the next step while the device works.
+GPU_DATA_TIMING_INTERVAL = 25
 
 
 class ImageClassificationTrainer(Trainer):
@@ -48,16 +54,37 @@ class ImageClassificationTrainer(Trainer):
     `parameter_groups`: no weight decay on norms, biases, position embeddings and the CLS token, and with `layer_decay`
     a learning rate per layer.
 
-    `clock` (a `RunClock`, registered first) is the run's one timer; the Trainer adds to its `data_seconds` the time
-    of the training batches' data path (fetching from the loader, moving to the device and `batch_transform`).
+    Every optimizer step goes through a `NonFiniteGuard` (`finetune/nonfinite.py`): a step with a non-finite loss or
+    gradient is skipped, and `max_nonfinite_steps` of them in a row end training with `TrainingDiverged`, keeping
+    the checkpoints and the evaluations so far. The training forward pass runs through a `TrainingCompiler`
+    (`finetune/compile.py`) as `torch_compile` chose: compiled or eager, with a fallback to eager on a compiler error.
+    Nothing in a step waits for the device, so the host queues work ahead of a GPU.
+
+    `clock` (a `RunClock`, registered first) is the run's one timer; the Trainer times the training batches' data
+    path (fetching from the loader, moving to the device and `batch_transform`): every step on a CPU, one step in
+    `GPU_DATA_TIMING_INTERVAL` on a GPU.
     """
 
     def __init__(self, *args, batch_transform: torch.nn.Module, layer_decay: float | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.layer_decay = layer_decay
         self.batch_transform = batch_transform.to(self.args.device)
-        self.clock = RunClock()
+        on_cpu = self.args.device.type == "cpu"
+        self.clock = RunClock(data_timing_interval=1 if on_cpu else GPU_DATA_TIMING_INTERVAL)
         self.add_callback(self.clock)
+        self.guard = NonFiniteGuard(
+            self.model,
+            max_consecutive=getattr(self.args, "max_nonfinite_steps", DEFAULT_MAX_CONSECUTIVE),
+            step_info=lambda: (self.state.global_step + 1, self._get_learning_rate()),
+            on_bad_step=self._record_bad_step,
+            on_diverged=self._diverged,
+            world_size=self.args.world_size,
+            scaler=getattr(self.accelerator, "scaler", None),
+        )
+        choice = getattr(self.args, "compile_choice", None) or CompileChoice(False, reason="not requested")
+        self.compiler = TrainingCompiler(choice, self.args.device, self.args.world_size)
+        self.add_callback(StepHooks(self))
+        self._data_timed = False
         minutes = getattr(self.args, "max_train_minutes", None)
         if minutes is not None:
             fit = getattr(self.args, "budget_schedule", False)
@@ -82,9 +109,12 @@ class ImageClassificationTrainer(Trainer):
             # Optimizers that group parameters themselves (GaLore, LOMO, Muon, layer-wise) keep the Trainer's groups.
             if self.layer_decay is not None:
                 raise ValueError(f"`layer_decay` does not work with `optim: {self.args.optim}`; use adamw_torch.")
-            return super().create_optimizer(model)
+            optimizer = super().create_optimizer(model)
+            self.guard.install(optimizer)
+            return optimizer
         groups = parameter_groups(opt_model, self.args.learning_rate, self.args.weight_decay, self.layer_decay)
         self.optimizer = optimizer_cls(groups, **optimizer_kwargs)
+        self.guard.install(self.optimizer)
         return self.optimizer
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: torch.nn.Module | None = None) -> None:
@@ -161,38 +191,104 @@ class ImageClassificationTrainer(Trainer):
                     self.state.stateful_callbacks[cb_name] = cb.state()
             self.state.save_to_json(os.path.join(output_dir, TRAINER_STATE_NAME))
 
-    def _sync(self) -> None:
-        # CUDA runs asynchronously: without a sync the timers would measure kernel launches, not the work.
-        if self.args.device.type == "cuda":
-            torch.cuda.synchronize()
-
     def get_batch_samples(self, epoch_iterator, num_batches, device):
-        start = time.perf_counter()
+        # A timed step starts with an idle device, so that its data path is measured alone (on a CPU: always).
+        self._data_timed = self.clock.times_data_of_step(self.state.global_step)
+        if self._data_timed:
+            synchronize(self.args.device)
+            start = time.perf_counter()
         batches = super().get_batch_samples(epoch_iterator, num_batches, device)
-        self.clock.data_seconds += time.perf_counter() - start
+        if self._data_timed:
+            self.clock.add_data_time(time.perf_counter() - start, new_step=True)
         return batches
 
     def _prepare_inputs(self, inputs: dict) -> dict:
+        # `training_step` switches the model to train mode before calling us; evaluation switches it to eval mode.
         training = self.model.training
-        if training:
-            self._sync()
+        timed = training and self._data_timed
+        if timed:
+            synchronize(self.args.device)
             start = time.perf_counter()
         inputs = super()._prepare_inputs(inputs)
-        # `training_step` switches the model to train mode before calling us; evaluation switches it to eval mode.
         inputs["pixel_values"] = self.batch_transform(inputs["pixel_values"], train=training)
         if training and self.mix is not None:
             inputs["pixel_values"], inputs["soft_labels"] = self.mix(inputs["pixel_values"], inputs.pop("labels"))
-        if training:
-            self._sync()
-            self.clock.data_seconds += time.perf_counter() - start
+        if timed:
+            synchronize(self.args.device)
+            self.clock.add_data_time(time.perf_counter() - start, new_step=False)
         return inputs
 
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        """One micro-batch's forward and backward pass, compiled or eager, watched by the guard. A failure in the
+        compiled model is retried eagerly; only if the eager step succeeds is it the compiler's fault, and training
+        goes on eagerly."""
+        self.guard.begin_step()
+        first_compiled = self.compiler.active and self.compiler.compile_seconds is None
+        start = time.perf_counter()
+        try:
+            loss = super().training_step(model, inputs, num_items_in_batch)
+        except Exception as error:
+            if not self.compiler.used:
+                raise
+            self.compiler.active = False
+            loss = super().training_step(model, inputs, num_items_in_batch)
+            self.compiler.fall_back(error)
+        else:
+            if first_compiled and self.compiler.used:
+                synchronize(self.args.device)
+                self.compiler.compile_seconds = time.perf_counter() - start
+                logger.info(f"torch.compile: the first compiled step took {self.compiler.compile_seconds:.1f} s.")
+        return self.guard.observe_loss(loss)
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if model.training:
+            model = self.compiler.module_for(model, inputs["pixel_values"].shape[0])
         if "soft_labels" in inputs:
             return self._soft_target_loss(model, inputs, return_outputs)
         if self.flip_tta and not model.training and "labels" in inputs:
             return self._flip_tta_loss(model, inputs, return_outputs)
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+    def _record_bad_step(self, bad: BadStep) -> None:
+        """A skipped step in the log history (saved in trainer_state.json), where the sweeps find the first one."""
+        if self.guard.bad_steps <= 100:
+            entry = {"step": bad.step, "nonfinite_step": bad.step, "nonfinite_loss": bad.loss}
+            self.state.log_history.append({**entry, "learning_rate": bad.learning_rate})
+
+    def _diverged(self, bad: BadStep) -> str:
+        """What a diverged run keeps and what to try, for `TrainingDiverged`'s message; saves the Trainer state
+        (every evaluation so far) next to the checkpoints."""
+        output_dir = self.args.output_dir
+        if self.args.should_save:
+            os.makedirs(output_dir, exist_ok=True)
+            self.state.save_to_json(os.path.join(output_dir, TRAINER_STATE_NAME))
+        for callback in self.callback_handler.callbacks:
+            if getattr(callback, "training_bar", None) is not None:
+                callback.training_bar.close()  # ends the progress bar's line, so the error gets a line of its own
+                callback.training_bar = None
+        kept = []
+        last = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
+        if last:
+            kept.append(f"the last checkpoint {last}")
+        evaluations = [e for e in self.state.log_history if "eval_accuracy" in e]
+        if evaluations:
+            last_eval = evaluations[-1]
+            kept.append(
+                f"the evaluations in {os.path.join(output_dir, TRAINER_STATE_NAME)} (last: validation accuracy "
+                f"{last_eval['eval_accuracy']:.2%} at epoch {last_eval.get('epoch', 0):.2f})"
+            )
+        kept_text = f"Kept: {'; '.join(kept)}." if kept else "No checkpoint or evaluation had been made yet."
+        tries = []
+        if bad.learning_rate:
+            tries.append(f"a lower `learning_rate` (e.g. {bad.learning_rate / 2:.2g}) or a longer warmup")
+        if self.args.bf16 or self.args.fp16:
+            tries.append("`bf16: false` and `fp16: false` (float32)")
+        config = getattr(self.accelerator.unwrap_model(self.model), "config", None)
+        if getattr(config, "model_type", None) == "scratch_vit" and not getattr(config, "qk_norm", True):
+            tries.append("`qk_norm: true`")
+        if not self.args.max_grad_norm:
+            tries.append("`max_grad_norm: 1.0`")
+        return f"{kept_text} Try {', '.join(tries)}." if tries else kept_text
 
     def _soft_target_loss(self, model, inputs, return_outputs):
         targets = inputs.pop("soft_labels")  # (B, K)
@@ -228,6 +324,32 @@ class ImageClassificationTrainer(Trainer):
             # Without a best checkpoint to reload (which holds averaged weights already), keep the final average.
             self.ema.copy_to(self.model)
         return output
+
+
+class StepHooks(TrainerCallback):
+    """The trainer's per-step bookkeeping: the compiler's speed check and reading the guard's last flags."""
+
+    def __init__(self, trainer: ImageClassificationTrainer):
+        self.trainer = trainer
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.trainer.compiler.on_step_begin()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.trainer.compiler.on_step_end()
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        self.trainer.compiler.interrupted()
+
+    def on_save(self, args, state, control, **kwargs):
+        self.trainer.compiler.interrupted()
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        # Before the epoch's evaluation and checkpoint: a divergence in its last steps is reported first.
+        self.trainer.guard.finish()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.trainer.guard.finish()
 
 
 def load_checkpoint_weights(model: PreTrainedModel, checkpoint: str) -> None:

@@ -2,8 +2,9 @@
 training-loop options, read by `ImageClassificationTrainer` (as `Seq2SeqTrainingArguments` is by `Seq2SeqTrainer`).
 
 The options: a wall-clock budget (`max_train_minutes`, `budget_schedule`), an exponential moving average of the
-weights (`ema_decay`), MixUp/CutMix (`mixup_alpha`, `cutmix_alpha`) and flip test-time augmentation (`flip_tta`);
-plus `overwrite_output_dir` and `hub_commit_message`, used around training by `finetune/run.py`.
+weights (`ema_decay`), MixUp/CutMix (`mixup_alpha`, `cutmix_alpha`), flip test-time augmentation (`flip_tta`), the
+non-finite guard (`max_nonfinite_steps`) and compilation chosen from the machine (`torch_compile: auto`); plus
+`overwrite_output_dir` and `hub_commit_message`, used around training by `finetune/run.py`.
 """
 
 import os
@@ -103,6 +104,30 @@ class ImageClassificationTrainingArguments(TrainingArguments):
         default="auto",
         metadata={"help": "TF32 matmuls: `auto` enables them on Ampere or newer GPUs; `true`/`false` force them."},
     )
+    torch_compile: str = field(
+        default="auto",
+        metadata={
+            "help": "torch.compile the training forward pass: `auto` (the default) compiles on CUDA GPUs with CUDA "
+            "graphs (`torch_compile_mode: reduce-overhead`) and keeps it only if a timed comparison after warm-up "
+            "finds it faster than eager; eager elsewhere. `true` compiles (with `torch_compile_backend` / "
+            "`torch_compile_mode`), `false` never. A compiler error falls back to eager with a warning."
+        },
+    )
+    max_nonfinite_steps: int = field(
+        default=5,
+        metadata={
+            "help": "Optimizer steps in a row with a non-finite (NaN or infinite) loss or gradient after which "
+            "training stops with an error; each such step is skipped, not applied, and logged. The checkpoints and "
+            "evaluations made so far are kept."
+        },
+    )
+    logging_nan_inf_filter: bool = field(
+        default=False,
+        metadata={
+            "help": "The Trainer's own filter of non-finite losses in the logged loss, which waits for the device at "
+            "every step. Off: the pipeline skips and reports such steps itself (`max_nonfinite_steps`)."
+        },
+    )
 
     overwrite_output_dir: bool = field(
         default=False,
@@ -168,14 +193,28 @@ class ImageClassificationTrainingArguments(TrainingArguments):
             self.use_cpu = not has_accelerator()
         if self.dataloader_pin_memory is None:
             self.dataloader_pin_memory = torch.cuda.is_available() and not self.use_cpu
+        if self.accelerator_config is None and self.dataloader_pin_memory:
+            # Batches in pinned memory go to the GPU without the host waiting for the copy (and so for the device).
+            self.accelerator_config = {"non_blocking": True}
         device = hardware.accelerator_type(self.use_cpu)
+        machine = hardware.probe(device)
+        # The pipeline compiles the training forward itself (`finetune/compile.py`); the Trainer and accelerate, which
+        # would also compile evaluation and stop the run on a compiler error, are told not to.
+        self.compile_choice = hardware.choose_compile(
+            self.torch_compile,
+            device,
+            self.torch_compile_mode,
+            self.torch_compile_backend,
+            cuda_capability=machine.get("cuda_capability", (0, 0)),
+        )
+        self.torch_compile, self.torch_compile_mode, self.torch_compile_backend = False, None, None
         choice = hardware.choose_precision(
             self.bf16,
             self.fp16,
             self.tf32,
             device,
             launcher_precision=os.environ.get("ACCELERATE_MIXED_PRECISION"),
-            **hardware.probe(device),
+            **machine,
         )
         self.bf16, self.fp16, self.tf32 = choice.bf16, choice.fp16, choice.tf32
         for warning in choice.warnings:
@@ -183,6 +222,7 @@ class ImageClassificationTrainingArguments(TrainingArguments):
         super().__post_init__()
         # Not a field: what `auto` chose and why, for the log and results.json.
         self.precision_choice = choice.summary
+        logger.info(f"Compilation: {self.compile_choice.summary}")
         self.warn_if_another_recipe_fits(choice)
         if self.max_train_minutes is not None and self.max_train_minutes <= 0:
             raise ValueError(f"`max_train_minutes` must be > 0, got {self.max_train_minutes}.")
@@ -190,6 +230,11 @@ class ImageClassificationTrainingArguments(TrainingArguments):
             raise ValueError("`budget_schedule: true` needs `max_train_minutes`.")
         if self.ema_decay is not None and not 0 < self.ema_decay < 1:
             raise ValueError(f"`ema_decay` must be in (0, 1), got {self.ema_decay}.")
+        if isinstance(self.max_nonfinite_steps, bool) or self.max_nonfinite_steps < 1:
+            raise ValueError(
+                f"`max_nonfinite_steps` must be an integer >= 1, got {self.max_nonfinite_steps}. A diverged run makes "
+                "every step non-finite; 5 (the default) stops it five steps in."
+            )
         if self.mixup_alpha < 0 or self.cutmix_alpha < 0:
             raise ValueError(
                 f"`mixup_alpha` and `cutmix_alpha` must be >= 0, got {self.mixup_alpha} and {self.cutmix_alpha}."

@@ -1,0 +1,167 @@
+"""torch.compile of the training forward pass that is never fatal and, under `auto`, never slower than eager.
+
+`TrainingCompiler` owns compilation instead of the Trainer (which would compile the model for evaluation too and end
+the run on a compiler error):
+
+- Only training steps run compiled, and only at the batch size of the first one: the smaller last batch of an epoch
+  runs eagerly instead of triggering a recompilation, and evaluation runs eagerly (CUDA graphs would overwrite the
+  logits the evaluation loop keeps from batch to batch).
+- A step that fails in the compiled model is run again eagerly and training goes on eagerly, with a warning that
+  names the error (`ImageClassificationTrainer.training_step`).
+- With `verify` (`torch_compile: auto`), after `warmup` compiled steps the compiled and the eager step are each timed
+  over `window` steps (with one synchronisation at each end of a window, never inside it); the faster is kept and the
+  log says which, with both times. In a multi-process run the times are summed over the processes, so all decide
+  alike.
+"""
+
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from transformers.utils import logging
+
+from finetune.hardware import CompileChoice
+
+
+logger = logging.get_logger(__name__)
+
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (a no-op on a CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def one_line(error: BaseException, limit: int = 300) -> str:
+    """An exception as one short line: its type and the first line of its message."""
+    text = str(error).strip().splitlines()
+    line = f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+class TrainingCompiler:
+    """Which module runs a training step's forward pass: the compiled one or the model itself.
+
+    Args:
+        choice: the resolved `torch_compile` (`finetune.hardware.choose_compile`).
+        device: the training device (for synchronisation around the timed windows).
+        world_size: processes of the run; above 1 the timings are summed over them before deciding.
+        warmup: compiled steps before timing (compilation, CUDA-graph recording).
+        window: steps timed in each mode.
+        time_fn: a function returning seconds (`time.perf_counter`); tests pass a fake one.
+    """
+
+    def __init__(
+        self,
+        choice: CompileChoice,
+        device: torch.device,
+        world_size: int = 1,
+        warmup: int = 3,
+        window: int = 10,
+        time_fn: Callable[[], float] = time.perf_counter,
+    ):
+        self.choice = choice
+        self.time_fn = time_fn
+        self.device = device
+        self.world_size = world_size
+        self.warmup, self.window = warmup, window
+        self.active = choice.enabled
+        self.batch_size: int | None = None
+        self.used = False  # the step now running uses the compiled module
+        self.compile_seconds: float | None = None
+        self.outcome = "compiled" if choice.enabled else "eager"
+        self._compiled: dict[int, nn.Module] = {}
+        # The speed check: phases of (name, steps); a phase's time runs from its first step's start to its end.
+        self._phases = [("warmup", warmup), ("compiled", window), ("eager warmup", 2), ("eager", window)]
+        self._phase, self._phase_steps, self._phase_start = 0, 0, None
+        self._times: dict[str, float] = {}
+        self._checking = choice.enabled and choice.verify
+
+    # ---- Which module runs the forward pass.
+
+    @property
+    def _trying_eager(self) -> bool:
+        return self._checking and self._phases[self._phase][0].startswith("eager")
+
+    def module_for(self, model: nn.Module, batch_size: int) -> nn.Module:
+        """The module to run a training micro-batch of `batch_size` images through."""
+        self.used = False
+        if not self.active or self._trying_eager or not model.training:
+            return model
+        if self.batch_size is None:
+            self.batch_size = batch_size
+        if batch_size != self.batch_size:
+            return model  # the smaller last batch of an epoch: eager, no recompilation
+        if self.choice.mode in CUDA_GRAPH_MODES:
+            # A new iteration: outputs of the previous step's CUDA graphs may be overwritten from here on.
+            torch.compiler.cudagraph_mark_step_begin()
+        key = id(model)
+        if key not in self._compiled:
+            self._compiled[key] = torch.compile(
+                model, backend=self.choice.backend, mode=self.choice.mode, dynamic=False
+            )
+        self.used = True
+        return self._compiled[key]
+
+    def fall_back(self, error: BaseException) -> None:
+        """After a failure in the compiled step: eager from now on, with a warning."""
+        self.active = False
+        self._checking = False
+        self.outcome = f"eager after a compiler error ({one_line(error)})"
+        logger.warning(
+            f"torch.compile failed ({one_line(error)}); training goes on without compilation. Set "
+            "`torch_compile: false` to skip the attempt, or `--debug` for the traceback of a run that fails for good."
+        )
+
+    # ---- The speed check, one call per optimizer step.
+
+    def on_step_begin(self) -> None:
+        if self._checking and self._phase_start is None:
+            synchronize(self.device)
+            self._phase_start = self.time_fn()
+
+    def on_step_end(self) -> None:
+        if not self._checking or self._phase_start is None:
+            return
+        self._phase_steps += 1
+        name, steps = self._phases[self._phase]
+        if self._phase_steps < steps:
+            return
+        synchronize(self.device)
+        self._times[name] = (self.time_fn() - self._phase_start) / steps
+        self._phase, self._phase_steps, self._phase_start = self._phase + 1, 0, None
+        if self._phase == len(self._phases):
+            self._decide()
+
+    def interrupted(self) -> None:
+        """An evaluation or a checkpoint happened inside a timed phase: time that phase again."""
+        if self._checking:
+            self._phase_steps, self._phase_start = 0, None
+
+    def _decide(self) -> None:
+        self._checking = False
+        compiled, eager = self._times["compiled"], self._times["eager"]
+        if self.world_size > 1 and torch.distributed.is_initialized():
+            times = torch.tensor([compiled, eager], dtype=torch.float64, device=self.device)
+            torch.distributed.all_reduce(times)
+            compiled, eager = (float(t) / self.world_size for t in times.cpu())
+        comparison = f"{1000 * compiled:.1f} ms per step compiled against {1000 * eager:.1f} ms eager"
+        if compiled <= eager:
+            self.outcome = f"compiled ({comparison})"
+            logger.info(f"torch.compile: {comparison}; training on compiled.")
+        else:
+            self.active = False
+            self.outcome = f"eager, faster here ({comparison})"
+            logger.warning(f"torch.compile: {comparison}; training on in eager mode, which is faster here.")
+
+    def summary(self) -> str:
+        """What the run trained with, for results.json."""
+        if not self.choice.enabled:
+            return self.choice.summary
+        text = self.outcome
+        if self.compile_seconds is not None:
+            text += f"; first compiled step {self.compile_seconds:.1f} s"
+        return f"{text}; {self.choice.summary}"

@@ -1,0 +1,179 @@
+"""No run trains on a non-finite loss: the guard's step skipping, and runs made to go non-finite on purpose (a poisoned
+batch, poisoned batches from the second epoch on, an absurd learning rate, one poisoned process of two)."""
+
+import json
+import logging
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from transformers import AutoModelForImageClassification
+
+from finetune import run
+from finetune.augment import BatchTransform
+from finetune.nonfinite import NonFiniteGuard, TrainingDiverged
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from poisoned_run import poisoned_forward  # noqa: E402
+from test_run import ROOT, TINY_SCRATCH  # noqa: E402
+
+
+# The tiny scratch run with a convolutional stem, whose BatchNorm statistics a NaN batch would poison for good.
+STEM_RUN = [*TINY_SCRATCH, "--patch_embedding_type", "conv_stem", "--report_to", "none", "--save_total_limit", "5"]
+STEPS_PER_EPOCH = 8  # 240 training images, batch 32
+
+
+class TinyNet(nn.Module):
+    """A linear layer and a BatchNorm: parameters, optimizer state and running statistics a step changes."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 3)
+        self.norm = nn.BatchNorm1d(3)
+
+    def forward(self, x):
+        return self.norm(self.linear(x)).sum()
+
+
+def state_of(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    tensors = {f"model.{k}": v.detach().clone() for k, v in model.state_dict().items()}
+    for i, state in enumerate(optimizer.state.values()):
+        tensors.update({f"optimizer.{i}.{k}": v.detach().clone() for k, v in state.items()})
+    return tensors
+
+
+def guarded_step(model, optimizer, guard, x):
+    guard.begin_step()
+    loss = model(x)
+    loss.backward()
+    guard.observe_loss(loss)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "foreach"])
+def test_a_non_finite_step_changes_nothing_and_a_finite_one_does(fused, caplog):
+    torch.manual_seed(0)
+    model = TinyNet().train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, fused=fused, foreach=None if fused else True)
+    steps = iter(range(1, 100))
+    guard = NonFiniteGuard(model, max_consecutive=3, step_info=lambda: (next(steps), 0.1))
+    guard.install(optimizer)
+    x = torch.randn(8, 4)
+    guarded_step(model, optimizer, guard, x)  # a good step creates the optimizer state
+    before = state_of(model, optimizer)
+
+    with caplog.at_level(logging.WARNING, logger="finetune.nonfinite"):
+        guarded_step(model, optimizer, guard, torch.full_like(x, float("nan")))
+    after = state_of(model, optimizer)
+    for name, value in before.items():
+        assert torch.equal(after[name], value), f"{name} changed in a skipped step"
+    assert "Step 2: non-finite loss (learning rate 0.1); the update was skipped" in caplog.text
+    assert guard.bad_steps == 1
+
+    guarded_step(model, optimizer, guard, x)
+    after = state_of(model, optimizer)
+    assert not torch.equal(after["model.linear.weight"], before["model.linear.weight"])
+    assert not torch.equal(after["model.norm.running_mean"], before["model.norm.running_mean"])
+
+
+def test_consecutive_bad_steps_end_training_and_a_good_step_resets_the_count():
+    torch.manual_seed(0)
+    model = TinyNet().train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
+    steps = iter(range(1, 100))
+    guard = NonFiniteGuard(
+        model, max_consecutive=3, step_info=lambda: (next(steps), 0.05), on_diverged=lambda bad: "KEPT."
+    )
+    guard.install(optimizer)
+    good, bad = torch.randn(8, 4), torch.full((8, 4), float("inf"))
+    for x in (bad, bad, good, bad, bad):  # never three in a row
+        guarded_step(model, optimizer, guard, x)
+    assert guard.bad_steps == 4
+    with pytest.raises(TrainingDiverged) as error:
+        guarded_step(model, optimizer, guard, bad)
+    assert str(error.value) == (
+        "Training diverged: 3 optimizer steps in a row (4-6) had a non-finite loss or gradient, at learning rate "
+        "0.05; none of them was applied. KEPT."
+    )
+
+
+def test_a_poisoned_batch_is_skipped_and_the_run_goes_on(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(BatchTransform, "forward", poisoned_forward(3, only_one=True))
+    out = tmp_path / "run"
+    with caplog.at_level(logging.WARNING, logger="finetune.nonfinite"):
+        results = run.main([*STEM_RUN, "--output_dir", str(out)])["scratch"]
+    assert "Step 3: non-finite loss" in caplog.text
+    assert caplog.text.count("non-finite") == 1
+    assert results.train.steps == 2 * STEPS_PER_EPOCH
+    model = AutoModelForImageClassification.from_pretrained(out, trust_remote_code=True)
+    assert all(torch.isfinite(t).all() for t in model.state_dict().values() if t.is_floating_point())
+    # The BatchNorm statistics were restored after the NaN batch (checked above), so evaluation is meaningful.
+    assert math.isfinite(results.validation.loss)
+    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    assert all(entry["loss"] == entry["loss"] for entry in history if "loss" in entry), "a NaN reached the log"
+
+
+def test_divergence_stops_the_run_and_keeps_the_good_checkpoint(tmp_path, monkeypatch):
+    monkeypatch.setattr(BatchTransform, "forward", poisoned_forward(STEPS_PER_EPOCH + 2))
+    out = tmp_path / "run"
+    with pytest.raises(TrainingDiverged) as error:
+        run.main([*STEM_RUN, "--output_dir", str(out), "--max_nonfinite_steps", "3"])
+    message = str(error.value)
+    first = STEPS_PER_EPOCH + 2
+    assert f"3 optimizer steps in a row ({first}-{first + 2})" in message
+    checkpoint = out / f"checkpoint-{STEPS_PER_EPOCH}"
+    assert f"the last checkpoint {checkpoint}" in message and "validation accuracy" in message
+    assert "Try a lower `learning_rate`" in message and "`qk_norm: true`" in message
+    assert not (out / "results.json").exists(), "a diverged run must not look like a finished one"
+
+    state = json.loads((out / "trainer_state.json").read_text())
+    evaluations = [e for e in state["log_history"] if "eval_accuracy" in e]
+    assert [e["epoch"] for e in evaluations] == [1.0]
+    assert [e["nonfinite_step"] for e in state["log_history"] if "nonfinite_step" in e] == [first, first + 1, first + 2]
+    model = AutoModelForImageClassification.from_pretrained(checkpoint, trust_remote_code=True)
+    assert all(torch.isfinite(t).all() for t in model.state_dict().values() if t.is_floating_point())
+
+
+def run_script(args: list[str], env: dict | None = None, launcher: list[str] | None = None):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1", **(env or {})}
+    command = [*(launcher or [sys.executable]), *args]
+    return subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def test_an_absurd_learning_rate_ends_the_run_with_one_error_line(tmp_path):
+    out = tmp_path / "run"
+    # ViT's patch projection (no BatchNorm to hold the activations in range) goes NaN in the first epoch.
+    run_args = [*TINY_SCRATCH, "--report_to", "none", "--output_dir", str(out), "--learning_rate", "1e6"]
+    proc = run_script(["-m", "finetune.run", *run_args])
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: Training diverged: 5 optimizer steps in a row")
+    assert "Traceback" not in proc.stderr
+    assert not (out / "results.json").exists()
+
+
+def test_two_processes_stop_together_when_one_of_them_goes_non_finite(tmp_path):
+    out = tmp_path / "ddp"
+    launcher = [
+        sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+        str(ROOT / "configs" / "accelerate" / "cpu_2proc.yaml"), "--main_process_port", "0",
+    ]  # fmt: skip
+    proc = run_script(
+        [str(ROOT / "tests" / "poisoned_run.py"), *STEM_RUN, "--output_dir", str(out), "--max_nonfinite_steps", "2"],
+        env={"POISON_FROM": "2", "POISON_RANK": "1"},
+        launcher=launcher,
+    )
+    output = proc.stdout + proc.stderr
+    assert "Process 0 of 2" in output, "accelerate must really have started two processes"
+    assert proc.returncode != 0
+    # Each process ends on the same steps, although only the second one saw NaN batches.
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: Training diverged")]
+    assert len(errors) == 2, output[-3000:]
+    assert all("2 optimizer steps in a row (2-3)" in line for line in errors)

@@ -6,8 +6,8 @@ moving average (EMA) of the weights. `ImageClassificationTrainer` builds them fr
   (`train_seconds`, without the evaluations and checkpoints between epochs) and its optimizer steps, and estimates
   the time the Trainer spends on the data path (`data_seconds`) from the steps it times (every step on a CPU; one
   step in `data_timing_interval` on a GPU, where timing a step means waiting for the device twice). Evaluation
-  entries also get the training figures so far (`train_seconds`, `data_seconds`, `train_steps`), so a run that stops
-  early still has them. `results.json`'s timings all come from it.
+  entries also get the training figures so far (`train_seconds`, `data_seconds`, `train_steps`,
+  `train_images_per_second`), so a run that stops early still has them. `results.json`'s timings all come from it.
 - `TrainingBudgetCallback` stops training once `max_train_minutes` of wall-clock time (training, evaluation and
   saving alike, since that is what the budget buys) is spent on the clock; the Trainer then still loads the best
   model and `run.py` evaluates, tests and saves it as after any run. With `fit_schedule=True` it also stretches or
@@ -96,9 +96,12 @@ class RunClock(TrainerCallback):
             entry["elapsed_seconds"] = round(self.elapsed(), 3)
             if "eval_accuracy" in entry:
                 running = self.time_fn() - self._epoch_start if self._epoch_start is not None else 0.0
-                entry["train_seconds"] = round(self.train_seconds + running, 3)
+                seconds = self.train_seconds + running
+                batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
+                entry["train_seconds"] = round(seconds, 3)
                 entry["data_seconds"] = round(self.data_seconds, 3)
                 entry["train_steps"] = self.steps
+                entry["train_images_per_second"] = round(self.steps * batch / seconds, 1) if seconds > 0 else None
 
 
 class TrainingBudgetCallback(TrainerCallback):

@@ -6,9 +6,13 @@
 - **ours**: `load_image_data` (every image decoded once to uint8, then read from the decoded cache), a `DataLoader`
   over `ImageSplit` that serves whole batches with `__getitems__`, and `BatchTransform` on the device.
 
-For each pipeline: pure data throughput (no model), then `--steps` training steps (forward, backward, AdamW) with the
-time spent getting the next batch and transforming it measured apart from the model's compute. The training rate
-gives the extrapolated time of a 50,000-image CIFAR-10 epoch. Prints a Markdown table; `--output` writes JSON.
+For each pipeline: pure data throughput (no model), then training steps (forward, backward, fused AdamW as the
+Trainer's default) in two passes: `--steps` steps timed as a whole with nothing waiting for the device between them
+(the training images/s, and the extrapolated time of a 50,000-image CIFAR-10 epoch), then `--steps` steps each split
+by synchronisations into the data path (next batch, transform) and the model (the data share). With `--compile MODE`
+the model runs through the Trainer's `TrainingCompiler` (`auto`: CUDA graphs, kept only if faster than eager after
+warm-up; `default`: inductor; `reduce-overhead`: inductor with CUDA graphs; `cudagraphs`: CUDA graphs of the eager
+kernels), warmed up (and, for `auto`, decided) before timing. Prints a Markdown table; `--output` writes JSON.
 
     python benchmarks/data_pipeline.py                      # ScratchViT at 32 px (default config)
     python benchmarks/data_pipeline.py --model vit-b16-tiny-224 --batch_size 32 --steps 10
@@ -38,7 +42,8 @@ from finetune.data import collate_batch, load_image_data  # noqa: E402
 
 
 EPOCH_IMAGES = 50_000
-MODELS = ("scratch", "vit-b16-tiny-224", "vit-b16-224")
+MODELS = ("scratch", "scratch-gpu", "vit-b16-tiny-224", "vit-b16-224")
+COMPILE_MODES = ("auto", "default", "reduce-overhead", "cudagraphs")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -74,7 +79,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="Default: a fresh temporary folder (first run).",
     )
     parser.add_argument("--bf16", action="store_true", help="Train under bf16 autocast (both pipelines).")
-    parser.add_argument("--compile", action="store_true", help="torch.compile the model (both pipelines).")
+    parser.add_argument(
+        "--compile", nargs="?", const="default", choices=COMPILE_MODES, default=None, help="torch.compile the model."
+    )
+    parser.add_argument("--compile_backend", default=None, help="Another dynamo backend for --compile (tests).")
     parser.add_argument(
         "--pipelines", nargs="+", choices=["example", "ours"], default=["example", "ours"], help="Which to run."
     )
@@ -82,12 +90,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+# The encoder of configs/cifar10_scratch_gpu.yaml.
+SCRATCH_GPU = {
+    "patch_embedding_type": "conv_stem", "hidden_size": 384, "num_hidden_layers": 8, "num_attention_heads": 6,
+    "intermediate_size": 1536, "pooling": "mean", "qk_norm": True,
+}  # fmt: skip
+
+
 def build_model(name: str, num_labels: int):
     """The model and its input size, mean and std."""
-    if name == "scratch":
+    if name in ("scratch", "scratch-gpu"):
         from scratch_vit import ScratchViTConfig, ScratchViTForImageClassification
 
-        config = ScratchViTConfig(num_labels=num_labels)
+        config = ScratchViTConfig(num_labels=num_labels, **(SCRATCH_GPU if name == "scratch-gpu" else {}))
         return ScratchViTForImageClassification(config), config.image_size, [0.5] * 3, [0.5] * 3
     from transformers import ViTConfig, ViTForImageClassification
 
@@ -194,37 +209,93 @@ def data_throughput(next_batch, num_batches: int, device) -> float:
     return images / (time.perf_counter() - start)
 
 
-def train_steps(next_batch, model, steps: int, device, bf16: bool = False, compile_model: bool = False) -> dict:
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+def compile_choice(mode: str | None, backend: str | None = None):
+    """The Trainer's `CompileChoice` for a `--compile` mode (`None`: eager); `backend` replaces the mode's."""
+    from finetune.hardware import AUTO_CUDA_COMPILE, CompileChoice
+
+    if mode is None:
+        return CompileChoice(False, reason="eager")
+    if mode == "auto":
+        choice = CompileChoice(True, verify=True, reason="auto", **AUTO_CUDA_COMPILE)
+    elif mode == "cudagraphs":
+        choice = CompileChoice(True, backend="cudagraphs", reason="CUDA graphs of the eager kernels")
+    else:
+        choice = CompileChoice(True, backend="inductor", mode=None if mode == "default" else mode, reason=mode)
+    if backend:
+        choice.backend, choice.mode = backend, None
+    return choice
+
+
+def train_steps(
+    next_batch,
+    model,
+    steps: int,
+    device,
+    bf16: bool = False,
+    compile_mode: str | None = None,
+    compile_backend: str | None = None,
+) -> dict:
+    """Training throughput with nothing waiting for the device between steps, then the data share of a step."""
+    from finetune.compile import TrainingCompiler
+
+    fused = device.type in ("cuda", "cpu")  # the Trainer's default optimizer, adamw_torch_fused
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused)
     model.train()
-    forward = torch.compile(model) if compile_model else model
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    data_time = model_time = 0.0
-    images = 0
-    for step in range(steps + 3):
-        start = time.perf_counter()
-        pixel_values, labels = next_batch()
-        sync(device)
-        fetched = time.perf_counter()
+    compiler = TrainingCompiler(compile_choice(compile_mode, compile_backend), device)
+
+    def forward_backward(pixel_values, labels) -> None:
+        forward = compiler.module_for(model, len(labels))
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             loss = forward(pixel_values=pixel_values, labels=labels).loss
         loss.backward()
+
+    def step(split: bool = False) -> tuple[int, float, float]:
+        start = time.perf_counter()
+        pixel_values, labels = next_batch()
+        if split:
+            sync(device)
+        fetched = time.perf_counter()
+        compiler.run(lambda: forward_backward(pixel_values, labels))  # eager again after a compiler error
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        sync(device)
-        done = time.perf_counter()
-        if step >= 3:  # the first steps pay for worker start-up and allocator warm-up
-            data_time += fetched - start
-            model_time += done - fetched
-            images += len(labels)
-    total = data_time + model_time
+        if split:
+            sync(device)
+        return len(labels), fetched - start, time.perf_counter() - fetched
+
+    # Warm-up: worker start-up, allocator, compilation and CUDA-graph recording, and `auto`'s timed comparison.
+    warmup = 3 + (25 if compiler.choice.verify else 0)
+    for index in range(warmup):
+        compiler.on_step_begin()
+        if index == 0:
+            compile_start = time.perf_counter()
+        step()
+        if index == 0:
+            sync(device)
+            first_step_s = time.perf_counter() - compile_start
+        compiler.on_step_end()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+    sync(device)
+    start = time.perf_counter()
+    images = sum(step()[0] for _ in range(steps))
+    sync(device)
+    total = time.perf_counter() - start
+
+    data_time = model_time = 0.0
+    for _ in range(steps):
+        _, data_s, model_s = step(split=True)
+        data_time, model_time = data_time + data_s, model_time + model_s
     return {
         "train_images_per_s": images / total,
         "epoch_s": EPOCH_IMAGES * total / images,
-        "data_share": data_time / total,
+        "data_share": data_time / (data_time + model_time),
         "data_ms_per_step": 1000 * data_time / steps,
         "model_ms_per_step": 1000 * model_time / steps,
+        "step_ms": 1000 * total / steps,
+        "first_step_s": first_step_s,
+        "compile": compile_mode or "no",
+        "compile_outcome": compiler.summary(),
         "peak_gpu_memory_gb": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
     }
 
@@ -265,7 +336,9 @@ def main(argv=None) -> dict:
             "num_workers": workers,
             "data_images_per_s": data_throughput(next_batch, args.data_batches, args.device),
         }
-        row.update(train_steps(next_batch, model, args.steps, args.device, args.bf16, args.compile))
+        row.update(
+            train_steps(next_batch, model, args.steps, args.device, args.bf16, args.compile, args.compile_backend)
+        )
         results[name] = row
         results["num_images"] = min(results["num_images"], num_images)
         del next_batch, model

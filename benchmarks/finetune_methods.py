@@ -105,7 +105,10 @@ def method_figures(
     ViT-B/16 at 224 px with 10 classes, random weights), and with `steps`, the median time of a training step
     (forward, loss, backward, AdamW) on random images, with the peak memory: the process's resident memory on a CPU,
     allocated GPU memory on CUDA. The GPU suite calls it in its own process, once per method."""
+    import contextlib
+
     import torch
+    from torch.utils.flop_counter import FlopCounterMode
     from transformers import ViTConfig, ViTForImageClassification
 
     from finetune.arguments import ModelArguments
@@ -136,11 +139,14 @@ def method_figures(
         torch.cuda.reset_peak_memory_stats()
     times = []
     model.train()
-    for _ in range(steps + 1):  # the first step (allocation, warm-up) is not timed
+    for step in range(steps + 1):  # the first step (allocation, warm-up) is not timed; its FLOPs are counted
         start = time.perf_counter()
-        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=bf16):
-            loss = model(pixel_values=pixels, labels=labels).loss
-        loss.backward()
+        with FlopCounterMode(display=False) if step == 0 else contextlib.nullcontext() as counter:
+            with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=bf16):
+                loss = model(pixel_values=pixels, labels=labels).loss
+            loss.backward()
+        if step == 0:
+            figures["training_flops_per_image"] = counter.get_total_flops() / batch_size
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if cuda:

@@ -16,6 +16,7 @@ the run on a compiler error):
 
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -27,6 +28,7 @@ from finetune.hardware import CompileChoice
 logger = logging.get_logger(__name__)
 
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+T = TypeVar("T")
 
 
 def synchronize(device: torch.device) -> None:
@@ -95,7 +97,7 @@ class TrainingCompiler:
             self.batch_size = batch_size
         if batch_size != self.batch_size:
             return model  # the smaller last batch of an epoch: eager, no recompilation
-        if self.choice.mode in CUDA_GRAPH_MODES:
+        if self.choice.mode in CUDA_GRAPH_MODES or self.choice.backend == "cudagraphs":
             # A new iteration: outputs of the previous step's CUDA graphs may be overwritten from here on.
             torch.compiler.cudagraph_mark_step_begin()
         key = id(model)
@@ -105,6 +107,19 @@ class TrainingCompiler:
             )
         self.used = True
         return self._compiled[key]
+
+    def run(self, step: Callable[[], T]) -> T:
+        """`step()` (a training step that takes its module from `module_for`); if it fails in the compiled module, it
+        runs again eagerly, and only if that succeeds is the compiler at fault: training goes on eagerly."""
+        try:
+            return step()
+        except Exception as error:
+            if not self.used:
+                raise
+            self.active = False
+            result = step()
+            self.fall_back(error)
+            return result
 
     def fall_back(self, error: BaseException) -> None:
         """After a failure in the compiled step: eager from now on, with a warning."""

@@ -225,19 +225,13 @@ class ImageClassificationTrainer(Trainer):
         self.guard.begin_step()
         first_compiled = self.compiler.active and self.compiler.compile_seconds is None
         start = time.perf_counter()
-        try:
-            loss = super().training_step(model, inputs, num_items_in_batch)
-        except Exception as error:
-            if not self.compiler.used:
-                raise
-            self.compiler.active = False
-            loss = super().training_step(model, inputs, num_items_in_batch)
-            self.compiler.fall_back(error)
-        else:
-            if first_compiled and self.compiler.used:
-                synchronize(self.args.device)
-                self.compiler.compile_seconds = time.perf_counter() - start
-                logger.info(f"torch.compile: the first compiled step took {self.compiler.compile_seconds:.1f} s.")
+        loss = self.compiler.run(
+            lambda: super(ImageClassificationTrainer, self).training_step(model, inputs, num_items_in_batch)
+        )
+        if first_compiled and self.compiler.used:
+            synchronize(self.args.device)
+            self.compiler.compile_seconds = time.perf_counter() - start
+            logger.info(f"torch.compile: the first compiled step took {self.compiler.compile_seconds:.1f} s.")
         return self.guard.observe_loss(loss)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):

@@ -1,0 +1,79 @@
+"""benchmarks/gpu_sweep.py and benchmarks/lr_sweep.py at a CPU size: real runs side by side, one of them made to
+diverge, and the tables that report it."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "tests"))
+import gpu_sweep  # noqa: E402
+import lr_sweep  # noqa: E402
+import sweep  # noqa: E402
+from test_gpu_suite import small_cifar_parquet  # noqa: E402
+
+
+# ViT's patch projection (no BatchNorm to hold activations in range) goes non-finite at once at this rate.
+ABSURD = "--learning_rate 1e6 --patch_embedding_type linear --max_nonfinite_steps 2"
+
+
+def test_variant_parsing():
+    assert sweep.Variant.parse("plain") == sweep.Variant("plain", [])
+    assert sweep.Variant.parse("lr=--learning_rate 1e-3 --bf16 false") == sweep.Variant(
+        "lr", ["--learning_rate", "1e-3", "--bf16", "false"]
+    )
+    with pytest.raises(ValueError, match="NAME=--key value"):
+        sweep.Variant.parse("=--learning_rate 1")
+
+
+def test_gpu_sweep_runs_variants_side_by_side_and_reports_a_divergence(tmp_path):
+    data = small_cifar_parquet(tmp_path / "train.parquet")
+    out = tmp_path / "sweep"
+    argv = ["--tiny", "--data", str(data), "--output", str(out), "--minutes", "2", "--parallel", "2"]
+    rows = gpu_sweep.main([*argv, "--variants", "as_shipped", "no_qk_norm", "--variant", f"absurd_lr={ABSURD}"])
+    by_name = {r["name"]: r for r in rows}
+    assert list(by_name) == ["as_shipped", "no_qk_norm", "absurd_lr"]
+    for name in ("as_shipped", "no_qk_norm"):
+        row = by_name[name]
+        assert row["status"] == "finished" and row["first_nonfinite_step"] is None
+        assert len(row["timeline"]) == 2 and 0 <= row["validation_accuracy"] <= 1
+        assert row["images_per_second"] > 0 and 0 < row["data_share"] < 1
+    diverged = by_name["absurd_lr"]
+    assert diverged["status"] == "diverged" and diverged["first_nonfinite_step"] >= 1
+    assert diverged["error"].startswith("Training diverged: 2 optimizer steps in a row")
+    text = (out / "sweep.md").read_text()
+    assert "| absurd_lr | diverged |" in text and "first non-finite step" in text
+    assert json.loads((out / "sweep.json").read_text()) == rows
+    saved = json.loads((out / "runs" / "no_qk_norm" / "config.json").read_text())
+    assert saved["qk_norm"] is False and "--qk_norm false" in by_name["no_qk_norm"]["command"]
+    assert json.loads((out / "runs" / "as_shipped" / "config.json").read_text())["qk_norm"] is True
+
+
+def test_lr_sweep_tabulates_each_variant_and_learning_rate(tmp_path):
+    data = small_cifar_parquet(tmp_path / "train.parquet")
+    out = tmp_path / "lr"
+    rows = lr_sweep.main(
+        [
+            "--dataset_name", str(data), "--output", str(out), "--learning_rates", "1e-3", "1e6",
+            "--variants", "float32", "bf16_qk_norm", "--max_steps", "6", "--warmup_steps", "1",
+            "--validation_size", "64", "--logit_images", "16", "--decoded_cache_dir", str(tmp_path / "cache"),
+            "--hidden_size", "24", "--num_attention_heads", "2", "--intermediate_size", "48",
+            "--num_hidden_layers", "1", "--patch_embedding_type", "linear", "--per_device_train_batch_size", "32",
+            "--logging_steps", "2", "--max_nonfinite_steps", "2",
+        ]
+    )  # fmt: skip
+    for variant in ("float32", "bf16_qk_norm"):
+        calm, absurd = rows[variant]["1e-3"], rows[variant]["1e6"]
+        assert calm["status"] == "finished" and calm["largest_attention_logit"] > 0
+        assert calm["last_train_loss"] is not None
+        assert absurd["status"] == "diverged" and absurd["largest_attention_logit"] is None
+    text = (out / "lr_sweep.md").read_text()
+    assert "| learning rate | float32 | bf16_qk_norm |" in text
+    assert text.count("**diverged** at step") == 2
+    assert (out / "lr_sweep.png").stat().st_size > 0 and (out / "sweep.md").is_file()
+    run_config = json.loads((out / "runs" / "bf16_qk_norm_lr1e-3" / "config.json").read_text())
+    assert run_config["qk_norm"] is True and run_config["hidden_size"] == 24

@@ -47,9 +47,11 @@ class Variant:
         return cls(name, shlex.split(args))
 
 
-def command_of(config: str, variant: Variant, shared: list[str], output: Path, minutes: float | None) -> list[str]:
+def command_of(
+    config: str | None, variant: Variant, shared: list[str], output: Path, minutes: float | None
+) -> list[str]:
     run_dir = output / "runs" / variant.name
-    command = [sys.executable, "-m", "finetune.run", "--config", config, *shared, *variant.args]
+    command = [sys.executable, "-m", "finetune.run", *(["--config", config] if config else []), *shared, *variant.args]
     command += ["--output_dir", os.path.relpath(run_dir, ROOT), "--overwrite_output_dir", "true"]
     return command + (["--max_train_minutes", str(minutes)] if minutes else [])
 
@@ -67,7 +69,7 @@ def train(command: list[str], log: Path) -> int:
 
 
 def run_variants(
-    config: str,
+    config: str | None,
     variants: list[Variant],
     output: Path,
     shared: list[str] = (),
@@ -80,7 +82,7 @@ def run_variants(
         raise ValueError(f"Variant names must differ, got {names}.")
     commands = {v.name: command_of(config, v, list(shared), output, minutes) for v in variants}
     logs = {name: output / "runs" / f"{name}.log" for name in names}
-    print(f"Training {len(variants)} variants of {config}, {parallel} at a time; logs in {output}/runs", flush=True)
+    print(f"Training {len(variants)} variants, {parallel} at a time; logs in {output}/runs", flush=True)
     with ThreadPoolExecutor(max_workers=parallel) as pool:
         list(pool.map(lambda n: train(commands[n], logs[n]), names))
     return [collect(output / "runs" / name) for name in names]

@@ -226,8 +226,7 @@ class CompileChoice:
 # Compute capability Triton (inductor's GPU code generator) needs.
 TRITON_MIN_CAPABILITY = (7, 0)
 # What `auto` compiles with on a CUDA GPU: CUDA graphs replay a whole forward or backward pass as one launch, which
-# removes the per-kernel launch cost that bounds small-batch steps (ViT-B/16 at batch 32 launches about a thousand
-# kernels per step).
+# removes the per-kernel launch cost that bounds small-batch steps (a ViT-B/16 step launches several hundred kernels).
 AUTO_CUDA_COMPILE = {"backend": "inductor", "mode": "reduce-overhead"}
 
 

@@ -43,3 +43,20 @@ def test_vit_b16_figures_count_what_each_method_trains():
     assert lora["trained_parameters"] == adapters + probe["trained_parameters"]
     assert lora["parameters"] == probe["parameters"] + lora["trained_parameters"]
     assert lora["adamw_state_mib"] == 8 * lora["trained_parameters"] / 2**20
+
+
+def test_batch_scaling_compares_a_small_batch_with_learning_rates_at_a_large_one(tmp_path):
+    import batch_scaling
+
+    data = small_cifar_parquet(tmp_path / "train.parquet", n=200, names=CIFAR10_NAMES)
+    rows = batch_scaling.main(
+        ["--dataset_name", str(data), "--work_dir", str(tmp_path / "work"), "--output", str(tmp_path / "out"),
+         "--base_batch", "4", "--factor", "4", "--rates", "5e-4", "2e-3", "--num_train_epochs", "1",
+         "--source_epochs", "1", "--validation_size", "20", "--decoded_cache_dir", "none"]
+    )  # fmt: skip
+    assert [r["name"] for r in rows] == ["batch4_lr0.0005", "batch16_lr0.0005", "batch16_lr0.002"]
+    assert all(r["status"] == "finished" and 0 <= r["validation_accuracy"] <= 1 for r in rows)
+    run = json.loads((tmp_path / "out" / "runs" / "batch16_lr0.002" / "results.json").read_text())
+    assert run["hyperparameters"]["per_device_train_batch_size"] == 16
+    assert run["hyperparameters"]["learning_rate"] == 2e-3
+    assert "| batch16_lr0.002 | finished |" in (tmp_path / "out" / "sweep.md").read_text()

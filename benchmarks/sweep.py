@@ -127,7 +127,7 @@ def collect(run_dir: Path) -> dict:
         "error": error if status != "finished" else None,
         "first_nonfinite_step": first,
         "first_nonfinite_epoch": first / steps_per_epoch if first and steps_per_epoch else None,
-        "nonfinite_steps": len(nonfinite),
+        "nonfinite_steps": results.train.nonfinite_steps if results else len(nonfinite),  # the log keeps 100
         "timeline": [
             {"minutes": e.get("elapsed_seconds", 0) / 60, "epoch": e.get("epoch"), "accuracy": e["eval_accuracy"]}
             for e in evaluations

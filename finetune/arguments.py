@@ -323,6 +323,9 @@ def scratch_config_kwargs(scratch_args) -> dict[str, Any]:
     return {k: v for k, v in dataclasses.asdict(scratch_args).items() if v is not None}
 
 
+SWITCH_FLAGS = ("--bf16", "--fp16", "--tf32", "--torch_compile")
+
+
 def parse_args(argv: list[str] | None = None):
     """Parse `--config FILE.yaml` (optional) and command-line overrides into the argument dataclasses.
 
@@ -330,6 +333,14 @@ def parse_args(argv: list[str] | None = None):
     closest known names; unknown command-line flags fail the same way.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    # `--bf16` alone means true, as it did when these were plain booleans (they take `auto` now).
+    argv = [
+        token
+        for i, a in enumerate(argv)
+        for token in (
+            [a, "true"] if a in SWITCH_FLAGS and (i + 1 == len(argv) or argv[i + 1].startswith("--")) else [a]
+        )
+    ]
     parser = HfArgumentParser(
         (ModelArguments, DataArguments, ScratchViTArguments, ImageClassificationTrainingArguments)
     )

@@ -3,9 +3,10 @@ moving average (EMA) of the weights. `ImageClassificationTrainer` builds them fr
 
 - `RunClock` is the only timer of a run. It stamps each entry of `state.log_history` with `elapsed_seconds` since
   training began (so accuracy can be plotted against wall-clock minutes), adds up the training loop's own time
-  (`train_seconds`, without the evaluations and checkpoints between epochs) and its optimizer steps, and estimates
-  the time the Trainer spends on the data path (`data_seconds`) from the steps it times (every step on a CPU; one
-  step in `data_timing_interval` on a GPU, where timing a step means waiting for the device twice). Evaluation
+  (`train_seconds`, without the evaluations and checkpoints, between epochs or inside them) and its optimizer steps,
+  and estimates the time the Trainer spends on the data path (`data_seconds`) from the steps it times (every step on
+  a CPU; on a GPU, where timing a step means waiting for the device, each epoch's first step and one in
+  `data_timing_interval` of the others). Evaluation
   entries also get the training figures so far (`train_seconds`, `data_seconds`, `train_steps`,
   `train_images_per_second`), so a run that stops early still has them. `results.json`'s timings all come from it.
 - `TrainingBudgetCallback` stops training once `max_train_minutes` of wall-clock time (training, evaluation and
@@ -47,43 +48,81 @@ class RunClock(TrainerCallback):
         self.train_start = None
         self.train_seconds = 0.0
         self.steps = 0
-        self.data_steps_timed = 0
+        # The data path of each epoch's first step (loader start-up included) is timed and counted as it is; the other
+        # steps' from those sampled, scaled up to all of them.
+        self.data_seconds_first = 0.0
+        self.data_steps_first = 0
         self.data_seconds_timed = 0.0
+        self.data_steps_timed = 0
         self._epoch_start = None
+        self._epoch_first_step = False
+        self._paused = 0.0  # evaluations and checkpoints inside the running epoch
+        self._mark = None  # the end of the last step, or of the last evaluation or checkpoint after it
+        self._timing_first = False
 
     def elapsed(self) -> float:
         """Seconds since training began (0 before it does)."""
         return 0.0 if self.train_start is None else self.time_fn() - self.train_start
 
     def times_data_of_step(self, step: int) -> bool:
-        """Whether the data path of optimizer step `step` (0-based) is to be timed."""
-        return step % self.data_timing_interval == 0
+        """Whether the data path of optimizer step `step` (0-based) is to be timed: the first of each epoch and one in
+        `data_timing_interval` of the others."""
+        self._timing_first, self._epoch_first_step = self._epoch_first_step, False
+        return self._timing_first or step % self.data_timing_interval == 0
 
     def add_data_time(self, seconds: float, new_step: bool) -> None:
-        """Add a timed piece of a step's data path (`new_step`: the first piece of that step)."""
-        self.data_seconds_timed += seconds
-        self.data_steps_timed += int(new_step)
+        """Add a timed piece of the data path of the step `times_data_of_step` chose (`new_step`: its first piece)."""
+        if self._timing_first:
+            self.data_seconds_first += seconds
+            self.data_steps_first += int(new_step)
+        else:
+            self.data_seconds_timed += seconds
+            self.data_steps_timed += int(new_step)
 
     @property
     def data_seconds(self) -> float:
-        """Seconds spent on the data path: measured on every step, or scaled up from the steps timed."""
+        """Seconds spent on the data path: each epoch's first step as measured, the others measured on every step
+        (on a CPU) or scaled up from the steps sampled."""
         if not self.data_steps_timed:
+            return self.data_seconds_first
+        others = max(self.steps - self.data_steps_first, self.data_steps_timed)
+        return self.data_seconds_first + self.data_seconds_timed * others / self.data_steps_timed
+
+    def _running(self) -> float:
+        """Training seconds of the running epoch up to its last step, without its evaluations and checkpoints."""
+        if self._epoch_start is None:
             return 0.0
-        return self.data_seconds_timed * max(self.steps, self.data_steps_timed) / self.data_steps_timed
+        return (self._mark if self._mark is not None else self.time_fn()) - self._epoch_start - self._paused
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.train_start = self.time_fn()
 
     def on_epoch_begin(self, args, state, control, **kwargs):
         self._epoch_start = self.time_fn()
+        self._epoch_first_step, self._paused, self._mark = True, 0.0, None
 
     def on_step_end(self, args, state, control, **kwargs):
         self.steps += 1
+        self._mark = self.time_fn()
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        self._pause()
+
+    def on_save(self, args, state, control, **kwargs):
+        self._pause()
+
+    def _pause(self) -> None:
+        # An evaluation or checkpoint inside an epoch (`eval_strategy: steps`) is not training time.
+        if self._epoch_start is not None and self._mark is not None:
+            now = self.time_fn()
+            self._paused += now - self._mark
+            self._mark = now
 
     def on_epoch_end(self, args, state, control, **kwargs):
         # Called before the end-of-epoch evaluation and checkpoint, so those are not counted.
         if self._epoch_start is not None:
-            self.train_seconds += self.time_fn() - self._epoch_start
+            self._mark = self.time_fn()
+            self.train_seconds += self._running()
             self._epoch_start = None
 
     def on_train_end(self, args, state, control, **kwargs):
@@ -95,8 +134,8 @@ class RunClock(TrainerCallback):
             entry = state.log_history[-1]
             entry["elapsed_seconds"] = round(self.elapsed(), 3)
             if "eval_accuracy" in entry:
-                running = self.time_fn() - self._epoch_start if self._epoch_start is not None else 0.0
-                seconds = self.train_seconds + running
+                # Logged before `on_evaluate`: the running epoch counts up to its last step.
+                seconds = self.train_seconds + self._running()
                 batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
                 entry["train_seconds"] = round(seconds, 3)
                 entry["data_seconds"] = round(self.data_seconds, 3)

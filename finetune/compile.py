@@ -9,9 +9,9 @@ the run on a compiler error):
 - A step that fails in the compiled model is run again eagerly and training goes on eagerly, with a warning that
   names the error (`ImageClassificationTrainer.training_step`).
 - With `verify` (`torch_compile: auto`), after `warmup` compiled steps the compiled and the eager step are each timed
-  over `window` steps (with one synchronisation at each end of a window, never inside it); the faster is kept and the
-  log says which, with both times. In a multi-process run the times are summed over the processes, so all decide
-  alike.
+  over `window` steps (waiting for the device at each step's end in these steps only; evaluations and checkpoints in
+  between are left out); the faster is kept and the log says which, with both times. In a multi-process run the times
+  are summed over the processes, and a compiler error in any one turns all of them eager, so all decide alike.
 """
 
 import time
@@ -76,11 +76,20 @@ class TrainingCompiler:
         self.compile_seconds: float | None = None
         self.outcome = "compiled" if choice.enabled else "eager"
         self._compiled: dict[int, nn.Module] = {}
-        # The speed check: phases of (name, steps); a phase's time runs from its first step's start to its end.
-        self._phases = [("warmup", warmup), ("compiled", window), ("eager warmup", 2), ("eager", window)]
-        self._phase, self._phase_steps, self._phase_start = 0, 0, None
+        self.failed = False
+        # The check: phases of (name, steps), each timed over its steps only (evaluations and checkpoints between them
+        # are left out). `auto` compares the compiled and the eager step; in a multi-process run every choice also has
+        # an agreement point after warm-up, so that a compiler error in one process turns every process eager.
+        if choice.enabled and choice.verify:
+            self._phases = [("warmup", warmup), ("compiled", window), ("eager warmup", 2), ("eager", window)]
+        elif choice.enabled and world_size > 1:
+            self._phases = [("warmup", warmup)]
+        else:
+            self._phases = []
+        self._checking = bool(self._phases)
+        self._phase, self._phase_steps, self._phase_seconds = 0, 0, 0.0
+        self._segment_start = self._last_end = None
         self._times: dict[str, float] = {}
-        self._checking = choice.enabled and choice.verify
 
     # ---- Which module runs the forward pass.
 
@@ -108,9 +117,11 @@ class TrainingCompiler:
         self.used = True
         return self._compiled[key]
 
-    def run(self, step: Callable[[], T]) -> T:
+    def run(self, step: Callable[[], T], on_fallback: Callable[[], None] = lambda: None) -> T:
         """`step()` (a training step that takes its module from `module_for`); if it fails in the compiled module, it
-        runs again eagerly, and only if that succeeds is the compiler at fault: training goes on eagerly."""
+        runs again eagerly, and only if that succeeds is the compiler at fault: training goes on eagerly, and
+        `on_fallback()` is called (the Trainer skips the optimizer step, whose gradients a compiled backward that
+        failed halfway may have partly accumulated twice)."""
         try:
             return step()
         except Exception as error:
@@ -119,50 +130,70 @@ class TrainingCompiler:
             self.active = False
             result = step()
             self.fall_back(error)
+            on_fallback()
             return result
 
     def fall_back(self, error: BaseException) -> None:
-        """After a failure in the compiled step: eager from now on, with a warning."""
-        self.active = False
-        self._checking = False
+        """After a failure in the compiled step: eager from now on, with a warning. In a multi-process run the others
+        follow at the next agreement point."""
+        self.active, self.failed = False, True
+        if self.world_size == 1:
+            self._checking = False
         self.outcome = f"eager after a compiler error ({one_line(error)})"
         logger.warning(
             f"torch.compile failed ({one_line(error)}); training goes on without compilation. Set "
             "`torch_compile: false` to skip the attempt, or `--debug` for the traceback of a run that fails for good."
         )
 
-    # ---- The speed check, one call per optimizer step.
+    # ---- The check, one call per optimizer step.
 
     def on_step_begin(self) -> None:
-        if self._checking and self._phase_start is None:
+        if self._checking and self._segment_start is None:
             synchronize(self.device)
-            self._phase_start = self.time_fn()
+            self._segment_start = self.time_fn()
 
     def on_step_end(self) -> None:
-        if not self._checking or self._phase_start is None:
+        if not self._checking or self._segment_start is None:
             return
+        synchronize(self.device)  # only in the few steps of the check
+        self._last_end = self.time_fn()
         self._phase_steps += 1
         name, steps = self._phases[self._phase]
         if self._phase_steps < steps:
             return
-        synchronize(self.device)
-        self._times[name] = (self.time_fn() - self._phase_start) / steps
-        self._phase, self._phase_steps, self._phase_start = self._phase + 1, 0, None
+        self._close_segment()
+        self._times[name] = self._phase_seconds / steps
+        self._phase, self._phase_steps, self._phase_seconds = self._phase + 1, 0, 0.0
         if self._phase == len(self._phases):
             self._decide()
 
     def interrupted(self) -> None:
-        """An evaluation or a checkpoint happened inside a timed phase: time that phase again."""
+        """An evaluation, a checkpoint or an epoch's end: the timed phase pauses at the last step's end."""
         if self._checking:
-            self._phase_steps, self._phase_start = 0, None
+            self._close_segment()
+
+    def _close_segment(self) -> None:
+        if self._segment_start is not None and self._last_end is not None and self._last_end > self._segment_start:
+            self._phase_seconds += self._last_end - self._segment_start
+        self._segment_start = self._last_end = None
 
     def _decide(self) -> None:
         self._checking = False
-        compiled, eager = self._times["compiled"], self._times["eager"]
+        compiled, eager = self._times.get("compiled", 0.0), self._times.get("eager", 0.0)
+        failed = float(self.failed)
         if self.world_size > 1 and torch.distributed.is_initialized():
-            times = torch.tensor([compiled, eager], dtype=torch.float64, device=self.device)
-            torch.distributed.all_reduce(times)
-            compiled, eager = (float(t) / self.world_size for t in times.cpu())
+            stats = torch.tensor([compiled, eager, failed], dtype=torch.float64, device=self.device)
+            torch.distributed.all_reduce(stats)
+            compiled, eager, failed = (float(t) for t in stats.cpu())
+            compiled, eager = compiled / self.world_size, eager / self.world_size
+        if failed:
+            if not self.failed:
+                self.active = False
+                self.outcome = "eager after a compiler error in another process"
+                logger.warning("torch.compile failed in another process of the run; training goes on without it.")
+            return
+        if not self.choice.verify:
+            return
         comparison = f"{1000 * compiled:.1f} ms per step compiled against {1000 * eager:.1f} ms eager"
         if compiled <= eager:
             self.outcome = f"compiled ({comparison})"

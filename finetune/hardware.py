@@ -214,6 +214,7 @@ class CompileChoice:
     mode: str | None = None
     verify: bool = False
     reason: str = ""
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def summary(self) -> str:
@@ -236,12 +237,14 @@ def choose_compile(
     mode: str | None = None,
     backend: str | None = None,
     cuda_capability: tuple[int, int] = (0, 0),
+    gradient_accumulation_steps: int = 1,
 ) -> CompileChoice:
     """Resolve `torch_compile: auto`; `true` and `false` are kept, and a `torch_compile_mode` or
     `torch_compile_backend` given with `auto` means `true` (as in transformers).
 
     - CUDA (compute capability >= 7.0): inductor with CUDA graphs (`reduce-overhead`), verified: after warm-up the
-      compiled step is timed against the eager one and kept only if it is not slower.
+      compiled step is timed against the eager one and kept only if it is not slower. With gradient accumulation,
+      inductor without CUDA graphs: a graph replay would overwrite the gradients accumulated between micro-batches.
     - CPU, MPS and others: eager. On the CPU recipes torch.compile gained nothing (benchmarks/README.md), and its first
       step takes minutes of C++ compilation.
     """
@@ -251,7 +254,24 @@ def choose_compile(
     if requested is False:
         return CompileChoice(False, reason="as given")
     if requested is True:
-        return CompileChoice(True, backend or "inductor", mode, verify=False, reason="as given")
+        choice = CompileChoice(True, backend or "inductor", mode, verify=False, reason="as given")
+        if gradient_accumulation_steps > 1 and (
+            mode in ("reduce-overhead", "max-autotune") or backend == "cudagraphs"
+        ):
+            choice.warnings.append(
+                f"torch_compile with CUDA graphs ({backend or mode}) and gradient_accumulation_steps "
+                f"{gradient_accumulation_steps}: a graph replay overwrites the gradients accumulated between "
+                "micro-batches. Fix: `torch_compile_mode: default`, or `torch_compile: auto`."
+            )
+        return choice
+    if device == "cuda" and cuda_capability >= TRITON_MIN_CAPABILITY and gradient_accumulation_steps > 1:
+        return CompileChoice(
+            True,
+            backend="inductor",
+            verify=True,
+            reason="auto: inductor without CUDA graphs, which would overwrite gradients accumulated between "
+            "micro-batches; kept only if measured faster than eager after warm-up",
+        )
     if device == "cuda" and cuda_capability >= TRITON_MIN_CAPABILITY:
         return CompileChoice(
             True,

@@ -81,6 +81,8 @@ class ImageClassificationTrainer(Trainer):
             world_size=self.args.world_size,
             scaler=getattr(self.accelerator, "scaler", None),
         )
+        if self.optimizer is not None:  # passed in by the caller (`optimizers=`), so `create_optimizer` never runs
+            self.guard.install(self.optimizer)
         choice = getattr(self.args, "compile_choice", None) or CompileChoice(False, reason="not requested")
         self.compiler = TrainingCompiler(choice, self.args.device, self.args.world_size)
         self.add_callback(StepHooks(self))
@@ -222,11 +224,12 @@ class ImageClassificationTrainer(Trainer):
         """One micro-batch's forward and backward pass, compiled or eager, watched by the guard. A failure in the
         compiled model is retried eagerly; only if the eager step succeeds is it the compiler's fault, and training
         goes on eagerly."""
-        self.guard.begin_step()
+        self.guard.begin_step(self.state.global_step)
         first_compiled = self.compiler.active and self.compiler.compile_seconds is None
         start = time.perf_counter()
         loss = self.compiler.run(
-            lambda: super(ImageClassificationTrainer, self).training_step(model, inputs, num_items_in_batch)
+            lambda: super(ImageClassificationTrainer, self).training_step(model, inputs, num_items_in_batch),
+            on_fallback=self.guard.skip_step,
         )
         if first_compiled and self.compiler.used:
             synchronize(self.args.device)
@@ -329,6 +332,12 @@ class StepHooks(TrainerCallback):
     def on_step_begin(self, args, state, control, **kwargs):
         self.trainer.compiler.on_step_begin()
 
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        self.trainer.guard.before_optimizer_step(self.trainer.optimizer)
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        self.trainer.guard.after_optimizer_step()
+
     def on_step_end(self, args, state, control, **kwargs):
         self.trainer.compiler.on_step_end()
 
@@ -339,6 +348,7 @@ class StepHooks(TrainerCallback):
         self.trainer.compiler.interrupted()
 
     def on_epoch_end(self, args, state, control, **kwargs):
+        self.trainer.compiler.interrupted()
         # Before the epoch's evaluation and checkpoint: a divergence in its last steps is reported first.
         self.trainer.guard.finish()
 

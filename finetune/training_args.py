@@ -206,7 +206,10 @@ class ImageClassificationTrainingArguments(TrainingArguments):
             self.torch_compile_mode,
             self.torch_compile_backend,
             cuda_capability=machine.get("cuda_capability", (0, 0)),
+            gradient_accumulation_steps=self.gradient_accumulation_steps,
         )
+        for warning in self.compile_choice.warnings:
+            logger.warning(warning)
         self.torch_compile, self.torch_compile_mode, self.torch_compile_backend = False, None, None
         choice = hardware.choose_precision(
             self.bf16,

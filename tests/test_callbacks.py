@@ -189,3 +189,36 @@ def test_soft_target_loss_mixes_the_two_cross_entropies(tmp_path):
     logits = model(pixel_values=x).logits
     expected = lam * F.cross_entropy(logits, a) + (1 - lam) * F.cross_entropy(logits, b)
     torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_run_clock_leaves_out_evaluations_inside_an_epoch_and_samples_the_data_path(tmp_path):
+    """`eval_strategy: steps`: an evaluation between two steps is not training time, and an evaluation's log entry
+    (written before `on_evaluate`) counts the epoch up to its last step. The data path: each epoch's first step as
+    measured (loader start-up), the others scaled up from the sampled ones."""
+    fake = FakeClock()
+    clock = RunClock(time_fn=fake, data_timing_interval=4)
+    args, state, control = _args(tmp_path, per_device_train_batch_size=8), TrainerState(), TrainerControl()
+    clock.on_train_begin(args, state, control)
+    clock.on_epoch_begin(args, state, control)
+    timed = []
+    for step in range(8):
+        timed.append(clock.times_data_of_step(step))
+        if timed[-1]:
+            clock.add_data_time(3.0 if step == 0 else 0.5, new_step=True)
+        fake.now += 2.0
+        clock.on_step_end(args, state, control)
+        if step == 3:
+            fake.now += 50.0  # an evaluation
+            state.log_history.append({"eval_accuracy": 0.5})
+            clock.on_log(args, state, control)
+            clock.on_evaluate(args, state, control)
+    clock.on_epoch_end(args, state, control)
+    assert timed == [True, False, False, False, True, False, False, False]
+    assert clock.train_seconds == pytest.approx(16.0)
+    entry = state.log_history[-1]
+    assert entry["train_seconds"] == pytest.approx(8.0) and entry["train_steps"] == 4
+    assert entry["train_images_per_second"] == pytest.approx(4 * 8 / 8.0)
+    # step 0's 3 s as measured; step 4's 0.5 s stands for the other 7 steps
+    assert clock.data_seconds == pytest.approx(3.0 + 0.5 * 7)
+    clock.on_epoch_begin(args, state, control)
+    assert clock.times_data_of_step(8) is True  # the next epoch's first step

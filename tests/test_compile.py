@@ -134,3 +134,51 @@ def test_auto_on_this_cpu_trains_eagerly_and_says_why(tmp_path):
     run.main([*TINY_SCRATCH, "--output_dir", str(out), "--report_to", "none"])
     summary = json.loads((out / "results.json").read_text())["hyperparameters"]["torch_compile"]
     assert summary == "eager; auto: eager on cpu, where torch.compile gained nothing here"
+
+
+def test_evaluations_between_windows_pause_the_timing_instead_of_restarting_it():
+    """An evaluation every 3 steps (shorter than a window) still lets the comparison finish, and its time is not
+    counted."""
+    clock = FakeTime()
+    compiler = TrainingCompiler(CompileChoice(True, "aot_eager", verify=True), torch.device("cpu"), 1, 2, 4, clock)
+    model = nn.Linear(2, 2).train()
+    for step in range(1, 40):
+        compiler.on_step_begin()
+        module = compiler.module_for(model, batch_size=8)
+        clock.now += 0.01 if module is not model else 0.03
+        compiler.on_step_end()
+        if step % 3 == 0:
+            clock.now += 100.0  # an evaluation
+            compiler.interrupted()
+    assert compiler.outcome.startswith("compiled (10.0 ms per step compiled against 30.0 ms eager")
+
+
+def test_in_a_multi_process_run_a_compiler_error_waits_for_the_agreement_point():
+    """With several processes, the one whose compiler failed goes eager at once, but keeps counting steps to the
+    agreement point, where every process learns of it (here a single process stands in for them)."""
+    compiler = TrainingCompiler(CompileChoice(True, "aot_eager"), torch.device("cpu"), world_size=2, warmup=3)
+    model = nn.Linear(2, 2).train()
+    compiler.on_step_begin()
+    compiler.module_for(model, 8)
+    compiler.fall_back(RuntimeError("inductor failed"))
+    assert compiler.module_for(model, 8) is model and compiler._checking
+    for _ in range(3):
+        compiler.on_step_end()
+        compiler.on_step_begin()
+    assert not compiler._checking and compiler.outcome.startswith("eager after a compiler error")
+
+
+def test_gradient_accumulation_keeps_auto_away_from_cuda_graphs(caplog):
+    choice = hardware.choose_compile("auto", "cuda", cuda_capability=(9, 0), gradient_accumulation_steps=4)
+    assert (choice.enabled, choice.mode, choice.verify) == (True, None, True)
+    forced = hardware.choose_compile(
+        "true", "cuda", "reduce-overhead", cuda_capability=(9, 0), gradient_accumulation_steps=4
+    )
+    assert forced.mode == "reduce-overhead" and "overwrites the gradients accumulated" in forced.warnings[0]
+
+
+def test_a_bare_switch_flag_means_true():
+    from finetune.arguments import parse_args
+
+    *_, args = parse_args([*TINY_SCRATCH, "--output_dir", "unused", "--torch_compile", "--bf16"])
+    assert args.compile_choice.enabled and args.compile_choice.reason == "as given" and args.bf16 is True

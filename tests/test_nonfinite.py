@@ -174,7 +174,78 @@ def test_two_processes_stop_together_when_one_of_them_goes_non_finite(tmp_path):
     output = proc.stdout + proc.stderr
     assert "Process 0 of 2" in output, "accelerate must really have started two processes"
     assert proc.returncode != 0
-    # Each process ends on the same steps, although only the second one saw NaN batches.
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: Training diverged")]
-    assert len(errors) == 2, output[-3000:]
-    assert all("2 optimizer steps in a row (2-3)" in line for line in errors)
+    # Each process ends on the same steps, although only the second one saw NaN batches. (The two processes' output
+    # interleaves, so one's error line may follow the other's progress bar on the same line.)
+    assert proc.stderr.count("error: Training diverged: 2 optimizer steps in a row (2-3)") == 2, output[-3000:]
+    assert proc.stderr.count("error:") == 2
+
+
+def test_under_a_loss_scaler_overflowing_gradients_are_the_scalers_business():
+    """fp16: the scaler skips steps whose scaled gradients overflow and lowers its scale; the guard counts such a step
+    only once the scale is below 1, and always counts a non-finite loss."""
+    torch.manual_seed(0)
+    linear = nn.Linear(4, 3)
+    model = nn.Sequential(linear, nn.Flatten(0)).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    steps = iter(range(1, 100))
+    guard = NonFiniteGuard(model, max_consecutive=2, step_info=lambda: (next(steps), 0.1), scaler=scaler)
+    guard.install(optimizer)
+
+    def scaled_step(x):
+        guard.begin_step()
+        loss = model(x).sum()
+        scaler.scale(loss).backward()
+        guard.observe_loss(loss)
+        scaler.unscale_(optimizer)
+        guard.before_optimizer_step(optimizer)
+        scaler.step(optimizer)
+        guard.after_optimizer_step()
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+
+    huge = torch.full((8, 4), 1e34)  # a finite loss; its weight gradients (8e34) overflow once scaled by 2**16
+    for _ in range(2):
+        scaled_step(huge)
+    assert guard.bad_steps == 0 and scaler.get_scale() == 2.0**14  # two overflows, two halvings
+    scaled_step(torch.full((8, 4), float("nan")))
+    assert guard.bad_steps == 1
+    with pytest.raises(TrainingDiverged):
+        scaled_step(torch.full((8, 4), float("nan")))
+
+
+def test_a_step_whose_optimizer_call_was_skipped_leaves_nothing_behind():
+    """A loss scaler may not call a non-fused optimizer at all for an overflowing step: the next optimizer step
+    starts afresh (its first micro-batch resets the open step's state), so it is neither skipped nor flagged."""
+    torch.manual_seed(0)
+    model = TinyNet().train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, foreach=True)
+    guard = NonFiniteGuard(model, max_consecutive=3)
+    guard.install(optimizer)
+    guard.begin_step(0)
+    model(torch.full((8, 4), float("nan"))).backward()
+    guard.observe_loss(torch.tensor(float("nan")))  # ... and the scaler never called optimizer.step
+    optimizer.zero_grad(set_to_none=True)
+    before = model.linear.weight.detach().clone()
+    guard.begin_step(1)
+    loss = model(torch.randn(8, 4))
+    loss.backward()
+    guard.observe_loss(loss)
+    optimizer.step()
+    assert not torch.equal(model.linear.weight, before) and guard.bad_steps == 0
+
+
+def test_skip_step_skips_without_counting_a_non_finite_step():
+    torch.manual_seed(0)
+    model = TinyNet().train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
+    guard = NonFiniteGuard(model, max_consecutive=1)
+    guard.install(optimizer)
+    guard.begin_step()
+    loss = model(torch.randn(8, 4))
+    loss.backward()
+    guard.observe_loss(loss)
+    guard.skip_step()
+    before = model.linear.weight.detach().clone()
+    optimizer.step()
+    assert torch.equal(model.linear.weight, before) and guard.bad_steps == 0

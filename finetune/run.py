@@ -194,6 +194,7 @@ def train_and_evaluate(
     # ---- Evaluation of the kept model: validation, then the test split (used only here), with a confusion matrix.
     validation = trainer.evaluate(data.validation, metric_key_prefix="eval")
     trainer.log_metrics("eval", validation)
+    warn_if_at_chance(validation.get("eval_accuracy"), data, train_result.metrics.get("train_loss"))
     test = None
     if data.test is not None:
         prediction = trainer.predict(data.test, metric_key_prefix="test")
@@ -240,6 +241,21 @@ def train_and_evaluate(
     if trainer.is_world_process_zero():
         logger.info(f"Results written to {results.save(args.output_dir)}")
     return results
+
+
+def warn_if_at_chance(accuracy: float | None, data: ImageData, train_loss: float | None) -> None:
+    """Say so loudly when the kept model is no better than always answering the validation split's largest class:
+    a run that diverged with a finite loss (or learned nothing) must not pass for a result."""
+    labels = data.validation.labels
+    if accuracy is None or not len(labels):
+        return
+    chance = float(labels.bincount().max()) / len(labels)
+    if accuracy <= chance + 0.01:
+        logger.warning(
+            f"Validation accuracy {accuracy:.2%} is at chance level ({chance:.2%}, always the largest class; training "
+            f"loss {train_loss if train_loss is None else f'{train_loss:.4g}'}): the model learned nothing. Check the "
+            "learning rate (a diverged run can keep a finite loss), the labels and the epochs."
+        )
 
 
 def evaluated_model_fields(args, model, prep, data: ImageData, prediction, confusion_split: str, start: float) -> dict:

@@ -249,3 +249,12 @@ def test_skip_step_skips_without_counting_a_non_finite_step():
     before = model.linear.weight.detach().clone()
     optimizer.step()
     assert torch.equal(model.linear.weight, before) and guard.bad_steps == 0
+
+
+def test_a_run_at_chance_level_says_so(tmp_path, caplog):
+    """A diverged run whose loss stays finite (BatchNorm holds a convolutional stem's activations in range at a
+    learning rate of 1e6) exits normally but warns that its model learned nothing."""
+    out = tmp_path / "run"
+    with caplog.at_level(logging.WARNING, logger="finetune.run"):
+        run.main([*STEM_RUN, "--output_dir", str(out), "--learning_rate", "1e6"])
+    assert "is at chance level" in caplog.text and "the model learned nothing" in caplog.text

@@ -1,16 +1,16 @@
 """Where a small ScratchViT diverges: a learning-rate sweep, float32 against bf16 autocast, with and without qk_norm.
 
     python benchmarks/lr_sweep.py --dataset_name ../shared/data/cifar10-jpeg/train.parquet \
-        --output benchmarks/results/lr_sweep                     # 20 runs of 400 steps; about 50 min on 2 cores
+        --output benchmarks/results/lr_sweep                     # 20 runs of 400 steps; about 70 min on 2 cores
     python benchmarks/lr_sweep.py --learning_rates 3e-3 1e-1 --variants bf16 bf16_qk_norm --max_steps 200 ...
 
 The method of Wortsman et al. 2023 ("Small-scale proxies for large-scale Transformer training instabilities"):
 instabilities of large models show in small ones once the learning rate is raised, so a sweep of small models over
 learning rates shows which change removes them. Every run trains the same model (`BASE`: a convolutional stem, hidden
-96, 4 layers of 3 heads of 32 channels, mean pooling, as the GPU recipe's encoder at a tenth of its width) for the
-same `--max_steps` steps (warmup, then cosine decay), through `benchmarks/sweep.py` and the real pipeline, with SDPA
-attention (the kernel a GPU runs). A run that goes non-finite is stopped by the pipeline's guard and reported with
-its first non-finite step. For every run that finished, the largest attention logit |q.k|/sqrt(d) over the layers is
+96, 4 layers of 3 heads of 32 channels, mean pooling: the GPU recipe's encoder at a quarter of its width and half its
+depth) for the same `--max_steps` steps (warmup, then cosine decay), through `benchmarks/sweep.py` and the real
+pipeline, with SDPA attention (the kernel a GPU runs). A run that goes non-finite is stopped by the pipeline's guard
+and reported with its first non-finite step. For every run that finished, the largest attention logit |q.k|/sqrt(d) over the layers is
 measured on 512 validation images: its growth is the instability qk_norm removes (Dehghani et al. 2023).
 
 bf16 autocast is slow on a CPU without native bf16 (AVX512-BF16/AMX): run the sweep on one with it, or on a GPU. Writes

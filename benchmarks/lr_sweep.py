@@ -10,8 +10,9 @@ learning rates shows which change removes them. Every run trains the same model 
 96, 4 layers of 3 heads of 32 channels, mean pooling: the GPU recipe's encoder at a quarter of its width and half its
 depth) for the same `--max_steps` steps (warmup, then cosine decay), through `benchmarks/sweep.py` and the real
 pipeline, with SDPA attention (the kernel a GPU runs). A run that goes non-finite is stopped by the pipeline's guard
-and reported with its first non-finite step. For every run that finished, the largest attention logit |q.k|/sqrt(d) over the layers is
-measured on 512 validation images: its growth is the instability qk_norm removes (Dehghani et al. 2023).
+and reported with its first non-finite step. For every run that finished, the largest attention logit
+|q.k|/sqrt(d) over the layers is measured on 512 validation images: its growth is the instability qk_norm removes
+(Dehghani et al. 2023).
 
 bf16 autocast is slow on a CPU without native bf16 (AVX512-BF16/AMX): run the sweep on one with it, or on a GPU. Writes
 OUT/lr_sweep.md and OUT/lr_sweep.json (one row per learning rate, a column per variant), OUT/lr_sweep.png (validation

@@ -26,6 +26,9 @@ from torch.utils.flop_counter import FlopCounterMode
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from finetune.compile import synchronize  # noqa: E402
+
+
 # Dense (no sparsity) bf16 tensor-core TFLOP/s from NVIDIA's data sheets, matched against the device name.
 SPEC_PEAK_TFLOPS = {
     "H200": 989.4,
@@ -75,19 +78,14 @@ def matmul_peak_tflops(device: torch.device, dtype: torch.dtype = torch.bfloat16
     repeats = 20 if device.type == "cuda" else 2
     rates = []
     for attempt in range(6):
-        _sync(device)
+        synchronize(device)
         start = time.perf_counter()
         for _ in range(repeats):
             a @ b
-        _sync(device)
+        synchronize(device)
         if attempt:  # the first run pays for kernel selection
             rates.append(2 * size**3 * repeats / (time.perf_counter() - start) / 1e12)
     return sorted(rates)[len(rates) // 2]
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def achieved(images_per_second: float | None, flops_per_image: float | None, peak_tflops: float | None) -> dict:

@@ -225,7 +225,6 @@ def speed_table(suite: dict) -> str:
         ]
         for r in rows
     ]  # fmt: skip
-    spec, measured = peaks(suite)
     for row, cell in zip(rows, cells):
         cell += flop_cells({**row, "images_per_second": row["ours_images_per_s"]}, suite)
     return markdown_table([*headers, *FLOP_HEADERS], cells)

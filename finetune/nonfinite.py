@@ -99,7 +99,6 @@ class NonFiniteGuard:
         self.world_size = world_size
         self.scaler = scaler
         self.bad_steps = 0  # flagged steps read back so far
-        self.first_bad: BadStep | None = None
         self._open_step = None  # the optimizer step whose micro-batches are running
         self._loss_bad = None  # (,) bool on the device: a micro-batch loss of the open step was non-finite
         self._force_skip = False
@@ -234,7 +233,6 @@ class NonFiniteGuard:
 
     def _report(self, bad: BadStep) -> None:
         self.bad_steps += 1
-        self.first_bad = self.first_bad or bad
         self.on_bad_step(bad)
         what = "loss" if bad.loss else "gradients"
         rate = f"{bad.learning_rate:.3g}" if bad.learning_rate is not None else "?"

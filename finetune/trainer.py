@@ -61,8 +61,8 @@ class ImageClassificationTrainer(Trainer):
     Nothing in a step waits for the device, so the host queues work ahead of a GPU.
 
     `clock` (a `RunClock`, registered first) is the run's one timer; the Trainer times the training batches' data
-    path (fetching from the loader, moving to the device and `batch_transform`): every step on a CPU, one step in
-    `GPU_DATA_TIMING_INTERVAL` on a GPU.
+    path (fetching from the loader, moving to the device and `batch_transform`): every step on a CPU; on a GPU each
+    epoch's first step and one step in `GPU_DATA_TIMING_INTERVAL` of the others.
     """
 
     def __init__(self, *args, batch_transform: torch.nn.Module, layer_decay: float | None = None, **kwargs):

@@ -17,6 +17,7 @@ from transformers.utils import logging
 
 from finetune import hardware
 from finetune.metrics import EVAL_METRICS
+from finetune.nonfinite import DEFAULT_MAX_CONSECUTIVE
 
 
 logger = logging.get_logger(__name__)
@@ -114,7 +115,7 @@ class ImageClassificationTrainingArguments(TrainingArguments):
         },
     )
     max_nonfinite_steps: int = field(
-        default=5,
+        default=DEFAULT_MAX_CONSECUTIVE,
         metadata={
             "help": "Optimizer steps in a row with a non-finite (NaN or infinite) loss or gradient after which "
             "training stops with an error; each such step is skipped, not applied, and logged. The checkpoints and "

@@ -3,7 +3,8 @@
 Three measurements, each method in a process of its own so its peak resident memory is its own (with quickstart and
 cifar10, further `--key value` arguments go to every training run):
 
-- `quickstart`: the quickstart's "pretrained" ViT (pretrained on digits 0-4 by `python -m finetune.quickstart`'s first
+- `quickstart`: the quickstart's "pretrained" ViT (pretrained on digits 0-4 by
+  `python -m finetune.tools.quickstart`'s first
   two stages, made here when missing) fine-tuned on all ten digits with `configs/quickstart.yaml`'s settings and each
   method. Reports validation accuracy, trained parameters, the training loop's time per optimizer step
   (`results.json`: `train.seconds / train.steps`) and the process's peak resident memory.
@@ -112,8 +113,7 @@ def method_figures(
     from transformers import ViTConfig, ViTForImageClassification
 
     from finetune.arguments import ModelArguments
-    from finetune.models import apply_finetune_method, count_parameters
-    from finetune.trainer import parameter_groups
+    from finetune.models import apply_finetune_method, count_parameters, parameter_groups
 
     model_args = ModelArguments(**METHODS[method])
     config = config or ViTConfig(image_size=224, patch_size=16, num_labels=10)  # ViT-B/16 dimensions
@@ -166,7 +166,8 @@ def method_figures(
 
 def ensure_quickstart_source() -> Path:
     """The quickstart's pretrained source model (its stages 1 and 2), made when missing."""
-    from finetune import quickstart, run
+    from finetune import run
+    from finetune.tools import quickstart
 
     root = Path("outputs/quickstart")
     if not (root / "source_init" / "config.json").exists():

@@ -50,7 +50,7 @@ import train_budget  # noqa: E402
 
 from finetune import hardware  # noqa: E402
 from finetune.compile import one_line  # noqa: E402
-from finetune.report import MISSING, format_number, format_percent, markdown_table  # noqa: E402
+from finetune.tools.report import MISSING, format_number, format_percent, markdown_table  # noqa: E402
 
 
 PARTS = ("pipeline", "notebook_job", "scratch_recipe", "model_speed", "methods", "sweep")

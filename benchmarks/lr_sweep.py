@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import sweep  # noqa: E402
 import torch  # noqa: E402
 
-from finetune.report import MISSING, format_number, format_percent, markdown_table  # noqa: E402
+from finetune.tools.report import MISSING, format_number, format_percent, markdown_table  # noqa: E402
 
 
 # The model and schedule every run shares (on top of configs/cifar10_scratch.yaml), and the variants compared.

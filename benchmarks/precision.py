@@ -34,8 +34,8 @@ from model_speed import make_step, time_steps  # noqa: E402
 from finetune import hardware  # noqa: E402
 from finetune.arguments import parse_args, scratch_config_kwargs  # noqa: E402
 from finetune.models import attention_head_size  # noqa: E402
-from finetune.report import format_number, markdown_table  # noqa: E402
 from finetune.run import choose_attention  # noqa: E402
+from finetune.tools.report import format_number, markdown_table  # noqa: E402
 from scratch_vit import ScratchViTConfig, ScratchViTForImageClassification  # noqa: E402
 
 

@@ -27,8 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from finetune.report import MISSING, format_number, format_percent, markdown_table  # noqa: E402
 from finetune.results import Results  # noqa: E402
+from finetune.tools.report import MISSING, format_number, format_percent, markdown_table  # noqa: E402
 
 
 @dataclass

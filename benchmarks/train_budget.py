@@ -35,7 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a clone without `pip install -e .`
 
 from finetune.hardware import short_name  # noqa: E402
-from finetune.report import (  # noqa: E402
+from finetune.results import Results  # noqa: E402
+from finetune.tools.report import (  # noqa: E402
     MISSING,
     format_count,
     format_number,
@@ -43,7 +44,6 @@ from finetune.report import (  # noqa: E402
     markdown_table,
     plot_accuracy_over_time,
 )
-from finetune.results import Results  # noqa: E402
 
 
 logger = logging.getLogger("train_budget")

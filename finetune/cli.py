@@ -8,8 +8,9 @@
     vit-finetune push OUTPUT_DIR --repo_id you/name                           push a run to the Hub
     vit-finetune card OUTPUT_DIR [--repo_id ID]                               write the model card
 
-Each subcommand is also a module (`python -m finetune.run`, `python -m finetune.compare`, ...; `accelerate launch -m
-finetune.run` for several processes). Flags are snake_case, as transformers' `HfArgumentParser` writes them;
+Each subcommand is also a module (`python -m finetune.run`, `python -m finetune.tools.compare`, ...;
+`accelerate launch -m finetune.run` for several processes). Flags are snake_case, as
+transformers' `HfArgumentParser` writes them;
 kebab-case spellings (`--top-k`) are accepted too. An error ends as one line `error: ...` with exit status 1;
 `--debug` (or `LOG_LEVEL=debug`) shows its traceback.
 """
@@ -23,12 +24,12 @@ from finetune.errors import run_command
 # subcommand -> (module, what it does); each module has `main(argv)`.
 COMMANDS = {
     "train": ("finetune.run", "train and evaluate (python -m finetune.run)"),
-    "quickstart": ("finetune.quickstart", "the offline quickstart (python -m finetune.quickstart)"),
-    "compare": ("finetune.compare", "comparison report of finished runs (python -m finetune.compare)"),
-    "predict": ("finetune.predict", "classify image files (python -m finetune.predict)"),
-    "attention": ("finetune.attention", "attention maps (python -m finetune.attention)"),
-    "push": ("finetune.hub", "push a run to the Hub (python -m finetune.hub push)"),
-    "card": ("finetune.model_card", "write a run's model card (python -m finetune.model_card)"),
+    "quickstart": ("finetune.tools.quickstart", "the offline quickstart (python -m finetune.tools.quickstart)"),
+    "compare": ("finetune.tools.compare", "comparison report of finished runs (python -m finetune.tools.compare)"),
+    "predict": ("finetune.tools.predict", "classify image files (python -m finetune.tools.predict)"),
+    "attention": ("finetune.tools.attention", "attention maps (python -m finetune.tools.attention)"),
+    "push": ("finetune.tools.hub", "push a run to the Hub (python -m finetune.tools.hub push)"),
+    "card": ("finetune.tools.model_card", "write a run's model card (python -m finetune.tools.model_card)"),
 }
 
 

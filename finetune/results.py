@@ -1,7 +1,8 @@
 """The `results.json` of a run: its schema, how `run.py` builds it, and how everyone else reads it.
 
 `finetune/run.py` writes one `Results` per trained model into its output directory; the comparison report
-(`finetune/compare.py`), the model card (`finetune/model_card.py`) and the benchmarks (`benchmarks/train_budget.py`)
+(`finetune/tools/compare.py`), the model card (`finetune/tools/model_card.py`) and the benchmarks
+(`benchmarks/train_budget.py`)
 read it back with `Results.load`. Each figure is stored once:
 
 - `train.seconds`: the training loop of this process (optimizer steps, forward and backward, the data path), without

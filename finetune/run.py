@@ -106,7 +106,7 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
 
     is_main = training_args.process_index == 0
     if is_main and len(model_types) > 1:
-        from finetune.compare import write_comparison
+        from finetune.tools.compare import write_comparison
 
         report = write_comparison([run_dirs[t] for t in model_types], Path(training_args.output_dir) / "comparison")
         logger.info(f"Comparison written to {report}")
@@ -361,7 +361,7 @@ def evaluate_only(
     softmax probabilities (`top1`, `top1_probability`, ... up to k = 5 or the number of classes).
     """
     from finetune.models import load_trained_model
-    from finetune.report import plot_confusion_matrix, write_predictions_csv
+    from finetune.tools.report import plot_confusion_matrix, write_predictions_csv
 
     start = time.perf_counter()
     logger.info(f"==== evaluating {model_args.model_name_or_path} (no training) -> {args.output_dir}")
@@ -475,7 +475,7 @@ def method_settings(model_type: str, model_args: ModelArguments) -> dict:
 
 def push_results(run_dirs, model_types, training_args, token) -> None:
     """Push each trained model to the Hub (`hub_model_id`, suffixed by the model type when both were trained)."""
-    from finetune.hub import push_output_dir
+    from finetune.tools.hub import push_output_dir
 
     # `hub_model_id` is checked with the arguments, before anything is trained (`finetune/training_args.py`).
     for model_type in model_types:

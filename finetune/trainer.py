@@ -8,13 +8,12 @@ PIL image in loader workers is what makes the input pipeline fast, and it keeps 
 """
 
 import os
-import re
 import shutil
 import time
 
 import torch
 import torch.nn.functional as F
-from transformers import PreTrainedModel, Trainer, TrainerCallback
+from transformers import Trainer, TrainerCallback
 from transformers.modeling_outputs import ImageClassifierOutput
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_callback import ExportableState
@@ -26,6 +25,7 @@ from finetune.augment import MixUpCutMix
 from finetune.callbacks import EMACallback, ModelEMA, RunClock, TrainingBudgetCallback
 from finetune.compile import TrainingCompiler, synchronize
 from finetune.hardware import CompileChoice
+from finetune.models import load_checkpoint_weights, parameter_groups
 from finetune.nonfinite import DEFAULT_MAX_CONSECUTIVE, BadStep, NonFiniteGuard
 
 
@@ -354,82 +354,3 @@ class StepHooks(TrainerCallback):
 
     def on_train_end(self, args, state, control, **kwargs):
         self.trainer.guard.finish()
-
-
-def load_checkpoint_weights(model: PreTrainedModel, checkpoint: str) -> None:
-    """Load a checkpoint's weights into `model` in place, strictly.
-
-    transformers 5.18's Trainer resumes and reloads the best model with a plain, non-strict `load_state_dict` of the
-    saved file. That skips the key renaming `from_pretrained` applies (ViT saves its layers under the legacy names
-    `vit.encoder.layer.*` but names them `vit.layers.*` in memory), so for transformers' ViT it silently keeps the
-    current weights. Loading through `from_pretrained` applies the renaming; the strict copy proves every tensor
-    arrived.
-    """
-    if hasattr(model, "peft_config"):
-        # A LoRA model's checkpoint holds its adapters and head only; the frozen base weights never change.
-        from peft import load_peft_weights, set_peft_model_state_dict
-
-        result = set_peft_model_state_dict(model, load_peft_weights(checkpoint))
-        if result.unexpected_keys:
-            raise ValueError(f"{checkpoint} holds weights this LoRA model lacks: {result.unexpected_keys[:5]}")
-        return
-    try:
-        loaded = type(model).from_pretrained(checkpoint, config=model.config, dtype=next(model.parameters()).dtype)
-        model.load_state_dict(loaded.state_dict(), strict=True)
-    except (RuntimeError, ValueError) as error:
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ValueError(
-            f"The checkpoint {checkpoint} does not fit this model ({first_line}): it was saved by a run with other "
-            "model settings or data. Resume with that run's settings, or train anew into another `output_dir`."
-        ) from error
-
-
-# Parameters that weight decay would only pull towards zero without regularising anything: position embeddings and
-# prefix tokens (timm's `no_weight_decay`), besides every bias and norm scale (the 1-D parameters).
-NO_WEIGHT_DECAY_NAMES = ("position_embeddings", "cls_token", "distillation_token", "mask_token")
-BLOCK_PATTERN = re.compile(r"(?:^|\.)layers?\.(\d+)\.")  # transformers' ViT `vit.layers.3.`, ScratchViT `layer.3.`
-
-
-def uses_weight_decay(name: str, parameter: torch.Tensor) -> bool:
-    """False for biases, norm weights (every 1-D parameter), position embeddings and the CLS/prefix tokens."""
-    return parameter.ndim > 1 and not any(token in name for token in NO_WEIGHT_DECAY_NAMES)
-
-
-def layer_id(name: str, num_layers: int) -> int:
-    """BEiT's layer index of a parameter: 0 for the embeddings, i + 1 for encoder block i, num_layers + 1 for the
-    rest (final norm, pooler, head)."""
-    block = BLOCK_PATTERN.search(name)
-    if block:
-        return int(block.group(1)) + 1
-    return 0 if ".embeddings." in f".{name}" else num_layers + 1
-
-
-def parameter_groups(
-    model: torch.nn.Module, learning_rate: float, weight_decay: float, layer_decay: float | None = None
-) -> list[dict]:
-    """The optimizer's parameter groups of the trainable parameters, by layer and by weight decay.
-
-    Each group has `params`, `param_names`, `weight_decay` (0 where `uses_weight_decay` says so) and `lr`. With
-    `layer_decay`, a parameter of BEiT layer `layer_id` of L blocks trains at
-    `learning_rate * layer_decay ** (L + 1 - layer_id)`: the head at the full rate, each block below it at
-    `layer_decay` times the rate of the one above; without it every group has `learning_rate`.
-    """
-    num_layers = model.config.num_hidden_layers if layer_decay is not None else 0
-    groups: dict[tuple[int, bool], dict] = {}
-    for name, parameter in model.named_parameters():
-        if not parameter.requires_grad:
-            continue
-        layer = layer_id(name, num_layers) if layer_decay is not None else 0
-        decay = uses_weight_decay(name, parameter)
-        group = groups.setdefault(
-            (layer, decay),
-            {
-                "params": [],
-                "param_names": [],
-                "weight_decay": weight_decay if decay else 0.0,
-                "lr": learning_rate * layer_decay ** (num_layers + 1 - layer) if layer_decay else learning_rate,
-            },
-        )
-        group["params"].append(parameter)
-        group["param_names"].append(name)
-    return [groups[key] for key in sorted(groups)]

@@ -284,7 +284,7 @@ def check_training_arguments(args: ImageClassificationTrainingArguments) -> None
     if args.push_to_hub and not args.hub_model_id:
         raise ValueError(
             "`push_to_hub: true` needs `hub_model_id` (e.g. `your-name/vit-cifar10`). Nothing was trained; set it, "
-            "or push later with `python -m finetune.hub push OUTPUT_DIR --repo_id ID`."
+            "or push later with `python -m finetune.tools.hub push OUTPUT_DIR --repo_id ID`."
         )
     metric = args.metric_for_best_model
     if metric is not None:

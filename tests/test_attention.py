@@ -7,8 +7,8 @@ import torch
 from helpers_runs import make_run_dir, tiny_scratch_model, tiny_vit_model
 from PIL import Image
 
-from finetune import attention, predict
-from finetune.predict import load_classifier
+from finetune.tools import attention, predict
+from finetune.tools.predict import load_classifier
 
 
 def random_attention(generator, *shape):

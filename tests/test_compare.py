@@ -8,9 +8,9 @@ import pytest
 from helpers_runs import make_run_dir, tiny_scratch_model
 from PIL import Image
 
-from finetune import compare
-from finetune import report as report_module
 from finetune.results import Results, find_run_dirs
+from finetune.tools import compare
+from finetune.tools import report as report_module
 
 
 TEN_LABELS = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]

@@ -2,7 +2,7 @@
 
 The files are written with Pillow: RGBA and LA with transparent pixels, a palette with a transparent colour, CMYK
 JPEG, 16-bit PNG and PGM, an EXIF-rotated JPEG and a 1-bit PNG. Each is read by training's loader
-(`load_image_data` over a csv of the files), by `predict.load_images` (which `finetune.attention` uses too), and
+(`load_image_data` over a csv of the files), by `predict.load_images` (which `finetune.tools.attention` uses too), and
 checked against the values the decoding documents.
 """
 
@@ -16,7 +16,7 @@ from finetune.augment import LUMA_WEIGHTS, RGBToGrayscale
 from finetune.data import load_image_data
 from finetune.data.decode import IMAGE_EXTENSIONS, decode_image
 from finetune.models import channel_statistics
-from finetune.predict import collect_image_paths, load_images
+from finetune.tools.predict import collect_image_paths, load_images
 
 
 # Every file decodes to WIDTH x HEIGHT (the rotated JPEG once turned upright), so training stores them in one tensor.

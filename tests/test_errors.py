@@ -229,7 +229,7 @@ def test_a_corrupt_safetensors_file_is_named(tmp_path):
     (model_dir / "model.safetensors").write_bytes(b"\xff" * 64)
     with pytest.raises(OSError, match=r"vit/model.safetensors is damaged or incomplete"):
         run.main([*PRETRAINED, "--model_name_or_path", str(model_dir), "--output_dir", str(tmp_path / "out")])
-    from finetune.predict import load_classifier
+    from finetune.tools.predict import load_classifier
 
     with pytest.raises(OSError, match=r"model.safetensors is damaged"):
         load_classifier(model_dir)

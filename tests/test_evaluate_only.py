@@ -10,7 +10,7 @@ from test_run import TINY_SCRATCH, tiny_vit_checkpoint
 from transformers import Trainer
 
 from finetune import run
-from finetune.report import write_predictions_csv
+from finetune.tools.report import write_predictions_csv
 
 
 DIGITS = [

@@ -15,12 +15,12 @@ from test_evaluate_only import DIGITS
 from test_run import tiny_vit_checkpoint
 from transformers import AutoModelForImageClassification, ViTImageProcessor
 
-from finetune import attention, predict, run
+from finetune import run
 from finetune.arguments import DataArguments, ModelArguments
 from finetune.data import load_image_data
-from finetune.model_card import build_model_card
-from finetune.models import apply_finetune_method, build_model, load_adapter_model
-from finetune.trainer import parameter_groups
+from finetune.models import apply_finetune_method, build_model, load_adapter_model, parameter_groups
+from finetune.tools import attention, predict
+from finetune.tools.model_card import build_model_card
 from scratch_vit import ScratchViTConfig, ScratchViTForImageClassification
 
 
@@ -109,7 +109,7 @@ def test_adapter_loads_in_a_clean_process_and_in_predict(lora_run, tmp_path):
     _, out, _ = lora_run
     code = (
         "import sys, torch\n"
-        "from finetune.predict import load_classifier\n"
+        "from finetune.tools.predict import load_classifier\n"
         "model, _ = load_classifier(sys.argv[1], device='cpu')\n"
         "x = torch.randn(4, 1, 8, 8, generator=torch.Generator().manual_seed(0))\n"
         "print(model(pixel_values=x).logits.tolist())\n"
@@ -140,7 +140,7 @@ def test_lora_card_names_the_base_model_and_peft(lora_run):
     card = build_model_card(out, "me/vit-lora")
     assert card.data.library_name == "peft" and card.data.base_model == "google/vit-base-patch16-224-in21k"
     assert "PeftModel.from_pretrained" in card.text and "lora" in card.data.tags
-    from finetune.hub import upload_plan
+    from finetune.tools.hub import upload_plan
 
     assert {"adapter_config.json", "adapter_model.safetensors", "config.json"} <= {n for n, _ in upload_plan(out)}
 

@@ -37,8 +37,8 @@ from transformers import (
     ViTImageProcessor,
 )
 
-from finetune import hub
-from finetune.compare import write_comparison
+from finetune.tools import hub
+from finetune.tools.compare import write_comparison
 
 
 TOKEN = "hf_secret123"
@@ -419,7 +419,7 @@ def test_failed_push_says_why_and_how_to_retry(both_output, caplog, fail, cause)
     message = str(error.value)
     assert cause in message
     assert "Every local file" in message and "still in place" in message
-    assert f"python -m finetune.hub push {run} --repo_id me/vit --commit_message 'first try'" in message
+    assert f"python -m finetune.tools.hub push {run} --repo_id me/vit --commit_message 'first try'" in message
     if fail.get("create") == 401:
         assert "token was rejected" in message
     assert TOKEN not in message and not any(TOKEN in r.getMessage() for r in caplog.records)
@@ -438,8 +438,9 @@ def test_no_token(both_output, monkeypatch):
     monkeypatch.setattr(hub, "get_token", lambda: None)
     with pytest.raises(hub.HubPushError, match="no Hub token") as error:
         hub.push_output_dir(both_output / "scratch", "me/vit", private=True, revision="v1")
-    assert f"python -m finetune.hub push {both_output / 'scratch'} --repo_id me/vit --private --revision v1" in str(
-        error.value
+    assert (
+        f"python -m finetune.tools.hub push {both_output / 'scratch'} --repo_id me/vit --private --revision v1"
+        in str(error.value)
     )
 
 
@@ -465,7 +466,7 @@ def test_cli(both_output, monkeypatch, capsys):
             hub.main(["push", str(run), "--repo-id", "me/cli"])
     assert exit_info.value.code == 1
     err = capsys.readouterr().err
-    assert "HTTP 503" in err and f"python -m finetune.hub push {run} --repo_id me/cli" in err
+    assert "HTTP 503" in err and f"python -m finetune.tools.hub push {run} --repo_id me/cli" in err
 
 
 def test_silent_hub_times_out_with_bounded_retries(both_output):
@@ -482,7 +483,7 @@ def test_silent_hub_times_out_with_bounded_retries(both_output):
     message = str(error.value)
     assert f"no answer from {server.url} within 1 s on POST /api/repos/create (2 attempts; ReadTimeout" in message
     assert "--timeout" in message and hub.TIMEOUT_ENV in message
-    assert f"Retry with: python -m finetune.hub push {run} --repo_id me/vit --timeout 1 --retries 1" in message
+    assert f"Retry with: python -m finetune.tools.hub push {run} --repo_id me/vit --timeout 1 --retries 1" in message
     # two 1 s attempts (plus huggingface_hub's own 3 s agent-registry lookup when it is the process's first request)
     assert 2 <= elapsed < 15
     assert tree_hashes(both_output, skip=None) == before
@@ -544,7 +545,8 @@ def test_cli_against_a_silent_hub(both_output, monkeypatch, capsys):
     assert first.startswith(f"error: Pushing {run} to the Hub repo 'me/cli' failed: no answer from {server.url}")
     assert "Every local file" in first and "still in place" in first
     assert retry == (
-        f"Retry with: python -m finetune.hub push {run} --repo_id me/cli --commit_message try --timeout 1 --retries 0"
+        f"Retry with: python -m finetune.tools.hub push {run} --repo_id me/cli "
+        "--commit_message try --timeout 1 --retries 0"
     )
     assert tree_hashes(both_output, skip=None) == before
 

@@ -10,9 +10,9 @@ from huggingface_hub import ModelCard
 from sklearn.metrics import f1_score, precision_recall_fscore_support, top_k_accuracy_score
 from transformers import EvalPrediction
 
-from finetune import compare, model_card
 from finetune.metrics import compute_metrics, confusion_report, load_metric
 from finetune.results import EvalMetrics, Results
+from finetune.tools import compare, model_card
 
 
 # Three classes, six images: class 0 TP 1 of 2 predicted / 2 true; class 1 TP 2 of 3 / 2; class 2 TP 1 of 1 / 2.

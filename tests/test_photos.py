@@ -12,10 +12,11 @@ from PIL import Image
 from test_run import launch_two_processes
 from transformers import BitImageProcessor, ViTConfig, ViTForImageClassification, ViTImageProcessor
 
-from finetune import predict, run
+from finetune import run
 from finetune.arguments import DataArguments, ModelArguments, ScratchViTArguments
 from finetune.data import load_image_data
 from finetune.models import storage_size
+from finetune.tools import predict
 
 
 CLASSES = ["beans", "leaves", "pods"]

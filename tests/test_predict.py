@@ -9,8 +9,8 @@ import torch
 from helpers_runs import make_images, make_run_dir, tiny_scratch_model, tiny_vit_model
 from PIL import Image
 
-from finetune import predict
 from finetune.models import photo_size
+from finetune.tools import predict
 
 
 @pytest.fixture(scope="module")

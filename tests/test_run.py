@@ -175,7 +175,7 @@ def test_two_processes_pretrained_path(tmp_path):
 
 def test_checkpoint_weights_reach_a_transformers_vit(tmp_path):
     """Resuming and keeping the best model load every tensor, also where transformers renames ViT's keys."""
-    from finetune.trainer import load_checkpoint_weights
+    from finetune.models import load_checkpoint_weights
 
     checkpoint = tiny_vit_checkpoint(tmp_path / "ckpt", num_channels=3, num_labels=4)
     saved = ViTForImageClassification.from_pretrained(checkpoint).state_dict()
@@ -265,7 +265,7 @@ def test_auto_precision_and_attention_are_chosen_logged_and_recorded(tmp_path, m
 
 def test_quickstart_runs_offline_end_to_end(tmp_path, monkeypatch):
     """The README's first command: the source model, then both models and the comparison, from an empty folder."""
-    from finetune import quickstart
+    from finetune.tools import quickstart
 
     monkeypatch.chdir(tmp_path)
     results = quickstart.main(["--num_train_epochs", "2"])

@@ -3,7 +3,8 @@
     from finetune.data.decode import decode_image
     image = decode_image("photo.png", "RGB")  # a PIL image in mode "RGB", 8 bits per channel
 
-Training (`finetune.data`), `finetune.predict` and `finetune.attention` read every image through `decode_image`, so a
+Training (`finetune.data`), `finetune.tools.predict` and `finetune.tools.attention` read every image through
+`decode_image`, so a
 file gives the same pixels whichever command reads it:
 
 - EXIF orientation is applied (`PIL.ImageOps.exif_transpose`): a photo stored sideways with an orientation tag comes

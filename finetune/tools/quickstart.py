@@ -1,4 +1,4 @@
-"""The offline quickstart: `python -m finetune.quickstart [--key value ...]`.
+"""The offline quickstart: `python -m finetune.tools.quickstart [--key value ...]`.
 
 1. Writes a randomly initialised small transformers `ViTForImageClassification` (8 px, patch 2) and its image
    processor, the starting point of a "pretraining" (no Hub checkpoint is reachable offline).
@@ -18,7 +18,7 @@ from finetune import run
 from finetune.errors import run_command
 
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 def make_source_init(path: Path) -> None:

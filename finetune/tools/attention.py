@@ -1,10 +1,10 @@
 """Attention maps of a saved ViT classifier: what the CLS token attends to in each layer, and attention rollout.
 
-    python -m finetune.attention OUTPUT_DIR cat.jpg dog.png --output attention_maps/
+    python -m finetune.tools.attention OUTPUT_DIR cat.jpg dog.png --output attention_maps/
 
 For every image this writes `<name>_attention.png` (the input, the rollout, and the CLS token's attention to the
 patches in every layer, heads averaged, each upsampled and overlaid on the image) and `<name>_rollout.png` (the
-rollout overlaid on the image alone). The image is framed as the model sees it (`finetune.predict.model_view`): a
+rollout overlaid on the image alone). The image is framed as the model sees it (`finetune.tools.predict.model_view`): a
 photo that is not square shows as its centre square.
 
 Attention rollout (Abnar & Zuidema, 2020, "Quantifying Attention Flow in Transformers"): average the heads, add the
@@ -32,7 +32,7 @@ from transformers.utils import logging
 
 from finetune.errors import run_command
 from finetune.models import photo_size
-from finetune.predict import (
+from finetune.tools.predict import (
     add_model_arguments,
     check_image_size,
     classifier_from_arguments,
@@ -282,9 +282,9 @@ def write_attention_maps(
 
 
 def main(argv: list[str] | None = None) -> list[Path]:
-    """Command-line entry: `python -m finetune.attention MODEL_DIR IMAGE [IMAGE ...] --output DIR`."""
+    """Command-line entry: `python -m finetune.tools.attention MODEL_DIR IMAGE [IMAGE ...] --output DIR`."""
     parser = argparse.ArgumentParser(
-        prog="python -m finetune.attention",
+        prog="python -m finetune.tools.attention",
         description="Plot per-layer CLS attention maps and attention rollout of a saved ViT classifier.",
     )
     add_model_arguments(parser)

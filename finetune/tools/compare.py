@@ -1,12 +1,12 @@
 """Compare finished runs: a Markdown report with a summary table and per-class accuracies, learning curves of every
 run on shared axes, and a normalized confusion matrix per run.
 
-    python -m finetune.compare OUTPUT/pretrained OUTPUT/scratch --output OUTPUT/comparison
+    python -m finetune.tools.compare OUTPUT/pretrained OUTPUT/scratch --output OUTPUT/comparison
     vit-finetune compare OUTPUT --output OUTPUT/comparison
 
 A run directory is what `finetune/run.py` writes: `results.json` (`finetune/results.py`). A directory without
 `results.json` whose subfolders are runs (the `model_type: both` layout) stands for those runs. Tables and plots come
-from `finetune/report.py`.
+from `finetune/tools/report.py`.
 """
 
 import argparse
@@ -20,7 +20,8 @@ from pathlib import Path
 from transformers.utils import logging
 
 from finetune.errors import run_command
-from finetune.report import (
+from finetune.results import Results, find_run_dirs
+from finetune.tools.report import (
     SUMMARY_NOTE,
     format_percent,
     markdown_table,
@@ -29,7 +30,6 @@ from finetune.report import (
     summary_row,
     summary_table,
 )
-from finetune.results import Results, find_run_dirs
 
 
 logger = logging.get_logger(__name__)
@@ -136,9 +136,9 @@ def write_comparison(run_dirs: Sequence[str | os.PathLike], output_dir: str | os
 
 
 def main(argv: list[str] | None = None) -> Path:
-    """Command-line entry: `python -m finetune.compare RUN_DIR [RUN_DIR ...] --output REPORT_DIR`."""
+    """Command-line entry: `python -m finetune.tools.compare RUN_DIR [RUN_DIR ...] --output REPORT_DIR`."""
     parser = argparse.ArgumentParser(
-        prog="python -m finetune.compare",
+        prog="python -m finetune.tools.compare",
         description="Compare finished runs: report.md with a summary and a per-class table, learning curves, "
         "and a confusion matrix per run.",
     )

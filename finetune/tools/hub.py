@@ -1,7 +1,7 @@
 """Push a run's output directory to the Hugging Face Hub as a model repo.
 
-    python -m finetune.hub push OUTPUT_DIR --repo_id your-name/vit-cifar10 [--private] [--revision R] [--timeout S]
-    python -m finetune.hub files OUTPUT_DIR      # write the model card and list what a push would upload
+    python -m finetune.tools.hub push OUTPUT_DIR --repo_id you/vit-cifar10 [--private] [--revision R] [--timeout S]
+    python -m finetune.tools.hub files OUTPUT_DIR      # write the model card and list what a push would upload
 
 Only what someone needs to use the model goes up: weights, config, image processor, the ScratchViT code files,
 the model card (README.md, written here first), results.json and the comparison report when there is one. Checkpoints,
@@ -35,7 +35,7 @@ from huggingface_hub.utils import _http as hf_http
 from transformers.utils import logging
 
 from finetune.errors import run_command
-from finetune.model_card import CARD_NAME, find_comparison_dir, write_model_card
+from finetune.tools.model_card import CARD_NAME, find_comparison_dir, write_model_card
 
 
 logger = logging.get_logger(__name__)
@@ -253,7 +253,7 @@ def retry_command(
     retries: int | None = None,
 ) -> str:
     """The shell command that repeats a push with the same options."""
-    parts = ["python", "-m", "finetune.hub", "push", str(output_dir), "--repo_id", repo_id]
+    parts = ["python", "-m", "finetune.tools.hub", "push", str(output_dir), "--repo_id", repo_id]
     if private:
         parts.append("--private")
     if revision:
@@ -420,7 +420,9 @@ def main(argv: list[str] | None = None) -> str | list[str]:
     A failed push ends with one line naming the problem and the fix, then the command that retries it, and exit
     status 1; `--debug` shows the traceback and every request.
     """
-    parser = argparse.ArgumentParser(prog="python -m finetune.hub", description="Push a run to the Hugging Face Hub.")
+    parser = argparse.ArgumentParser(
+        prog="python -m finetune.tools.hub", description="Push a run to the Hugging Face Hub."
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     push = commands.add_parser(
         "push",
@@ -463,7 +465,7 @@ def main(argv: list[str] | None = None) -> str | list[str]:
         print("\n".join(paths))
         return paths
     std_logging.basicConfig(format="%(levelname)s - %(name)s - %(message)s", handlers=[std_logging.StreamHandler()])
-    for name in ("finetune", logger.name):  # `python -m finetune.hub` names this module's logger __main__
+    for name in ("finetune", logger.name):  # `python -m finetune.tools.hub` names this module's logger __main__
         std_logging.getLogger(name).setLevel(std_logging.DEBUG if args.debug else std_logging.INFO)
     try:
         url = push_output_dir(

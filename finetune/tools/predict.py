@@ -1,6 +1,6 @@
 """Classify image files with a saved model: a ScratchViT or transformers' ViT, as `finetune/run.py` saves them.
 
-    python -m finetune.predict OUTPUT_DIR photo.jpg images/ --top_k 3 --output predictions.csv
+    python -m finetune.tools.predict OUTPUT_DIR photo.jpg images/ --top_k 3 --output predictions.csv
 
 Files of any size and format Pillow reads (JPEG, PNG, BMP, WebP, GIF, TIFF; grayscale, 16-bit, RGBA, palette, CMYK)
 are decoded as training decodes them (`finetune.data.decode`: upright per EXIF, transparency on white) in the model's
@@ -299,7 +299,7 @@ def classifier_from_arguments(
 def main(argv: list[str] | None = None) -> list[Prediction]:
     """Command-line entry; prints each file's top-k labels and probabilities, then the skipped files."""
     parser = argparse.ArgumentParser(
-        prog="python -m finetune.predict",
+        prog="python -m finetune.tools.predict",
         description="Classify image files (any size or format) with a saved ScratchViT or ViT classifier.",
     )
     add_model_arguments(parser)

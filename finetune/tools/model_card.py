@@ -19,11 +19,12 @@ import transformers
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from transformers.utils import logging
 
-from finetune.compare import REPORT_NAME, SUMMARY_NAME
 from finetune.errors import run_command
 from finetune.hardware import short_name
 from finetune.models import ADAPTER_CONFIG_NAME
-from finetune.report import (
+from finetune.results import Results
+from finetune.tools.compare import REPORT_NAME, SUMMARY_NAME
+from finetune.tools.report import (
     MISSING,
     display_dataset,
     format_count,
@@ -35,7 +36,6 @@ from finetune.report import (
     markdown_table,
     summary_table,
 )
-from finetune.results import Results
 
 
 logger = logging.get_logger(__name__)
@@ -205,7 +205,8 @@ def _adapter_usage(base: str, repo: str) -> str:
             "processor = AutoImageProcessor.from_pretrained(repo)",
             "```",
             "",
-            "With this project's code, `python -m finetune.predict MODEL_DIR image.jpg` loads the adapter folder "
+            "With this project's code, `python -m finetune.tools.predict MODEL_DIR image.jpg` loads the adapter "
+            "folder "
             "as it is.",
         ]
     )
@@ -236,8 +237,9 @@ def _usage(results: Results, config: dict, repo: str) -> str:
             'print(classifier("image.jpg"))',
             "```",
             "",
-            "With this project's code, `python -m finetune.predict MODEL_DIR image.jpg` prints the top-5 classes, "
-            "and `python -m finetune.attention MODEL_DIR image.jpg --output maps/` plots the attention maps.",
+            "With this project's code, `python -m finetune.tools.predict MODEL_DIR image.jpg` prints the top-5 "
+            "classes, "
+            "and `python -m finetune.tools.attention MODEL_DIR image.jpg --output maps/` plots the attention maps.",
         ]
     )
 
@@ -361,8 +363,9 @@ def write_model_card(output_dir: str | os.PathLike, repo_id: str | None = None) 
 
 
 def main(argv: list[str] | None = None) -> Path:
-    """Command-line entry: `python -m finetune.model_card OUTPUT_DIR [--repo_id ID]` writes OUTPUT_DIR/README.md."""
-    parser = argparse.ArgumentParser(prog="python -m finetune.model_card", description=main.__doc__)
+    """Command-line entry: `python -m finetune.tools.model_card OUTPUT_DIR [--repo_id ID]` writes
+    OUTPUT_DIR/README.md."""
+    parser = argparse.ArgumentParser(prog="python -m finetune.tools.model_card", description=main.__doc__)
     parser.add_argument("output_dir", metavar="OUTPUT_DIR", help="A run's output directory (with results.json).")
     parser.add_argument("--repo_id", "--repo-id", help="The Hub repo id the card is for (it names the model).")
     args = parser.parse_args(argv)

@@ -1,5 +1,5 @@
 """Reporting: number formatting, Markdown tables, the runs' summary table and the plots, for the comparison report
-(`finetune/compare.py`), the model card (`finetune/model_card.py`) and the benchmarks.
+(`finetune/tools/compare.py`), the model card (`finetune/tools/model_card.py`) and the benchmarks.
 
 Plots use matplotlib's object-oriented API (`matplotlib.figure.Figure`) on the Agg canvas, so no display is needed and
 no global backend is switched.

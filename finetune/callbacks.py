@@ -1,92 +1,71 @@
-"""Trainer callbacks: the run's one clock, a wall-clock budget with a schedule that ends at it, and an exponential
-moving average (EMA) of the weights. `ImageClassificationTrainer` builds them from its arguments.
+"""Trainer callbacks: the run's one clock, a wall-clock budget (with a schedule that ends at it), an exponential moving
+average (EMA) of the weights evaluated and saved in place of the weights, and a stop on SIGTERM/SIGINT that saves a
+checkpoint first. `ImageClassificationTrainer` builds them from its arguments.
 
-- `RunClock` is the only timer of a run. It stamps each entry of `state.log_history` with `elapsed_seconds` since
-  training began (so accuracy can be plotted against wall-clock minutes), adds up the training loop's own time
-  (`train_seconds`, without the evaluations and checkpoints, between epochs or inside them) and its optimizer steps,
-  and estimates the time the Trainer spends on the data path (`data_seconds`) from the steps it times (every step on
-  a CPU; on a GPU, where timing a step means waiting for the device, each epoch's first step and one in
-  `data_timing_interval` of the others). Evaluation
-  entries also get the training figures so far (`train_seconds`, `data_seconds`, `train_steps`,
-  `train_images_per_second`), so a run that stops early still has them. `results.json`'s timings all come from it.
-- `TrainingBudgetCallback` stops training once `max_train_minutes` of wall-clock time (training, evaluation and
-  saving alike, since that is what the budget buys) is spent on the clock; the Trainer then still loads the best
-  model and `run.py` evaluates, tests and saves it as after any run. With `fit_schedule=True` it also stretches or
-  shrinks the learning-rate schedule so that it reaches its end exactly at the budget: after `calibration_fraction`
-  of the budget it measures the seconds per step (evaluations included) and sets the schedule's `num_training_steps`
-  to the steps that fit (at most the Trainer's own `max_steps`, so `num_train_epochs` is an upper bound); it
-  re-plans at every epoch end, so a machine that slows down or speeds up is followed. Give `warmup_steps` as a number
-  of steps then: a ratio would be taken of the upper bound.
-- `EMACallback` keeps `ModelEMA` up to date after every optimizer step; `ImageClassificationTrainer` evaluates and
-  saves the EMA weights (see `finetune/trainer.py`).
+- `RunClock` stamps each log entry with `elapsed_seconds` since training began, adds up the training loop's own time
+  (`train_seconds`, evaluations and checkpoints left out), its optimizer steps and the sum of the step losses. Its
+  totals are saved with every checkpoint (`TrainerState.stateful_callbacks`) and taken up again on resume, so
+  `results.json` covers the whole run, not only its resumed part.
+- `TrainingBudgetCallback` stops training once `max_train_minutes` of wall-clock time are spent; with
+  `fit_schedule=True` it also re-plans the learning-rate schedule to end exactly at the budget.
+- `EMACallback` updates a `ModelEMA` after every optimizer step, and swaps the average into the model for each
+  evaluation and checkpoint.
+- `InterruptCallback`: the first SIGTERM or SIGINT finishes the running optimizer step, saves a checkpoint and stops
+  training (every process at the same step); a second one ends the process at once.
 """
 
 import functools
+import signal
+import threading
 import time
 from collections.abc import Callable
 
 import torch
 from torch import nn
 from transformers import TrainerCallback
+from transformers.trainer_callback import ExportableState
 from transformers.utils import logging
 
 
 logger = logging.get_logger(__name__)
 
 
-class RunClock(TrainerCallback):
-    """The run's clock: time since training began, the training loop's own time, its steps and its data time.
+class RunClock(TrainerCallback, ExportableState):
+    """The run's clock: time since training began, the training loop's own time, its steps and the sum of their
+    losses; across resumes.
 
     Args:
         time_fn: a function returning seconds (`time.perf_counter`); tests pass a fake one.
-        data_timing_interval: time the data path of one optimizer step in this many (1: every step).
     """
 
-    def __init__(self, time_fn: Callable[[], float] = time.perf_counter, data_timing_interval: int = 1):
+    def __init__(self, time_fn: Callable[[], float] = time.perf_counter):
         self.time_fn = time_fn
-        self.data_timing_interval = data_timing_interval
         self.train_start = None
         self.train_seconds = 0.0
         self.steps = 0
-        # The data path of each epoch's first step (loader start-up included) is timed and counted as it is; the other
-        # steps' from those sampled, scaled up to all of them.
-        self.data_seconds_first = 0.0
-        self.data_steps_first = 0
-        self.data_seconds_timed = 0.0
-        self.data_steps_timed = 0
+        self.loss_sum = 0.0  # a tensor on the device while training (no host read per step)
         self._epoch_start = None
-        self._epoch_first_step = False
         self._paused = 0.0  # evaluations and checkpoints inside the running epoch
         self._mark = None  # the end of the last step, or of the last evaluation or checkpoint after it
-        self._timing_first = False
+
+    def state(self) -> dict:
+        seconds = self.train_seconds + self._running()
+        return {
+            "args": {},
+            "attributes": {"train_seconds": seconds, "steps": self.steps, "loss_sum": float(self.loss_sum)},
+        }
+
+    def add_loss(self, loss: torch.Tensor) -> None:
+        """A micro-batch's loss, as the Trainer adds it to its logged loss (already divided by the accumulation)."""
+        self.loss_sum = self.loss_sum + loss.detach()
+
+    @property
+    def mean_loss(self) -> float | None:
+        return float(self.loss_sum) / self.steps if self.steps else None
 
     def elapsed(self) -> float:
         """Seconds since training began (0 before it does)."""
         return 0.0 if self.train_start is None else self.time_fn() - self.train_start
-
-    def times_data_of_step(self, step: int) -> bool:
-        """Whether the data path of optimizer step `step` (0-based) is to be timed: the first of each epoch and one in
-        `data_timing_interval` of the others."""
-        self._timing_first, self._epoch_first_step = self._epoch_first_step, False
-        return self._timing_first or step % self.data_timing_interval == 0
-
-    def add_data_time(self, seconds: float, new_step: bool) -> None:
-        """Add a timed piece of the data path of the step `times_data_of_step` chose (`new_step`: its first piece)."""
-        if self._timing_first:
-            self.data_seconds_first += seconds
-            self.data_steps_first += int(new_step)
-        else:
-            self.data_seconds_timed += seconds
-            self.data_steps_timed += int(new_step)
-
-    @property
-    def data_seconds(self) -> float:
-        """Seconds spent on the data path: each epoch's first step as measured, the others measured on every step
-        (on a CPU) or scaled up from the steps sampled."""
-        if not self.data_steps_timed:
-            return self.data_seconds_first
-        others = max(self.steps - self.data_steps_first, self.data_steps_timed)
-        return self.data_seconds_first + self.data_seconds_timed * others / self.data_steps_timed
 
     def _running(self) -> float:
         """Training seconds of the running epoch up to its last step, without its evaluations and checkpoints."""
@@ -95,11 +74,14 @@ class RunClock(TrainerCallback):
         return (self._mark if self._mark is not None else self.time_fn()) - self._epoch_start - self._paused
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self.train_start = self.time_fn()
+        saved = state.stateful_callbacks.get(type(self).__name__)  # a resumed run's totals, from its checkpoint
+        if saved:
+            for name, value in saved["attributes"].items():
+                setattr(self, name, value)
+        self.train_start = self.time_fn() - self.train_seconds
 
     def on_epoch_begin(self, args, state, control, **kwargs):
-        self._epoch_start = self.time_fn()
-        self._epoch_first_step, self._paused, self._mark = True, 0.0, None
+        self._epoch_start, self._paused, self._mark = self.time_fn(), 0.0, None
 
     def on_step_end(self, args, state, control, **kwargs):
         self.steps += 1
@@ -138,7 +120,6 @@ class RunClock(TrainerCallback):
                 seconds = self.train_seconds + self._running()
                 batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
                 entry["train_seconds"] = round(seconds, 3)
-                entry["data_seconds"] = round(self.data_seconds, 3)
                 entry["train_steps"] = self.steps
                 entry["train_images_per_second"] = round(self.steps * batch / seconds, 1) if seconds > 0 else None
 
@@ -247,32 +228,27 @@ def set_schedule_length(lr_scheduler, num_training_steps: int) -> bool:
 
 
 class ModelEMA:
-    """Exponential moving average of a model's floating-point parameters and buffers.
+    """Exponential moving average of a model's floating-point parameters and buffers, in float32 on its device.
 
     After each `update(model)`, `ema = decay_t * ema + (1 - decay_t) * weights`, with `decay_t = decay` or, with
     `warmup=True`, `min(decay, (1 + t) / (10 + t))` at update `t` (as timm does), so early, random weights fade fast.
-    The average is kept in float32 on the model's device.
+    Not `torch.optim.swa_utils.AveragedModel`: its `update_parameters` reads its update count from the device at every
+    call (a host-device sync per step) and averages integer buffers too.
     """
 
     def __init__(self, model: nn.Module, decay: float, warmup: bool = True):
         if not 0.0 < decay < 1.0:
             raise ValueError(f"`decay` must be in (0, 1), got {decay}.")
-        self.decay = decay
-        self.warmup = warmup
-        self.num_updates = 0
+        self.decay, self.warmup, self.num_updates = decay, warmup, 0
         self.shadow = {name: t.detach().float().clone() for name, t in _averaged_tensors(model)}
 
     def current_decay(self) -> float:
-        if not self.warmup:
-            return self.decay
-        return min(self.decay, (1 + self.num_updates) / (10 + self.num_updates))
+        return min(self.decay, (1 + self.num_updates) / (10 + self.num_updates)) if self.warmup else self.decay
 
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
-        decay = self.current_decay()
         names, tensors = zip(*_averaged_tensors(model))
-        shadow = [self.shadow[name] for name in names]
-        torch._foreach_lerp_(shadow, [t.float() for t in tensors], 1.0 - decay)
+        torch._foreach_lerp_([self.shadow[n] for n in names], [t.float() for t in tensors], 1.0 - self.current_decay())
         self.num_updates += 1
 
     @torch.no_grad()
@@ -283,11 +259,6 @@ class ModelEMA:
             tensor.copy_(self.shadow[name])
             self.shadow[name] = current
 
-    @torch.no_grad()
-    def copy_to(self, model: nn.Module) -> None:
-        for name, tensor in _averaged_tensors(model):
-            tensor.copy_(self.shadow[name])
-
 
 def _averaged_tensors(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
     named = list(model.named_parameters()) + list(model.named_buffers())
@@ -295,12 +266,88 @@ def _averaged_tensors(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
 
 
 class EMACallback(TrainerCallback):
-    """Updates `ema` from the model after every optimizer step (every `every` steps)."""
+    """Keeps `ema` up to date after every optimizer step, and has evaluations and checkpoints use it: the average is
+    swapped into the model when the Trainer is about to evaluate or save (this callback runs after the ones that
+    decide so) and swapped back before the next step. Training ends with the model holding the average (or the best
+    checkpoint, which holds averaged weights)."""
 
-    def __init__(self, ema: ModelEMA, every: int = 1):
-        self.ema = ema
-        self.every = every
+    def __init__(self, ema: ModelEMA, model: nn.Module):
+        self.ema, self.model = ema, model
+        self.swapped = False
 
-    def on_step_end(self, args, state, control, model=None, **kwargs):
-        if model is not None and state.global_step % self.every == 0:
-            self.ema.update(model)
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        self.ema.update(self.model)
+
+    def _swap_in_if_needed(self, control) -> None:
+        if (control.should_evaluate or control.should_save) and not self.swapped:
+            self.ema.swap(self.model)
+            self.swapped = True
+
+    def _swap_back(self) -> None:
+        if self.swapped:
+            self.ema.swap(self.model)
+            self.swapped = False
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self._swap_in_if_needed(control)
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        self._swap_in_if_needed(control)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._swap_back()
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        self._swap_back()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        # The best checkpoint reloaded at the end holds averaged weights already; else keep the final average.
+        if not self.swapped and not (args.load_best_model_at_end and state.best_model_checkpoint):
+            self.ema.swap(self.model)
+        self.swapped = False
+
+
+class InterruptCallback(TrainerCallback):
+    """The first SIGTERM (a scheduler's preemption) or SIGINT (Ctrl-C) asks `guard` to stop: once every process has
+    agreed (the guard reduces the request with its flags), the Trainer saves a checkpoint after the running optimizer
+    step and stops, without an evaluation. A second signal ends the process at once. `signal` is the first one's
+    number in the process that received it; `guard.stop_agreed` the one every process stops for."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self, guard):
+        self.guard = guard
+        self.signal: int | None = None
+        self._previous = {}
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if threading.current_thread() is threading.main_thread():  # handlers can only be set there
+            self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+
+    def _handle(self, signum, frame) -> None:
+        if self.signal is not None:
+            self._restore()
+            signal.raise_signal(signum)  # the second one: as if no handler were set (SIGINT: KeyboardInterrupt)
+            return
+        self.signal = signum
+        self.guard.stop_requested = int(signum)
+        logger.warning(
+            f"{signal.Signals(signum).name}: saving a checkpoint after this optimizer step, then stopping; "
+            "send it again to stop at once without saving."
+        )
+
+    def _restore(self) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        self._previous = {}
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.guard.stop_agreed:
+            control.should_save, control.should_training_stop, control.should_evaluate = True, True, False
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        if self.guard.stop_agreed:  # saved after the step already
+            control.should_save = control.should_evaluate = False
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._restore()

@@ -9,10 +9,12 @@ from transformers import TrainingArguments
 from transformers.utils import logging
 
 from finetune.models import WEIGHT_FILES
-from finetune.trainer import PARTIAL_CHECKPOINT_PREFIX
 
 
 logger = logging.get_logger(__name__)
+
+# Earlier versions wrote each checkpoint under this prefix and renamed it once complete; their leftovers are removed.
+PARTIAL_CHECKPOINT_PREFIX = "tmp-"
 
 
 def resolve_checkpoint(run_dir: Path, training_args: TrainingArguments) -> str | None:

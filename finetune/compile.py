@@ -20,6 +20,7 @@ from typing import TypeVar
 
 import torch
 from torch import nn
+from transformers import TrainerCallback
 from transformers.utils import logging
 
 from finetune.hardware import CompileChoice
@@ -44,8 +45,9 @@ def one_line(error: BaseException, limit: int = 300) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
-class TrainingCompiler:
-    """Which module runs a training step's forward pass: the compiled one or the model itself.
+class TrainingCompiler(TrainerCallback):
+    """Which module runs a training step's forward pass: the compiled one or the model itself; as a callback, it
+    times the check of `auto` over the Trainer's steps.
 
     Args:
         choice: the resolved `torch_compile` (`finetune.hardware.choose_compile`).
@@ -121,9 +123,11 @@ class TrainingCompiler:
         """`step()` (a training step that takes its module from `module_for`); if it fails in the compiled module, it
         runs again eagerly, and only if that succeeds is the compiler at fault: training goes on eagerly, and
         `on_fallback()` is called (the Trainer skips the optimizer step, whose gradients a compiled backward that
-        failed halfway may have partly accumulated twice)."""
+        failed halfway may have partly accumulated twice). The first compiled step's time is logged."""
+        first = self.active and self.compile_seconds is None
+        start = self.time_fn()
         try:
-            return step()
+            result = step()
         except Exception as error:
             if not self.used:
                 raise
@@ -132,6 +136,11 @@ class TrainingCompiler:
             self.fall_back(error)
             on_fallback()
             return result
+        if first and self.used:
+            synchronize(self.device)
+            self.compile_seconds = self.time_fn() - start
+            logger.info(f"torch.compile: the first compiled step took {self.compile_seconds:.1f} s.")
+        return result
 
     def fall_back(self, error: BaseException) -> None:
         """After a failure in the compiled step: eager from now on, with a warning. In a multi-process run the others
@@ -147,12 +156,12 @@ class TrainingCompiler:
 
     # ---- The check, one call per optimizer step.
 
-    def on_step_begin(self) -> None:
+    def on_step_begin(self, *args, **kwargs) -> None:
         if self._checking and self._segment_start is None:
             synchronize(self.device)
             self._segment_start = self.time_fn()
 
-    def on_step_end(self) -> None:
+    def on_step_end(self, *args, **kwargs) -> None:
         if not self._checking or self._segment_start is None:
             return
         synchronize(self.device)  # only in the few steps of the check
@@ -167,10 +176,12 @@ class TrainingCompiler:
         if self._phase == len(self._phases):
             self._decide()
 
-    def interrupted(self) -> None:
+    def interrupted(self, *args, **kwargs) -> None:
         """An evaluation, a checkpoint or an epoch's end: the timed phase pauses at the last step's end."""
         if self._checking:
             self._close_segment()
+
+    on_evaluate = on_save = on_epoch_end = interrupted
 
     def _close_segment(self) -> None:
         if self._segment_start is not None and self._last_end is not None and self._last_end > self._segment_start:

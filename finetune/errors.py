@@ -60,11 +60,13 @@ def run_command(
         argv = [a for i, a in enumerate(argv) if i not in flags]
     try:
         main(argv)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as error:
         if debug:
             raise
-        print("error: interrupted (Ctrl-C); the files already complete are kept.", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        # A training run stopped by a signal says where it saved and how to resume (`TrainingInterrupted`).
+        message = str(error) or "interrupted (Ctrl-C); the files already complete are kept."
+        print(f"error: {message}", file=sys.stderr)
+        return getattr(error, "exit_status", EXIT_INTERRUPTED)
     except SystemExit:
         raise  # argparse's usage errors and `--help` already say what they have to
     except Exception as error:

@@ -226,9 +226,8 @@ def train_and_evaluate(
             **method_settings(model_type, model_args),
         },
         train=TrainMetrics(
-            loss=train_result.metrics.get("train_loss"),
+            loss=clock.mean_loss,
             seconds=clock.train_seconds,
-            data_seconds=clock.data_seconds,
             steps=clock.steps,
             nonfinite_steps=trainer.guard.bad_steps,
             # Steps x batch size overcounts the last, partial batch of each epoch by less than one batch.
@@ -305,6 +304,7 @@ def make_trainer(
         compute_metrics=compute_metrics,
         processing_class=processor,
         batch_transform=batch_transform,
+        compile_choice=getattr(args, "compile_choice", None),
         layer_decay=layer_decay,
     )
 

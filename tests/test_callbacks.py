@@ -1,4 +1,4 @@
-"""Training-budget callbacks, EMA of weights, and the Trainer's flip TTA and soft-target (MixUp) loss."""
+"""Training-budget callbacks, the run clock, EMA of weights, and the Trainer's flip TTA and soft-target loss."""
 
 import pytest
 import torch
@@ -14,7 +14,7 @@ from finetune.callbacks import (
     TrainingBudgetCallback,
     set_schedule_length,
 )
-from finetune.trainer import ImageClassificationTrainer
+from finetune.trainer import ImageClassificationTrainer, classification_loss
 from finetune.training_args import ImageClassificationTrainingArguments
 from scratch_vit import ScratchViTConfig, ScratchViTForImageClassification
 
@@ -115,7 +115,7 @@ def test_ema_equals_the_closed_form_after_k_steps(tmp_path):
     w0 = {k: v.clone() for k, v in model.state_dict().items()}
     decay, k = 0.9, 5
     ema = ModelEMA(model, decay, warmup=False)
-    callback = EMACallback(ema)
+    callback = EMACallback(ema, model)
     args, state, control = _args(tmp_path), TrainerState(), TrainerControl()
     values = []
     for step in range(1, k + 1):
@@ -123,8 +123,7 @@ def test_ema_equals_the_closed_form_after_k_steps(tmp_path):
             for p in model.parameters():
                 p.add_(step)  # the weights after step `step`
         values.append({n: v.clone() for n, v in model.state_dict().items()})
-        state.global_step = step
-        callback.on_step_end(args, state, control, model=model)
+        callback.on_optimizer_step(args, state, control)
     expected = {}
     for name in w0:
         # ema_k = d^k w_0 + sum_i (1 - d) d^(k - i) w_i
@@ -148,6 +147,52 @@ def test_ema_warmup_decay_follows_timm():
     assert ema.current_decay() == 0.999
 
 
+def test_ema_is_swapped_in_for_an_evaluation_or_save_and_out_before_the_next_step(tmp_path):
+    model = nn.Linear(2, 2)
+    ema = ModelEMA(model, 0.5, warmup=False)
+    callback = EMACallback(ema, model)
+    args, state, control = _args(tmp_path, load_best_model_at_end=False), TrainerState(), TrainerControl()
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    callback.on_optimizer_step(args, state, control)
+    raw, average = model.weight.detach().clone(), ema.shadow["weight"].clone()
+    callback.on_step_end(args, state, control)  # nothing to evaluate or save: the raw weights stay
+    assert torch.equal(model.weight, raw)
+    control.should_save = True
+    callback.on_step_end(args, state, control)
+    assert torch.equal(model.weight, average)
+    callback.on_step_begin(args, state, control)
+    assert torch.equal(model.weight, raw)
+    callback.on_train_end(args, state, control)  # training ends with the average in the model
+    assert torch.equal(model.weight, average)
+
+
+def test_run_clock_totals_survive_a_resume(tmp_path):
+    """The clock's totals are saved in the checkpoint's trainer state and taken up by the resumed run's clock."""
+    fake = FakeClock()
+    clock = RunClock(time_fn=fake)
+    args, control = _args(tmp_path), TrainerControl()
+    state = TrainerState(stateful_callbacks=[clock])
+    clock.on_train_begin(args, state, control)
+    clock.on_epoch_begin(args, state, control)
+    for loss in (2.0, 1.0):
+        fake.now += 3.0
+        clock.add_loss(torch.tensor(loss))
+        clock.on_step_end(args, state, control)
+    state.stateful_callbacks["RunClock"] = clock.state()  # as the Trainer does when it saves a checkpoint
+    state.save_to_json(str(tmp_path / "trainer_state.json"))
+
+    resumed = RunClock(time_fn=fake)
+    resumed.on_train_begin(args, TrainerState.load_from_json(str(tmp_path / "trainer_state.json")), control)
+    resumed.on_epoch_begin(args, state, control)
+    fake.now += 3.0
+    resumed.add_loss(torch.tensor(3.0))
+    resumed.on_step_end(args, state, control)
+    resumed.on_train_end(args, state, control)
+    assert resumed.steps == 3 and resumed.mean_loss == pytest.approx(2.0)
+    assert resumed.train_seconds == pytest.approx(9.0)
+
+
 def _tiny_trainer(tmp_path, **kwargs):
     torch.manual_seed(0)
     config = ScratchViTConfig(
@@ -165,60 +210,36 @@ def _tiny_trainer(tmp_path, **kwargs):
 def test_flip_tta_logits_are_the_mean_of_both_passes(tmp_path):
     trainer, model = _tiny_trainer(tmp_path, flip_tta=True)
     model.eval()
-    x = torch.randn(4, 3, 8, 8)
+    images = torch.randint(0, 256, (4, 3, 8, 8), dtype=torch.uint8)
     labels = torch.tensor([0, 1, 2, 0])
-    loss, outputs = trainer.compute_loss(model, {"pixel_values": x, "labels": labels}, return_outputs=True)
+    loss, logits, returned = trainer.prediction_step(model, {"pixel_values": images, "labels": labels}, False)
+    x = trainer.batch_transform(images, train=False)
     with torch.no_grad():
         expected = (model(pixel_values=x).logits + model(pixel_values=x.flip(-1)).logits) / 2
-    torch.testing.assert_close(outputs.logits, expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(loss, F.cross_entropy(expected, labels), rtol=1e-5, atol=1e-6)
-    # Training is untouched: the model's own loss on the unflipped batch.
-    model.train()
-    assert torch.equal(
-        trainer.compute_loss(model, {"pixel_values": x, "labels": labels}), model(pixel_values=x, labels=labels).loss
-    )
+    assert torch.equal(returned, labels)
 
 
-def test_soft_target_loss_mixes_the_two_cross_entropies(tmp_path):
+def test_the_training_loss_is_the_models_own_loss_without_mixing(tmp_path):
     trainer, model = _tiny_trainer(tmp_path)
     model.train()
-    x = torch.randn(4, 3, 8, 8)
+    images = torch.randint(0, 256, (4, 3, 8, 8), dtype=torch.uint8)
+    labels = torch.tensor([0, 1, 2, 0])
+    torch.manual_seed(1)
+    loss = trainer.compute_loss(model, {"pixel_values": images, "labels": labels})
+    torch.manual_seed(1)
+    x = trainer.batch_transform(images, train=True)  # the same augmentation, from the same seed
+    torch.testing.assert_close(loss, model(pixel_values=x, labels=labels).loss)
+
+
+def test_soft_target_loss_mixes_the_two_cross_entropies():
+    logits = torch.randn(4, 3)
     a, b, lam = torch.tensor([0, 1, 2, 0]), torch.tensor([1, 1, 0, 2]), 0.3
     soft = lam * F.one_hot(a, 3).float() + (1 - lam) * F.one_hot(b, 3).float()
-    loss = trainer.compute_loss(model, {"pixel_values": x, "soft_labels": soft})
-    logits = model(pixel_values=x).logits
     expected = lam * F.cross_entropy(logits, a) + (1 - lam) * F.cross_entropy(logits, b)
-    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-6)
-
-
-def test_run_clock_leaves_out_evaluations_inside_an_epoch_and_samples_the_data_path(tmp_path):
-    """`eval_strategy: steps`: an evaluation between two steps is not training time, and an evaluation's log entry
-    (written before `on_evaluate`) counts the epoch up to its last step. The data path: each epoch's first step as
-    measured (loader start-up), the others scaled up from the sampled ones."""
-    fake = FakeClock()
-    clock = RunClock(time_fn=fake, data_timing_interval=4)
-    args, state, control = _args(tmp_path, per_device_train_batch_size=8), TrainerState(), TrainerControl()
-    clock.on_train_begin(args, state, control)
-    clock.on_epoch_begin(args, state, control)
-    timed = []
-    for step in range(8):
-        timed.append(clock.times_data_of_step(step))
-        if timed[-1]:
-            clock.add_data_time(3.0 if step == 0 else 0.5, new_step=True)
-        fake.now += 2.0
-        clock.on_step_end(args, state, control)
-        if step == 3:
-            fake.now += 50.0  # an evaluation
-            state.log_history.append({"eval_accuracy": 0.5})
-            clock.on_log(args, state, control)
-            clock.on_evaluate(args, state, control)
-    clock.on_epoch_end(args, state, control)
-    assert timed == [True, False, False, False, True, False, False, False]
-    assert clock.train_seconds == pytest.approx(16.0)
-    entry = state.log_history[-1]
-    assert entry["train_seconds"] == pytest.approx(8.0) and entry["train_steps"] == 4
-    assert entry["train_images_per_second"] == pytest.approx(4 * 8 / 8.0)
-    # step 0's 3 s as measured; step 4's 0.5 s stands for the other 7 steps
-    assert clock.data_seconds == pytest.approx(3.0 + 0.5 * 7)
-    clock.on_epoch_begin(args, state, control)
-    assert clock.times_data_of_step(8) is True  # the next epoch's first step
+    torch.testing.assert_close(classification_loss(logits, soft), expected, rtol=1e-5, atol=1e-6)
+    # Label smoothing applies to soft targets as to labels: (1 - s) * target + s / K.
+    smoothed = 0.9 * soft + 0.1 / 3
+    expected = -(smoothed * logits.log_softmax(-1)).sum(-1).mean()
+    torch.testing.assert_close(classification_loss(logits, soft, 0.1), expected, rtol=1e-5, atol=1e-6)

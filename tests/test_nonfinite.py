@@ -8,11 +8,12 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from torch import nn
-from transformers import AutoModelForImageClassification
+from transformers import AutoModelForImageClassification, TrainerState
 
 from finetune import run
 from finetune.augment import BatchTransform
@@ -48,13 +49,35 @@ def state_of(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, to
     return tensors
 
 
-def guarded_step(model, optimizer, guard, x):
-    guard.begin_step()
+class Hooks:
+    """Calls a guard's Trainer hooks in the Trainer's order around an optimizer step, at learning rate `lr`."""
+
+    def __init__(self, guard: NonFiniteGuard, optimizer: torch.optim.Optimizer, lr: float = 0.1):
+        self.guard, self.optimizer = guard, optimizer
+        self.args, self.state, self.control = SimpleNamespace(device=torch.device("cpu")), TrainerState(), None
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr / 0.1)
+
+    def begin(self):
+        self.guard.on_step_begin(self.args, self.state, self.control)
+
+    def before(self):
+        self.guard.on_pre_optimizer_step(self.args, self.state, self.control, optimizer=self.optimizer)
+
+    def after(self):
+        hooks = dict(optimizer=self.optimizer, lr_scheduler=self.scheduler)
+        self.guard.on_optimizer_step(self.args, self.state, self.control, **hooks)
+        self.state.global_step += 1
+
+
+def guarded_step(model, hooks: Hooks, x):
+    hooks.begin()
     loss = model(x)
     loss.backward()
-    guard.observe_loss(loss)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    hooks.guard.observe_loss(loss)
+    hooks.before()
+    hooks.optimizer.step()
+    hooks.after()
+    hooks.optimizer.zero_grad(set_to_none=True)
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "foreach"])
@@ -62,22 +85,21 @@ def test_a_non_finite_step_changes_nothing_and_a_finite_one_does(fused, caplog):
     torch.manual_seed(0)
     model = TinyNet().train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, fused=fused, foreach=None if fused else True)
-    steps = iter(range(1, 100))
-    guard = NonFiniteGuard(model, max_consecutive=3, step_info=lambda: (next(steps), 0.1))
-    guard.install(optimizer)
+    guard = NonFiniteGuard(model, max_consecutive=3)
+    hooks = Hooks(guard, optimizer)
     x = torch.randn(8, 4)
-    guarded_step(model, optimizer, guard, x)  # a good step creates the optimizer state
+    guarded_step(model, hooks, x)  # a good step creates the optimizer state
     before = state_of(model, optimizer)
 
     with caplog.at_level(logging.WARNING, logger="finetune.nonfinite"):
-        guarded_step(model, optimizer, guard, torch.full_like(x, float("nan")))
+        guarded_step(model, hooks, torch.full_like(x, float("nan")))
     after = state_of(model, optimizer)
     for name, value in before.items():
         assert torch.equal(after[name], value), f"{name} changed in a skipped step"
     assert "Step 2: non-finite loss (learning rate 0.1); the update was skipped" in caplog.text
     assert guard.bad_steps == 1
 
-    guarded_step(model, optimizer, guard, x)
+    guarded_step(model, hooks, x)
     after = state_of(model, optimizer)
     assert not torch.equal(after["model.linear.weight"], before["model.linear.weight"])
     assert not torch.equal(after["model.norm.running_mean"], before["model.norm.running_mean"])
@@ -87,21 +109,20 @@ def test_consecutive_bad_steps_end_training_and_a_good_step_resets_the_count():
     torch.manual_seed(0)
     model = TinyNet().train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
-    steps = iter(range(1, 100))
-    guard = NonFiniteGuard(
-        model, max_consecutive=3, step_info=lambda: (next(steps), 0.05), on_diverged=lambda bad: "KEPT."
-    )
-    guard.install(optimizer)
+    guard = NonFiniteGuard(model, max_consecutive=3)
+    hooks = Hooks(guard, optimizer, lr=0.05)
     good, bad = torch.randn(8, 4), torch.full((8, 4), float("inf"))
     for x in (bad, bad, good, bad, bad):  # never three in a row
-        guarded_step(model, optimizer, guard, x)
+        guarded_step(model, hooks, x)
     assert guard.bad_steps == 4
     with pytest.raises(TrainingDiverged) as error:
-        guarded_step(model, optimizer, guard, bad)
+        guarded_step(model, hooks, bad)
     assert str(error.value) == (
         "Training diverged: 3 optimizer steps in a row (4-6) had a non-finite loss or gradient, at learning rate "
-        "0.05; none of them was applied. KEPT."
+        "0.05; none of them was applied."
     )
+    skipped = [e["nonfinite_step"] for e in hooks.state.log_history]
+    assert skipped == [1, 2, 4, 5, 6]
 
 
 def test_a_poisoned_batch_is_skipped_and_the_run_goes_on(tmp_path, monkeypatch, caplog):
@@ -188,19 +209,18 @@ def test_under_a_loss_scaler_overflowing_gradients_are_the_scalers_business():
     model = nn.Sequential(linear, nn.Flatten(0)).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
-    steps = iter(range(1, 100))
-    guard = NonFiniteGuard(model, max_consecutive=2, step_info=lambda: (next(steps), 0.1), scaler=scaler)
-    guard.install(optimizer)
+    guard = NonFiniteGuard(model, max_consecutive=2, scaler=scaler)
+    hooks = Hooks(guard, optimizer)
 
     def scaled_step(x):
-        guard.begin_step()
+        hooks.begin()
         loss = model(x).sum()
         scaler.scale(loss).backward()
         guard.observe_loss(loss)
         scaler.unscale_(optimizer)
-        guard.before_optimizer_step(optimizer)
+        hooks.before()
         scaler.step(optimizer)
-        guard.after_optimizer_step()
+        hooks.after()
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
 
@@ -216,38 +236,37 @@ def test_under_a_loss_scaler_overflowing_gradients_are_the_scalers_business():
 
 def test_a_step_whose_optimizer_call_was_skipped_leaves_nothing_behind():
     """A loss scaler may not call a non-fused optimizer at all for an overflowing step: the next optimizer step
-    starts afresh (its first micro-batch resets the open step's state), so it is neither skipped nor flagged."""
+    starts afresh (`on_step_begin` resets the guard's state), so it is neither skipped nor flagged."""
     torch.manual_seed(0)
     model = TinyNet().train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, foreach=True)
     guard = NonFiniteGuard(model, max_consecutive=3)
-    guard.install(optimizer)
-    guard.begin_step(0)
+    hooks = Hooks(guard, optimizer)
+    hooks.begin()
     model(torch.full((8, 4), float("nan"))).backward()
     guard.observe_loss(torch.tensor(float("nan")))  # ... and the scaler never called optimizer.step
     optimizer.zero_grad(set_to_none=True)
     before = model.linear.weight.detach().clone()
-    guard.begin_step(1)
-    loss = model(torch.randn(8, 4))
-    loss.backward()
-    guard.observe_loss(loss)
-    optimizer.step()
+    guarded_step(model, hooks, torch.randn(8, 4))
     assert not torch.equal(model.linear.weight, before) and guard.bad_steps == 0
 
 
-def test_skip_step_skips_without_counting_a_non_finite_step():
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "foreach"])
+def test_skip_step_skips_without_counting_a_non_finite_step(fused):
     torch.manual_seed(0)
     model = TinyNet().train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, fused=fused, foreach=None if fused else True)
     guard = NonFiniteGuard(model, max_consecutive=1)
-    guard.install(optimizer)
-    guard.begin_step()
+    hooks = Hooks(guard, optimizer)
+    hooks.begin()
     loss = model(torch.randn(8, 4))
     loss.backward()
     guard.observe_loss(loss)
     guard.skip_step()
     before = model.linear.weight.detach().clone()
+    hooks.before()
     optimizer.step()
+    hooks.after()
     assert torch.equal(model.linear.weight, before) and guard.bad_steps == 0
 
 

@@ -91,7 +91,8 @@ def test_scratch_run_writes_a_loadable_model_repo_and_results(tmp_path):
     assert len(saved["history"]) == 2 and saved["history"][-1]["epoch"] == pytest.approx(2.0)
     assert np.array(saved["confusion_matrix"]).sum() == 45 and saved["confusion_split"] == "validation"
     assert saved["train"]["images_per_second"] > 0 and saved["wall_seconds"] > 0
-    assert 0 < saved["train"]["data_seconds"] < saved["train"]["seconds"] < saved["wall_seconds"]
+    assert 0 < saved["train"]["seconds"] < saved["wall_seconds"]
+    assert saved["train"]["data_seconds"] is None  # timed by benchmarks/timed_run.py only
     assert saved["train"]["steps"] == saved["history"][-1]["step"]
     assert saved["hardware"]["device"] == "cpu" and saved["hardware"]["world_size"] == 1
     assert results.validation.accuracy == saved["validation"]["accuracy"]

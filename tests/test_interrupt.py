@@ -1,0 +1,123 @@
+"""Interrupted runs, with real signals and real processes: a signal saves a checkpoint and stops with one line that
+says how to resume; the resumed run ends with the same weights as an uninterrupted one (bitwise on the CPU) and its
+results.json covers the whole run."""
+
+import json
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_nonfinite import run_script  # noqa: E402
+from test_run import ROOT, TINY_SCRATCH  # noqa: E402
+
+
+# 240 training images at batch 32: 8 optimizer steps an epoch, 2 epochs.
+RUN = [*TINY_SCRATCH, "--report_to", "none", "--save_total_limit", "10"]
+SIGNALLED = str(ROOT / "tests" / "signalled_run.py")
+# Checkpoints every 8 steps (each epoch's last), evaluations at each epoch's end, after the checkpoint.
+STEPS_SAVE = [
+    "--save_strategy",
+    "steps",
+    "--save_steps",
+    "8",
+    "--eval_strategy",
+    "epoch",
+    "--load_best_model_at_end",
+    "false",
+]
+
+
+def train(out: Path, *extra: str, env: dict | None = None, script: str | None = None):
+    args = [script] if script else ["-m", "finetune.run"]
+    return run_script([*args, *RUN, "--output_dir", str(out), *extra], env=env)
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    first, second = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+    return first.keys() == second.keys() and all((first[k] == second[k]).all() for k in first)
+
+
+def results(out: Path) -> dict:
+    return json.loads((out / "results.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("uninterrupted") / "run"
+    proc = train(out, *STEPS_SAVE)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def test_sigterm_saves_a_checkpoint_and_the_resumed_run_ends_as_an_uninterrupted_one(tmp_path, uninterrupted):
+    out = tmp_path / "run"
+    strategy = STEPS_SAVE
+    proc = train(out, *strategy, env={"SIGNAL_AT": "5"}, script=SIGNALLED)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert f"stopped by SIGTERM at step 5; saved {out / 'checkpoint-5'}" in errors[0]
+    assert "`--resume_from_checkpoint true`" in errors[0]
+    for name in ("model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json"):
+        assert (out / "checkpoint-5" / name).is_file(), name
+    assert not (out / "results.json").exists(), "an interrupted run must not look finished"
+
+    proc = train(out, *strategy, "--resume_from_checkpoint", "true")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert same_weights(out, uninterrupted)
+    whole, resumed = results(uninterrupted)["train"], results(out)["train"]
+    assert resumed["steps"] == whole["steps"] == 16
+    assert resumed["loss"] == pytest.approx(whole["loss"], rel=1e-6)
+    assert resumed["seconds"] > 0
+
+
+def test_a_checkpoint_saved_before_an_epochs_evaluation_resumes_exactly(tmp_path, uninterrupted):
+    """`save_strategy: steps` at an epoch's last step, evaluation at the epoch's end (after that save): the
+    evaluation must not move the training's random state, or the resumed run would crop differently."""
+    out = tmp_path / "run"
+    out.mkdir()
+    shutil.copytree(uninterrupted / "checkpoint-8", out / "checkpoint-8")
+    strategy = STEPS_SAVE
+    proc = train(out, *strategy, "--resume_from_checkpoint", "true")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert same_weights(out, uninterrupted)
+
+
+def test_ctrl_c_saves_too_and_a_second_signal_stops_at_once(tmp_path):
+    out = tmp_path / "int"
+    proc = train(out, env={"SIGNAL_AT": "3", "SIGNAL": "INT"}, script=SIGNALLED)
+    assert proc.returncode == 128 + signal.SIGINT, proc.stderr[-3000:]
+    assert f"stopped by SIGINT (Ctrl-C) at step 3; saved {out / 'checkpoint-3'}" in proc.stderr
+    assert (out / "checkpoint-3" / "optimizer.pt").is_file()
+
+    out = tmp_path / "twice"
+    proc = train(out, env={"SIGNAL_AT": "3", "SIGNAL_TWICE": "1"}, script=SIGNALLED)
+    assert proc.returncode == -signal.SIGTERM, proc.stderr[-3000:]
+    assert not list(out.glob("checkpoint-*")), "the second signal ends the run without saving"
+
+
+def test_two_processes_save_the_same_step_when_one_of_them_is_signalled(tmp_path):
+    out = tmp_path / "ddp"
+    launcher = [
+        sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+        str(ROOT / "configs" / "accelerate" / "cpu_2proc.yaml"), "--main_process_port", "0",
+    ]  # fmt: skip
+    proc = run_script(
+        [SIGNALLED, *RUN, "--output_dir", str(out)],
+        env={"SIGNAL_AT": "2", "SIGNAL_RANK": "1"},
+        launcher=launcher,
+    )
+    output = proc.stdout + proc.stderr
+    assert "Process 0 of 2" in output, "accelerate must really have started two processes"
+    assert proc.returncode != 0
+    # Only the second process was signalled, during step 2; both saved step 2 together and said so.
+    assert proc.stderr.count("stopped by SIGTERM at step 2") == 2, output[-3000:]
+    for name in ("rng_state_0.pth", "rng_state_1.pth", "optimizer.pt", "trainer_state.json"):
+        assert (out / "checkpoint-2" / name).is_file(), name
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]

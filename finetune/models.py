@@ -384,15 +384,17 @@ def check_local_checkpoint(path: str | os.PathLike, trust_remote_code: bool = Fa
                 f"{weights} is damaged or incomplete ({_first_line(error)}). Save the model again, copy it again, or "
                 "use another checkpoint-* folder of the run."
             ) from None
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES as NAMES
+
     import scratch_vit  # noqa: F401  (registers ScratchViT with the Auto classes)
 
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     remote = "AutoModelForImageClassification" in (getattr(config, "auto_map", None) or {})
-    if type(config) not in MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING and not remote:
+    if config.model_type not in NAMES and type(config) not in MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING and not remote:
         raise ValueError(
             f"{path} holds a {config.model_type!r} model, which has no image-classification head. Pass an image "
             f"classifier: a ScratchViT, or a model of a type transformers classifies images with (vit, deit, beit, "
-            f"swin, convnext, resnet and {len(MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING) - 6} more)."
+            f"swin, convnext, resnet and {len(NAMES) - 6} more)."
         )
 
 

@@ -74,7 +74,8 @@ def storage_size(model_type: str, model_args: ModelArguments, scratch_args) -> i
     sizes = []
     if model_type in ("pretrained", "both"):
         _check_model_path(model_args.model_name_or_path)
-        sizes.append(photo_size(preprocessing_from(_load_processor(model_args), _load_config(model_args))))
+        config = _load_config(model_args)
+        sizes.append(photo_size(preprocessing_from(_load_processor(model_args), config)))
     if model_type in ("scratch", "both"):
         sizes.append(round(ScratchViTConfig(**scratch_config_kwargs(scratch_args)).image_size * CROP_MARGIN))
     return max(sizes)

@@ -225,15 +225,16 @@ def test_random_erasing_zeroes_one_box_in_about_p_of_the_images():
     erased = (out == 0).all(1)  # (B, H, W): pixels erased in every channel
     assert torch.equal(out[~erased[:, None].expand_as(out)], x[~erased[:, None].expand_as(x)]), "the rest is kept"
     assert not bool(((out == 0) & ~erased[:, None]).any()), "a box covers every channel"
-    count = 0
+    boxes = []
     for mask in erased:
         if not mask.any():
             continue
-        count += 1
         h, w = int(mask.any(1).sum()), int(mask.any(0).sum())
+        boxes.append((int(mask.any(1).float().argmax()), int(mask.any(0).float().argmax()), h, w))
         assert int(mask.sum()) == h * w, "the erased pixels form one rectangle"
         assert 0.02 * 0.5 <= h * w / (20 * 24) <= 0.33 * 1.3 and 0.3 / 2 <= w / h <= 3.3 * 2  # up to rounding
-    assert 110 < count < 190, "about half the images are erased"
+    assert 110 < len(boxes) < 190, "about half the images are erased"
+    assert len(set(boxes)) > 100, "each image draws its own box"
     assert torch.equal(RandomErasing(1.0, scale=(0.99, 1.0), ratio=(5.0, 6.0))(x), x), "no box fits: left whole"
 
 

@@ -1,15 +1,13 @@
 """Batch augmentation and preprocessing as tensor ops on the device that holds the batch.
 
-Images arrive as the uint8 batches `ImageSplit` serves and leave as the float32 normalized `pixel_values` the model
-takes. Every step works on the whole batch at once, with per-image randomness drawn as tensors (airbench style): no
-PIL and no Python loop over images, so the same code is fast on a GPU and still fine on a CPU.
+uint8 batches from `ImageSplit` in, the model's float32 normalized `pixel_values` out. Every op works on the whole
+batch with per-image randomness drawn as tensors (airbench style): no PIL, no Python loop over images. torchvision
+v2's crop, flip and RandAugment draw one set of parameters per call, so on a batch every image would get the same
+crop and op; ours draw them per image. Mixing (`MixUpCutMix`) is torchvision's, which mixes whole batches anyway.
 
-Randomness comes from torch's global generator on the batch's device, so `torch.manual_seed` (which the Trainer calls
-with `seed`) makes a run reproducible.
-
-Training-time augmentations are the uint8 -> uint8 modules in `BatchTransform.augment` (random crop, flip, and the
-TrivialAugment / RandAugment ops of `RandomAugmentOps`), each switched off as `nn.Identity()`; another augmentation is
-one more module in that `nn.Sequential`.
+Randomness comes from torch's global generator, so `torch.manual_seed` (the Trainer's `seed`) makes a run
+reproducible. Training augmentations are the uint8 -> uint8 modules in `BatchTransform.augment`, each switched off
+as `nn.Identity()`; random erasing runs after normalisation (`BatchTransform.erase`).
 """
 
 import math
@@ -18,6 +16,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torchvision.transforms import v2
 from transformers.utils import logging
 
 
@@ -52,15 +51,10 @@ class RandomCrop(nn.Module):
 
 
 class RandomResizedCrop(nn.Module):
-    """Crop a random box of each image and resize it to `size`: torchvision's `RandomResizedCrop`, batched.
-
-    Every image draws its own box as torchvision does: an area share from `scale` and a log-uniform aspect ratio
-    from `ratio`, ten tries for a box that fits, else the whole image cropped to the nearest ratio in range. All boxes
-    are then sampled in one `grid_sample` (bilinear) into a uint8 `(B, C, *size)` batch. The pixels equal
-    `torchvision.transforms.v2.functional.resized_crop(image, top, left, h, w, size, antialias=False)` up to
-    rounding: a box larger than `size` is not low-pass filtered first. Photos are stored with a small margin over
-    the model's input (256 for 224), so boxes shrink by at most that ratio and aliasing stays small.
-    """
+    """torchvision's `RandomResizedCrop`, batched: each image draws its own box (area share from `scale`,
+    log-uniform aspect ratio from `ratio`, ten tries, else the whole image at the nearest ratio in range), and all
+    boxes are resized in one bilinear `grid_sample`. Unlike torchvision a box larger than `size` is not low-pass
+    filtered first; photos are stored at most 256/224 larger than the model's input, so aliasing stays small."""
 
     def __init__(
         self,
@@ -78,47 +72,41 @@ class RandomResizedCrop(nn.Module):
         self.scale, self.ratio, self.attempts = tuple(scale), tuple(ratio), attempts
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        boxes = self.sample_boxes(x.shape[0], x.shape[-2], x.shape[-1], x.device)
-        return resized_crop(x, boxes, self.size)
+        return resized_crop(x, self.sample_boxes(x.shape[0], x.shape[-2], x.shape[-1], x.device), self.size)
 
-    def sample_boxes(self, B: int, H: int, W: int, device: torch.device) -> torch.Tensor:
-        """`(B, 4)` int64 boxes `(top, left, height, width)`, drawn as `RandomResizedCrop.get_params` draws one."""
+    def sample_boxes(self, B: int, H: int, W: int, device: torch.device, fallback: bool = True) -> torch.Tensor:
+        """`(B, 4)` int64 boxes `(top, left, height, width)`, drawn as `RandomResizedCrop.get_params` draws one.
+        Where no try fits, torchvision's fallback box, or with `fallback=False` an empty one."""
         area = H * W * torch.empty(B, self.attempts, device=device).uniform_(*self.scale)  # (B, tries)
-        log_ratio = torch.empty(B, self.attempts, device=device).uniform_(
-            math.log(self.ratio[0]), math.log(self.ratio[1])
-        )
+        log_ratio = torch.empty(B, self.attempts, device=device).uniform_(*map(math.log, self.ratio))
         aspect = torch.exp(log_ratio)
         w = torch.sqrt(area * aspect).round().long()
         h = torch.sqrt(area / aspect).round().long()
         fits = (w > 0) & (w <= W) & (h > 0) & (h <= H)  # (B, tries)
-        first = torch.where(fits.any(1), fits.float().argmax(1), -1)  # (B,) the first try that fits, or -1
-        pick = first.clamp_min(0)[:, None]
+        found = fits.any(1)
+        pick = fits.float().argmax(1, keepdim=True)  # (B, 1) the first try that fits
         h, w = h.gather(1, pick)[:, 0], w.gather(1, pick)[:, 0]  # (B, tries) -> (B,)
         # No try fits: the whole image, cropped to the nearest aspect ratio in range (torchvision's fallback).
-        in_ratio = W / H
-        if in_ratio < self.ratio[0]:
-            fallback = (round(W / self.ratio[0]), W)
-        elif in_ratio > self.ratio[1]:
-            fallback = (H, round(H * self.ratio[1]))
+        if not fallback:
+            default = (0, 0)
+        elif W / H < self.ratio[0]:
+            default = (round(W / self.ratio[0]), W)
+        elif W / H > self.ratio[1]:
+            default = (H, round(H * self.ratio[1]))
         else:
-            fallback = (H, W)
-        h = torch.where(first >= 0, h, fallback[0])
-        w = torch.where(first >= 0, w, fallback[1])
-        # A uniform offset in [0, H - h], as torch.randint(0, H - h + 1) draws it.
+            default = (H, W)
+        h, w = torch.where(found, h, default[0]), torch.where(found, w, default[1])
+        # A uniform offset in [0, H - h], as torch.randint(0, H - h + 1) draws it; the fallback is centred.
         top = (torch.rand(B, device=device) * (H - h + 1)).long().clamp(max=H - h)
         left = (torch.rand(B, device=device) * (W - w + 1)).long().clamp(max=W - w)
-        top = torch.where(first >= 0, top, (H - h) // 2)
-        left = torch.where(first >= 0, left, (W - w) // 2)
+        top, left = torch.where(found, top, (H - h) // 2), torch.where(found, left, (W - w) // 2)
         return torch.stack([top, left, h, w], dim=1)
 
 
 def resized_crop(x: torch.Tensor, boxes: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    """Crop box `(top, left, height, width)` of each image and resize it bilinearly to `size`, in one `grid_sample`.
-
-    uint8 `(B, C, H, W)` -> uint8 `(B, C, *size)`. Sample positions are those of `F.interpolate(crop, size,
-    mode="bilinear", align_corners=False)` on each crop, clamped to the crop's own edge pixels as interpolation
-    clamps them, so no pixel outside a box leaks in.
-    """
+    """uint8 `(B, C, H, W)` -> uint8 `(B, C, *size)`: box `(top, left, height, width)` of each image resized
+    bilinearly, in one `grid_sample`. Sample positions are `F.interpolate(crop, size, mode="bilinear")`'s on each
+    crop, clamped to the crop's edge pixels, so no pixel outside a box leaks in."""
     B, _, H, W = x.shape
     out_h, out_w = size
     top, left, h, w = (boxes[:, i].to(torch.float32)[:, None] for i in range(4))  # each (B, 1)
@@ -130,20 +118,6 @@ def resized_crop(x: torch.Tensor, boxes: torch.Tensor, size: tuple[int, int]) ->
     grid = torch.stack(torch.broadcast_tensors(xs[:, None, :], ys[:, :, None]), dim=-1)  # (B, out_h, out_w, 2)
     out = F.grid_sample(x.float(), grid, mode="bilinear", padding_mode="border", align_corners=False)
     return out.round_().clamp_(0, 255).to(torch.uint8)
-
-
-class CenterCrop(nn.Module):
-    """The central `size` window of each image, placed as torchvision's `center_crop` places it."""
-
-    def __init__(self, size: tuple[int, int]):
-        super().__init__()
-        self.size = tuple(size)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        H, W = x.shape[-2:]
-        h, w = self.size
-        top, left = int(round((H - h) / 2.0)), int(round((W - w) / 2.0))
-        return x[..., top : top + h, left : left + w]
 
 
 class RandomHorizontalFlip(nn.Module):
@@ -158,6 +132,27 @@ class RandomHorizontalFlip(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flip = torch.rand(x.shape[0], 1, 1, 1, device=x.device) < self.p  # (B, 1, 1, 1)
         return torch.where(flip, x.flip(-1), x)
+
+
+class RandomErasing(nn.Module):
+    """torchvision's `RandomErasing` per image: with probability `p` a box of area share `scale` and aspect ratio
+    `ratio` is set to 0, which after normalisation is the channel mean (timm's `const` mode). Ten tries, as
+    torchvision; an image where none fits is left whole."""
+
+    def __init__(self, p: float, scale: Sequence[float] = (0.02, 0.33), ratio: Sequence[float] = (0.3, 3.3)):
+        super().__init__()
+        if not 0.0 < p <= 1.0:
+            raise ValueError(f"`p` must be a probability in (0, 1] (use nn.Identity() for none), got {p}.")
+        self.p, self.boxes = p, RandomResizedCrop(1, scale, ratio)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, _, H, W = x.shape
+        top, left, h, w = self.boxes.sample_boxes(B, H, W, x.device, fallback=False)[:, :, None].unbind(1)  # (B, 1)
+        rows, cols = torch.arange(H, device=x.device), torch.arange(W, device=x.device)
+        in_rows = (rows >= top) & (rows < top + h)  # (B, H)
+        in_cols = (cols >= left) & (cols < left + w)  # (B, W)
+        erase = (torch.rand(B, 1, 1, device=x.device) < self.p) & in_rows[:, :, None] & in_cols[:, None, :]
+        return x.masked_fill(erase[:, None], 0.0)  # mask (B, H, W) -> (B, 1, H, W) over channels
 
 
 class Resize(nn.Module):
@@ -192,6 +187,14 @@ class RGBToGrayscale(nn.Module):
         return grayscale(x)
 
 
+def grayscale(x: torch.Tensor) -> torch.Tensor:
+    """Float `(B, 3, H, W)` RGB -> `(B, 1, H, W)` luma with `LUMA_WEIGHTS`; a 1-channel batch is returned as it is."""
+    if x.shape[1] == 1:
+        return x
+    weights = torch.tensor(LUMA_WEIGHTS, device=x.device, dtype=x.dtype).view(1, 3, 1, 1)
+    return (x * weights).sum(dim=1, keepdim=True)  # (B, 3, H, W) -> (B, 1, H, W)
+
+
 class Normalize(nn.Module):
     """`(x / 255 - mean) / std` per channel."""
 
@@ -205,31 +208,19 @@ class Normalize(nn.Module):
 
 
 class RandomAugmentOps(nn.Module):
-    """TrivialAugment / RandAugment-style photometric and geometric ops on a uint8 batch, vectorized.
+    """TrivialAugment / RandAugment ops on a uint8 batch, each image its own op.
 
-    Each of `num_ops` rounds gives every image one op drawn uniformly from `OPS` (identity included) with a
-    magnitude drawn uniformly from `[0, magnitude]` of the op's range (and a random sign for signed ops): one op per
-    image is TrivialAugment, two or more in a row is RandAugment with random magnitudes. The ranges are RandAugment's
-    (rotate 30 degrees, shear 0.3, translate 45% ... of the size, colour factors 1 +- 0.9). All images are processed
-    at once: the geometric ops share one `grid_sample` with a per-image affine matrix, and every colour op is a
-    per-image blend picked with `torch.where`, so the cost is a few passes over the batch, with no Python loop over
-    images.
+    Each of `num_ops` rounds gives every image one op drawn uniformly from `OPS` (identity included) at a magnitude
+    drawn uniformly from `[0, magnitude]` of the op's range, with a random sign for signed ops: one round is
+    TrivialAugment, several are RandAugment with random magnitudes. The ranges are RandAugment's (rotate 30 degrees,
+    shear 0.3, translate 45% of the size, colour factors 1 +- 0.9). The geometric ops share one `grid_sample` with a
+    per-image affine matrix; each colour op runs once on the images that drew it.
     """
 
     OPS = (
         "identity",
-        "rotate",
-        "shear_x",
-        "shear_y",
-        "translate_x",
-        "translate_y",
-        "brightness",
-        "color",
-        "contrast",
-        "sharpness",
-        "posterize",
-        "solarize",
-        "autocontrast",
+        *("rotate", "shear_x", "shear_y", "translate_x", "translate_y"),  # geometric: `_affine`
+        *("brightness", "color", "contrast", "sharpness", "posterize", "solarize", "autocontrast"),  # `COLOR_OPS`
     )
 
     def __init__(self, num_ops: int = 1, magnitude: float = 1.0):
@@ -238,8 +229,7 @@ class RandomAugmentOps(nn.Module):
             raise ValueError(f"`num_ops` must be >= 1 (use nn.Identity() for none), got {num_ops}.")
         if not 0.0 < magnitude <= 1.0:
             raise ValueError(f"`magnitude` must be in (0, 1], got {magnitude}.")
-        self.num_ops = num_ops
-        self.magnitude = magnitude
+        self.num_ops, self.magnitude = num_ops, magnitude
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = x.float()
@@ -255,28 +245,48 @@ class RandomAugmentOps(nn.Module):
         m = torch.rand(B, device=x.device) * self.magnitude * sign  # (B,) signed magnitude in [-mag, mag]
         x = _affine(x, op, m, self.OPS)
         out = x.clone()
-        # Each colour op runs only on the images that drew it: one loop over ops, none over images.
-        for name, fn in COLOR_OPS.items():
+        for name, fn in COLOR_OPS.items():  # one loop over ops, none over images
             index = (op == self.OPS.index(name)).nonzero().squeeze(1)
             if len(index):
                 out[index] = fn(x[index], m[index].view(-1, 1, 1, 1)).clamp(0, 255)
         return out
 
 
-def _brightness(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    return _blend(x, torch.zeros_like(x), 1.0 + 0.9 * m)
+def _affine(x: torch.Tensor, op: torch.Tensor, m: torch.Tensor, ops: tuple[str, ...]) -> torch.Tensor:
+    """Rotate, shear or translate each image by its op and magnitude (others keep the identity), zero fill."""
+    geometric = (op >= ops.index("rotate")) & (op <= ops.index("translate_y"))  # (B,)
+    if not bool(geometric.any()):
+        return x
+
+    def where(name: str, value: torch.Tensor) -> torch.Tensor:
+        return torch.where(op == ops.index(name), value, torch.zeros_like(m))
+
+    angle = where("rotate", m * math.radians(30.0))
+    theta = torch.zeros(x.shape[0], 2, 3, device=x.device)  # (B, 2, 3) affine matrices in normalized coordinates
+    theta[:, 0, 0], theta[:, 0, 1] = torch.cos(angle), -torch.sin(angle) + where("shear_x", 0.3 * m)
+    theta[:, 1, 0], theta[:, 1, 1] = torch.sin(angle) + where("shear_y", 0.3 * m), torch.cos(angle)
+    # Translations of up to 0.45 of the size: 0.9 in normalized coordinates, which span 2.
+    theta[:, 0, 2], theta[:, 1, 2] = where("translate_x", 0.9 * m), where("translate_y", 0.9 * m)
+    grid = F.affine_grid(theta[geometric], list(x[geometric].shape), align_corners=False)
+    out = x.clone()
+    out[geometric] = F.grid_sample(x[geometric], grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+    return out
 
 
-def _color(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    return _blend(x, grayscale(x), 1.0 + 0.9 * m)
+def _blend(x: torch.Tensor, base: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """PIL's ImageEnhance: `base + factor * (x - base)`, clipped to [0, 255]."""
+    return (base + factor * (x - base)).clamp(0, 255)
 
 
-def _contrast(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    return _blend(x, grayscale(x).mean(dim=(-2, -1), keepdim=True), 1.0 + 0.9 * m)
-
-
-def _sharpness(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    return _blend(x, _smooth(x), 1.0 + 0.9 * m)
+def _smooth(x: torch.Tensor) -> torch.Tensor:
+    """PIL's SMOOTH filter (centre 5, neighbours 1, over 13), border pixels kept, as ImageEnhance.Sharpness uses."""
+    C = x.shape[1]
+    kernel = torch.ones(C, 1, 3, 3, device=x.device, dtype=x.dtype)
+    kernel[:, :, 1, 1] = 5.0
+    smooth = F.conv2d(x, kernel / 13.0, padding=1, groups=C)
+    border = torch.ones_like(x, dtype=torch.bool)
+    border[..., 1:-1, 1:-1] = False
+    return torch.where(border, x, smooth)
 
 
 def _posterize(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
@@ -296,74 +306,20 @@ def _autocontrast(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
 
 # Colour factors are 1 +- 0.9 as in RandAugment; a factor of 1 is the identity.
 COLOR_OPS = {
-    "brightness": _brightness,
-    "color": _color,
-    "contrast": _contrast,
-    "sharpness": _sharpness,
+    "brightness": lambda x, m: _blend(x, torch.zeros_like(x), 1.0 + 0.9 * m),
+    "color": lambda x, m: _blend(x, grayscale(x), 1.0 + 0.9 * m),
+    "contrast": lambda x, m: _blend(x, grayscale(x).mean(dim=(-2, -1), keepdim=True), 1.0 + 0.9 * m),
+    "sharpness": lambda x, m: _blend(x, _smooth(x), 1.0 + 0.9 * m),
     "posterize": _posterize,
     "solarize": _solarize,
     "autocontrast": _autocontrast,
 }
 
 
-def _affine(x: torch.Tensor, op: torch.Tensor, m: torch.Tensor, ops: tuple[str, ...]) -> torch.Tensor:
-    """Rotate, shear or translate each image by its op and magnitude (others keep the identity), zero fill."""
-    B = x.shape[0]
-    theta = torch.zeros(B, 2, 3, device=x.device)  # (B, 2, 3) affine matrices in normalized coordinates
-    angle = torch.where(op == ops.index("rotate"), m * math.radians(30.0), torch.zeros_like(m))
-    theta[:, 0, 0], theta[:, 0, 1] = torch.cos(angle), -torch.sin(angle)
-    theta[:, 1, 0], theta[:, 1, 1] = torch.sin(angle), torch.cos(angle)
-    theta[:, 0, 1] += torch.where(op == ops.index("shear_x"), 0.3 * m, torch.zeros_like(m))
-    theta[:, 1, 0] += torch.where(op == ops.index("shear_y"), 0.3 * m, torch.zeros_like(m))
-    # Translations of up to 0.45 of the size: 0.9 in normalized coordinates, which span 2.
-    theta[:, 0, 2] = torch.where(op == ops.index("translate_x"), 0.9 * m, torch.zeros_like(m))
-    theta[:, 1, 2] = torch.where(op == ops.index("translate_y"), 0.9 * m, torch.zeros_like(m))
-    geometric = torch.isin(op, torch.tensor([ops.index(n) for n in GEOMETRIC_OPS], device=x.device))
-    if not bool(geometric.any()):
-        return x
-    grid = F.affine_grid(theta[geometric], list(x[geometric].shape), align_corners=False)
-    warped = F.grid_sample(x[geometric], grid, mode="bilinear", padding_mode="zeros", align_corners=False)
-    out = x.clone()
-    out[geometric] = warped
-    return out
-
-
-GEOMETRIC_OPS = ("rotate", "shear_x", "shear_y", "translate_x", "translate_y")
-
-
-def grayscale(x: torch.Tensor) -> torch.Tensor:
-    """Float `(B, 3, H, W)` RGB -> `(B, 1, H, W)` luma with `LUMA_WEIGHTS`; a 1-channel batch is returned as it is."""
-    if x.shape[1] == 1:
-        return x
-    weights = torch.tensor(LUMA_WEIGHTS, device=x.device, dtype=x.dtype).view(1, 3, 1, 1)
-    return (x * weights).sum(dim=1, keepdim=True)  # (B, 3, H, W) -> (B, 1, H, W)
-
-
-def _blend(x: torch.Tensor, base: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
-    """PIL's ImageEnhance: `base + factor * (x - base)`, clipped to [0, 255]."""
-    return (base + factor * (x - base)).clamp(0, 255)
-
-
-def _smooth(x: torch.Tensor) -> torch.Tensor:
-    """PIL's SMOOTH filter (centre 5, neighbours 1, over 13), border pixels kept, as ImageEnhance.Sharpness uses."""
-    C = x.shape[1]
-    kernel = torch.ones(C, 1, 3, 3, device=x.device, dtype=x.dtype)
-    kernel[:, :, 1, 1] = 5.0
-    smooth = F.conv2d(x, kernel / 13.0, padding=1, groups=C)
-    border = torch.ones_like(x, dtype=torch.bool)
-    border[..., 1:-1, 1:-1] = False
-    return torch.where(border, x, smooth)
-
-
 class MixUpCutMix(nn.Module):
-    """MixUp and/or CutMix of a float batch with its labels, as one-hot targets mixed in the same proportion.
-
-    Each image is paired with the image at the same index of a random permutation of the batch and mixed with one
-    ratio `lam ~ Beta(alpha, alpha)` per batch (timm's batch mode): MixUp blends whole images,
-    `lam * x + (1 - lam) * x[perm]`; CutMix pastes a box covering `1 - lam` of the area from `x[perm]` (lam is then
-    the exact share of kept pixels). With both alphas > 0, each batch uses one of the two, at random.
-
-    Returns `(images, targets)` with `targets = lam * onehot(y) + (1 - lam) * onehot(y[perm])`, `(B, num_labels)`.
+    """MixUp and/or CutMix of a float batch, torchvision's `v2.MixUp` / `v2.CutMix`: `(images, labels (B,))` ->
+    `(mixed images, soft targets (B, num_labels))`. One ratio `lam ~ Beta(alpha, alpha)` per batch; each image is
+    mixed with its neighbour in the (shuffled) batch. With both alphas > 0 each batch uses one of the two at random.
     """
 
     def __init__(self, num_labels: int, mixup_alpha: float = 0.0, cutmix_alpha: float = 0.0):
@@ -373,30 +329,15 @@ class MixUpCutMix(nn.Module):
                 f"`mixup_alpha` and `cutmix_alpha` must be >= 0 with at least one > 0, got {mixup_alpha} and "
                 f"{cutmix_alpha}."
             )
-        self.num_labels = num_labels
-        self.mixup_alpha, self.cutmix_alpha = mixup_alpha, cutmix_alpha
+        mixes = [v2.MixUp(alpha=mixup_alpha, num_classes=num_labels)] if mixup_alpha > 0 else []
+        mixes += [v2.CutMix(alpha=cutmix_alpha, num_classes=num_labels)] if cutmix_alpha > 0 else []
+        self.mix = v2.RandomChoice(mixes)
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        B, _, H, W = x.shape
-        use_cutmix = self.cutmix_alpha > 0 and (self.mixup_alpha == 0 or torch.rand(()).item() < 0.5)
-        alpha = self.cutmix_alpha if use_cutmix else self.mixup_alpha
-        lam = float(torch.distributions.Beta(alpha, alpha).sample())
-        perm = torch.randperm(B, device=x.device)
-        if use_cutmix:
-            cut_h, cut_w = int(H * math.sqrt(1 - lam)), int(W * math.sqrt(1 - lam))
-            cy, cx = int(torch.randint(0, H, ())), int(torch.randint(0, W, ()))
-            top, bottom = max(cy - cut_h // 2, 0), min(cy + cut_h // 2 + cut_h % 2, H)
-            left, right = max(cx - cut_w // 2, 0), min(cx + cut_w // 2 + cut_w % 2, W)
-            x = x.clone()
-            x[:, :, top:bottom, left:right] = x[perm, :, top:bottom, left:right]
-            lam = 1.0 - (bottom - top) * (right - left) / (H * W)
-        else:
-            x = lam * x + (1 - lam) * x[perm]
-        onehot = F.one_hot(labels, self.num_labels).to(x.dtype)  # (B,) -> (B, num_labels)
-        return x, lam * onehot + (1 - lam) * onehot[perm]
+        return self.mix(x, labels)
 
 
-class BatchTransform(torch.nn.Module):
+class BatchTransform(nn.Module):
     """uint8 image batches -> the model's float32 normalized `pixel_values`, augmented when training.
 
     Args:
@@ -406,14 +347,13 @@ class BatchTransform(torch.nn.Module):
         out_channels: channels the model takes; 1 -> 3 repeats the gray channel, 3 -> 1 takes the luma.
         random_crop_padding: random crop with this much zero padding, in source pixels (before resizing); 0: off.
         horizontal_flip: mirror half of the training images at random.
-        rand_augment_ops: 0: off; 1: TrivialAugment (one random op per image); N > 1: N random ops in a row
-            (RandAugment with random magnitudes). See `RandomAugmentOps`.
+        rand_augment_ops: 0: off; 1: TrivialAugment; N > 1: RandAugment with N ops (`RandomAugmentOps`).
         rand_augment_magnitude: the largest magnitude drawn, as a share of each op's range.
-        random_resized_crop: crop a random box of each training image and resize it to `image_size`
-            (`RandomResizedCrop`) instead of the padded random crop; for photos stored larger than the model input.
+        random_resized_crop: `RandomResizedCrop` to `image_size` instead of the padded crop (photos stored larger).
         crop_scale, crop_ratio: the area share and aspect ratio ranges of `random_resized_crop`.
-        eval_resize_size: evaluation resizes to this size and then center-crops `image_size`, as image processors
-            that crop do (`Preprocessing.resize_size`); `None`: evaluation resizes straight to `image_size`.
+        random_erasing: probability of erasing a random box of each training image (`RandomErasing`); 0: off.
+        eval_resize_size: evaluation resizes to this size and center-crops `image_size`, as image processors that
+            crop do (`Preprocessing.resize_size`); `None`: evaluation resizes straight to `image_size`.
     """
 
     def __init__(
@@ -430,11 +370,12 @@ class BatchTransform(torch.nn.Module):
         random_resized_crop: bool = False,
         crop_scale: Sequence[float] = (0.08, 1.0),
         crop_ratio: Sequence[float] = (3 / 4, 4 / 3),
+        random_erasing: float = 0.0,
         eval_resize_size: tuple[int, int] | None = None,
     ):
         super().__init__()
         self.image_size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
-        self.in_channels, self.out_channels = in_channels, out_channels
+        self.in_channels = in_channels
         if len(mean) not in (1, out_channels) or len(std) not in (1, out_channels):
             raise ValueError(
                 f"`mean` and `std` need 1 or {out_channels} (out_channels) values, got {len(mean)} and {len(std)}."
@@ -451,9 +392,10 @@ class BatchTransform(torch.nn.Module):
             RandomHorizontalFlip() if horizontal_flip else nn.Identity(),
             RandomAugmentOps(rand_augment_ops, rand_augment_magnitude) if rand_augment_ops > 0 else nn.Identity(),
         )
+        self.erase = RandomErasing(random_erasing) if random_erasing > 0 else nn.Identity()
         self.resize = Resize(self.image_size)
         if eval_resize_size is not None and tuple(eval_resize_size) != self.image_size:
-            self.eval_resize = nn.Sequential(Resize(tuple(eval_resize_size)), CenterCrop(self.image_size))
+            self.eval_resize = nn.Sequential(Resize(tuple(eval_resize_size)), v2.CenterCrop(self.image_size))
         else:
             self.eval_resize = self.resize
         self.convert_channels = _channel_conversion(in_channels, out_channels)
@@ -461,15 +403,14 @@ class BatchTransform(torch.nn.Module):
 
     @classmethod
     def for_model(cls, prep, in_channels: int, **augmentation) -> "BatchTransform":
-        """The transform that feeds a model as its `finetune.models.Preprocessing` says (resolution, channels,
-        normalisation, and evaluation's resize and center crop) from images of `in_channels` channels; training
-        (`finetune.run`) adds its `augmentation` options, predict and attention use the evaluation path alone."""
+        """The transform that feeds a model as its `finetune.models.Preprocessing` says, from images of
+        `in_channels` channels; training adds its `augmentation` options, predict and attention use evaluation's."""
         return cls(
-            image_size=prep.image_size,
-            mean=prep.image_mean,
-            std=prep.image_std,
-            in_channels=in_channels,
-            out_channels=prep.num_channels,
+            prep.image_size,
+            prep.image_mean,
+            prep.image_std,
+            in_channels,
+            prep.num_channels,
             eval_resize_size=prep.resize_size,
             **augmentation,
         )
@@ -485,31 +426,31 @@ class BatchTransform(torch.nn.Module):
             x = self.resize(self.augment(pixel_values).float())  # (B, C_in, h, w) -> (B, C_in, H, W)
         else:
             x = self.eval_resize(pixel_values.float())  # (B, C_in, h, w) -> (B, C_in, H, W)
-        x = self.convert_channels(x)  # (B, C_in, H, W) -> (B, C_out, H, W)
-        return self.normalize(x)
+        x = self.normalize(self.convert_channels(x))  # (B, C_in, H, W) -> (B, C_out, H, W)
+        return self.erase(x) if train else x
 
 
 def use_random_resized_crop(choice: str, stored_size: tuple[int, int], image_size: tuple[int, int]) -> bool:
-    """Whether training crops with `RandomResizedCrop` (`choice` "true") or pads and crops (`"false"`); `"auto"`
-    picks RandomResizedCrop for photos, images stored larger than the model's input, and the padded crop for small
-    native images (CIFAR-10, MNIST, digits) that are resized up to the model."""
+    """Whether training uses `RandomResizedCrop` (`choice` "true") or the padded crop ("false"); "auto" picks
+    RandomResizedCrop for images stored larger than the model's input (photos), the padded crop for small native
+    images (CIFAR-10, MNIST, digits) resized up to the model."""
     if choice == "auto":
         return stored_size[0] > image_size[0] and stored_size[1] > image_size[1]
     return choice == "true"
 
 
-def describe_augmentation(transform: "BatchTransform") -> str:
-    """One line naming the training crop, flip and ops of `transform`, and evaluation's resize, for the log."""
+def describe_augmentation(transform: BatchTransform) -> str:
+    """One line naming the training crop, flip, ops and erasing of `transform`, and evaluation's resize."""
     crop, flip, ops = transform.augment
     if isinstance(crop, RandomResizedCrop):
         parts = [f"RandomResizedCrop(scale={crop.scale}, ratio=({crop.ratio[0]:.3g}, {crop.ratio[1]:.3g}))"]
-    elif isinstance(crop, RandomCrop):
-        parts = [f"random crop with {crop.padding} px padding"]
     else:
-        parts = ["no crop"]
+        parts = [f"random crop with {crop.padding} px padding" if isinstance(crop, RandomCrop) else "no crop"]
     parts.append("horizontal flip" if isinstance(flip, RandomHorizontalFlip) else "no flip")
     if isinstance(ops, RandomAugmentOps):
         parts.append(f"{ops.num_ops} random op(s) per image (magnitude {ops.magnitude})")
+    if isinstance(transform.erase, RandomErasing):
+        parts.append(f"random erasing (p={transform.erase.p})")
     size = "x".join(map(str, transform.image_size))
     if isinstance(transform.eval_resize, nn.Sequential):
         evaluation = "resize to {}x{}, center crop {}".format(*transform.eval_resize[0].size, size)

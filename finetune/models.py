@@ -6,6 +6,7 @@ supplies resolution and normalisation. `scratch`: a `ScratchViTForImageClassific
 `ScratchViTConfig` fields, with a `ViTImageProcessor` whose mean and std are measured on the training images.
 """
 
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from transformers import (
+    MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING,
     AutoConfig,
     AutoImageProcessor,
     AutoModelForImageClassification,
@@ -47,6 +49,17 @@ class Preprocessing:
 # Photos are stored with this margin over the model's input, room for the crops of training and evaluation: a 224
 # model stores 256, the ratio of timm's `crop_pct` 0.875 and of the transformers example's resize 256 / crop 224.
 CROP_MARGIN = 256 / 224
+# Query and value projections, where LoRA's authors put the adapters: transformers' ViT (5.x names, then the 4.x
+# layout) and ScratchViT's fused query-key-value projection, which the adapter updates as one matrix.
+LORA_DEFAULT_TARGETS = ("q_proj", "v_proj", "query", "value", "qkv")
+HEAD_NAME = "classifier"
+ADAPTER_CONFIG_NAME = "adapter_config.json"
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 
 
 def photo_size(prep: Preprocessing) -> int:
@@ -56,22 +69,15 @@ def photo_size(prep: Preprocessing) -> int:
 
 
 def storage_size(model_type: str, model_args: ModelArguments, scratch_args) -> int:
-    """The square size images of mixed sizes are stored at for `model_type` (`pretrained`, `scratch` or `both`).
-
-    The model's input (the image processor's size on the pretrained path, read with the config but without the
-    weights; `image_size` for scratch) times `CROP_MARGIN`, or the processor's resize size when it is larger.
-    """
+    """The square size images of mixed sizes are stored at for `model_type` (`pretrained`, `scratch` or `both`):
+    `photo_size` of the model to build, read from its config and image processor without the weights."""
     sizes = []
     if model_type in ("pretrained", "both"):
         _check_model_path(model_args.model_name_or_path)
-        try:
-            config = AutoConfig.from_pretrained(model_args.model_name_or_path, **_hub_kwargs(model_args))
-        except OSError as error:
-            raise OSError(_unreachable_message("model", model_args.model_name_or_path, error)) from error
+        config = _load_config(model_args)
         sizes.append(photo_size(preprocessing_from(_load_processor(model_args), config)))
     if model_type in ("scratch", "both"):
-        config = ScratchViTConfig(**scratch_config_kwargs(scratch_args))
-        sizes.append(round(config.image_size * CROP_MARGIN))
+        sizes.append(round(ScratchViTConfig(**scratch_config_kwargs(scratch_args)).image_size * CROP_MARGIN))
     return max(sizes)
 
 
@@ -81,7 +87,7 @@ def attention_head_size(model_type: str, model_args: ModelArguments, scratch_arg
         config = ScratchViTConfig(**scratch_config_kwargs(scratch_args))
     else:
         try:
-            config = AutoConfig.from_pretrained(model_args.model_name_or_path, **_hub_kwargs(model_args))
+            config = _load_config(model_args)
         except (OSError, ValueError):
             return None  # building the model reports the problem
     hidden, heads = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
@@ -100,14 +106,13 @@ def build_model(
         model, processor = _build_scratch(scratch_args, data, model_args.attn_implementation)
     else:
         raise ValueError(f"`model_type` must be `pretrained` or `scratch` here, got {model_type!r}.")
-    preprocessing = preprocessing_from(processor, model.config)
-    check_channels(data.num_channels, preprocessing.num_channels, model_args.convert_channels)
+    prep = _checked_preprocessing(processor, model, data, model_args)
     logger.info(
         f"Model {type(model).__name__}: {count_parameters(model):,} parameters "
         f"({count_parameters(model, trainable=True):,} trained), input "
-        f"{preprocessing.num_channels}x{preprocessing.image_size[0]}x{preprocessing.image_size[1]}."
+        f"{prep.num_channels}x{prep.image_size[0]}x{prep.image_size[1]}."
     )
-    return model, processor, preprocessing
+    return model, processor, prep
 
 
 def load_trained_model(
@@ -118,22 +123,28 @@ def load_trained_model(
     evaluation-only run. Its head must classify the dataset's labels: nothing is replaced."""
     path = model_args.model_name_or_path
     _check_model_path(path)
-    kwargs = _hub_kwargs(model_args)
-    attention = {"attn_implementation": model_args.attn_implementation} if model_args.attn_implementation else {}
     try:
         if is_adapter_dir(path):
-            remote = {"trust_remote_code": model_args.trust_remote_code}
-            model = load_adapter_model(path, **attention, **remote)
+            model = load_adapter_model(
+                path, trust_remote_code=model_args.trust_remote_code, **_attention_kwargs(model_args)
+            )
         else:
-            model = AutoModelForImageClassification.from_pretrained(path, **attention, **kwargs)
-        processor = AutoImageProcessor.from_pretrained(model_args.image_processor_name or path, **kwargs)
+            model = AutoModelForImageClassification.from_pretrained(path, **_model_kwargs(model_args))
+        processor = AutoImageProcessor.from_pretrained(
+            model_args.image_processor_name or path, **_hub_kwargs(model_args)
+        )
     except OSError as error:
         raise OSError(_unreachable_message("model", path, error)) from error
     check_labels(model.config, data.label_names, path)
-    preprocessing = preprocessing_from(processor, model.config)
-    check_channels(data.num_channels, preprocessing.num_channels, model_args.convert_channels)
+    prep = _checked_preprocessing(processor, model, data, model_args)
     logger.info(f"Evaluating {type(model).__name__} from {path}: {count_parameters(model):,} parameters.")
-    return model.eval(), processor, preprocessing
+    return model.eval(), processor, prep
+
+
+def _checked_preprocessing(processor, model, data: ImageData, model_args: ModelArguments) -> Preprocessing:
+    prep = preprocessing_from(processor, model.config)
+    check_channels(data.num_channels, prep.num_channels, model_args.convert_channels)
+    return prep
 
 
 def check_labels(config, label_names: list[str], path: str) -> None:
@@ -155,12 +166,6 @@ def check_labels(config, label_names: list[str], path: str) -> None:
 def count_parameters(model: torch.nn.Module, trainable: bool = False) -> int:
     """Number of parameters (only those that train with `trainable`)."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable)
-
-
-# Query and value projections, where LoRA's authors put the adapters: transformers' ViT (5.x names, then the 4.x
-# layout) and ScratchViT's fused query-key-value projection, which the adapter updates as one matrix.
-LORA_DEFAULT_TARGETS = ("q_proj", "v_proj", "query", "value", "qkv")
-HEAD_NAME = "classifier"
 
 
 def apply_finetune_method(model: PreTrainedModel, model_args: ModelArguments) -> torch.nn.Module:
@@ -205,9 +210,6 @@ def add_lora(model: PreTrainedModel, model_args: ModelArguments) -> torch.nn.Mod
     return get_peft_model(model, config)
 
 
-ADAPTER_CONFIG_NAME = "adapter_config.json"
-
-
 def is_adapter_dir(path: str | os.PathLike) -> bool:
     """Whether `path` is a folder holding a peft adapter (a `finetune_method: lora` run's output)."""
     return os.path.isfile(os.path.join(path, ADAPTER_CONFIG_NAME))
@@ -218,15 +220,12 @@ def load_adapter_model(path: str | os.PathLike, merge: bool = True, **kwargs) ->
     `config.json`), then the adapters and head through peft. `merge` folds the adapters into the weights and returns a
     plain transformers model; otherwise the `PeftModel`. `kwargs` go to `from_pretrained` (e.g. `trust_remote_code`,
     `attn_implementation`)."""
-    import json
-
     from peft import PeftModel
 
     path = str(path)
     with open(os.path.join(path, ADAPTER_CONFIG_NAME)) as f:
         base = json.load(f)["base_model_name_or_path"]
-    remote = {"trust_remote_code": kwargs["trust_remote_code"]} if "trust_remote_code" in kwargs else {}
-    config = AutoConfig.from_pretrained(path, **remote)
+    config = AutoConfig.from_pretrained(path, trust_remote_code=kwargs.get("trust_remote_code", False))
     try:
         model = AutoModelForImageClassification.from_pretrained(
             base, config=config, ignore_mismatched_sizes=True, **kwargs
@@ -234,7 +233,7 @@ def load_adapter_model(path: str | os.PathLike, merge: bool = True, **kwargs) ->
     except OSError as error:
         raise OSError(
             f"The adapter in {path} was trained on the base model {base!r}, which could not be loaded "
-            f"({type(error).__name__}: {str(error).splitlines()[0]}). Fix: make it reachable (download it, or edit "
+            f"({_first_line(error)}). Fix: make it reachable (download it, or edit "
             f"`base_model_name_or_path` in {ADAPTER_CONFIG_NAME} to its local folder), or load the merged model "
             "(`merge_lora: true` saves it to OUTPUT/merged)."
         ) from error
@@ -251,21 +250,37 @@ def _hub_kwargs(model_args: ModelArguments) -> dict:
     }
 
 
+def _attention_kwargs(model_args: ModelArguments) -> dict:
+    return {"attn_implementation": model_args.attn_implementation} if model_args.attn_implementation else {}
+
+
+def _model_kwargs(model_args: ModelArguments) -> dict:
+    return {**_hub_kwargs(model_args), **_attention_kwargs(model_args)}
+
+
+def _load_config(model_args: ModelArguments):
+    try:
+        return AutoConfig.from_pretrained(model_args.model_name_or_path, **_hub_kwargs(model_args))
+    except OSError as error:
+        raise OSError(_unreachable_message("model", model_args.model_name_or_path, error)) from error
+
+
 def _load_pretrained(model_args: ModelArguments, data: ImageData):
     path = model_args.model_name_or_path
     _check_model_path(path)
     if os.path.isdir(os.path.expanduser(path)):
         check_local_checkpoint(os.path.expanduser(path), model_args.trust_remote_code)
-    kwargs = _hub_kwargs(model_args)
+    original = _load_config(model_args)
+    # Relabelled as `from_pretrained(path, num_labels=..., id2label=...)` would do it, without reading it again.
+    config = type(original).from_dict(
+        original.to_dict(), num_labels=len(data.label_names), id2label=data.id2label, label2id=data.label2id
+    )
     try:
-        original = AutoConfig.from_pretrained(path, **kwargs)
-        # Relabelled as `from_pretrained(path, num_labels=..., id2label=...)` would do it, without reading it again.
-        config = type(original).from_dict(
-            original.to_dict(), num_labels=len(data.label_names), id2label=data.id2label, label2id=data.label2id
-        )
-        attention = {"attn_implementation": model_args.attn_implementation} if model_args.attn_implementation else {}
         model = AutoModelForImageClassification.from_pretrained(
-            path, config=config, ignore_mismatched_sizes=model_args.ignore_mismatched_sizes, **attention, **kwargs
+            path,
+            config=config,
+            ignore_mismatched_sizes=model_args.ignore_mismatched_sizes,
+            **_model_kwargs(model_args),
         )
     except OSError as error:
         raise OSError(_unreachable_message("model", path, error)) from error
@@ -285,9 +300,8 @@ def config_label_names(config) -> list[str]:
 
 
 def _names_other_classes(checkpoint_labels: list[str], dataset_labels: list[str]) -> bool:
-    """Whether a checkpoint's head, of the dataset's size, was trained for other classes than the dataset's: its
-    labels are named (not transformers' placeholders `LABEL_0`, ...) and differ, by name or order. A head of another
-    size is replaced on loading (`ignore_mismatched_sizes`)."""
+    """Whether a head of the dataset's size was trained for other classes: its labels are named (not transformers'
+    placeholders `LABEL_0`, ...) and differ by name or order. A head of another size is replaced on loading."""
     placeholders = [f"LABEL_{i}" for i in range(len(checkpoint_labels))]
     if len(checkpoint_labels) != len(dataset_labels) or checkpoint_labels == placeholders:
         return False
@@ -300,8 +314,7 @@ def _shorten(names: list[str], limit: int = 5) -> str:
 
 def reset_head(model: PreTrainedModel) -> None:
     """Re-initialise the classification head `HEAD_NAME` with the model's own `_init_weights`, as a head created on
-    loading is initialised. Loading marks loaded tensors as initialised, and the init functions skip those, so the
-    marks are cleared first."""
+    loading is. Loading marks loaded tensors as initialised and the init functions skip those: the marks go first."""
     head = getattr(model, HEAD_NAME, None)
     if not isinstance(head, torch.nn.Module):
         raise ValueError(
@@ -325,10 +338,9 @@ def _check_model_path(path: str) -> None:
 
 def _load_processor(model_args: ModelArguments):
     """The pretrained model's image processor: a small json file, read without the weights."""
-    kwargs = _hub_kwargs(model_args)
     processor_path = model_args.image_processor_name or model_args.model_name_or_path
     try:
-        processor = AutoImageProcessor.from_pretrained(processor_path, **kwargs)
+        return AutoImageProcessor.from_pretrained(processor_path, **_hub_kwargs(model_args))
     except OSError as error:
         if os.path.isdir(processor_path):
             raise OSError(
@@ -337,30 +349,19 @@ def _load_processor(model_args: ModelArguments):
                 "set `image_processor_name`."
             ) from error
         raise OSError(_unreachable_message("image processor", processor_path, error)) from error
-    return processor
-
-
-WEIGHT_FILES = (
-    "model.safetensors",
-    "model.safetensors.index.json",
-    "pytorch_model.bin",
-    "pytorch_model.bin.index.json",
-)
 
 
 def check_local_checkpoint(path: str | os.PathLike, trust_remote_code: bool = False) -> None:
     """Refuse a local model folder that cannot give an image classifier, naming what is wrong: no config.json, no
-    weights, a damaged `model.safetensors`, or a model type with no image-classification head. Without this check
-    `from_pretrained` blames the Hub for a missing file, reports "header too large" without naming the file, or
-    "Unrecognized configuration class"."""
+    weights, a damaged `model.safetensors`, or a model type with no image-classification head, where
+    `from_pretrained` would blame the Hub, say "header too large" or "Unrecognized configuration class"."""
     path = os.fspath(path)
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise FileNotFoundError(
             f"{path} has no config.json: it is not a saved model. Pass the output directory of a run (for "
             "`model_type: both`, OUTPUT/pretrained or OUTPUT/scratch), a checkpoint-* folder, or a Hub model id."
         )
-    if is_adapter_dir(path):
-        # A LoRA run's folder: its weights are the adapter's; `load_adapter_model` loads the base it names.
+    if is_adapter_dir(path):  # a LoRA run's folder: `load_adapter_model` loads the base it names
         if not os.path.isfile(os.path.join(path, "adapter_model.safetensors")):
             raise FileNotFoundError(
                 f"{path} holds an {ADAPTER_CONFIG_NAME} but no adapter_model.safetensors: the save was incomplete."
@@ -381,35 +382,34 @@ def check_local_checkpoint(path: str | os.PathLike, trust_remote_code: bool = Fa
                 f.keys()
         except Exception as error:
             raise OSError(
-                f"{weights} is damaged or incomplete ({type(error).__name__}: {str(error).splitlines()[0]}). Save "
-                "the model again, copy it again, or use another checkpoint-* folder of the run."
+                f"{weights} is damaged or incomplete ({_first_line(error)}). Save the model again, copy it again, or "
+                "use another checkpoint-* folder of the run."
             ) from None
-    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES as NAMES
 
     import scratch_vit  # noqa: F401  (registers ScratchViT with the Auto classes)
 
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     remote = "AutoModelForImageClassification" in (getattr(config, "auto_map", None) or {})
-    if (
-        config.model_type not in MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES
-        and type(config) not in AutoModelForImageClassification._model_mapping
-        and not remote
-    ):
-        others = len(MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES) - 6
+    if config.model_type not in NAMES and type(config) not in MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING and not remote:
         raise ValueError(
             f"{path} holds a {config.model_type!r} model, which has no image-classification head. Pass an image "
             f"classifier: a ScratchViT, or a model of a type transformers classifies images with (vit, deit, beit, "
-            f"swin, convnext, resnet and {others} more)."
+            f"swin, convnext, resnet and {len(NAMES) - 6} more)."
         )
+
+
+def _first_line(error: Exception) -> str:
+    return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
 
 
 def _unreachable_message(what: str, path: str, error: Exception) -> str:
     offline = offline_switch()
     reason = f"the Hub is switched off ({offline}=1)" if offline else "the Hub could not be reached or refused"
     return (
-        f"Could not load the {what} {path!r}: {reason} ({type(error).__name__}: {str(error).splitlines()[0]}). "
-        "Fix: connect to the Hub (and `hf auth login` for gated or private repos), or download it once and pass "
-        "the local directory as `model_name_or_path`."
+        f"Could not load the {what} {path!r}: {reason} ({_first_line(error)}). Fix: connect to the Hub (and "
+        "`hf auth login` for gated or private repos), or download it once and pass the local directory as "
+        "`model_name_or_path`."
     )
 
 
@@ -421,15 +421,12 @@ def _build_scratch(scratch_args, data: ImageData, attn_implementation: str | Non
     config = ScratchViTConfig(
         **kwargs, num_labels=len(data.label_names), id2label=data.id2label, label2id=data.label2id
     )
-    model = ScratchViTForImageClassification(config)
     # At most 10,000 images and 2**27 values (512 MB as float): a memory-mapped set of photos is never read whole.
     channels, height, width = data.train.num_channels, *data.train.image_size
     sample = min(len(data.train), 10_000, max(1, 2**27 // (channels * height * width)))
     mean, std = channel_statistics(data.train.take(np.arange(sample)), config.num_channels)
-    processor = ViTImageProcessor(
-        size={"height": config.image_size, "width": config.image_size}, image_mean=mean, image_std=std
-    )
-    return model, processor
+    size = {"height": config.image_size, "width": config.image_size}
+    return ScratchViTForImageClassification(config), ViTImageProcessor(size=size, image_mean=mean, image_std=std)
 
 
 def channel_statistics(pixel_values: torch.Tensor, num_channels: int) -> tuple[list[float], list[float]]:
@@ -459,18 +456,15 @@ def preprocessing_from(processor, config) -> Preprocessing:
 
 
 def _height_width(size) -> tuple[int, int] | None:
-    """`(height, width)` of an image processor's `size` (a dict or transformers 5's `SizeDict`; height/width or
+    """`(height, width)` of an image processor's `size` (an int, a dict or a `SizeDict`; height/width or
     shortest_edge), or None when it names neither."""
     if size is None:
         return None
     if isinstance(size, int):
         return (size, size)
-    get = size.get if isinstance(size, dict) else lambda key: getattr(size, key, None)
-    if get("height") and get("width"):
-        return (int(get("height")), int(get("width")))
-    if get("shortest_edge"):
-        return (int(get("shortest_edge")),) * 2
-    return None
+    if size.get("height") and size.get("width"):
+        return (int(size.get("height")), int(size.get("width")))
+    return (int(size.get("shortest_edge")),) * 2 if size.get("shortest_edge") else None
 
 
 def check_channels(data_channels: int, model_channels: int, convert: bool) -> None:

@@ -1,16 +1,11 @@
-"""The `results.json` of a run: its schema, how `run.py` builds it, and how everyone else reads it.
+"""The `results.json` of a run: written by `finetune/run.py`, read back with `Results.load` by the comparison report,
+the model card and the benchmarks. Each figure is stored once:
 
-`finetune/run.py` writes one `Results` per trained model into its output directory; the comparison report
-(`finetune/tools/compare.py`), the model card (`finetune/tools/model_card.py`) and the benchmarks
-(`benchmarks/train_budget.py`)
-read it back with `Results.load`. Each figure is stored once:
-
-- `train.seconds`: the training loop of this process (optimizer steps, forward and backward, the data path), without
-  the evaluations and checkpoints between epochs; `train.images_per_second` is measured against it and
-  `train.data_seconds` is the part of it spent fetching and transforming batches (`finetune.callbacks.RunClock`).
-- `wall_seconds`: this model alone from start to `results.json` (building, training with its evaluations and
-  checkpoints, the final evaluation and test). Under `model_type: both` each model has its own.
-- `history`: one row per evaluation, each stamped with `elapsed_seconds` since training began.
+- `train.seconds`: this process's training loop (steps and the data path), without the evaluations and checkpoints
+  between epochs; `images_per_second` and `data_seconds` (fetching and transforming batches) are measured against
+  it (`finetune.callbacks.RunClock`).
+- `wall_seconds`: this model alone from start to `results.json`, evaluations and checkpoints included.
+- `history`: one row per evaluation, stamped with `elapsed_seconds` since training began.
 - `hardware`: where it ran (`finetune.hardware.describe`).
 """
 
@@ -38,23 +33,14 @@ class EvalMetrics:
     top5_accuracy: float | None = None  # only with more than 5 classes
     macro_f1: float | None = None
 
-    # The Trainer's metric names (after the `eval_`/`test_` prefix) -> ours.
-    TRAINER_NAMES = {
-        "accuracy": "accuracy",
-        "loss": "loss",
-        "runtime": "runtime_seconds",
-        "samples_per_second": "images_per_second",
-        "top5_accuracy": "top5_accuracy",
-        "macro_f1": "macro_f1",
-    }
-
     @classmethod
     def from_trainer(cls, metrics: dict[str, float] | None, prefix: str) -> "EvalMetrics | None":
         """`{"eval_accuracy": ..., "eval_runtime": ...}` -> `EvalMetrics(accuracy=..., runtime_seconds=...)`."""
         if metrics is None:
             return None
-        start = len(prefix) + 1
-        return cls(**{cls.TRAINER_NAMES[k[start:]]: v for k, v in metrics.items() if k[start:] in cls.TRAINER_NAMES})
+        start, renamed = f"{prefix}_", {"runtime": "runtime_seconds", "samples_per_second": "images_per_second"}
+        values = {renamed.get(k[len(start) :], k[len(start) :]): v for k, v in metrics.items() if k.startswith(start)}
+        return _dataclass_from(cls, values)
 
 
 @dataclass
@@ -114,27 +100,22 @@ class Results:
     license: str | None = None
     schema_version: int = SCHEMA_VERSION
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
     def save(self, output_dir: str | os.PathLike) -> Path:
         """Write `output_dir/results.json` and return its path."""
         path = Path(output_dir) / RESULTS_NAME
-        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        path.write_text(json.dumps(dataclasses.asdict(self), indent=2) + "\n")
         return path
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Results":
-        """The inverse of `to_dict`; keys this version does not know are ignored, missing ones keep their default."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        values = {k: v for k, v in data.items() if k in known}
+        """The inverse of `dataclasses.asdict`; keys this version does not know are ignored, missing ones keep their
+        default."""
+        values = _known_fields(cls, data)
         values["train"] = _dataclass_from(TrainMetrics, values.get("train")) or TrainMetrics()
-        values["validation"] = _dataclass_from(EvalMetrics, values.get("validation"))
-        values["test"] = _dataclass_from(EvalMetrics, values.get("test"))
+        for split in ("validation", "test"):
+            values[split] = _dataclass_from(EvalMetrics, values.get(split))
         values["history"] = [_dataclass_from(HistoryRow, row) for row in values.get("history") or []]
-        values.setdefault("run_name", "")
-        values.setdefault("model_type", "")
-        return cls(**values)
+        return cls(**{"run_name": "", "model_type": "", **values})
 
     @classmethod
     def load(cls, run_dir: str | os.PathLike) -> "Results":
@@ -158,31 +139,23 @@ class Results:
         return results
 
 
+def _known_fields(cls, data: dict[str, Any]) -> dict[str, Any]:
+    return {f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data}
+
+
 def _dataclass_from(cls, data: dict[str, Any] | None):
-    if data is None:
-        return None
-    known = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in data.items() if k in known})
+    return None if data is None else cls(**_known_fields(cls, data))
 
 
 def history_from_log_history(log_history: Sequence[dict]) -> list[HistoryRow]:
     """One row per evaluation of a Trainer `log_history`: epoch, step, the last training loss logged before it,
     validation loss and accuracy, and the time since training began (`RunClock` stamps it)."""
-    rows, last_train_loss = [], None
+    rows, train_loss = [], None
     for entry in log_history:
-        if "loss" in entry:
-            last_train_loss = entry["loss"]
+        train_loss = entry.get("loss", train_loss)
         if "eval_accuracy" in entry or "eval_loss" in entry:
-            rows.append(
-                HistoryRow(
-                    epoch=entry.get("epoch"),
-                    step=entry.get("step"),
-                    train_loss=last_train_loss,
-                    eval_loss=entry.get("eval_loss"),
-                    eval_accuracy=entry.get("eval_accuracy"),
-                    elapsed_seconds=entry.get("elapsed_seconds"),
-                )
-            )
+            keys = ("epoch", "step", "eval_loss", "eval_accuracy", "elapsed_seconds")
+            rows.append(HistoryRow(train_loss=train_loss, **{key: entry.get(key) for key in keys}))
     return rows
 
 

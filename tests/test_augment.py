@@ -12,6 +12,7 @@ from finetune.augment import (
     MixUpCutMix,
     RandomAugmentOps,
     RandomCrop,
+    RandomErasing,
     RandomHorizontalFlip,
     RandomResizedCrop,
     describe_augmentation,
@@ -198,6 +199,53 @@ def test_cutmix_pastes_a_box_whose_area_is_the_label_weight():
                 assert float(pasted) == pytest.approx(float(targets[i, partner[0]]), abs=1e-6)
             else:  # paired with itself, or an empty box
                 assert float(pasted) == 0.0
+
+
+def test_mixing_both_ways_uses_each_and_is_seeded():
+    x, labels = _constant_images(batch=16, size=16), torch.arange(16)
+    mix = MixUpCutMix(num_labels=16, mixup_alpha=0.4, cutmix_alpha=1.0)
+    torch.manual_seed(7)
+    first = mix(x, labels)
+    torch.manual_seed(7)
+    again = mix(x, labels)
+    assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+    kinds = set()
+    for _ in range(20):  # MixUp leaves every pixel between two values; CutMix only the two values themselves
+        out, _ = mix(x, labels)
+        kinds.add(bool((out == out.round()).all()))
+    assert kinds == {True, False}
+    with pytest.raises(ValueError, match="at least one > 0"):
+        MixUpCutMix(num_labels=16)
+
+
+def test_random_erasing_zeroes_one_box_in_about_p_of_the_images():
+    x = torch.rand(300, 3, 20, 24) + 1  # no zero anywhere
+    torch.manual_seed(0)
+    out = RandomErasing(0.5)(x)
+    erased = (out == 0).all(1)  # (B, H, W): pixels erased in every channel
+    assert torch.equal(out[~erased[:, None].expand_as(out)], x[~erased[:, None].expand_as(x)]), "the rest is kept"
+    assert not bool(((out == 0) & ~erased[:, None]).any()), "a box covers every channel"
+    boxes = []
+    for mask in erased:
+        if not mask.any():
+            continue
+        h, w = int(mask.any(1).sum()), int(mask.any(0).sum())
+        boxes.append((int(mask.any(1).float().argmax()), int(mask.any(0).float().argmax()), h, w))
+        assert int(mask.sum()) == h * w, "the erased pixels form one rectangle"
+        assert 0.02 * 0.5 <= h * w / (20 * 24) <= 0.33 * 1.3 and 0.3 / 2 <= w / h <= 3.3 * 2  # up to rounding
+    assert 110 < len(boxes) < 190, "about half the images are erased"
+    assert len(set(boxes)) > 100, "each image draws its own box"
+    assert torch.equal(RandomErasing(1.0, scale=(0.99, 1.0), ratio=(5.0, 6.0))(x), x), "no box fits: left whole"
+
+
+def test_batch_transform_erases_only_in_training():
+    x = _images(batch=16)
+    plain = BatchTransform(12, MEAN, STD, 3, 3, random_crop_padding=0, horizontal_flip=False)
+    erasing = BatchTransform(12, MEAN, STD, 3, 3, random_crop_padding=0, horizontal_flip=False, random_erasing=1.0)
+    assert torch.equal(erasing(x, train=False), plain(x, train=False))
+    out = erasing(x, train=True)
+    assert bool(((out == 0).all(1).flatten(1).any(1)).all()) and bool((out == plain(x, train=True)).any())
+    assert "random erasing (p=1.0)" in describe_augmentation(erasing)
 
 
 def test_rand_augment_with_tiny_magnitude_is_the_identity():

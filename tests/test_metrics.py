@@ -25,7 +25,8 @@ MACRO_F1 = 59 / 90  # (1/2 + 4/5 + 2/3) / 3 = (15 + 24 + 20) / 90
 
 
 def test_precision_recall_f1_by_hand():
-    result = load_metric("precision_recall_f1").compute(predictions=PREDICTIONS, references=REFERENCES)
+    result = load_metric("classification").compute(predictions=PREDICTIONS, references=REFERENCES)
+    assert result["accuracy"] == pytest.approx(4 / 6)
     np.testing.assert_allclose(result["precision"], PRECISION)
     np.testing.assert_allclose(result["recall"], RECALL)
     np.testing.assert_allclose(result["f1"], F1)
@@ -37,7 +38,7 @@ def test_precision_recall_f1_matches_sklearn_with_absent_classes():
     rng = np.random.default_rng(0)
     references, predictions = rng.integers(0, 6, 200), rng.integers(0, 7, 200)
     predictions[predictions == 3] = 4  # class 3 is never predicted: precision undefined, counted as 0 in the mean
-    result = load_metric("precision_recall_f1").compute(
+    result = load_metric("classification").compute(
         predictions=predictions, references=references, num_labels=8
     )  # class 7 occurs nowhere: left out of the macro averages, as scikit-learn does
     precision, recall, f1, _ = precision_recall_fscore_support(
@@ -47,6 +48,13 @@ def test_precision_recall_f1_matches_sklearn_with_absent_classes():
     np.testing.assert_allclose(np.nan_to_num(result["f1"][:7]), f1[:7])
     np.testing.assert_allclose(np.nan_to_num(result["recall"][:6]), recall[:6])
     assert result["macro_f1"] == pytest.approx(f1_score(references, predictions, average="macro", zero_division=0))
+
+
+def test_unknown_metric_names_the_shipped_ones():
+    with pytest.raises(
+        ValueError, match=r"Unknown metric 'f1'; the package ships \['classification', 'top_k_accuracy'\]"
+    ):
+        load_metric("f1")
 
 
 def test_top_k_accuracy_by_hand():

@@ -1,27 +1,22 @@
-"""Top-k accuracy from class scores, shipped inside the package so that evaluation never needs the Hub."""
+"""Top-k accuracy from class scores, shipped in the package so that evaluation never needs the Hub. Not
+scikit-learn's `top_k_accuracy_score`, which breaks ties by class index: here a tie with the label counts as a hit."""
 
 import datasets
 import evaluate
 import numpy as np
 
 
-_DESCRIPTION = "Top-k accuracy is the fraction of samples whose reference label is among the k highest-scored classes."
-
+_DESCRIPTION = "The fraction of samples whose label is among the k highest-scored classes."
 _KWARGS_DESCRIPTION = """
 Args:
-    predictions (`list` of `list` of `float`): Per-class scores (logits or probabilities), one row per sample.
-    references (`list` of `int`): Ground-truth labels.
-    k (`int`, defaults to 5): How many of the highest-scored classes count as a hit.
+    predictions (`list` of `list` of `float`): per-class scores (logits or probabilities), one row per sample.
+    references (`list` of `int`): true labels.
+    k (`int`, defaults to 5): how many of the highest-scored classes count as a hit.
 Returns:
-    top_k_accuracy (`float`): Fraction of samples whose label is among the k best-scored classes.
-Example:
-    >>> metric = evaluate.load("finetune/metrics/top_k_accuracy")
-    >>> metric.compute(predictions=[[0.1, 0.5, 0.4], [0.6, 0.3, 0.1]], references=[2, 1], k=2)
-    {'top_k_accuracy': 1.0}
+    top_k_accuracy (`float`)
 """
 
 
-@evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
 class TopKAccuracy(evaluate.Metric):
     def _info(self):
         return evaluate.MetricInfo(

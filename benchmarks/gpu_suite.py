@@ -400,7 +400,7 @@ def notebook_part(suite: Suite, data: str, output: Path, sizes: dict) -> None:
 
 def measure_run(argv: list[str], run_dir: Path, training_flops_per_image: float) -> dict:
     """`python -m finetune.run ARGV` into `run_dir`, in its own process; its results.json's training figures."""
-    command = [sys.executable, "-m", "finetune.run", *argv, "--output_dir", str(run_dir)]
+    command = [sys.executable, "benchmarks/timed_run.py", *argv, "--output_dir", str(run_dir)]
     command += ["--overwrite_output_dir", "true", "--report_to", "none"]
     log = run_dir.parent / f"{run_dir.name}.log"
     status = sweep.train(command, log)

@@ -51,7 +51,8 @@ def command_of(
     config: str | None, variant: Variant, shared: list[str], output: Path, minutes: float | None
 ) -> list[str]:
     run_dir = output / "runs" / variant.name
-    command = [sys.executable, "-m", "finetune.run", *(["--config", config] if config else []), *shared, *variant.args]
+    command = [sys.executable, "benchmarks/timed_run.py", *(["--config", config] if config else []), *shared]
+    command += variant.args
     command += ["--output_dir", os.path.relpath(run_dir, ROOT), "--overwrite_output_dir", "true"]
     return command + (["--max_train_minutes", str(minutes)] if minutes else [])
 

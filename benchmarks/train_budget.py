@@ -81,8 +81,7 @@ def train(config: str, minutes: float, output: Path, overrides: list[str], suffi
     run_dir = output / "runs" / run_name(config, suffix)
     command = [
         sys.executable,
-        "-m",
-        "finetune.run",
+        "benchmarks/timed_run.py",
         "--config",
         config,
         "--max_train_minutes",

@@ -43,9 +43,9 @@ VIT_SIZES = {"hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2
 def deit(path: Path) -> None:
     DeiTForImageClassification(DeiTConfig(image_size=8, patch_size=2, **VIT_SIZES, num_labels=3)).save_pretrained(path)
     # DeiT's processor resizes to 256 and crops 224 on the Hub; here 10 then 8.
-    DeiTImageProcessor(size={"height": 10, "width": 10}, crop_size={"height": 8, "width": 8}, **MEAN_STD).save_pretrained(
-        path
-    )
+    DeiTImageProcessor(
+        size={"height": 10, "width": 10}, crop_size={"height": 8, "width": 8}, **MEAN_STD
+    ).save_pretrained(path)
 
 
 def beit(path: Path) -> None:
@@ -95,7 +95,23 @@ BACKBONES = {
     "dinov2": (dinov2, True),
     "timm": (timm_vit, False),  # transformers' TimmWrapper returns no attentions
 }
-CASES = [pytest.param(name, marks=needs_timm) if name == "timm" else name for name in BACKBONES]
+# Where the pipeline stops today, outside the parameter groups (fixes on branch `backbones-outside`); strict, so a
+# fix makes the case fail until its mark goes.
+BLOCKED = {
+    "swin": (TypeError, "models.attention_head_size divides hidden_size by Swin's per-stage list of heads"),
+    "convnext": (ValueError, "run.choose_attention asks ConvNeXt, which has no attention, for sdpa"),
+    "timm": (AttributeError, "models.preprocessing_from reads `size`, which TimmWrapperImageProcessor lacks"),
+}
+
+
+def case(name: str, pipeline: bool = False):
+    marks = [needs_timm] if name == "timm" else []
+    if pipeline and name in BLOCKED:
+        error, reason = BLOCKED[name]
+        marks.append(pytest.mark.xfail(raises=error, reason=reason, strict=True))
+    return pytest.param(name, marks=marks)
+
+
 TRAIN = [
     *DIGITS, "--max_steps", "2", "--per_device_train_batch_size", "16", "--learning_rate", "1e-3",
     "--layer_decay", "0.75", "--logging_steps", "1", "--report_to", "none",
@@ -116,7 +132,7 @@ def digit_image(tmp_path_factory) -> Path:
     return path
 
 
-@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("name", [case(name, pipeline=True) for name in BACKBONES])
 def test_backbone_fine_tunes_evaluates_predicts_and_draws(name, tmp_path, digit_image):
     base, out = checkpoint(tmp_path, name), tmp_path / "run"
     results = run.main(["--model_name_or_path", str(base), *TRAIN, "--output_dir", str(out)])["pretrained"]
@@ -142,7 +158,7 @@ def test_backbone_fine_tunes_evaluates_predicts_and_draws(name, tmp_path, digit_
             attention.main([str(out), str(digit_image), "--output", str(maps)])
 
 
-@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("name", [case(name) for name in BACKBONES])
 def test_layer_decay_orders_every_backbone_from_embeddings_to_head(name, tmp_path):
     model = AutoModelForImageClassification.from_pretrained(checkpoint(tmp_path, name))
     groups = parameter_groups(model, learning_rate=1.0, weight_decay=0.05, layer_decay=0.5)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from test_backbones import BACKBONES, BLOCKED, checkpoint, needs_timm
 from test_run import TINY_SCRATCH, tiny_vit_checkpoint
 from transformers import AutoConfig, AutoImageProcessor, AutoModelForImageClassification
 
@@ -86,6 +87,25 @@ def test_vit_run_exports_to_the_output_checked_on_given_files(vit_run, tmp_path,
     for batch in (1, 5):
         pixels = torch.randn(batch, 3, 8, 8, generator=torch.Generator().manual_seed(batch))
         assert export.onnx_logits(result.path, pixels).shape == (batch, 10)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(
+            name,
+            marks=[needs_timm, pytest.mark.xfail(raises=AttributeError, reason=BLOCKED[name][1], strict=True)],
+        )
+        if name == "timm"
+        else name
+        for name in BACKBONES
+    ],
+)
+def test_every_backbone_exports_faithfully(name, tmp_path):
+    files = digit_files(tmp_path / "images", count=2)
+    base = checkpoint(tmp_path, name)
+    result = export.main([str(base), "--format", "onnx", "--images", *map(str, files)])
+    assert result.path.is_file() and result.num_images == 2 and result.max_abs_difference <= 1e-4
 
 
 def test_an_export_that_computes_other_logits_fails_the_check(scratch_run):

@@ -549,34 +549,35 @@ def uses_weight_decay(name: str, parameter: torch.Tensor) -> bool:
     return parameter.ndim > 1 and not any(token in name for token in NO_WEIGHT_DECAY_NAMES)
 
 
-def layer_id(model: torch.nn.Module) -> dict[str, int]:
-    """BEiT's layer index of every parameter of `model`, by name: 0 for the embeddings, i for the i-th block
-    (1-based, counted in the model's own order, so a stage/block pair counts as consecutive blocks), and
-    num_blocks + 1 for the rest (final norm, pooler, head).
+def layer_id(model: torch.nn.Module) -> tuple[dict[str, int], int]:
+    """BEiT's layer index of every parameter of `model`, by name, and the number of blocks L: 0 for the embeddings,
+    i for the i-th block (1-based, in the model's own order, so a stage/block pair counts as consecutive blocks), and
+    L + 1 for the rest (final norm, pooler, head).
 
     A block is a module numbered under `layer`, `layers`, `blocks` or `stages` (`BLOCK_PATTERN`); in a hierarchical
     model the first two numbers are its stage and block. What lies between blocks (Swin's patch merging, ConvNeXt's
-    downsampling) takes the depth of the block before it, what comes before the first block is embedding and what
-    comes after the last is head. The number of blocks is read from the names, not from `config.num_hidden_layers`,
-    which counts Swin's and ConvNeXt's stages. Raises `ValueError` for a model with no numbered block.
+    downsampling) takes the depth of the block before it; what comes before the first block is embedding, what comes
+    after the last is head. L is counted from the names, not read from `config.num_hidden_layers`, which counts
+    Swin's and ConvNeXt's stages. Raises `ValueError` for a model with no numbered block.
     """
     named = [(name, tuple(int(i) for i in BLOCK_PATTERN.findall(name)[:2])) for name, _ in model.named_parameters()]
-    depth_of_block = {}
-    length = max((len(key) for _, key in named), default=0)
+    length = max(len(key) for _, key in named)  # 2 where blocks sit in stages, else 1
+    depth_of_block: dict[tuple[int, ...], int] = {}
     for _, key in named:
-        if len(key) == length and length and key not in depth_of_block:
-            depth_of_block[key] = len(depth_of_block) + 1
+        if length and len(key) == length:
+            depth_of_block.setdefault(key, len(depth_of_block) + 1)
     if not depth_of_block:
         raise ValueError(
             f"`layer_decay` needs the blocks of {type(model).__name__}, but none of its parameter names has a "
             "numbered `layer`, `layers`, `blocks` or `stages` module. Drop `layer_decay` for this model."
         )
+    num_blocks = len(depth_of_block)
     last = max(i for i, (_, key) in enumerate(named) if key)
     ids, depth = {}, 0
     for i, (name, key) in enumerate(named):
         depth = depth_of_block.get(key, depth)
-        ids[name] = len(depth_of_block) + 1 if i > last else depth
-    return ids
+        ids[name] = num_blocks + 1 if i > last else depth
+    return ids, num_blocks
 
 
 def parameter_groups(
@@ -589,8 +590,7 @@ def parameter_groups(
     `learning_rate * layer_decay ** (L + 1 - layer_id)`: the head at the full rate, each block below it at
     `layer_decay` times the rate of the one above; without it every group has `learning_rate`.
     """
-    layers = layer_id(model) if layer_decay is not None else {}
-    top = max(layers.values(), default=0)
+    layers, num_blocks = layer_id(model) if layer_decay is not None else ({}, 0)
     groups: dict[tuple[int, bool], dict] = {}
     for name, parameter in model.named_parameters():
         if not parameter.requires_grad:
@@ -603,7 +603,7 @@ def parameter_groups(
                 "params": [],
                 "param_names": [],
                 "weight_decay": weight_decay if decay else 0.0,
-                "lr": learning_rate * layer_decay ** (top - layer) if layer_decay else learning_rate,
+                "lr": learning_rate * layer_decay ** (num_blocks + 1 - layer) if layer_decay else learning_rate,
             },
         )
         group["params"].append(parameter)

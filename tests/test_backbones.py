@@ -168,14 +168,29 @@ def test_layer_decay_orders_every_backbone_from_embeddings_to_head(name, tmp_pat
     embeddings = [n for n in names if "embed" in n]
     head = [n for n in names if n.split(".")[-2] in ("classifier", "head")]
     assert embeddings and head
-    depths = layer_id(model)
-    num_blocks = max(depths.values()) - 1
+    depths, num_blocks = layer_id(model)
     assert num_blocks == {"swin": 3, "convnext": 3}.get(name, 2)  # stages x blocks, not config.num_hidden_layers
     assert {rate[n] for n in embeddings} == {0.5 ** (num_blocks + 1)}  # the lowest rate
     assert {rate[n] for n in head} == {1.0}
     block_rates = [max(rate[n] for n in names if depths[n] == d) for d in range(1, num_blocks + 1)]
     assert block_rates == [0.5 ** (num_blocks + 1 - d) for d in range(1, num_blocks + 1)]  # strictly increasing
     assert min(rate.values()) == 0.5 ** (num_blocks + 1)
+    for parameter, depth in BETWEEN_BLOCKS.get(name, {}).items():
+        assert depths[parameter] == depth, parameter
+
+
+# Hierarchical models: blocks count on across stages; what joins two stages trains with the block before it.
+BETWEEN_BLOCKS = {
+    "swin": {
+        "swin.encoder.layers.0.blocks.0.mlp.fc1.weight": 1,
+        "swin.encoder.layers.0.downsample.reduction.weight": 1,  # patch merging after stage 0
+        "swin.encoder.layers.1.blocks.1.mlp.fc1.weight": 3,
+    },
+    "convnext": {
+        "convnext.encoder.stages.1.downsampling_layer.1.weight": 1,  # downsampling before stage 1
+        "convnext.encoder.stages.1.layers.0.pwconv1.weight": 2,
+    },
+}
 
 
 def test_layer_decay_refuses_a_model_without_numbered_blocks():

@@ -14,6 +14,7 @@ installed beside the transformers 5 this project needs.
 """
 
 import argparse
+import importlib
 import json
 import sys
 from dataclasses import dataclass
@@ -73,7 +74,7 @@ def require_extras() -> None:
     missing = []
     for name in EXTRA_MODULES:
         try:
-            __import__(name)
+            importlib.import_module(name)
         except ImportError:
             missing.append(name)
     if missing:

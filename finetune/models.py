@@ -85,6 +85,8 @@ def attention_head_size(model_type: str, model_args: ModelArguments, scratch_arg
         except (OSError, ValueError):
             return None  # building the model reports the problem
     hidden, heads = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
+    if isinstance(heads, list):  # Swin: heads per stage, the width doubling with them
+        hidden, heads = getattr(config, "embed_dim", None), heads[0]
     return hidden // heads if hidden and heads else None
 
 
@@ -445,6 +447,16 @@ def channel_statistics(pixel_values: torch.Tensor, num_channels: int) -> tuple[l
 
 def preprocessing_from(processor, config) -> Preprocessing:
     """Read resolution and normalisation from an image processor (`size` as height/width or shortest_edge)."""
+    data_config = getattr(processor, "data_config", None)
+    if data_config:  # timm's preprocessing (TimmWrapperImageProcessor): input size, crop_pct, mean, std
+        _, height, width = data_config["input_size"]
+        crop = data_config.get("crop_pct") or 1.0
+        resize = (round(height / crop), round(width / crop)) if crop < 1 else None
+        num_channels = int(getattr(config, "num_channels", 3))
+        mean, std = list(data_config["mean"]), list(data_config["std"])
+        if len(mean) != num_channels:
+            mean, std = [sum(mean) / len(mean)] * num_channels, [sum(std) / len(std)] * num_channels
+        return Preprocessing((height, width), num_channels, mean, std, resize)
     image_size = _height_width(processor.size) or (int(config.image_size),) * 2
     resize_size = None
     if getattr(processor, "do_center_crop", False) and _height_width(getattr(processor, "crop_size", None)):

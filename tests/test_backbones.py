@@ -95,21 +95,10 @@ BACKBONES = {
     "dinov2": (dinov2, True),
     "timm": (timm_vit, False),  # transformers' TimmWrapper returns no attentions
 }
-# Where the pipeline stops today, outside the parameter groups (fixes on branch `backbones-outside`); strict, so a
-# fix makes the case fail until its mark goes.
-BLOCKED = {
-    "swin": (TypeError, "models.attention_head_size divides hidden_size by Swin's per-stage list of heads"),
-    "convnext": (ValueError, "run.choose_attention asks ConvNeXt, which has no attention, for sdpa"),
-    "timm": (AttributeError, "models.preprocessing_from reads `size`, which TimmWrapperImageProcessor lacks"),
-}
 
 
-def case(name: str, pipeline: bool = False):
-    marks = [needs_timm] if name == "timm" else []
-    if pipeline and name in BLOCKED:
-        error, reason = BLOCKED[name]
-        marks.append(pytest.mark.xfail(raises=error, reason=reason, strict=True))
-    return pytest.param(name, marks=marks)
+def case(name: str):
+    return pytest.param(name, marks=[needs_timm] if name == "timm" else [])
 
 
 TRAIN = [
@@ -132,7 +121,7 @@ def digit_image(tmp_path_factory) -> Path:
     return path
 
 
-@pytest.mark.parametrize("name", [case(name, pipeline=True) for name in BACKBONES])
+@pytest.mark.parametrize("name", [case(name) for name in BACKBONES])
 def test_backbone_fine_tunes_evaluates_predicts_and_draws(name, tmp_path, digit_image):
     base, out = checkpoint(tmp_path, name), tmp_path / "run"
     results = run.main(["--model_name_or_path", str(base), *TRAIN, "--output_dir", str(out)])["pretrained"]

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from test_backbones import BACKBONES, BLOCKED, checkpoint, needs_timm
+from test_backbones import BACKBONES, case, checkpoint
 from test_run import TINY_SCRATCH, tiny_vit_checkpoint
 from transformers import AutoConfig, AutoImageProcessor, AutoModelForImageClassification
 
@@ -89,18 +89,7 @@ def test_vit_run_exports_to_the_output_checked_on_given_files(vit_run, tmp_path,
         assert export.onnx_logits(result.path, pixels).shape == (batch, 10)
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(
-            name,
-            marks=[needs_timm, pytest.mark.xfail(raises=AttributeError, reason=BLOCKED[name][1], strict=True)],
-        )
-        if name == "timm"
-        else name
-        for name in BACKBONES
-    ],
-)
+@pytest.mark.parametrize("name", [case(name) for name in BACKBONES])
 def test_every_backbone_exports_faithfully(name, tmp_path):
     files = digit_files(tmp_path / "images", count=2)
     base = checkpoint(tmp_path, name)

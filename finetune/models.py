@@ -91,6 +91,8 @@ def attention_head_size(model_type: str, model_args: ModelArguments, scratch_arg
         except (OSError, ValueError):
             return None  # building the model reports the problem
     hidden, heads = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
+    if isinstance(heads, list):  # Swin: heads per stage, the width doubling with them
+        hidden, heads = getattr(config, "embed_dim", None), heads[0]
     return hidden // heads if hidden and heads else None
 
 
@@ -442,6 +444,16 @@ def channel_statistics(pixel_values: torch.Tensor, num_channels: int) -> tuple[l
 
 def preprocessing_from(processor, config) -> Preprocessing:
     """Read resolution and normalisation from an image processor (`size` as height/width or shortest_edge)."""
+    data_config = getattr(processor, "data_config", None)
+    if data_config:  # timm's preprocessing (TimmWrapperImageProcessor): input size, crop_pct, mean, std
+        _, height, width = data_config["input_size"]
+        crop = data_config.get("crop_pct") or 1.0
+        resize = (round(height / crop), round(width / crop)) if crop < 1 else None
+        num_channels = int(getattr(config, "num_channels", 3))
+        mean, std = list(data_config["mean"]), list(data_config["std"])
+        if len(mean) != num_channels:
+            mean, std = [sum(mean) / len(mean)] * num_channels, [sum(std) / len(std)] * num_channels
+        return Preprocessing((height, width), num_channels, mean, std, resize)
     image_size = _height_width(processor.size) or (int(config.image_size),) * 2
     resize_size = None
     if getattr(processor, "do_center_crop", False) and _height_width(getattr(processor, "crop_size", None)):
@@ -518,24 +530,60 @@ def load_checkpoint_weights(model: PreTrainedModel, checkpoint: str) -> None:
         ) from error
 
 
-# Parameters that weight decay would only pull towards zero without regularising anything: position embeddings and
-# prefix tokens (timm's `no_weight_decay`), besides every bias and norm scale (the 1-D parameters).
-NO_WEIGHT_DECAY_NAMES = ("position_embeddings", "cls_token", "distillation_token", "mask_token")
-BLOCK_PATTERN = re.compile(r"(?:^|\.)layers?\.(\d+)\.")  # transformers' ViT `vit.layers.3.`, ScratchViT `layer.3.`
+# Parameters that weight decay would only pull towards zero without regularising anything: position embeddings,
+# prefix tokens and relative position biases (what timm's `no_weight_decay` names, in transformers' and timm's
+# spellings), besides every bias and norm scale (the 1-D parameters).
+NO_WEIGHT_DECAY_NAMES = (
+    "position_embeddings",
+    "pos_embed",
+    "cls_token",
+    "distillation_token",
+    "dist_token",
+    "mask_token",
+    "reg_token",
+    "register_tokens",
+    "relative_position_bias_table",
+)
+# A numbered block: ViT's `vit.layers.3.`, ScratchViT's and DINOv2's `layer.3.`, timm's `blocks.3.`, and the stage
+# then block of hierarchical models: Swin's `layers.1.blocks.0.`, ConvNeXt's `stages.1.layers.0.`.
+BLOCK_PATTERN = re.compile(r"(?:^|\.)(?:layers?|blocks|stages)\.(\d+)(?=\.)")
 
 
 def uses_weight_decay(name: str, parameter: torch.Tensor) -> bool:
-    """False for biases, norm weights (every 1-D parameter), position embeddings and the CLS/prefix tokens."""
+    """False for biases, norm weights (every 1-D parameter), position embeddings, prefix tokens and relative
+    position biases."""
     return parameter.ndim > 1 and not any(token in name for token in NO_WEIGHT_DECAY_NAMES)
 
 
-def layer_id(name: str, num_layers: int) -> int:
-    """BEiT's layer index of a parameter: 0 for the embeddings, i + 1 for encoder block i, num_layers + 1 for the
-    rest (final norm, pooler, head)."""
-    block = BLOCK_PATTERN.search(name)
-    if block:
-        return int(block.group(1)) + 1
-    return 0 if ".embeddings." in f".{name}" else num_layers + 1
+def layer_id(model: torch.nn.Module) -> tuple[dict[str, int], int]:
+    """BEiT's layer index of every parameter of `model`, by name, and the number of blocks L: 0 for the embeddings,
+    i for the i-th block (1-based, in the model's own order, so a stage/block pair counts as consecutive blocks), and
+    L + 1 for the rest (final norm, pooler, head).
+
+    A block is a module numbered under `layer`, `layers`, `blocks` or `stages` (`BLOCK_PATTERN`); in a hierarchical
+    model the first two numbers are its stage and block. What lies between blocks (Swin's patch merging, ConvNeXt's
+    downsampling) takes the depth of the block before it; what comes before the first block is embedding, what comes
+    after the last is head. L is counted from the names, not read from `config.num_hidden_layers`, which counts
+    Swin's and ConvNeXt's stages. Raises `ValueError` for a model with no numbered block.
+    """
+    named = [(name, tuple(int(i) for i in BLOCK_PATTERN.findall(name)[:2])) for name, _ in model.named_parameters()]
+    length = max(len(key) for _, key in named)  # 2 where blocks sit in stages, else 1
+    depth_of_block: dict[tuple[int, ...], int] = {}
+    for _, key in named:
+        if length and len(key) == length:
+            depth_of_block.setdefault(key, len(depth_of_block) + 1)
+    if not depth_of_block:
+        raise ValueError(
+            f"`layer_decay` needs the blocks of {type(model).__name__}, but none of its parameter names has a "
+            "numbered `layer`, `layers`, `blocks` or `stages` module. Drop `layer_decay` for this model."
+        )
+    num_blocks = len(depth_of_block)
+    last = max(i for i, (_, key) in enumerate(named) if key)
+    ids, depth = {}, 0
+    for i, (name, key) in enumerate(named):
+        depth = depth_of_block.get(key, depth)
+        ids[name] = num_blocks + 1 if i > last else depth
+    return ids, num_blocks
 
 
 def parameter_groups(
@@ -544,16 +592,16 @@ def parameter_groups(
     """The optimizer's parameter groups of the trainable parameters, by layer and by weight decay.
 
     Each group has `params`, `param_names`, `weight_decay` (0 where `uses_weight_decay` says so) and `lr`. With
-    `layer_decay`, a parameter of BEiT layer `layer_id` of L blocks trains at
+    `layer_decay`, a parameter of BEiT layer `layer_id` in a model of L blocks trains at
     `learning_rate * layer_decay ** (L + 1 - layer_id)`: the head at the full rate, each block below it at
     `layer_decay` times the rate of the one above; without it every group has `learning_rate`.
     """
-    num_layers = model.config.num_hidden_layers if layer_decay is not None else 0
+    layers, num_blocks = layer_id(model) if layer_decay is not None else ({}, 0)
     groups: dict[tuple[int, bool], dict] = {}
     for name, parameter in model.named_parameters():
         if not parameter.requires_grad:
             continue
-        layer = layer_id(name, num_layers) if layer_decay is not None else 0
+        layer = layers.get(name, 0)
         decay = uses_weight_decay(name, parameter)
         group = groups.setdefault(
             (layer, decay),
@@ -561,7 +609,7 @@ def parameter_groups(
                 "params": [],
                 "param_names": [],
                 "weight_decay": weight_decay if decay else 0.0,
-                "lr": learning_rate * layer_decay ** (num_layers + 1 - layer) if layer_decay else learning_rate,
+                "lr": learning_rate * layer_decay ** (num_blocks + 1 - layer) if layer_decay else learning_rate,
             },
         )
         group["params"].append(parameter)

@@ -421,11 +421,14 @@ def choose_attention(
     model_type: str, model_args: ModelArguments, scratch_args, args: ImageClassificationTrainingArguments
 ) -> tuple[ModelArguments, str]:
     """`model_args` with `attn_implementation` resolved for this machine and precision, and the reason."""
+    head_size = attention_head_size(model_type, model_args, scratch_args)
+    if head_size is None and model_args.attn_implementation in (None, "auto"):
+        return dataclasses.replace(model_args, attn_implementation=None), "the model's default"
     attention, attention_why = hardware.choose_attention(
         model_args.attn_implementation,
         args.device.type,
         args.bf16 or args.mixed_precision == "bf16",
-        attention_head_size(model_type, model_args, scratch_args),
+        head_size,
     )
     logger.info(f"Attention: {attention} ({attention_why})")
     return dataclasses.replace(model_args, attn_implementation=attention), attention_why

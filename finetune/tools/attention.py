@@ -171,7 +171,8 @@ def compute_attention_maps(model, processor, image: Image.Image, image_size: int
         f"{type(model).__name__} has no attention to draw (a {model.config.model_type} model); attention maps need a "
         "vision transformer: ScratchViT, ViT, DeiT, ..."
     )
-    if getattr(model.config, "patch_size", None) is None:
+    # Swin attends within shifted windows: no token attends to the whole image, so there is no map to draw.
+    if getattr(model.config, "patch_size", None) is None or getattr(model.config, "window_size", None):
         raise no_attention
     check_image_size(model, image_size)
     pixel_values = preprocess([image.convert(image_mode(model))], model, processor, image_size)  # (1, C, H, W)

@@ -1,0 +1,222 @@
+"""Export a trained classifier for serving, and check the export on real images.
+
+    python -m finetune.tools.export OUTPUT_DIR --format onnx [--output DIR] [--images PATH ...] [--atol 1e-4]
+
+Writes `model.onnx` (input `pixel_values`, float32 `(batch, C, H, W)`; output `logits`, `(batch, num_labels)`) into
+`--output` (default `OUTPUT_DIR/onnx`), with the run's `config.json` (the labels) and `preprocessor_config.json`
+(size, mean, std) beside it. Then onnxruntime's logits must equal PyTorch's within `--atol` on real images: the
+files given with `--images`, else the first validation images of the run's dataset, preprocessed as `predict`
+preprocesses them. The check prints one line with the largest difference; a mismatch fails the command.
+
+Every architecture, ScratchViT included, goes through `torch.onnx.export` (the dynamo exporter). optimum's ONNX
+exporter now lives in `optimum-onnx`, whose latest release (0.1.0) requires transformers < 4.58, so it cannot be
+installed beside the transformers 5 this project needs.
+"""
+
+import argparse
+import importlib
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from transformers.utils import logging
+
+from finetune.errors import run_command
+from finetune.models import photo_size
+from finetune.tools.predict import (
+    collect_image_paths,
+    image_mode,
+    load_classifier,
+    load_images,
+    model_preprocessing,
+    preprocess,
+)
+
+
+logger = logging.get_logger(__name__)
+
+FORMATS = ("onnx",)
+EXTRA_MODULES = ("onnx", "onnxruntime", "onnxscript")  # onnxscript: the dynamo exporter writes the graph with it
+INSTALL = 'pip install -e ".[export]"'
+DEFAULT_ATOL = 1e-4
+CHECK_IMAGES = 8
+# Protobuf caps a single .onnx file at 2 GiB: larger models keep their weights in `model.onnx.data` beside it.
+SINGLE_FILE_LIMIT = 2**31 - 2**26
+
+
+@dataclass
+class ExportResult:
+    """Where the export went and how its check came out."""
+
+    path: Path
+    num_images: int
+    max_abs_difference: float
+    atol: float
+
+
+class LogitsOnly(torch.nn.Module):
+    """The classifier as serving calls it: pixel values in, logits out (no output dataclass, no loss)."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.model(pixel_values=pixel_values).logits  # (B, C, H, W) -> (B, num_labels)
+
+
+def require_extras() -> None:
+    """Raise `RuntimeError` naming the install command when the `export` extra is missing."""
+    missing = []
+    for name in EXTRA_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        raise RuntimeError(f"Exporting needs {', '.join(missing)} (the `export` extra): {INSTALL}")
+
+
+def export_onnx(model: torch.nn.Module, example: torch.Tensor, path: str | Path) -> Path:
+    """Write `model` as ONNX to `path` with a dynamic batch axis, traced on `example` pixel values `(B, C, H, W)`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if len(example) < 2:
+        example = example.repeat(2, 1, 1, 1)  # a batch of 1 would be fixed into the graph as a constant
+    size = sum(p.numel() * p.element_size() for p in model.parameters())
+    torch.onnx.export(
+        LogitsOnly(model).eval(),
+        (example,),
+        path,
+        input_names=["pixel_values"],
+        output_names=["logits"],
+        dynamic_shapes={"pixel_values": {0: torch.export.Dim("batch")}},
+        external_data=size > SINGLE_FILE_LIMIT,
+        dynamo=True,
+        verbose=False,
+    )
+    return path
+
+
+def onnx_logits(path: str | Path, pixel_values: torch.Tensor) -> np.ndarray:
+    """The logits onnxruntime computes on the CPU for `pixel_values` `(B, C, H, W)`: `(B, num_labels)`."""
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return session.run(["logits"], {"pixel_values": pixel_values.numpy()})[0]
+
+
+@torch.inference_mode()
+def check_onnx(path: str | Path, model: torch.nn.Module, pixel_values: torch.Tensor, atol: float) -> float:
+    """The largest absolute difference between onnxruntime's and PyTorch's logits on `pixel_values`; raises
+    `ValueError` when it exceeds `atol`."""
+    expected = model(pixel_values=pixel_values).logits.float().numpy()  # (B, num_labels)
+    difference = float(np.abs(onnx_logits(path, pixel_values) - expected).max())
+    if not difference <= atol:  # also a NaN
+        raise ValueError(
+            f"The ONNX export {path} does not compute the model's logits: onnxruntime and PyTorch differ by up to "
+            f"{difference:.3g} on {len(pixel_values)} image(s), more than atol {atol:g}. Raise `--atol` if that "
+            "is acceptable for serving, or serve the PyTorch model."
+        )
+    return difference
+
+
+def run_images(run_dir: Path, model, processor, count: int = CHECK_IMAGES) -> list[Image.Image]:
+    """`count` validation images of the dataset the run in `run_dir` trained on (named in its results.json), stored
+    as training stores them, in the model's mode."""
+    from finetune.arguments import DataArguments
+    from finetune.data import load_image_data
+
+    results = run_dir / "results.json"
+    dataset = json.loads(results.read_text()).get("dataset") if results.is_file() else None
+    if not dataset:
+        raise FileNotFoundError(
+            f"{run_dir} has no results.json naming the dataset it trained on, to check the export with. Pass "
+            "images to check it on: `--images FILE_OR_FOLDER ...`."
+        )
+    # Only the images taken are decoded: a few of train besides the validation ones.
+    data_args = DataArguments(
+        dataset_name=dataset, max_train_samples=count, max_eval_samples=count, decoded_cache_dir="none"
+    )
+    try:
+        split = load_image_data(data_args, seed=0, target_size=photo_size(model_preprocessing(model, processor)))
+        split = split.validation
+    except (OSError, ValueError) as error:
+        raise OSError(
+            f"Could not load the run's dataset {dataset!r} to check the export ({type(error).__name__}: "
+            f"{str(error).splitlines()[0]}). Pass images to check it on: `--images FILE_OR_FOLDER ...`."
+        ) from error
+    pixels = split.take(np.arange(min(count, len(split)))).numpy()  # (N, C, H, W) uint8
+    images = [Image.fromarray(p[0] if p.shape[0] == 1 else p.transpose(1, 2, 0)) for p in pixels]
+    return [image.convert(image_mode(model)) for image in images]
+
+
+def file_images(paths: list[str], model, processor, count: int = CHECK_IMAGES) -> list[Image.Image]:
+    """Up to `count` of the given image files (folders searched as `predict` searches them), decoded as `predict`
+    decodes them."""
+    found = collect_image_paths(paths)
+    size = photo_size(model_preprocessing(model, processor))
+    images, _, _ = load_images(found[:count], image_mode(model), size)
+    if not images:
+        raise ValueError(f"None of {', '.join(paths)} could be read as an image to check the export on.")
+    return images
+
+
+def main(argv: list[str] | None = None) -> ExportResult:
+    """Command-line entry: export a run's model and check it; prints where it went and the check's one line."""
+    parser = argparse.ArgumentParser(
+        prog="python -m finetune.tools.export",
+        description="Export a trained classifier for serving (ONNX) and check it against PyTorch on real images.",
+    )
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="Output directory of a run (config.json, weights).")
+    parser.add_argument("--format", required=True, choices=FORMATS, help="Export format.")
+    parser.add_argument("--output", metavar="DIR", help="Where to write the export (default RUN_DIR/onnx).")
+    parser.add_argument(
+        "--images",
+        nargs="+",
+        metavar="PATH",
+        help="Image files or folders to check the export on (default: validation images of the run's dataset).",
+    )
+    parser.add_argument(
+        "--atol",
+        type=float,
+        default=DEFAULT_ATOL,
+        help=f"Largest difference allowed between ONNX and PyTorch logits (default {DEFAULT_ATOL:g}).",
+    )
+    parser.add_argument(
+        "--trust_remote_code",
+        "--trust-remote-code",
+        action="store_true",
+        help="Use the code files saved next to the weights.",
+    )
+    args = parser.parse_args(argv)
+    require_extras()
+    run_dir = Path(args.run_dir)
+    # Eager attention exports for every architecture (SDPA's graph does not decompose for BEiT); onnxruntime fuses
+    # the attention pattern itself.
+    model, processor = load_classifier(run_dir, args.trust_remote_code, attn_implementation="eager", device="cpu")
+    if args.images:
+        images, source = file_images(args.images, model, processor), "the given files"
+    else:
+        images, source = run_images(run_dir, model, processor), "the run's dataset"
+    pixel_values = preprocess(images, model, processor)  # (N, C, H, W), as predict feeds the model
+
+    output = Path(args.output) if args.output else run_dir / "onnx"
+    path = export_onnx(model, pixel_values, output / "model.onnx")
+    model.config.save_pretrained(output)
+    processor.save_pretrained(output)
+    print(f"Wrote {path} (input pixel_values (batch, {', '.join(map(str, pixel_values.shape[1:]))}), output logits)")
+    difference = check_onnx(path, model, pixel_values, args.atol)
+    print(
+        f"Checked on {len(images)} image(s) of {source}: onnxruntime's logits equal PyTorch's, max abs difference "
+        f"{difference:.3g} <= atol {args.atol:g}"
+    )
+    return ExportResult(path, len(images), difference, args.atol)
+
+
+if __name__ == "__main__":
+    sys.exit(run_command(main))

@@ -1,0 +1,188 @@
+"""Any backbone: DeiT, BEiT, Swin, ConvNeXt, DINOv2 and a timm model (through transformers' `TimmWrapper`) each
+fine-tune with layer decay, evaluate, predict and draw attention where they have it, through the real pipeline on
+digits; each from a tiny random checkpoint saved offline with the image processor its family ships with."""
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from test_evaluate_only import DIGITS
+from transformers import (
+    AutoModelForImageClassification,
+    BeitConfig,
+    BeitForImageClassification,
+    BeitImageProcessor,
+    BitImageProcessor,
+    ConvNextConfig,
+    ConvNextForImageClassification,
+    ConvNextImageProcessor,
+    DeiTConfig,
+    DeiTForImageClassification,
+    DeiTImageProcessor,
+    Dinov2Config,
+    Dinov2ForImageClassification,
+    SwinConfig,
+    SwinForImageClassification,
+    ViTImageProcessor,
+)
+
+from finetune import run
+from finetune.models import layer_id, parameter_groups
+from finetune.tools import attention, predict
+
+
+HAS_TIMM = importlib.util.find_spec("timm") is not None
+needs_timm = pytest.mark.skipif(not HAS_TIMM, reason='timm is an optional extra: pip install -e ".[timm]"')
+MEAN_STD = {"image_mean": [0.5] * 3, "image_std": [0.5] * 3}
+VIT_SIZES = {"hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 32}
+
+
+def deit(path: Path) -> None:
+    DeiTForImageClassification(DeiTConfig(image_size=8, patch_size=2, **VIT_SIZES, num_labels=3)).save_pretrained(path)
+    # DeiT's processor resizes to 256 and crops 224 on the Hub; here 10 then 8.
+    DeiTImageProcessor(
+        size={"height": 10, "width": 10}, crop_size={"height": 8, "width": 8}, **MEAN_STD
+    ).save_pretrained(path)
+
+
+def beit(path: Path) -> None:
+    config = BeitConfig(image_size=8, patch_size=2, **VIT_SIZES, use_relative_position_bias=True, num_labels=3)
+    BeitForImageClassification(config).save_pretrained(path)
+    BeitImageProcessor(size={"height": 8, "width": 8}, do_center_crop=False, **MEAN_STD).save_pretrained(path)
+
+
+def swin(path: Path) -> None:
+    config = SwinConfig(image_size=8, patch_size=2, embed_dim=8, depths=[1, 2], num_heads=[1, 2], window_size=2)
+    config.num_labels = 3
+    SwinForImageClassification(config).save_pretrained(path)
+    ViTImageProcessor(size={"height": 8, "width": 8}, **MEAN_STD).save_pretrained(path)
+
+
+def convnext(path: Path) -> None:
+    config = ConvNextConfig(patch_size=2, num_stages=2, hidden_sizes=[8, 16], depths=[1, 2], num_labels=3)
+    ConvNextForImageClassification(config).save_pretrained(path)
+    ConvNextImageProcessor(size={"shortest_edge": 8}, crop_pct=1.0, **MEAN_STD).save_pretrained(path)
+
+
+def dinov2(path: Path) -> None:
+    config = Dinov2Config(image_size=8, patch_size=2, **{**VIT_SIZES, "intermediate_size": None}, mlp_ratio=2)
+    config.num_labels = 3
+    Dinov2ForImageClassification(config).save_pretrained(path)
+    BitImageProcessor(size={"shortest_edge": 10}, crop_size={"height": 8, "width": 8}, **MEAN_STD).save_pretrained(
+        path
+    )
+
+
+def timm_vit(path: Path) -> None:
+    from transformers import TimmWrapperConfig, TimmWrapperForImageClassification
+
+    model_args = {"img_size": 8, "patch_size": 2, "embed_dim": 16, "depth": 2, "num_heads": 2}
+    config = TimmWrapperConfig(architecture="vit_tiny_patch16_224", model_args=model_args, num_labels=3)
+    # What a timm checkpoint on the Hub carries: its preprocessing as timm's `pretrained_cfg`.
+    config.pretrained_cfg = {"input_size": [3, 8, 8], "mean": [0.5] * 3, "std": [0.5] * 3, "crop_pct": 1.0}
+    TimmWrapperForImageClassification(config).save_pretrained(path)
+
+
+# name -> (checkpoint maker, whether it has attention maps)
+BACKBONES = {
+    "deit": (deit, True),
+    "beit": (beit, True),
+    "swin": (swin, False),  # windowed attention: no CLS token over the whole image to draw
+    "convnext": (convnext, False),
+    "dinov2": (dinov2, True),
+    "timm": (timm_vit, False),  # transformers' TimmWrapper returns no attentions
+}
+
+
+def case(name: str):
+    return pytest.param(name, marks=[needs_timm] if name == "timm" else [])
+
+
+TRAIN = [
+    *DIGITS, "--max_steps", "2", "--per_device_train_batch_size", "16", "--learning_rate", "1e-3",
+    "--layer_decay", "0.75", "--logging_steps", "1", "--report_to", "none",
+]  # fmt: skip
+
+
+def checkpoint(root: Path, name: str) -> Path:
+    torch.manual_seed(0)
+    path = root / f"{name}-base"
+    BACKBONES[name][0](path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def digit_image(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("images") / "digit.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (8, 8), dtype=np.uint8), "L").save(path)
+    return path
+
+
+@pytest.mark.parametrize("name", [case(name) for name in BACKBONES])
+def test_backbone_fine_tunes_evaluates_predicts_and_draws(name, tmp_path, digit_image):
+    base, out = checkpoint(tmp_path, name), tmp_path / "run"
+    results = run.main(["--model_name_or_path", str(base), *TRAIN, "--output_dir", str(out)])["pretrained"]
+
+    model = AutoModelForImageClassification.from_pretrained(out)
+    assert model.config.num_labels == 10 and results.architecture == type(model).__name__
+    assert results.train.steps == 2 and results.hyperparameters["layer_decay"] == 0.75
+    assert 0 <= results.validation.accuracy <= 1 and sum(map(sum, results.confusion_matrix)) == 45
+    evaluated = run.main(["--do_train", "false", "--model_name_or_path", str(out), *DIGITS,
+                          "--output_dir", str(tmp_path / "eval")])["pretrained"]  # fmt: skip
+    assert evaluated.validation.accuracy == pytest.approx(results.validation.accuracy)
+
+    [prediction] = predict.main([str(out), str(digit_image), "--top_k", "3"])
+    assert len(prediction.probabilities) == 10 and sum(prediction.probabilities) == pytest.approx(1, abs=1e-5)
+    maps = tmp_path / "maps"
+    if BACKBONES[name][1]:
+        assert [p.name for p in attention.main([str(out), str(digit_image), "--output", str(maps)])] == [
+            "digit_attention.png",
+            "digit_rollout.png",
+        ]
+    else:
+        with pytest.raises(ValueError, match="no attention to draw"):
+            attention.main([str(out), str(digit_image), "--output", str(maps)])
+
+
+@pytest.mark.parametrize("name", [case(name) for name in BACKBONES])
+def test_layer_decay_orders_every_backbone_from_embeddings_to_head(name, tmp_path):
+    model = AutoModelForImageClassification.from_pretrained(checkpoint(tmp_path, name))
+    groups = parameter_groups(model, learning_rate=1.0, weight_decay=0.05, layer_decay=0.5)
+    rate = {n: g["lr"] for g in groups for n in g["param_names"]}
+    assert sorted(rate) == sorted(n for n, _ in model.named_parameters())  # each parameter exactly once
+    names = list(rate)
+    embeddings = [n for n in names if "embed" in n]
+    head = [n for n in names if n.split(".")[-2] in ("classifier", "head")]
+    assert embeddings and head
+    depths, num_blocks = layer_id(model)
+    assert num_blocks == {"swin": 3, "convnext": 3}.get(name, 2)  # stages x blocks, not config.num_hidden_layers
+    assert {rate[n] for n in embeddings} == {0.5 ** (num_blocks + 1)}  # the lowest rate
+    assert {rate[n] for n in head} == {1.0}
+    block_rates = [max(rate[n] for n in names if depths[n] == d) for d in range(1, num_blocks + 1)]
+    assert block_rates == [0.5 ** (num_blocks + 1 - d) for d in range(1, num_blocks + 1)]  # strictly increasing
+    assert min(rate.values()) == 0.5 ** (num_blocks + 1)
+    for parameter, depth in BETWEEN_BLOCKS.get(name, {}).items():
+        assert depths[parameter] == depth, parameter
+
+
+# Hierarchical models: blocks count on across stages; what joins two stages trains with the block before it.
+BETWEEN_BLOCKS = {
+    "swin": {
+        "swin.encoder.layers.0.blocks.0.mlp.fc1.weight": 1,
+        "swin.encoder.layers.0.downsample.reduction.weight": 1,  # patch merging after stage 0
+        "swin.encoder.layers.1.blocks.1.mlp.fc1.weight": 3,
+    },
+    "convnext": {
+        "convnext.encoder.stages.1.downsampling_layer.1.weight": 1,  # downsampling before stage 1
+        "convnext.encoder.stages.1.layers.0.pwconv1.weight": 2,
+    },
+}
+
+
+def test_layer_decay_refuses_a_model_without_numbered_blocks():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    with pytest.raises(ValueError, match="`layer_decay` needs the blocks of Sequential.*Drop `layer_decay`"):
+        parameter_groups(model, 1e-3, 0.05, layer_decay=0.75)

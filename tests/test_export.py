@@ -1,0 +1,134 @@
+"""`export`: a trained run becomes an ONNX model whose onnxruntime logits equal PyTorch's on real images; the run's
+folder without weights, a missing extra and an unfaithful export each end in one line."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from test_backbones import BACKBONES, case, checkpoint
+from test_run import TINY_SCRATCH, tiny_vit_checkpoint
+from transformers import AutoConfig, AutoImageProcessor, AutoModelForImageClassification
+
+from finetune import run
+from finetune.errors import run_command
+from finetune.tools import export, predict
+
+
+pytest.importorskip("onnxruntime", reason='the export extra is missing: pip install -e ".[export]"')
+ROOT = Path(__file__).resolve().parent.parent
+SHORT = ["--max_steps", "2", "--num_train_epochs", "1", "--report_to", "none"]
+
+
+@pytest.fixture(scope="module")
+def scratch_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("export") / "scratch"
+    run.main([*TINY_SCRATCH, *SHORT, "--output_dir", str(out)])
+    return out
+
+
+@pytest.fixture(scope="module")
+def vit_run(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("export")
+    args = [a if a != "scratch" else "pretrained" for a in TINY_SCRATCH]
+    base = tiny_vit_checkpoint(root / "base", num_channels=3)
+    run.main([*args, *SHORT, "--model_name_or_path", str(base), "--output_dir", str(root / "vit")])
+    return root / "vit"
+
+
+def digit_files(folder: Path, count: int = 3) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    paths = [folder / f"digit{i}.png" for i in range(count)]
+    for path in paths:
+        Image.fromarray(rng.integers(0, 256, (13, 11), dtype=np.uint8), "L").save(path)
+    return paths
+
+
+def test_scratch_run_exports_and_serves_as_predict_classifies(scratch_run, tmp_path, capsys):
+    result = export.main([str(scratch_run), "--format", "onnx"])
+
+    assert result.path == scratch_run / "onnx" / "model.onnx" and result.path.is_file()
+    assert result.num_images == export.CHECK_IMAGES and result.max_abs_difference <= export.DEFAULT_ATOL
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith(f"Checked on {export.CHECK_IMAGES} image(s) of the run's dataset") and "max abs" in line
+    # Served from the export folder alone: its processor and labels, onnxruntime's logits, predict's probabilities.
+    files = digit_files(tmp_path / "images")
+    [expected] = predict.main([str(scratch_run), str(files[0])])
+    assert not list(result.path.parent.glob("*.safetensors"))
+    served = SimpleNamespace(config=AutoConfig.from_pretrained(result.path.parent))  # preprocessing reads the config
+    processor = AutoImageProcessor.from_pretrained(result.path.parent)
+    images, _, _ = predict.load_images(files[:1], "L")
+    logits = export.onnx_logits(result.path, predict.preprocess(images, served, processor))
+    probabilities = torch.from_numpy(logits).softmax(-1)[0]
+    np.testing.assert_allclose(probabilities.numpy(), expected.probabilities, atol=1e-5)
+    assert served.config.id2label[int(probabilities.argmax())] == expected.labels[0]
+
+
+def test_vit_run_exports_to_the_output_checked_on_given_files(vit_run, tmp_path, capsys):
+    files = digit_files(tmp_path / "images")
+    out = tmp_path / "served"
+    result = export.main([str(vit_run), "--format", "onnx", "--output", str(out), "--images", str(files[0].parent)])
+
+    assert result.path == out / "model.onnx" and {p.name for p in out.iterdir()} >= {
+        "model.onnx",
+        "config.json",
+        "preprocessor_config.json",
+    }
+    assert result.num_images == 3 and result.max_abs_difference <= 1e-4
+    assert "image(s) of the given files" in capsys.readouterr().out
+    # Any batch size: the graph was traced on 3 images and serves 1 and 5.
+    for batch in (1, 5):
+        pixels = torch.randn(batch, 3, 8, 8, generator=torch.Generator().manual_seed(batch))
+        assert export.onnx_logits(result.path, pixels).shape == (batch, 10)
+
+
+@pytest.mark.parametrize("name", [case(name) for name in BACKBONES])
+def test_every_backbone_exports_faithfully(name, tmp_path):
+    files = digit_files(tmp_path / "images", count=2)
+    base = checkpoint(tmp_path, name)
+    result = export.main([str(base), "--format", "onnx", "--images", *map(str, files)])
+    assert result.path.is_file() and result.num_images == 2 and result.max_abs_difference <= 1e-4
+
+
+def test_an_export_that_computes_other_logits_fails_the_check(scratch_run):
+    onnx = scratch_run / "onnx" / "model.onnx"
+    if not onnx.is_file():
+        export.main([str(scratch_run), "--format", "onnx"])
+    model = AutoModelForImageClassification.from_pretrained(scratch_run).eval()
+    pixels = torch.randn(2, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    assert export.check_onnx(onnx, model, pixels, atol=1e-4) <= 1e-4
+    with torch.no_grad():
+        model.classifier[-1].bias += 1e-3  # the served graph no longer matches the model
+    with pytest.raises(ValueError, match="does not compute the model's logits: .* up to 0.001 .* atol 0.0001"):
+        export.check_onnx(onnx, model, pixels, atol=1e-4)
+
+
+def test_a_run_without_weights_is_one_line(scratch_run, tmp_path, capsys):
+    broken = tmp_path / "broken"
+    shutil.copytree(scratch_run, broken, ignore=shutil.ignore_patterns("*.safetensors", "checkpoint-*", "onnx"))
+    assert run_command(export.main, [str(broken), "--format", "onnx"]) == 1
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"error: {broken} holds a config.json but no weights") and "Pass a complete" in line
+    assert not (broken / "onnx").exists()
+
+
+def test_a_missing_extra_names_the_install_command(scratch_run, tmp_path):
+    code = (
+        "import runpy, sys\n"
+        "sys.modules['onnxruntime'] = None  # as if the extra were not installed\n"
+        "sys.argv = ['export', sys.argv[1], '--format', 'onnx']\n"
+        "runpy.run_module('finetune.tools.export', run_name='__main__')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-c", code, str(scratch_run)], capture_output=True, text=True, env=env)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1] == (
+        'error: Exporting needs onnxruntime (the `export` extra): pip install -e ".[export]"'
+    )

@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
-from transformers import TrainerCallback
+from transformers import ProgressCallback, TrainerCallback
 from transformers.trainer_callback import ExportableState
 from transformers.utils import logging
 
@@ -165,6 +165,18 @@ class TrainingBudgetCallback(TrainerCallback):
     def on_epoch_end(self, args, state, control, lr_scheduler=None, **kwargs):
         if self.fit_schedule and self.planned_steps is not None:
             self._plan(state, lr_scheduler, self.clock.elapsed())
+
+    def expected_steps(self, state) -> int | None:
+        """The optimizer steps training will take: the planned schedule's, or those that fit in the budget at the
+        rate so far (evaluations included), at most the Trainer's own `max_steps`."""
+        if self.planned_steps is not None:
+            return self.planned_steps
+        elapsed = self.clock.elapsed()
+        if self.reference is None or elapsed <= 0:
+            return None
+        return min(
+            state.max_steps or 2**62, max(state.global_step, int(state.global_step * self.budget_seconds / elapsed))
+        )
 
     def on_evaluate(self, args, state, control, **kwargs):
         # An evaluation can be what spends the budget; stop before the next step starts.
@@ -351,3 +363,27 @@ class InterruptCallback(TrainerCallback):
 
     def on_train_end(self, args, state, control, **kwargs):
         self._restore()
+
+
+class QuietProgress(ProgressCallback):
+    """transformers' progress bars, with one line per evaluation instead of a dict per log, and under a time budget a
+    training bar whose total (and so its ETA) is the steps that fit in the budget, not the epochs' upper bound."""
+
+    def __init__(self, budget: TrainingBudgetCallback | None = None):
+        super().__init__()
+        self.budget = budget
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.training_bar is not None and self.budget is not None and state.global_step >= 2:
+            total = self.budget.expected_steps(state)
+            if total and total != self.training_bar.total:
+                self.training_bar.total = total
+                self.training_bar.refresh()
+        super().on_step_end(args, state, control, **kwargs)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.is_world_process_zero and self.training_bar is not None and logs and "eval_accuracy" in logs:
+            train_loss = next((e["loss"] for e in reversed(state.log_history) if "loss" in e), None)
+            accuracy, loss = logs["eval_accuracy"], logs["eval_loss"]
+            line = f"epoch {state.epoch:.2f}: validation accuracy {accuracy:.2%}, loss {loss:.4f}"
+            self.training_bar.write(line + (f" (training loss {train_loss:.4f})" if train_loss is not None else ""))

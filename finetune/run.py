@@ -11,6 +11,7 @@ publishing.
 
 import copy
 import dataclasses
+import itertools
 import logging
 import os
 import sys
@@ -105,33 +106,63 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
         )
 
     is_main = training_args.process_index == 0
+    report = None
     if is_main and len(model_types) > 1:
         from finetune.tools.compare import write_comparison
 
         report = write_comparison([run_dirs[t] for t in model_types], Path(training_args.output_dir) / "comparison")
-        logger.info(f"Comparison written to {report}")
     if is_main and push_to_hub:
         push_results(run_dirs, model_types, training_args, hub_token)
+    if is_main:
+        print(summary(results, run_dirs, report), flush=True)
     return results
 
 
+def summary(results: dict[str, Results], run_dirs: dict[str, Path], report: Path | None) -> str:
+    """The closing lines of a run: each model's accuracies, its training time and where its files are; with two
+    models the comparison's summary table and report."""
+    lines = ["", "Summary"]
+    for model_type, result in results.items():
+        scores = f"validation accuracy {result.validation.accuracy:.2%}"
+        if result.test is not None:
+            scores += f", test accuracy {result.test.accuracy:.2%}"
+        if result.train is not None and result.train.seconds:
+            scores += f", {result.train.seconds:.0f} s of training"
+        lines.append(f"  {model_type}: {scores}")
+        lines.append(f"    files: {run_dirs[model_type]}/ (model, results.json, checkpoint-*)")
+    if report is not None:
+        section = report.read_text().split("## Summary", 1)[-1].strip().splitlines()
+        lines += ["", *itertools.takewhile(lambda line: line.startswith("|"), section)]
+        lines.append(f"  comparison report: {report} (with {report.parent / 'learning_curves.png'})")
+    return "\n".join(lines)
+
+
+class ConsoleFormatter(logging.Formatter):
+    """Information as plain lines; warnings and errors prefixed with their level."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = super().format(record)
+        return message if record.levelno == logging.INFO else f"{record.levelname.lower()}: {message}"
+
+
 def setup_logging(training_args: TrainingArguments) -> None:
-    """Log to stdout: INFO on the main process, warnings only on the others (as the example scripts do)."""
-    logging.basicConfig(
-        format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
-        datefmt="%m/%d/%Y %H:%M:%S",
-        handlers=[logging.StreamHandler(sys.stdout)],
-    )
-    if training_args.should_log:
-        # The main process logs at INFO unless `log_level` says otherwise; replicas follow `log_level_replica`.
-        transformers.utils.logging.set_verbosity_info()
-    log_level = training_args.get_process_log_level()
+    """The pipeline's own lines at INFO on the main process (warnings only on the others, as the example scripts do);
+    the libraries' at WARNING, unless `log_level` asks for more."""
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(ConsoleFormatter())
+    logging.basicConfig(handlers=[handler], force=True)
+    passive = training_args.log_level == "passive"
+    ours = training_args.get_process_log_level() if not passive else logging.INFO
+    libraries = logging.WARNING if passive else ours
     for name in ("finetune", "scratch_vit", __name__):
-        logging.getLogger(name).setLevel(log_level)
-    datasets.utils.logging.set_verbosity(log_level)
-    transformers.utils.logging.set_verbosity(log_level)
-    transformers.utils.logging.enable_default_handler()
-    transformers.utils.logging.enable_explicit_format()
+        logging.getLogger(name).setLevel(ours if training_args.should_log else logging.WARNING)
+    datasets.utils.logging.set_verbosity(libraries)
+    transformers.utils.logging.set_verbosity(libraries)
+    transformers.utils.logging.disable_default_handler()
+    transformers.utils.logging.enable_propagation()  # through our handler and format
+    transformers.utils.logging.disable_progress_bar()  # a bar per weight file written or read; the Trainer's stay
+    # Said at every checkpoint rotation on file systems with coarse timestamps; the order falls back correctly.
+    logging.getLogger("transformers.trainer_utils").addFilter(lambda r: "mtime may not be reliable" not in r.msg)
     logger.info(
         f"Process {training_args.process_index} of {training_args.world_size}, device {training_args.device}, "
         f"mixed precision: {training_args.mixed_precision} ({getattr(training_args, 'precision_choice', 'as given')})"
@@ -187,19 +218,16 @@ def train_and_evaluate(
     trainer.save_model()
     if hasattr(model, "peft_config") and trainer.is_world_process_zero():
         save_lora_model(model, processor, Path(args.output_dir), model_args.merge_lora)
-    trainer.log_metrics("train", train_result.metrics)
     trainer.save_metrics("train", train_result.metrics)
     trainer.save_state()
 
     # ---- Evaluation of the kept model: validation, then the test split (used only here), with a confusion matrix.
     validation = trainer.evaluate(data.validation, metric_key_prefix="eval")
-    trainer.log_metrics("eval", validation)
     warn_if_at_chance(validation.get("eval_accuracy"), data, train_result.metrics.get("train_loss"))
     test = None
     if data.test is not None:
         prediction = trainer.predict(data.test, metric_key_prefix="test")
         test = prediction.metrics
-        trainer.log_metrics("test", test)
         confusion_split = "test"
     else:
         prediction = trainer.predict(data.validation, metric_key_prefix="eval")
@@ -378,7 +406,6 @@ def evaluate_only(
     for split, (images, prefix) in splits.items():
         predictions[split] = trainer.predict(images, metric_key_prefix=prefix)
         metrics[split] = predictions[split].metrics
-        trainer.log_metrics(prefix, metrics[split])
         if trainer.is_world_process_zero():
             path = write_predictions_csv(
                 output_dir / f"predictions_{split}.csv",

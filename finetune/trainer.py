@@ -28,14 +28,21 @@ import os
 
 import torch
 import torch.nn.functional as F
-from transformers import Trainer
+from transformers import ProgressCallback, Trainer
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_optimizer import is_optimizer_factory
 from transformers.trainer_utils import get_last_checkpoint
 from transformers.utils import logging
 
 from finetune.augment import MixUpCutMix
-from finetune.callbacks import EMACallback, InterruptCallback, ModelEMA, RunClock, TrainingBudgetCallback
+from finetune.callbacks import (
+    EMACallback,
+    InterruptCallback,
+    ModelEMA,
+    QuietProgress,
+    RunClock,
+    TrainingBudgetCallback,
+)
 from finetune.compile import TrainingCompiler
 from finetune.hardware import CompileChoice
 from finetune.models import load_checkpoint_weights, parameter_groups
@@ -84,8 +91,13 @@ class ImageClassificationTrainer(Trainer):
         self.compiler = TrainingCompiler(choice, a.device, a.world_size)
         self.interrupt = InterruptCallback(self.guard)
         callbacks = [self.clock, self.guard, self.compiler, self.interrupt]
+        budget = None
         if a.max_train_minutes is not None:
-            callbacks.append(TrainingBudgetCallback(a.max_train_minutes, self.clock, fit_schedule=a.budget_schedule))
+            budget = TrainingBudgetCallback(a.max_train_minutes, self.clock, fit_schedule=a.budget_schedule)
+            callbacks.append(budget)
+        if not a.disable_tqdm:
+            self.remove_callback(ProgressCallback)
+            callbacks.append(QuietProgress(budget))
         if a.ema_decay is not None:  # last: it acts on what the callbacks before it decided
             callbacks.append(EMACallback(ModelEMA(self.model, a.ema_decay), self.model))
         for callback in callbacks:

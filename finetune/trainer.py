@@ -65,7 +65,14 @@ class ImageClassificationTrainer(Trainer):
     epoch's first step and one step in `GPU_DATA_TIMING_INTERVAL` of the others.
     """
 
-    def __init__(self, *args, batch_transform: torch.nn.Module, layer_decay: float | None = None, **kwargs):
+    def __init__(
+        self,
+        *args,
+        batch_transform: torch.nn.Module,
+        layer_decay: float | None = None,
+        compile_choice: CompileChoice | None = None,
+        **kwargs,
+    ):
         super().__init__(*args, **kwargs)
         self.layer_decay = layer_decay
         self.batch_transform = batch_transform.to(self.args.device)
@@ -83,7 +90,7 @@ class ImageClassificationTrainer(Trainer):
         )
         if self.optimizer is not None:  # passed in by the caller (`optimizers=`), so `create_optimizer` never runs
             self.guard.install(self.optimizer)
-        choice = getattr(self.args, "compile_choice", None) or CompileChoice(False, reason="not requested")
+        choice = compile_choice or CompileChoice(False, reason="not requested")
         self.compiler = TrainingCompiler(choice, self.args.device, self.args.world_size)
         self.add_callback(StepHooks(self))
         self._data_timed = False

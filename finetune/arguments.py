@@ -30,95 +30,81 @@ import yaml
 from finetune.errors import ArgumentParser, UsageError
 
 
+def option(default: Any = dataclasses.MISSING, help: str = "", *, factory=dataclasses.MISSING, **metadata) -> Any:
+    """A dataclass field with its help text (and argparse settings such as `choices`), as transformers' `HfArg`
+    writes one (which would import transformers)."""
+    return field(default=default, default_factory=factory, metadata={"help": help, **metadata})
+
+
 @dataclass
 class ModelArguments:
     """Which model to train: a pretrained checkpoint, a ScratchViT built from its config fields, or both."""
 
-    model_type: str = field(
-        default="pretrained",
-        metadata={
-            "help": "Which model to train: `pretrained` fine-tunes `model_name_or_path`; `scratch` trains a "
-            "ScratchViT built from the ScratchViTConfig fields given (image_size, patch_size, hidden_size, ...); "
-            "`both` trains both on the same data and split, then writes a comparison report.",
-            "choices": ["pretrained", "scratch", "both"],
-        },
+    model_type: str = option(
+        "pretrained",
+        "Which model to train: `pretrained` fine-tunes `model_name_or_path`; `scratch` trains a ScratchViT built "
+        "from the ScratchViTConfig fields given (image_size, patch_size, hidden_size, ...); `both` trains both on "
+        "the same data and split, then writes a comparison report.",
+        choices=["pretrained", "scratch", "both"],
     )
-    model_name_or_path: str = field(
-        default="google/vit-base-patch16-224-in21k",
-        metadata={"help": "Pretrained image-classification checkpoint: a Hub model id or a local directory."},
+    model_name_or_path: str = option(
+        "google/vit-base-patch16-224-in21k",
+        "Pretrained image-classification checkpoint: a Hub model id or a local directory.",
     )
-    model_revision: str = field(default="main", metadata={"help": "Branch, tag or commit of the Hub checkpoint."})
-    image_processor_name: str | None = field(
-        default=None, metadata={"help": "Image processor to use, if not the one next to `model_name_or_path`."}
+    model_revision: str = option("main", "Branch, tag or commit of the Hub checkpoint.")
+    image_processor_name: str | None = option(
+        None, "Image processor to use, if not the one next to `model_name_or_path`."
     )
-    ignore_mismatched_sizes: bool = field(
-        default=True,
-        metadata={"help": "Replace the checkpoint's classification head when its size differs from the dataset's."},
+    ignore_mismatched_sizes: bool = option(
+        True, "Replace the checkpoint's classification head when its size differs from the dataset's."
     )
-    trust_remote_code: bool = field(
-        default=False,
-        metadata={"help": "Allow checkpoints whose modeling code lives in the repository (e.g. a pushed ScratchViT)."},
+    trust_remote_code: bool = option(
+        False, "Allow checkpoints whose modeling code lives in the repository (e.g. a pushed ScratchViT)."
     )
-    cache_dir: str | None = field(
-        default=None, metadata={"help": "Where to store checkpoints downloaded from the Hub."}
+    cache_dir: str | None = option(None, "Where to store checkpoints downloaded from the Hub.")
+    token: str | None = option(
+        None, "Hub token; prefer the HF_TOKEN environment variable or `hf auth login`. Never saved."
     )
-    token: str | None = field(
-        default=None,
-        metadata={"help": "Hub token; prefer the HF_TOKEN environment variable or `hf auth login`. Never saved."},
+    attn_implementation: str = option(
+        "auto",
+        "Attention kernel of either model: `auto` (the default) takes the explicit path (softmax(QK^T/sqrt(d))V) on "
+        "a CPU under bf16 autocast with heads of at most 32 dimensions, where SDPA's CPU kernel has no fast bf16 "
+        "path (about 2.5x slower at head size 12-16), and `sdpa` (torch's fused scaled_dot_product_attention) "
+        "elsewhere; `sdpa` or `eager` force one. Not saved with the model.",
+        choices=["auto", "sdpa", "eager"],
     )
-    attn_implementation: str = field(
-        default="auto",
-        metadata={
-            "help": "Attention kernel of either model: `auto` (the default) takes the explicit path "
-            "(softmax(QK^T/sqrt(d))V) on a CPU under bf16 autocast with heads of at most 32 dimensions, where SDPA's "
-            "CPU kernel has no fast bf16 path (about 2.5x slower at head size 12-16), and `sdpa` (torch's fused "
-            "scaled_dot_product_attention) elsewhere; `sdpa` or `eager` force one. Not saved with the model.",
-            "choices": ["auto", "sdpa", "eager"],
-        },
-    )
-    convert_channels: bool = field(
-        default=True,
-        metadata={
-            "help": "Feed grayscale data to an RGB model (repeat the channel) and RGB data to a grayscale model "
-            "(luma). When false, a channel mismatch is an error."
-        },
+    convert_channels: bool = option(
+        True,
+        "Feed grayscale data to an RGB model (repeat the channel) and RGB data to a grayscale model (luma). When "
+        "false, a channel mismatch is an error.",
     )
 
-    finetune_method: str = field(
-        default="full",
-        metadata={
-            "help": "How the pretrained model is fine-tuned: `full` (every weight), `linear_probe` (only the new "
-            "classification head; the rest stays frozen) or `lora` (low-rank adapters on the attention projections "
-            "through peft, plus the head). A saved ScratchViT fine-tunes the same way as `model_type: pretrained`; "
-            "under `model_type: both` the scratch model trains fully.",
-            "choices": ["full", "linear_probe", "lora"],
-        },
+    finetune_method: str = option(
+        "full",
+        "How the pretrained model is fine-tuned: `full` (every weight), `linear_probe` (only the new classification "
+        "head; the rest stays frozen) or `lora` (low-rank adapters on the attention projections through peft, plus "
+        "the head). A saved ScratchViT fine-tunes the same way as `model_type: pretrained`; under `model_type: both` "
+        "the scratch model trains fully.",
+        choices=["full", "linear_probe", "lora"],
     )
-    lora_r: int = field(default=8, metadata={"help": "LoRA rank r of the update B A (`finetune_method: lora`)."})
-    lora_alpha: float = field(default=16, metadata={"help": "LoRA scaling: the update is multiplied by alpha / r."})
-    lora_dropout: float = field(default=0.1, metadata={"help": "Dropout on the input of the LoRA update."})
-    lora_target_modules: list[str] | None = field(
-        default=None,
-        metadata={
-            "help": "Names of the linear layers that get adapters. Default: the query and value projections of "
-            "transformers' ViT (`q_proj`, `v_proj`; `query`, `value` in older layouts) and ScratchViT's fused "
-            "`qkv` projection."
-        },
+    lora_r: int = option(8, "LoRA rank r of the update B A (`finetune_method: lora`).")
+    lora_alpha: float = option(16, "LoRA scaling: the update is multiplied by alpha / r.")
+    lora_dropout: float = option(0.1, "Dropout on the input of the LoRA update.")
+    lora_target_modules: list[str] | None = option(
+        None,
+        "Names of the linear layers that get adapters. Default: the query and value projections of transformers' ViT "
+        "(`q_proj`, `v_proj`; `query`, `value` in older layouts) and ScratchViT's fused `qkv` projection.",
     )
-    merge_lora: bool = field(
-        default=False,
-        metadata={
-            "help": "Also save the model with the adapters merged into its weights to OUTPUT/merged: a plain "
-            "transformers model that loads without peft."
-        },
+    merge_lora: bool = option(
+        False,
+        "Also save the model with the adapters merged into its weights to OUTPUT/merged: a plain transformers model "
+        "that loads without peft.",
     )
-    layer_decay: float | None = field(
-        default=None,
-        metadata={
-            "help": "Layer-wise learning-rate decay (BEiT, MAE, timm's --layer-decay), e.g. 0.65-0.75: block i of L "
-            "trains at learning_rate * decay^(L - i), the embeddings at decay^(L + 1), the head at the full rate. "
-            "Either model type."
-        },
+    layer_decay: float | None = option(
+        None,
+        "Layer-wise learning-rate decay (BEiT, MAE, timm's --layer-decay), e.g. 0.65-0.75: block i of L trains at "
+        "learning_rate * decay^(L - i), the embeddings at decay^(L + 1), the head at the full rate. Either model "
+        "type.",
     )
 
     def __post_init__(self):
@@ -144,105 +130,78 @@ class ModelArguments:
 class DataArguments:
     """Where the images come from, how they are split, and how batches are augmented on the device."""
 
-    dataset_name: str = field(
-        default="uoft-cs/cifar10",
-        metadata={
-            "help": "A Hub dataset id (`uoft-cs/cifar10`, `ylecun/mnist`), `sklearn:digits` (shipped with "
-            "scikit-learn), or a local path: a parquet/arrow/csv file, a folder of such files, an image folder "
-            "(one subfolder per class, optionally under train/ validation/ test/), or `cifar-10-batches-py`."
-        },
+    dataset_name: str = option(
+        "uoft-cs/cifar10",
+        "A Hub dataset id (`uoft-cs/cifar10`, `ylecun/mnist`), `sklearn:digits` (shipped with scikit-learn), or a "
+        "local path: a parquet/arrow/csv file, a folder of such files, an image folder (one subfolder per class, "
+        "optionally under train/ validation/ test/), or `cifar-10-batches-py`.",
     )
-    dataset_config_name: str | None = field(default=None, metadata={"help": "Configuration of the Hub dataset."})
-    train_file: str | None = field(default=None, metadata={"help": "A local parquet/arrow/csv file for training."})
-    validation_file: str | None = field(default=None, metadata={"help": "A local file for validation."})
-    test_file: str | None = field(default=None, metadata={"help": "A local file for the final test evaluation."})
-    image_column_name: str | None = field(
-        default=None, metadata={"help": "Column holding the images; found automatically (`img`, `image`)."}
+    dataset_config_name: str | None = option(None, "Configuration of the Hub dataset.")
+    train_file: str | None = option(None, "A local parquet/arrow/csv file for training.")
+    validation_file: str | None = option(None, "A local file for validation.")
+    test_file: str | None = option(None, "A local file for the final test evaluation.")
+    image_column_name: str | None = option(None, "Column holding the images; found automatically (`img`, `image`).")
+    label_column_name: str | None = option(None, "Column holding the labels; found automatically (`label`, `labels`).")
+    validation_size: float = option(
+        0.1,
+        "Without a validation split, this much of train is held out (stratified by label, seeded by `data_seed` or "
+        "`seed`): a fraction below 1, or a number of images (5000 for CIFAR-10).",
     )
-    label_column_name: str | None = field(
-        default=None, metadata={"help": "Column holding the labels; found automatically (`label`, `labels`)."}
+    include_labels: list[str] | None = option(
+        None,
+        "Keep only images of these classes (label names), renumbered in this order; e.g. a source task for transfer "
+        "learning. Default: all classes.",
     )
-    validation_size: float = field(
-        default=0.1,
-        metadata={
-            "help": "Without a validation split, this much of train is held out (stratified by label, seeded by "
-            "`data_seed` or `seed`): a fraction below 1, or a number of images (5000 for CIFAR-10)."
-        },
+    max_train_samples: int | None = option(None, "Keep only this many training images.")
+    max_eval_samples: int | None = option(None, "Keep only this many validation (and test) images.")
+    corrupt_images: str = option(
+        "skip",
+        "`skip` drops images that cannot be decoded and logs their count and indices; `error` stops.",
+        choices=["skip", "error"],
     )
-    include_labels: list[str] | None = field(
-        default=None,
-        metadata={
-            "help": "Keep only images of these classes (label names), renumbered in this order; e.g. a source "
-            "task for transfer learning. Default: all classes."
-        },
+    decoded_cache_dir: str | None = option(
+        None,
+        "Where decoded uint8 images are cached so a second run skips decoding (default: "
+        "$HF_HOME/vit-finetune/decoded). Set to `none` to disable the cache.",
     )
-    max_train_samples: int | None = field(default=None, metadata={"help": "Keep only this many training images."})
-    max_eval_samples: int | None = field(
-        default=None, metadata={"help": "Keep only this many validation (and test) images."}
+    decode_size: int | None = option(
+        None,
+        "Store images as squares of this size (shorter side resized, centre kept) when decoding. Default: images of "
+        "one size are stored as they are; images of mixed sizes at the model's input size plus a margin for crops "
+        "(256 for a 224 model).",
     )
-    corrupt_images: str = field(
-        default="skip",
-        metadata={
-            "help": "`skip` drops images that cannot be decoded and logs their count and indices; `error` stops.",
-            "choices": ["skip", "error"],
-        },
+    decode_workers: int | None = option(
+        None,
+        "Processes that decode images in parallel (default: the CPU cores available). Only the first process of a "
+        "node decodes; the others map its decoded cache (keep `decoded_cache_dir` on for that).",
     )
-    decoded_cache_dir: str | None = field(
-        default=None,
-        metadata={
-            "help": "Where decoded uint8 images are cached so a second run skips decoding "
-            "(default: $HF_HOME/vit-finetune/decoded). Set to `none` to disable the cache."
-        },
+    random_resized_crop: str = option(
+        "auto",
+        "Train on random boxes of each image resized to the model's input (RandomResizedCrop, as the transformers "
+        "example and timm do for photos) instead of the padded random crop. `auto`: on for images stored larger than "
+        "the model's input (photos), off for small native images (CIFAR-10, MNIST).",
+        choices=["auto", "true", "false"],
     )
-    decode_size: int | None = field(
-        default=None,
-        metadata={
-            "help": "Store images as squares of this size (shorter side resized, centre kept) when decoding. "
-            "Default: images of one size are stored as they are; images of mixed sizes at the model's input size "
-            "plus a margin for crops (256 for a 224 model)."
-        },
+    crop_scale: list[float] = option(
+        help="RandomResizedCrop: range of the box's share of the image area (low high).", factory=lambda: [0.08, 1.0]
     )
-    decode_workers: int | None = field(
-        default=None,
-        metadata={
-            "help": "Processes that decode images in parallel (default: the CPU cores available). Only the first "
-            "process of a node decodes; the others map its decoded cache (keep `decoded_cache_dir` on for that)."
-        },
+    crop_ratio: list[float] = option(
+        help="RandomResizedCrop: range of the box's aspect ratio, width / height (low high).",
+        factory=lambda: [3 / 4, 4 / 3],
     )
-    random_resized_crop: str = field(
-        default="auto",
-        metadata={
-            "help": "Train on random boxes of each image resized to the model's input (RandomResizedCrop, as the "
-            "transformers example and timm do for photos) instead of the padded random crop. `auto`: on for images "
-            "stored larger than the model's input (photos), off for small native images (CIFAR-10, MNIST).",
-            "choices": ["auto", "true", "false"],
-        },
+    random_crop_padding: int = option(
+        4,
+        "Random crop with this much zero padding (in source pixels); 0 disables it. Used when `random_resized_crop` "
+        "is off.",
     )
-    crop_scale: list[float] = field(
-        default_factory=lambda: [0.08, 1.0],
-        metadata={"help": "RandomResizedCrop: range of the box's share of the image area (low high)."},
+    horizontal_flip: bool = option(True, "Random horizontal flips of training images.")
+    rand_augment_ops: int = option(
+        0,
+        "Random photometric/geometric ops per training image, on the device: 0 off, 1 TrivialAugment, N > 1 "
+        "RandAugment-style (N ops in a row, random magnitudes).",
     )
-    crop_ratio: list[float] = field(
-        default_factory=lambda: [3 / 4, 4 / 3],
-        metadata={"help": "RandomResizedCrop: range of the box's aspect ratio, width / height (low high)."},
-    )
-    random_crop_padding: int = field(
-        default=4,
-        metadata={
-            "help": "Random crop with this much zero padding (in source pixels); 0 disables it. Used when "
-            "`random_resized_crop` is off."
-        },
-    )
-    horizontal_flip: bool = field(default=True, metadata={"help": "Random horizontal flips of training images."})
-    rand_augment_ops: int = field(
-        default=0,
-        metadata={
-            "help": "Random photometric/geometric ops per training image, on the device: 0 off, 1 TrivialAugment, "
-            "N > 1 RandAugment-style (N ops in a row, random magnitudes)."
-        },
-    )
-    rand_augment_magnitude: float = field(
-        default=1.0, metadata={"help": "Largest magnitude of `rand_augment_ops`, as a share of each op's range."}
+    rand_augment_magnitude: float = option(
+        1.0, "Largest magnitude of `rand_augment_ops`, as a share of each op's range."
     )
 
     def __post_init__(self):
@@ -329,111 +288,75 @@ class TrainingLoopArguments:
     (or are unset): `finetune.hardware.choose_settings` turns those into values before the `TrainingArguments` are
     built. Every other `TrainingArguments` option keeps transformers' meaning."""
 
-    output_dir: str | None = field(
-        default="outputs/run", metadata={"help": "Where the model, checkpoints and results.json are written."}
+    output_dir: str | None = option("outputs/run", "Where the model, checkpoints and results.json are written.")
+    do_train: bool = option(
+        True,
+        "Train (the default). `false`: evaluate the saved model `model_name_or_path` on the validation and test "
+        "splits without training, writing results.json and predictions_<split>.csv.",
     )
-    do_train: bool = field(
-        default=True,
-        metadata={
-            "help": "Train (the default). `false`: evaluate the saved model `model_name_or_path` on the validation "
-            "and test splits without training, writing results.json and predictions_<split>.csv."
-        },
+    overwrite_output_dir: bool = option(
+        False,
+        "Allow training into an `output_dir` that already holds checkpoints or results of another run. Without it "
+        "such a run stops before touching them (use `resume_from_checkpoint` to continue one).",
     )
-    overwrite_output_dir: bool = field(
-        default=False,
-        metadata={
-            "help": "Allow training into an `output_dir` that already holds checkpoints or results of another run. "
-            "Without it such a run stops before touching them (use `resume_from_checkpoint` to continue one)."
-        },
+    bf16: str = option(
+        "auto",
+        "bf16 autocast: `auto` (the default) uses it on GPUs that support it and on CPUs with native bf16 "
+        "(AVX512-BF16 or AMX), where it is fast; `true` or `false` force it.",
+        **SWITCH,
     )
-    bf16: str = field(
-        default="auto",
-        metadata={
-            "help": "bf16 autocast: `auto` (the default) uses it on GPUs that support it and on CPUs with native bf16 "
-            "(AVX512-BF16 or AMX), where it is fast; `true` or `false` force it.",
-            **SWITCH,
-        },
+    fp16: str = option(
+        "auto",
+        "fp16 autocast with loss scaling: `auto` uses it on GPUs without bf16; `true`/`false` force it.",
+        **SWITCH,
     )
-    fp16: str = field(
-        default="auto",
-        metadata={
-            "help": "fp16 autocast with loss scaling: `auto` uses it on GPUs without bf16; `true`/`false` force it.",
-            **SWITCH,
-        },
+    tf32: str | None = option(
+        "auto", "TF32 matmuls: `auto` enables them on Ampere or newer GPUs; `true`/`false` force them.", **SWITCH
     )
-    tf32: str | None = field(
-        default="auto",
-        metadata={
-            "help": "TF32 matmuls: `auto` enables them on Ampere or newer GPUs; `true`/`false` force them.",
-            **SWITCH,
-        },
+    torch_compile: str = option(
+        "auto",
+        "torch.compile the training forward pass: `auto` (the default) compiles on CUDA GPUs with CUDA graphs "
+        "(`torch_compile_mode: reduce-overhead`) and keeps it only if a timed comparison after warm-up finds it "
+        "faster than eager; eager elsewhere. `true` compiles (with `torch_compile_backend` / `torch_compile_mode`), "
+        "`false` never. A compiler error falls back to eager with a warning.",
+        **SWITCH,
     )
-    torch_compile: str = field(
-        default="auto",
-        metadata={
-            "help": "torch.compile the training forward pass: `auto` (the default) compiles on CUDA GPUs with CUDA "
-            "graphs (`torch_compile_mode: reduce-overhead`) and keeps it only if a timed comparison after warm-up "
-            "finds it faster than eager; eager elsewhere. `true` compiles (with `torch_compile_backend` / "
-            "`torch_compile_mode`), `false` never. A compiler error falls back to eager with a warning.",
-            **SWITCH,
-        },
+    use_cpu: bool | None = option(None, "Train on the CPU (default: where torch sees no accelerator).")
+    dataloader_pin_memory: bool | None = option(
+        None, "Pin batches in page-locked memory (default: where CUDA is available)."
     )
-    use_cpu: bool | None = field(
-        default=None, metadata={"help": "Train on the CPU (default: where torch sees no accelerator)."}
+    max_train_minutes: float | None = option(
+        None,
+        "Stop training after this many minutes of wall-clock time (evaluations included); the best model is then "
+        "evaluated, tested and saved as usual. Default: no budget.",
     )
-    dataloader_pin_memory: bool | None = field(
-        default=None, metadata={"help": "Pin batches in page-locked memory (default: where CUDA is available)."}
+    budget_schedule: bool = option(
+        False,
+        "With `max_train_minutes`: measure the time per step early on and re-plan the learning-rate schedule "
+        "(cosine, linear, ...) to end exactly at the budget; `num_train_epochs` is then only an upper bound.",
     )
-    max_train_minutes: float | None = field(
-        default=None,
-        metadata={
-            "help": "Stop training after this many minutes of wall-clock time (evaluations included); the best "
-            "model is then evaluated, tested and saved as usual. Default: no budget."
-        },
+    ema_decay: float | None = option(
+        None,
+        "Keep an exponential moving average of the weights with this decay (e.g. 0.999, warmed up as min(decay, (1 + "
+        "t) / (10 + t))); evaluations, checkpoints and the final model use it. Default: off.",
     )
-    budget_schedule: bool = field(
-        default=False,
-        metadata={
-            "help": "With `max_train_minutes`: measure the time per step early on and re-plan the learning-rate "
-            "schedule (cosine, linear, ...) to end exactly at the budget; `num_train_epochs` is then only an upper "
-            "bound."
-        },
+    flip_tta: bool = option(False, "At evaluation, average the logits of each image and its mirror image.")
+    mixup_alpha: float = option(0.0, "MixUp of training batches with ratio ~ Beta(alpha, alpha); 0 disables it.")
+    cutmix_alpha: float = option(
+        0.0,
+        "CutMix of training batches with ratio ~ Beta(alpha, alpha); 0 disables it. With MixUp also on, each batch "
+        "uses one of the two at random.",
     )
-    ema_decay: float | None = field(
-        default=None,
-        metadata={
-            "help": "Keep an exponential moving average of the weights with this decay (e.g. 0.999, warmed up as "
-            "min(decay, (1 + t) / (10 + t))); evaluations, checkpoints and the final model use it. Default: off."
-        },
+    recipe_precision: str | None = option(
+        None,
+        "The precision a recipe (config) was tuned for, `bf16` or `float32`. Where the machine trains in another "
+        "(`bf16: auto` chose otherwise), the log warns and names `recipe_alternative`.",
+        choices=["bf16", "float32"],
     )
-    flip_tta: bool = field(
-        default=False, metadata={"help": "At evaluation, average the logits of each image and its mirror image."}
+    recipe_alternative: str | None = option(
+        None, "The config to use instead where the precision chosen is not `recipe_precision`."
     )
-    mixup_alpha: float = field(
-        default=0.0, metadata={"help": "MixUp of training batches with ratio ~ Beta(alpha, alpha); 0 disables it."}
-    )
-    cutmix_alpha: float = field(
-        default=0.0,
-        metadata={
-            "help": "CutMix of training batches with ratio ~ Beta(alpha, alpha); 0 disables it. With MixUp also on, "
-            "each batch uses one of the two at random."
-        },
-    )
-    recipe_precision: str | None = field(
-        default=None,
-        metadata={
-            "help": "The precision a recipe (config) was tuned for, `bf16` or `float32`. Where the machine trains in "
-            "another (`bf16: auto` chose otherwise), the log warns and names `recipe_alternative`.",
-            "choices": ["bf16", "float32"],
-        },
-    )
-    recipe_alternative: str | None = field(
-        default=None,
-        metadata={"help": "The config to use instead where the precision chosen is not `recipe_precision`."},
-    )
-    hub_commit_message: str = field(
-        default="Upload fine-tuned model", metadata={"help": "Commit message of the push to the Hub."}
-    )
+    hub_commit_message: str = option("Upload fine-tuned model", "Commit message of the push to the Hub.")
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -295,12 +295,6 @@ def probe(device: str) -> dict[str, Any]:
     return {"cpu_native_bf16": cpu_has_native_bf16()} if device == "cpu" else {}
 
 
-def has_accelerator() -> bool:
-    """Whether torch sees a GPU (CUDA, ROCm, XPU, MPS...)."""
-    accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6
-    return accelerator.is_available() if accelerator is not None else torch.cuda.is_available()
-
-
 @dataclass
 class Settings:
     """What a run uses on this machine: the precision and compilation chosen (each with its reasons), the
@@ -322,7 +316,7 @@ def choose_settings(options: Mapping[str, Any]) -> Settings:
     `torchrun` on a machine with no GPU each train alone instead of joining one gloo process group), pinned memory
     with non-blocking copies where CUDA is used, precision (`choose_precision`) and compilation (`choose_compile`)."""
     use_cpu = options.get("use_cpu")
-    use_cpu = not has_accelerator() if use_cpu is None else use_cpu
+    use_cpu = accelerator_type(use_cpu=False) == "cpu" if use_cpu is None else use_cpu
     pin_memory = options.get("dataloader_pin_memory")
     pin_memory = torch.cuda.is_available() and not use_cpu if pin_memory is None else pin_memory
     device = accelerator_type(use_cpu)

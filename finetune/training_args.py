@@ -9,7 +9,7 @@ and the arguments are built from concrete values and only checked.
 """
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from transformers import HfArgumentParser, TrainingArguments
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy
@@ -21,6 +21,7 @@ from finetune.arguments import (
     ScratchViTArguments,
     TrainingLoopArguments,
     command_name,
+    option,
     option_specs,
     unset,
 )
@@ -41,47 +42,30 @@ class ImageClassificationTrainingArguments(TrainingLoopArguments, TrainingArgume
     are already decoded in memory).
     """
 
-    eval_strategy: IntervalStrategy | str = field(
-        default="epoch", metadata={"help": "When to evaluate: `no`, `steps` or `epoch`."}
+    eval_strategy: IntervalStrategy | str = option("epoch", "When to evaluate: `no`, `steps` or `epoch`.")
+    save_strategy: SaveStrategy | str = option("epoch", "When to checkpoint: `no`, `steps`, `epoch`, `best`.")
+    logging_steps: float = option(50, "Log every N optimizer steps (a ratio when < 1).")
+    load_best_model_at_end: bool = option(True, "Reload the best checkpoint (by `metric_for_best_model`) at the end.")
+    metric_for_best_model: str | None = option("accuracy", "The validation metric that picks the best checkpoint.")
+    greater_is_better: bool | None = option(True, "Whether a larger `metric_for_best_model` is better.")
+    save_total_limit: int | None = option(2, "Checkpoints kept (the best is always kept).")
+    remove_unused_columns: bool = option(
+        False, "Drop dataset columns the model's forward does not take (not needed here)."
     )
-    save_strategy: SaveStrategy | str = field(
-        default="epoch", metadata={"help": "When to checkpoint: `no`, `steps`, `epoch`, `best`."}
+    dataloader_num_workers: int = option(0, "Loader worker processes; 0 suits images already decoded in memory.")
+    ddp_find_unused_parameters: bool | None = option(
+        False, "Every parameter is used; searching for unused ones costs a graph walk per step."
     )
-    logging_steps: float = field(default=50, metadata={"help": "Log every N optimizer steps (a ratio when < 1)."})
-    load_best_model_at_end: bool = field(
-        default=True, metadata={"help": "Reload the best checkpoint (by `metric_for_best_model`) at the end."}
+    logging_nan_inf_filter: bool = option(
+        False,
+        "The Trainer's own filter of non-finite losses in the logged loss, which waits for the device at every step. "
+        "Off: the pipeline skips and reports such steps itself (`max_nonfinite_steps`).",
     )
-    metric_for_best_model: str | None = field(
-        default="accuracy", metadata={"help": "The validation metric that picks the best checkpoint."}
-    )
-    greater_is_better: bool | None = field(
-        default=True, metadata={"help": "Whether a larger `metric_for_best_model` is better."}
-    )
-    save_total_limit: int | None = field(default=2, metadata={"help": "Checkpoints kept (the best is always kept)."})
-    remove_unused_columns: bool = field(
-        default=False, metadata={"help": "Drop dataset columns the model's forward does not take (not needed here)."}
-    )
-    dataloader_num_workers: int = field(
-        default=0, metadata={"help": "Loader worker processes; 0 suits images already decoded in memory."}
-    )
-    ddp_find_unused_parameters: bool | None = field(
-        default=False,
-        metadata={"help": "Every parameter is used; searching for unused ones costs a graph walk per step."},
-    )
-    logging_nan_inf_filter: bool = field(
-        default=False,
-        metadata={
-            "help": "The Trainer's own filter of non-finite losses in the logged loss, which waits for the device at "
-            "every step. Off: the pipeline skips and reports such steps itself (`max_nonfinite_steps`)."
-        },
-    )
-    max_nonfinite_steps: int = field(
-        default=DEFAULT_MAX_CONSECUTIVE,
-        metadata={
-            "help": "Optimizer steps in a row with a non-finite (NaN or infinite) loss or gradient after which "
-            "training stops with an error; each such step is skipped, not applied, and logged. The checkpoints and "
-            "evaluations made so far are kept."
-        },
+    max_nonfinite_steps: int = option(
+        DEFAULT_MAX_CONSECUTIVE,
+        "Optimizer steps in a row with a non-finite (NaN or infinite) loss or gradient after which training stops "
+        "with an error; each such step is skipped, not applied, and logged. The checkpoints and evaluations made so "
+        "far are kept.",
     )
 
     def __post_init__(self):

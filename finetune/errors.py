@@ -82,7 +82,7 @@ def run_command(
         print("error: interrupted (Ctrl-C); the files already complete are kept.", file=sys.stderr)
         return EXIT_INTERRUPTED
     except SystemExit:
-        raise  # argparse's usage errors and `--help` already say what they have to
+        raise  # `--help`, and the usage errors of parsers other than `ArgumentParser`, have said what they had to
     except Exception as error:
         if debug:
             raise

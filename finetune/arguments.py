@@ -1,135 +1,114 @@
-"""Command-line and YAML arguments of `finetune/run.py`.
+"""The options of `finetune.run` and how they are read: command line, YAML config and the short `--help`.
 
-A run is described by four dataclasses parsed together by `HfArgumentParser`: `ModelArguments`, `DataArguments`,
-`ScratchViTArguments` (every `ScratchViTConfig` field, generated from the config so it stays the single source of
-truth) and `ImageClassificationTrainingArguments` (transformers' `TrainingArguments` with the pipeline's defaults and
-training-loop options, `finetune/training_args.py`).
+A run is described by four dataclasses: `ModelArguments`, `DataArguments`, `ScratchViTArguments` (the
+`ScratchViTConfig` fields) and `ImageClassificationTrainingArguments` (`finetune/training_args.py`: transformers'
+`TrainingArguments` with `TrainingLoopArguments`, the pipeline's own training options, defined here). This module
+imports neither torch nor transformers, so `--help` answers at once (importing them takes 6 s on a 2-core CPU);
+reading a command line imports transformers' `HfArgumentParser` when it is needed.
 
 A YAML config is a flat map onto their fields; values given on the command line override the file. A config may
 start from another with `base: other.yaml` (a path relative to the config's folder) and state only its differences:
-its keys override the base's, and bases may have bases of their own.
+its keys override the base's, and bases may have bases of their own. `null` in a config, and `null` (or `none` where
+the option is not a string) on the command line, unsets an optional option: `--ema_decay none`.
 """
 
+import argparse
 import dataclasses
 import difflib
-import inspect
+import enum
 import os
+import re
 import sys
+import types
+import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import yaml
-from transformers import HfArgumentParser
-from transformers.hf_argparser import string_to_bool
 
-from finetune.training_args import ImageClassificationTrainingArguments
-from scratch_vit import ScratchViTConfig
+from finetune.errors import ArgumentParser, UsageError
 
 
-MODEL_TYPES = ("pretrained", "scratch", "both")
-FINETUNE_METHODS = ("full", "linear_probe", "lora")
-CORRUPT_IMAGE_POLICIES = ("skip", "error")
-RANDOM_RESIZED_CROP_CHOICES = ("auto", "true", "false")
+def option(default: Any = dataclasses.MISSING, help: str = "", *, factory=dataclasses.MISSING, **metadata) -> Any:
+    """A dataclass field with its help text (and argparse settings such as `choices`), as transformers' `HfArg`
+    writes one (which would import transformers)."""
+    return field(default=default, default_factory=factory, metadata={"help": help, **metadata})
 
 
 @dataclass
 class ModelArguments:
     """Which model to train: a pretrained checkpoint, a ScratchViT built from its config fields, or both."""
 
-    model_type: str = field(
-        default="pretrained",
-        metadata={
-            "help": "`pretrained`: fine-tune `model_name_or_path`. `scratch`: train a ScratchViT built from the "
-            "ScratchViTConfig fields given (image_size, patch_size, hidden_size, ...). `both`: train both on the "
-            "same data and split, then write a comparison report.",
-            "choices": list(MODEL_TYPES),
-        },
+    model_type: str = option(
+        "pretrained",
+        "Which model to train: `pretrained` fine-tunes `model_name_or_path`; `scratch` trains a ScratchViT built "
+        "from the ScratchViTConfig fields given (image_size, patch_size, hidden_size, ...); `both` trains both on "
+        "the same data and split, then writes a comparison report.",
+        choices=["pretrained", "scratch", "both"],
     )
-    model_name_or_path: str = field(
-        default="google/vit-base-patch16-224-in21k",
-        metadata={"help": "Pretrained image-classification checkpoint: a Hub model id or a local directory."},
+    model_name_or_path: str = option(
+        "google/vit-base-patch16-224-in21k",
+        "Pretrained image-classification checkpoint: a Hub model id or a local directory.",
     )
-    model_revision: str = field(default="main", metadata={"help": "Branch, tag or commit of the Hub checkpoint."})
-    image_processor_name: str | None = field(
-        default=None, metadata={"help": "Image processor to use, if not the one next to `model_name_or_path`."}
+    model_revision: str = option("main", "Branch, tag or commit of the Hub checkpoint.")
+    image_processor_name: str | None = option(
+        None, "Image processor to use, if not the one next to `model_name_or_path`."
     )
-    ignore_mismatched_sizes: bool = field(
-        default=True,
-        metadata={"help": "Replace the checkpoint's classification head when its size differs from the dataset's."},
+    ignore_mismatched_sizes: bool = option(
+        True, "Replace the checkpoint's classification head when its size differs from the dataset's."
     )
-    trust_remote_code: bool = field(
-        default=False,
-        metadata={"help": "Allow checkpoints whose modeling code lives in the repository (e.g. a pushed ScratchViT)."},
+    trust_remote_code: bool = option(
+        False, "Allow checkpoints whose modeling code lives in the repository (e.g. a pushed ScratchViT)."
     )
-    cache_dir: str | None = field(
-        default=None, metadata={"help": "Where to store checkpoints downloaded from the Hub."}
+    cache_dir: str | None = option(None, "Where to store checkpoints downloaded from the Hub.")
+    token: str | None = option(
+        None, "Hub token; prefer the HF_TOKEN environment variable or `hf auth login`. Never saved."
     )
-    token: str | None = field(
-        default=None,
-        metadata={"help": "Hub token; prefer the HF_TOKEN environment variable or `hf auth login`. Never saved."},
+    attn_implementation: str = option(
+        "auto",
+        "Attention kernel of either model: `auto` (the default) takes the explicit path (softmax(QK^T/sqrt(d))V) on "
+        "a CPU under bf16 autocast with heads of at most 32 dimensions, where SDPA's CPU kernel has no fast bf16 "
+        "path (about 2.5x slower at head size 12-16), and `sdpa` (torch's fused scaled_dot_product_attention) "
+        "elsewhere; `sdpa` or `eager` force one. Not saved with the model.",
+        choices=["auto", "sdpa", "eager"],
     )
-    attn_implementation: str = field(
-        default="auto",
-        metadata={
-            "help": "Attention kernel of either model: `auto` (the default) takes the explicit path "
-            "(softmax(QK^T/sqrt(d))V) on a CPU under bf16 autocast with heads of at most 32 dimensions, where SDPA's "
-            "CPU kernel has no fast bf16 path (about 2.5x slower at head size 12-16), and `sdpa` (torch's fused "
-            "scaled_dot_product_attention) elsewhere; `sdpa` or `eager` force one. Not saved with the model.",
-            "choices": ["auto", "sdpa", "eager"],
-        },
-    )
-    convert_channels: bool = field(
-        default=True,
-        metadata={
-            "help": "Feed grayscale data to an RGB model (repeat the channel) and RGB data to a grayscale model "
-            "(luma). When false, a channel mismatch is an error."
-        },
+    convert_channels: bool = option(
+        True,
+        "Feed grayscale data to an RGB model (repeat the channel) and RGB data to a grayscale model (luma). When "
+        "false, a channel mismatch is an error.",
     )
 
-    finetune_method: str = field(
-        default="full",
-        metadata={
-            "help": "How the pretrained model is fine-tuned: `full` (every weight), `linear_probe` (only the new "
-            "classification head; the rest stays frozen) or `lora` (low-rank adapters on the attention projections "
-            "through peft, plus the head). A saved ScratchViT fine-tunes the same way as `model_type: pretrained`; "
-            "under `model_type: both` the scratch model trains fully.",
-            "choices": list(FINETUNE_METHODS),
-        },
+    finetune_method: str = option(
+        "full",
+        "How the pretrained model is fine-tuned: `full` (every weight), `linear_probe` (only the new classification "
+        "head; the rest stays frozen) or `lora` (low-rank adapters on the attention projections through peft, plus "
+        "the head). A saved ScratchViT fine-tunes the same way as `model_type: pretrained`; under `model_type: both` "
+        "the scratch model trains fully.",
+        choices=["full", "linear_probe", "lora"],
     )
-    lora_r: int = field(default=8, metadata={"help": "LoRA rank r of the update B A (`finetune_method: lora`)."})
-    lora_alpha: float = field(default=16, metadata={"help": "LoRA scaling: the update is multiplied by alpha / r."})
-    lora_dropout: float = field(default=0.1, metadata={"help": "Dropout on the input of the LoRA update."})
-    lora_target_modules: list[str] | None = field(
-        default=None,
-        metadata={
-            "help": "Names of the linear layers that get adapters. Default: the query and value projections of "
-            "transformers' ViT (`q_proj`, `v_proj`; `query`, `value` in older layouts) and ScratchViT's fused "
-            "`qkv` projection."
-        },
+    lora_r: int = option(8, "LoRA rank r of the update B A (`finetune_method: lora`).")
+    lora_alpha: float = option(16, "LoRA scaling: the update is multiplied by alpha / r.")
+    lora_dropout: float = option(0.1, "Dropout on the input of the LoRA update.")
+    lora_target_modules: list[str] | None = option(
+        None,
+        "Names of the linear layers that get adapters. Default: the query and value projections of transformers' ViT "
+        "(`q_proj`, `v_proj`; `query`, `value` in older layouts) and ScratchViT's fused `qkv` projection.",
     )
-    merge_lora: bool = field(
-        default=False,
-        metadata={
-            "help": "Also save the model with the adapters merged into its weights to OUTPUT/merged: a plain "
-            "transformers model that loads without peft."
-        },
+    merge_lora: bool = option(
+        False,
+        "Also save the model with the adapters merged into its weights to OUTPUT/merged: a plain transformers model "
+        "that loads without peft.",
     )
-    layer_decay: float | None = field(
-        default=None,
-        metadata={
-            "help": "Layer-wise learning-rate decay (BEiT, MAE, timm's --layer-decay), e.g. 0.65-0.75: block i of L "
-            "trains at learning_rate * decay^(L - i), the embeddings at decay^(L + 1), the head at the full rate. "
-            "Either model type."
-        },
+    layer_decay: float | None = option(
+        None,
+        "Layer-wise learning-rate decay (BEiT, MAE, timm's --layer-decay), e.g. 0.65-0.75: block i of L trains at "
+        "learning_rate * decay^(L - i), the embeddings at decay^(L + 1), the head at the full rate. Either model "
+        "type.",
     )
 
     def __post_init__(self):
-        if self.model_type not in MODEL_TYPES:
-            raise ValueError(f"`model_type` must be one of {list(MODEL_TYPES)}, got {self.model_type!r}.")
-        if self.finetune_method not in FINETUNE_METHODS:
-            raise ValueError(
-                f"`finetune_method` must be one of {list(FINETUNE_METHODS)}, got {self.finetune_method!r}."
-            )
+        check_choices(self)
         if self.model_type == "scratch" and self.finetune_method != "full":
             raise ValueError(
                 f"`finetune_method: {self.finetune_method}` needs pretrained weights, but `model_type: scratch` "
@@ -151,124 +130,89 @@ class ModelArguments:
 class DataArguments:
     """Where the images come from, how they are split, and how batches are augmented on the device."""
 
-    dataset_name: str = field(
-        default="uoft-cs/cifar10",
-        metadata={
-            "help": "A Hub dataset id (`uoft-cs/cifar10`, `ylecun/mnist`), `sklearn:digits` (shipped with "
-            "scikit-learn), or a local path: a parquet/arrow/csv file, a folder of such files, an image folder "
-            "(one subfolder per class, optionally under train/ validation/ test/), or `cifar-10-batches-py`."
-        },
+    dataset_name: str = option(
+        "uoft-cs/cifar10",
+        "A Hub dataset id (`uoft-cs/cifar10`, `ylecun/mnist`), `sklearn:digits` (shipped with scikit-learn), or a "
+        "local path: a parquet/arrow/csv file, a folder of such files, an image folder (one subfolder per class, "
+        "optionally under train/ validation/ test/), or `cifar-10-batches-py`.",
     )
-    dataset_config_name: str | None = field(default=None, metadata={"help": "Configuration of the Hub dataset."})
-    train_file: str | None = field(default=None, metadata={"help": "A local parquet/arrow/csv file for training."})
-    validation_file: str | None = field(default=None, metadata={"help": "A local file for validation."})
-    test_file: str | None = field(default=None, metadata={"help": "A local file for the final test evaluation."})
-    image_column_name: str | None = field(
-        default=None, metadata={"help": "Column holding the images; found automatically (`img`, `image`)."}
+    dataset_config_name: str | None = option(None, "Configuration of the Hub dataset.")
+    train_file: str | None = option(None, "A local parquet/arrow/csv file for training.")
+    validation_file: str | None = option(None, "A local file for validation.")
+    test_file: str | None = option(None, "A local file for the final test evaluation.")
+    image_column_name: str | None = option(None, "Column holding the images; found automatically (`img`, `image`).")
+    label_column_name: str | None = option(None, "Column holding the labels; found automatically (`label`, `labels`).")
+    validation_size: float = option(
+        0.1,
+        "Without a validation split, this much of train is held out (stratified by label, seeded by `data_seed` or "
+        "`seed`): a fraction below 1, or a number of images (5000 for CIFAR-10).",
     )
-    label_column_name: str | None = field(
-        default=None, metadata={"help": "Column holding the labels; found automatically (`label`, `labels`)."}
+    include_labels: list[str] | None = option(
+        None,
+        "Keep only images of these classes (label names), renumbered in this order; e.g. a source task for transfer "
+        "learning. Default: all classes.",
     )
-    validation_size: float = field(
-        default=0.1,
-        metadata={
-            "help": "Without a validation split, this much of train is held out (stratified by label, seeded by "
-            "`data_seed` or `seed`): a fraction below 1, or a number of images (5000 for CIFAR-10)."
-        },
+    max_train_samples: int | None = option(None, "Keep only this many training images.")
+    max_eval_samples: int | None = option(None, "Keep only this many validation (and test) images.")
+    corrupt_images: str = option(
+        "skip",
+        "`skip` drops images that cannot be decoded and logs their count and indices; `error` stops.",
+        choices=["skip", "error"],
     )
-    include_labels: list[str] | None = field(
-        default=None,
-        metadata={
-            "help": "Keep only images of these classes (label names), renumbered in this order; e.g. a source "
-            "task for transfer learning. Default: all classes."
-        },
+    decoded_cache_dir: str | None = option(
+        None,
+        "Where decoded uint8 images are cached so a second run skips decoding (default: "
+        "$HF_HOME/vit-finetune/decoded). Set to `none` to disable the cache.",
     )
-    max_train_samples: int | None = field(default=None, metadata={"help": "Keep only this many training images."})
-    max_eval_samples: int | None = field(
-        default=None, metadata={"help": "Keep only this many validation (and test) images."}
+    decode_size: int | None = option(
+        None,
+        "Store images as squares of this size (shorter side resized, centre kept) when decoding. Default: images of "
+        "one size are stored as they are; images of mixed sizes at the model's input size plus a margin for crops "
+        "(256 for a 224 model).",
     )
-    corrupt_images: str = field(
-        default="skip",
-        metadata={
-            "help": "`skip`: drop images that cannot be decoded and log their count and indices. `error`: stop.",
-            "choices": list(CORRUPT_IMAGE_POLICIES),
-        },
+    decode_workers: int | None = option(
+        None,
+        "Processes that decode images in parallel (default: the CPU cores available). Only the first process of a "
+        "node decodes; the others map its decoded cache (keep `decoded_cache_dir` on for that).",
     )
-    decoded_cache_dir: str | None = field(
-        default=None,
-        metadata={
-            "help": "Where decoded uint8 images are cached so a second run skips decoding "
-            "(default: $HF_HOME/vit-finetune/decoded). Set to `none` to disable the cache."
-        },
+    random_resized_crop: str = option(
+        "auto",
+        "Train on random boxes of each image resized to the model's input (RandomResizedCrop, as the transformers "
+        "example and timm do for photos) instead of the padded random crop. `auto`: on for images stored larger than "
+        "the model's input (photos), off for small native images (CIFAR-10, MNIST).",
+        choices=["auto", "true", "false"],
     )
-    decode_size: int | None = field(
-        default=None,
-        metadata={
-            "help": "Store images as squares of this size (shorter side resized, centre kept) when decoding. "
-            "Default: images of one size are stored as they are; images of mixed sizes at the model's input size "
-            "plus a margin for crops (256 for a 224 model)."
-        },
+    crop_scale: list[float] = option(
+        help="RandomResizedCrop: range of the box's share of the image area (low high).", factory=lambda: [0.08, 1.0]
     )
-    decode_workers: int | None = field(
-        default=None,
-        metadata={
-            "help": "Processes that decode images in parallel (default: the CPU cores available). Only the first "
-            "process of a node decodes; the others map its decoded cache (keep `decoded_cache_dir` on for that)."
-        },
+    crop_ratio: list[float] = option(
+        help="RandomResizedCrop: range of the box's aspect ratio, width / height (low high).",
+        factory=lambda: [3 / 4, 4 / 3],
     )
-    random_resized_crop: str = field(
-        default="auto",
-        metadata={
-            "help": "Train on random boxes of each image resized to the model's input (RandomResizedCrop, as the "
-            "transformers example and timm do for photos) instead of the padded random crop. `auto`: on for images "
-            "stored larger than the model's input (photos), off for small native images (CIFAR-10, MNIST).",
-            "choices": list(RANDOM_RESIZED_CROP_CHOICES),
-        },
+    random_crop_padding: int = option(
+        4,
+        "Random crop with this much zero padding (in source pixels); 0 disables it. Used when `random_resized_crop` "
+        "is off.",
     )
-    crop_scale: list[float] = field(
-        default_factory=lambda: [0.08, 1.0],
-        metadata={"help": "RandomResizedCrop: range of the box's share of the image area (low high)."},
+    horizontal_flip: bool = option(True, "Random horizontal flips of training images.")
+    rand_augment_ops: int = option(
+        0,
+        "Random photometric/geometric ops per training image, on the device: 0 off, 1 TrivialAugment, N > 1 "
+        "RandAugment-style (N ops in a row, random magnitudes).",
     )
-    crop_ratio: list[float] = field(
-        default_factory=lambda: [3 / 4, 4 / 3],
-        metadata={"help": "RandomResizedCrop: range of the box's aspect ratio, width / height (low high)."},
-    )
-    random_crop_padding: int = field(
-        default=4,
-        metadata={
-            "help": "Random crop with this much zero padding (in source pixels); 0 disables it. Used when "
-            "`random_resized_crop` is off."
-        },
-    )
-    horizontal_flip: bool = field(default=True, metadata={"help": "Random horizontal flips of training images."})
-    rand_augment_ops: int = field(
-        default=0,
-        metadata={
-            "help": "Random photometric/geometric ops per training image, on the device: 0 off, 1 TrivialAugment, "
-            "N > 1 RandAugment-style (N ops in a row, random magnitudes)."
-        },
-    )
-    rand_augment_magnitude: float = field(
-        default=1.0, metadata={"help": "Largest magnitude of `rand_augment_ops`, as a share of each op's range."}
+    rand_augment_magnitude: float = option(
+        1.0, "Largest magnitude of `rand_augment_ops`, as a share of each op's range."
     )
 
     def __post_init__(self):
-        if self.corrupt_images not in CORRUPT_IMAGE_POLICIES:
-            raise ValueError(
-                f"`corrupt_images` must be one of {list(CORRUPT_IMAGE_POLICIES)}, got {self.corrupt_images!r}."
-            )
+        self.random_resized_crop = str(self.random_resized_crop).lower()  # YAML reads `true` as a bool
+        check_choices(self)
         size = self.validation_size
         if size <= 0 or size == 1 or (size > 1 and size != int(size)):
             # 1 would be read as one image, although it most often means "all of it".
             raise ValueError(
                 f"`validation_size` must be a fraction in (0, 1) (e.g. 0.1) or a whole number of images >= 2 "
                 f"(e.g. 5000), got {size}."
-            )
-        self.random_resized_crop = str(self.random_resized_crop).lower()
-        if self.random_resized_crop not in RANDOM_RESIZED_CROP_CHOICES:
-            raise ValueError(
-                f"`random_resized_crop` must be one of {list(RANDOM_RESIZED_CROP_CHOICES)}, got "
-                f"{self.random_resized_crop!r}."
             )
         for name, low_bound, high_bound in (("crop_scale", 0, 1), ("crop_ratio", 0, float("inf"))):
             value = [float(v) for v in getattr(self, name)]
@@ -301,71 +245,230 @@ class DataArguments:
             raise ValueError(f"`rand_augment_magnitude` must be in (0, 1], got {self.rand_augment_magnitude}.")
 
 
-def _scratch_vit_fields() -> list[tuple[str, Any, dataclasses.Field]]:
-    """One optional field per `ScratchViTConfig.__init__` argument; `None` keeps the config's default."""
-    fields = []
-    for name, parameter in inspect.signature(ScratchViTConfig.__init__).parameters.items():
-        if name == "self" or parameter.kind is inspect.Parameter.VAR_KEYWORD:
-            continue
-        annotation = parameter.annotation
-        base = annotation if annotation in (int, float, str, bool) else int
-        help_text = f"ScratchViTConfig.{name} (default {parameter.default!r}); used with model_type scratch/both."
-        fields.append((name, base | None, field(default=None, metadata={"help": help_text})))
-    return fields
+@dataclass
+class ScratchViTArguments:
+    """The `ScratchViTConfig` fields of the scratch model (`model_type: scratch` or `both`); unset fields keep the
+    config's defaults, documented in scratch_vit/configuration_scratch_vit.py. Written out rather than read from the
+    config so that `--help` needs no transformers; tests/test_configs.py keeps the two the same."""
+
+    image_size: int | None = None
+    patch_size: int | None = None
+    num_channels: int | None = None
+    hidden_size: int | None = None
+    num_hidden_layers: int | None = None
+    num_attention_heads: int | None = None
+    intermediate_size: int | None = None
+    hidden_act: str | None = None
+    hidden_dropout_prob: float | None = None
+    attention_probs_dropout_prob: float | None = None
+    qkv_bias: bool | None = None
+    qk_norm: bool | None = None
+    layer_norm_eps: float | None = None
+    initializer_range: float | None = None
+    position_embedding_type: str | None = None
+    patch_embedding_type: str | None = None
+    pooling: str | None = None
+    head_type: str | None = None
+    head_hidden_size: int | None = None
+    head_hidden_act: str | None = None
+    head_dropout_prob: float | None = None
 
 
-ScratchViTArguments = dataclasses.make_dataclass("ScratchViTArguments", _scratch_vit_fields())
-ScratchViTArguments.__doc__ = "The `ScratchViTConfig` fields of the scratch model; unset fields keep their defaults."
-
-
-def scratch_config_kwargs(scratch_args) -> dict[str, Any]:
+def scratch_config_kwargs(scratch_args: ScratchViTArguments) -> dict[str, Any]:
     """The `ScratchViTConfig` fields that the run sets explicitly."""
     return {k: v for k, v in dataclasses.asdict(scratch_args).items() if v is not None}
 
 
-SWITCH_FLAGS = ("--bf16", "--fp16", "--tf32", "--torch_compile")
+SWITCH = {"nargs": "?", "const": "true"}  # `--bf16` alone means true, as when these options were plain booleans
 
 
-def parse_args(argv: list[str] | None = None):
-    """Parse `--config FILE.yaml` (optional) and command-line overrides into the argument dataclasses.
+@dataclass
+class TrainingLoopArguments:
+    """The pipeline's own training options, and the machine-dependent ones it chooses itself where they say `auto`
+    (or are unset): `finetune.hardware.choose_settings` turns those into values before the `TrainingArguments` are
+    built. Every other `TrainingArguments` option keeps transformers' meaning."""
 
-    Returns `(model_args, data_args, scratch_args, training_args)`. An unknown key in the YAML file fails with the
-    closest known names; unknown command-line flags fail the same way.
-    """
-    argv = list(sys.argv[1:] if argv is None else argv)
-    # `--bf16` alone means true, as it did when these were plain booleans (they take `auto` now).
-    argv = [
-        token
-        for i, a in enumerate(argv)
-        for token in (
-            [a, "true"] if a in SWITCH_FLAGS and (i + 1 == len(argv) or argv[i + 1].startswith("--")) else [a]
-        )
-    ]
-    parser = HfArgumentParser(
-        (ModelArguments, DataArguments, ScratchViTArguments, ImageClassificationTrainingArguments)
+    output_dir: str | None = option("outputs/run", "Where the model, checkpoints and results.json are written.")
+    do_train: bool = option(
+        True,
+        "Train (the default). `false`: evaluate the saved model `model_name_or_path` on the validation and test "
+        "splits without training, writing results.json and predictions_<split>.csv.",
     )
-    config_path = None
-    if "--config" in argv:
-        i = argv.index("--config")
-        if i + 1 >= len(argv):
-            raise ValueError("`--config` needs a path to a YAML file, e.g. `--config configs/quickstart.yaml`.")
-        config_path = argv[i + 1]
-        del argv[i : i + 2]
-    if config_path is not None:
-        # argparse type-converts string defaults, so YAML's `2e-5` (read as a string) still becomes a float.
-        parser.set_defaults(**load_yaml_config(config_path, parser))
-    known = {action.dest for action in parser._actions}
-    unknown_flags = [a[2:].split("=")[0] for a in argv if a.startswith("--") and a[2:].split("=")[0] not in known]
-    if unknown_flags:
-        raise ValueError(_unknown_keys_message(unknown_flags, known, "on the command line"))
-    return parser.parse_args_into_dataclasses(args=argv)
+    overwrite_output_dir: bool = option(
+        False,
+        "Allow training into an `output_dir` that already holds checkpoints or results of another run. Without it "
+        "such a run stops before touching them (use `resume_from_checkpoint` to continue one).",
+    )
+    bf16: str = option(
+        "auto",
+        "bf16 autocast: `auto` (the default) uses it on GPUs that support it and on CPUs with native bf16 "
+        "(AVX512-BF16 or AMX), where it is fast; `true` or `false` force it.",
+        **SWITCH,
+    )
+    fp16: str = option(
+        "auto",
+        "fp16 autocast with loss scaling: `auto` uses it on GPUs without bf16; `true`/`false` force it.",
+        **SWITCH,
+    )
+    tf32: str | None = option(
+        "auto", "TF32 matmuls: `auto` enables them on Ampere or newer GPUs; `true`/`false` force them.", **SWITCH
+    )
+    torch_compile: str = option(
+        "auto",
+        "torch.compile the training forward pass: `auto` (the default) compiles on CUDA GPUs with CUDA graphs "
+        "(`torch_compile_mode: reduce-overhead`) and keeps it only if a timed comparison after warm-up finds it "
+        "faster than eager; eager elsewhere. `true` compiles (with `torch_compile_backend` / `torch_compile_mode`), "
+        "`false` never. A compiler error falls back to eager with a warning.",
+        **SWITCH,
+    )
+    use_cpu: bool | None = option(None, "Train on the CPU (default: where torch sees no accelerator).")
+    dataloader_pin_memory: bool | None = option(
+        None, "Pin batches in page-locked memory (default: where CUDA is available)."
+    )
+    max_train_minutes: float | None = option(
+        None,
+        "Stop training after this many minutes of wall-clock time (evaluations included); the best model is then "
+        "evaluated, tested and saved as usual. Default: no budget.",
+    )
+    budget_schedule: bool = option(
+        False,
+        "With `max_train_minutes`: measure the time per step early on and re-plan the learning-rate schedule "
+        "(cosine, linear, ...) to end exactly at the budget; `num_train_epochs` is then only an upper bound.",
+    )
+    ema_decay: float | None = option(
+        None,
+        "Keep an exponential moving average of the weights with this decay (e.g. 0.999, warmed up as min(decay, (1 + "
+        "t) / (10 + t))); evaluations, checkpoints and the final model use it. Default: off.",
+    )
+    flip_tta: bool = option(False, "At evaluation, average the logits of each image and its mirror image.")
+    mixup_alpha: float = option(0.0, "MixUp of training batches with ratio ~ Beta(alpha, alpha); 0 disables it.")
+    cutmix_alpha: float = option(
+        0.0,
+        "CutMix of training batches with ratio ~ Beta(alpha, alpha); 0 disables it. With MixUp also on, each batch "
+        "uses one of the two at random.",
+    )
+    recipe_precision: str | None = option(
+        None,
+        "The precision a recipe (config) was tuned for, `bf16` or `float32`. Where the machine trains in another "
+        "(`bf16: auto` chose otherwise), the log warns and names `recipe_alternative`.",
+        choices=["bf16", "float32"],
+    )
+    recipe_alternative: str | None = option(
+        None, "The config to use instead where the precision chosen is not `recipe_precision`."
+    )
+    hub_commit_message: str = option("Upload fine-tuned model", "Commit message of the push to the Hub.")
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# Reading the options: the short help, YAML configs and their checks. The command line itself is parsed by
+# `finetune.training_args.OptionParser` (transformers' `HfArgumentParser`).
+
+GROUPS = {
+    "model": ModelArguments,
+    "data": DataArguments,
+    "scratch model": ScratchViTArguments,
+    "training loop": TrainingLoopArguments,
+}
 BASE_KEY = "base"
+NULL_WORDS = ("null", "Null", "NULL", "~")  # YAML's spellings of null
+NONE_WORDS = ("none", "None")  # also null, except for a string option, where `none` may be a value (`report_to`)
 
 
-def load_yaml_config(path: str | os.PathLike, parser: HfArgumentParser | None = None) -> dict[str, Any]:
-    """Read a flat YAML config, with its `base:` chain merged in, and check every key against the parser's arguments.
+def command_name() -> str:
+    """How the user started the run, for the usage line: `vit-finetune train` or `python -m finetune.run`."""
+    return "vit-finetune train" if Path(sys.argv[0]).name in ("vit-finetune", "cli.py") else "python -m finetune.run"
+
+
+class FullHelp(argparse.Action):
+    """`--help_all`: every option, transformers' `TrainingArguments` included (imports transformers: seconds)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from finetune.training_args import option_parser
+
+        option_parser(parser.prog).print_help()
+        parser.exit()
+
+
+def help_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    """The short `--help`, built from the dataclasses alone: `--config`, then the pipeline's options by group. Parsing
+    a command line with it reads `--config` and answers `--help` / `--help_all`; the other options pass through."""
+    parser = ArgumentParser(
+        prog=prog or command_name(),
+        allow_abbrev=False,
+        usage="%(prog)s [--config FILE.yaml] [--OPTION VALUE ...]",
+        description="Fine-tune a pretrained ViT or train a ScratchViT (or both, then compare). Options come from "
+        "the YAML config, then the command line.",
+        epilog="Every other TrainingArguments option is accepted too (learning_rate, num_train_epochs, "
+        "per_device_train_batch_size, weight_decay, warmup_steps, lr_scheduler_type, seed, eval_strategy, "
+        "save_strategy, ...): --help_all lists them all. `--OPTION null` unsets an optional option (`none` too, "
+        "where the option is not a string), as `null` does in a config.",
+    )
+    parser.add_argument("--config", metavar="FILE.yaml", help="YAML config (configs/); options given here override it")
+    parser.add_argument("--help_all", nargs=0, action=FullHelp, help="every option in full, transformers' included")
+    for title, options in GROUPS.items():
+        group = parser.add_argument_group(f"{title} options", first_sentence(" ".join(options.__doc__.split())))
+        specs = option_specs([options])
+        for spec in dataclasses.fields(options):
+            kind, choices = parsed_type(specs[spec.name][0]), specs[spec.name][1]
+            element = typing.get_args(kind)[0] if typing.get_origin(kind) is list else kind
+            nargs = "+" if element is not kind else "?" if kind is bool else None
+            metavar = f"{{{','.join(choices)}}}" if choices else getattr(element, "__name__", "VALUE").upper()
+            default = "" if spec.default in (None, dataclasses.MISSING) else f" [{spec.default}]"
+            group.add_argument(
+                f"--{spec.name}",
+                nargs=spec.metadata.get("nargs", nargs),
+                metavar=metavar,
+                default=argparse.SUPPRESS,
+                help=(first_sentence(spec.metadata.get("help", "")) + default) or None,
+            )
+    return parser
+
+
+def first_sentence(text: str) -> str:
+    """The help's first sentence, for the short help (`--help_all` gives it whole)."""
+    return re.split(r"(?<!e\.g)(?<!i\.e)\.(?:\s|$)", text, maxsplit=1)[0] + ("." if text else "")
+
+
+def option_specs(dataclass_types) -> dict[str, tuple[Any, list | None]]:
+    """Each option's name -> (type hint, choices), from the dataclasses' fields and type hints."""
+    specs = {}
+    for options in dataclass_types:
+        hints = typing.get_type_hints(options)
+        for f in dataclasses.fields(options):
+            if f.init:
+                kind = parsed_type(hints[f.name])
+                choices = f.metadata.get("choices")
+                if isinstance(kind, type) and issubclass(kind, enum.Enum):
+                    choices = [member.value for member in kind]
+                elif typing.get_origin(kind) is typing.Literal:
+                    choices = list(typing.get_args(kind))
+                specs[f.name] = (hints[f.name], [str(c) for c in choices] if choices else None)
+    return specs
+
+
+def is_optional(hint) -> bool:
+    return type(None) in typing.get_args(hint)
+
+
+def parsed_type(hint):
+    """The one type `HfArgumentParser` reads an option of type `hint` as: `X` of `X | None`, the non-string member of
+    `X | str`, and a string where a union has more members (`dict | str | None`)."""
+    if typing.get_origin(hint) not in (typing.Union, types.UnionType):
+        return hint
+    members = [a for a in typing.get_args(hint) if a is not type(None)]
+    if bool in members or len(members) == 1:
+        return bool if bool in members else members[0]
+    return str if is_optional(hint) else members[0] if members[1] is str else members[1]
+
+
+def unset(text: str, hint) -> bool:
+    """Whether `text` given for an option of type `hint` means None: `null`, or `none` for a non-string option."""
+    return is_optional(hint) and (text in NULL_WORDS or (text in NONE_WORDS and parsed_type(hint) is not str))
+
+
+def load_yaml_config(path: str | os.PathLike, options: dict[str, tuple[Any, list | None]] | None = None) -> dict:
+    """Read a flat YAML config, with its `base:` chain merged in; with `options` (`option_specs`), refuse an unknown
+    key with the closest names and a value of the wrong kind with the file and line.
 
     The config's own keys override its base's; the base's path is relative to the config's folder.
     """
@@ -380,30 +483,27 @@ def load_yaml_config(path: str | os.PathLike, parser: HfArgumentParser | None = 
         if os.path.realpath(path) in map(os.path.realpath, chain):
             raise ValueError(f"Config {chain[0]!r} has a `base` cycle: {' -> '.join([*chain, path])}. Remove one.")
         chain.append(path)
-        with open(path) as f:
-            text = f.read()
-        own, lines = _read_yaml(text, path)
-        if not isinstance(own, dict):
-            raise ValueError(
-                f"Config file {path!r} must be a flat YAML map of `key: value`, got {type(own).__name__}."
-            )
-        if parser is not None:
-            known = {action.dest for action in parser._actions} | {BASE_KEY}
-            unknown = [k for k in own if k not in known]
+        own, lines = read_yaml(path)
+        if options is not None:
+            unknown = [k for k in own if k not in options and k != BASE_KEY]
             if unknown:
-                raise ValueError(_unknown_keys_message(unknown, known, f"in {path}"))
-            own = _check_yaml_types(own, parser, path, lines)
+                raise ValueError(unknown_message(unknown, options, f"in {path}"))
+            for key, value in own.items():
+                if key in options:
+                    where = f"`{key}` in {path}" + (f" (line {lines[key]})" if key in lines else "")
+                    own[key] = checked_value(key, value, *options[key], where)
         base = own.pop(BASE_KEY, None)
         values = {**own, **values}
         path = os.path.join(os.path.dirname(path), base) if base is not None else None
     return values
 
 
-def _read_yaml(text: str, path: str) -> tuple[Any, dict[str, int]]:
-    """The YAML document and the line of each top-level key; a syntax error names the file, line and column."""
+def read_yaml(path: str) -> tuple[dict, dict[str, int]]:
+    """The YAML map and the line of each key; a syntax error names the file, line and column."""
+    text = Path(path).read_text()
     try:
-        values = yaml.safe_load(text) or {}
         node = yaml.compose(text, Loader=yaml.SafeLoader)
+        values = yaml.safe_load(text) or {}
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark or error.context_mark
         where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -412,51 +512,102 @@ def _read_yaml(text: str, path: str) -> tuple[Any, dict[str, int]]:
         raise ValueError(f"Config file {path!r} is not valid YAML{where}: {error.problem}.{hint}") from None
     except yaml.YAMLError as error:
         raise ValueError(f"Config file {path!r} is not valid YAML: {error}") from None
-    lines = {}
-    if isinstance(node, yaml.MappingNode):
-        lines = {key.value: key.start_mark.line + 1 for key, _ in node.value if isinstance(key, yaml.ScalarNode)}
-    return values, lines
+    if not isinstance(values, dict):
+        raise ValueError(f"Config file {path!r} must be a flat YAML map of `key: value`, got {type(values).__name__}.")
+    return values, {key.value: key.start_mark.line + 1 for key, _ in node.value if isinstance(key, yaml.ScalarNode)}
 
 
-def _check_yaml_types(values: dict[str, Any], parser: HfArgumentParser, path: str, lines: dict[str, int]) -> dict:
-    """Refuse a value of the wrong kind (a list where a number belongs, a string where a list belongs, a value outside
-    a field's choices) with the file and line: argparse converts only string defaults, so a YAML list would otherwise
-    reach torch as a learning rate."""
-    actions = {}
-    for action in parser._actions:
-        if action.nargs != 0:
-            actions.setdefault(action.dest, action)
-    checked = dict(values)
-    for key, value in values.items():
-        action = actions.get(key)
-        if action is None or value is None:
-            continue
-        where = f"`{key}` in {path}" + (f" (line {lines[key]})" if key in lines else "")
-        if action.choices and value is False and "no" in map(str, action.choices):
-            checked[key] = value = "no"  # YAML 1.1 reads a bare `no` as false
-        if action.nargs in ("+", "*"):
-            if not isinstance(value, list):
-                raise ValueError(f"{where} must be a list, e.g. `{key}: [{value}, ...]`; got {value!r}.")
-            continue
-        scalar_type = {int: "an integer", float: "a number", string_to_bool: "true or false"}.get(action.type)
-        if isinstance(value, (list, dict)) and (scalar_type or action.choices):
-            kind = scalar_type or f"one of {list(map(str, action.choices))}"
-            raise ValueError(f"{where} must be {kind}, got the {type(value).__name__} {value!r}.")
-        if scalar_type:
-            try:
-                action.type(str(value))
-            except Exception:
-                raise ValueError(f"{where} must be {scalar_type}, got {value!r}.") from None
-        if action.choices and str(value) not in map(str, action.choices):
-            raise ValueError(f"{where} must be one of {list(map(str, action.choices))}, got {value!r}.")
-    return checked
+def checked_value(key: str, value: Any, hint, choices: list[str] | None, where: str) -> Any:
+    """`value` as the option takes it, or a `ValueError` naming `where`: argparse converts only string defaults, so a
+    YAML list would otherwise reach torch as a learning rate."""
+    from transformers.hf_argparser import string_to_bool
+
+    kind = parsed_type(hint)
+    if value is None or unset(str(value), hint):
+        return None
+    if typing.get_origin(kind) is list:
+        if not isinstance(value, list):
+            raise ValueError(f"{where} must be a list, e.g. `{key}: [{value}, ...]`; got {value!r}.")
+        return value
+    if isinstance(value, bool) and choices:
+        value = "no" if value is False and "no" in choices else str(value).lower()  # YAML 1.1 reads `no` as false
+    convert = {int: int, float: float, bool: string_to_bool}.get(kind)
+    expected = {int: "an integer", float: "a number", bool: "true or false"}.get(kind)
+    expected = expected or (f"one of {choices}" if choices else None)
+    if isinstance(value, (list, dict)) and expected:
+        raise ValueError(f"{where} must be {expected}, got the {type(value).__name__} {value!r}.")
+    try:
+        if convert is not None:
+            convert(str(value))
+    except (ValueError, argparse.ArgumentTypeError):
+        raise ValueError(f"{where} must be {expected}, got {value!r}.") from None
+    if choices and str(value) not in choices:
+        raise ValueError(f"{where} must be {expected}, got {value!r}.")
+    return value
 
 
-def _unknown_keys_message(unknown: list[str], known: set[str], where: str) -> str:
-    lines = [f"Unknown argument(s) {where}:"]
+def unknown_message(unknown: list[str], known, where: str, prefix: str = "") -> str:
+    """One line naming each unknown option and the closest known names."""
+    parts = []
     for key in unknown:
-        close = difflib.get_close_matches(key, known, n=3)
-        hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-        lines.append(f"  {key!r}.{hint}")
-    lines.append("Run `python finetune/run.py --help` for the full list of arguments.")
-    return "\n".join(lines)
+        close = difflib.get_close_matches(key.removeprefix(prefix).split("=")[0].replace("-", "_"), known, n=3)
+        parts.append(f"{key!r}" + (f" (Did you mean {', '.join(repr(prefix + c) for c in close)}?)" if close else ""))
+    return f"Unknown option(s) {where}: {', '.join(parts)}. `{command_name()} --help` lists the options."
+
+
+def parse_options(argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, ScratchViTArguments, dict]:
+    """Read `--config FILE.yaml` (optional) and the command line into the three pipeline dataclasses and the
+    `TrainingArguments` values as given, `auto` still unresolved (`finetune.hardware.choose_settings` resolves it).
+
+    A malformed command line (an unknown option, a value of the wrong type) raises `UsageError`; an unknown key or a
+    value of the wrong kind in a config raises `ValueError` naming the file and line.
+    """
+    from finetune.training_args import option_parser  # transformers: imported once a command line is read
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    config = help_parser().parse_known_args(argv)[0].config  # answers --help and --help_all
+    parser = option_parser()
+    if config is not None:
+        # argparse converts string defaults by the option's type, so YAML's `2e-5` (a string to YAML) becomes a float.
+        parser.set_defaults(**load_yaml_config(config, parser.options))
+    namespace, extras = parser.parse_known_args(argv)
+    if extras:
+        unknown = [a for a in extras if a.startswith("-")]
+        if unknown:
+            raise UsageError(unknown_message(unknown, parser.options, "on the command line", prefix="--"))
+        hint = f" Did you mean `--config {extras[0]}`?" if extras[0].endswith((".yaml", ".yml")) else ""
+        raise UsageError(f"Unexpected argument {extras[0]!r}: every value follows its `--option`.{hint}")
+    values = {k: None if v == [None] else v for k, v in vars(namespace).items()}  # `--list_option null` unsets too
+    del values["config"], values["help_all"]
+    model_args, data_args, scratch_args = (
+        cls(**{f.name: values.pop(f.name) for f in dataclasses.fields(cls)})
+        for cls in (ModelArguments, DataArguments, ScratchViTArguments)
+    )
+    return model_args, data_args, scratch_args, values
+
+
+def parse_args(argv: list[str] | None = None):
+    """`parse_options`, `hardware.choose_settings` and `build_training_args` in one call, as `finetune.run` takes
+    them: `(model_args, data_args, scratch_args, training_args)`, for tests and benchmarks (the run keeps the settings,
+    which also say why each was chosen)."""
+    from finetune import hardware
+    from finetune.training_args import build_training_args
+
+    model_args, data_args, scratch_args, options = parse_options(argv)
+    return model_args, data_args, scratch_args, build_training_args(options, hardware.choose_settings(options))
+
+
+def check_choices(options) -> None:
+    """Refuse a value outside a field's `choices`, as the parser does, for dataclasses built in code."""
+    for f in dataclasses.fields(options):
+        choices = f.metadata.get("choices")
+        if choices and getattr(options, f.name) not in choices:
+            raise ValueError(f"`{f.name}` must be one of {choices}, got {getattr(options, f.name)!r}.")
+
+
+def answer_help(argv: list[str]) -> None:
+    """Print the short help and exit where `argv` asks for it (`-h`, `--help`); entry points call this before they
+    import torch and transformers."""
+    if "-h" in argv or "--help" in argv:
+        help_parser().print_help()
+        raise SystemExit(0)

@@ -11,13 +11,14 @@
 Each subcommand is also a module (`python -m finetune.run`, `python -m finetune.tools.compare`, ...;
 `accelerate launch -m finetune.run` for several processes). Flags are snake_case, as
 transformers' `HfArgumentParser` writes them;
-kebab-case spellings (`--top-k`) are accepted too. An error ends as one line `error: ...` with exit status 1;
-`--debug` (or `LOG_LEVEL=debug`) shows its traceback.
+kebab-case spellings (`--top-k`) are accepted too. An error ends as one line `error: ...` with exit status 1 (2
+for a malformed command line); `--debug` (or `LOG_LEVEL=debug`) shows its traceback.
 """
 
 import importlib
 import sys
 
+from finetune.arguments import answer_help
 from finetune.errors import run_command
 
 
@@ -51,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     if command not in COMMANDS:
         print(f"vit-finetune: unknown command {command!r}.\n\n{usage()}", file=sys.stderr)
         return 2
+    if command == "train":
+        answer_help(rest)  # the short help needs neither torch nor transformers: answered before importing them
     module = importlib.import_module(COMMANDS[command][0])
     if command == "push":
         rest = ["push", *rest]

@@ -1,4 +1,5 @@
-"""How every command ends on an error: one line `error: <the problem and the fix>` on stderr and exit status 1.
+"""How every command ends on an error: one line `error: <the problem and the fix>` on stderr and exit status 1, or 2
+for a malformed command line (`UsageError`, which `ArgumentParser` raises instead of printing the whole usage).
 
     if __name__ == "__main__":
         sys.exit(run_command(main))
@@ -9,18 +10,32 @@ only when asked for: `--debug` on the command line (`--log_level debug` too for 
 variable `LOG_LEVEL=debug`.
 """
 
+import argparse
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 
 
 DEBUG_FLAG = "--debug"
 DEBUG_ENV = "LOG_LEVEL"
-EXIT_ERROR, EXIT_INTERRUPTED = 1, 130  # 130 = 128 + SIGINT, what a shell reports for Ctrl-C
+EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130  # 2 as argparse; 130 = 128 + SIGINT, what a shell reports
 
 # Messages of these name the problem and the fix themselves (the project raises them that way); any other exception
 # is unexpected and its type is kept in the line.
 EXPECTED = (ValueError, OSError, RuntimeError)
+
+
+class UsageError(ValueError):
+    """A malformed command line: an unknown option, a missing or ill-typed value. Exit status 2."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with its errors as one line: `error()` raises `UsageError` instead of printing the whole usage."""
+
+    def error(self, message: str):
+        # `argument --ema_decay/--ema-decay: invalid float value: 'x'` -> `--ema_decay: invalid float value: 'x'`
+        raise UsageError(re.sub(r"^argument (-[^/ ]+)(/-\S+)*:", r"\1:", message))
 
 
 def _debug_flags(argv: Sequence[str]) -> list[int]:
@@ -48,7 +63,8 @@ def error_line(error: BaseException) -> str:
 def run_command(
     main: Callable[[list[str]], object], argv: Sequence[str] | None = None, keep_debug: bool = False
 ) -> int:
-    """Call `main(argv)` and return the exit status: 0, or 1 after printing `error: ...` (130 after Ctrl-C).
+    """Call `main(argv)` and return the exit status: 0, or 1 after printing `error: ...` (2 for a `UsageError`, 130
+    after Ctrl-C).
 
     `--debug` is taken out of `argv` unless the command parses it itself (`keep_debug`); with it, or with
     `LOG_LEVEL=debug`, a failure re-raises so the traceback is printed.
@@ -68,10 +84,10 @@ def run_command(
         print(f"error: {message}", file=sys.stderr)
         return getattr(error, "exit_status", EXIT_INTERRUPTED)
     except SystemExit:
-        raise  # argparse's usage errors and `--help` already say what they have to
+        raise  # `--help`, and the usage errors of parsers other than `ArgumentParser`, have said what they had to
     except Exception as error:
         if debug:
             raise
         print(f"error: {error_line(error)}", file=sys.stderr)
-        return EXIT_ERROR
+        return EXIT_USAGE if isinstance(error, UsageError) else EXIT_ERROR
     return 0

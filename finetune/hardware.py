@@ -1,9 +1,12 @@
 """What a run runs on: the machine recorded in `results.json` (so that every figure names its machine), and the
-precision and attention kernels chosen from it where the arguments say `auto`."""
+settings chosen from it where the arguments say `auto`: precision, TF32, compilation, CPU or GPU, pinned memory
+(`choose_settings`, a step of its own in `finetune.run`), and the attention kernel."""
 
 import os
 import platform
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -290,3 +293,79 @@ def probe(device: str) -> dict[str, Any]:
     if device == "cuda" and torch.cuda.is_available():
         return {"cuda_bf16": torch.cuda.is_bf16_supported(), "cuda_capability": torch.cuda.get_device_capability()}
     return {"cpu_native_bf16": cpu_has_native_bf16()} if device == "cpu" else {}
+
+
+@dataclass
+class Settings:
+    """What a run uses on this machine: the precision and compilation chosen (each with its reasons), the
+    `TrainingArguments` values that replace `auto` and the unset machine-dependent options, and warnings to log."""
+
+    precision: PrecisionChoice
+    compile: CompileChoice
+    arguments: dict[str, Any]
+    warnings: list[str]
+
+    @property
+    def summary(self) -> str:
+        return f"{self.precision.summary}; compilation: {self.compile.summary}"
+
+
+def choose_settings(options: Mapping[str, Any]) -> Settings:
+    """Answer each `auto` (and each unset machine-dependent option) of `options`, the `TrainingArguments` values as
+    given: `use_cpu` where torch sees no accelerator (without it, processes started by `accelerate launch` or
+    `torchrun` on a machine with no GPU each train alone instead of joining one gloo process group), pinned memory
+    with non-blocking copies where CUDA is used, precision (`choose_precision`) and compilation (`choose_compile`)."""
+    use_cpu = options.get("use_cpu")
+    use_cpu = accelerator_type(use_cpu=False) == "cpu" if use_cpu is None else use_cpu
+    pin_memory = options.get("dataloader_pin_memory")
+    pin_memory = torch.cuda.is_available() and not use_cpu if pin_memory is None else pin_memory
+    device = accelerator_type(use_cpu)
+    machine = probe(device)
+    compile_choice = choose_compile(
+        options.get("torch_compile", AUTO),
+        device,
+        options.get("torch_compile_mode"),
+        options.get("torch_compile_backend"),
+        cuda_capability=machine.get("cuda_capability", (0, 0)),
+        gradient_accumulation_steps=options.get("gradient_accumulation_steps", 1),
+    )
+    precision = choose_precision(
+        *(options.get(name, AUTO) for name in ("bf16", "fp16", "tf32")),
+        device,
+        launcher_precision=os.environ.get("ACCELERATE_MIXED_PRECISION"),
+        **machine,
+    )
+    arguments = {
+        "use_cpu": use_cpu,
+        "dataloader_pin_memory": pin_memory,
+        "bf16": precision.bf16,
+        "fp16": precision.fp16,
+        "tf32": precision.tf32,
+        # The pipeline compiles the training forward itself (`finetune/compile.py`); the Trainer and accelerate, which
+        # would also compile evaluation and stop the run on a compiler error, are told not to.
+        "torch_compile": False,
+        "torch_compile_mode": None,
+        "torch_compile_backend": None,
+    }
+    if pin_memory and options.get("accelerator_config") is None:
+        # Batches in pinned memory go to the GPU without the host waiting for the copy (and so for the device).
+        arguments["accelerator_config"] = {"non_blocking": True}
+    warnings = [*compile_choice.warnings, *precision.warnings]
+    chosen = "bf16" if precision.bf16 else "fp16" if precision.fp16 else "float32"
+    recipe = options.get("recipe_precision")
+    if recipe is not None and chosen != recipe:
+        alternative = options.get("recipe_alternative")
+        warnings.append(
+            f"This recipe is tuned for training in {recipe}; this machine trains in {chosen} "
+            f"({'; '.join(precision.reasons)}).{f' Use {alternative}, the recipe for it.' if alternative else ''}"
+        )
+    return Settings(precision, compile_choice, arguments, warnings)
+
+
+def start_cpu_process_group(timeout_seconds: float, backend: str = "gloo") -> None:
+    """Start the process group of a multi-process CPU run (`WORLD_SIZE`, `RANK`, `MASTER_ADDR` from the launcher)
+    with this timeout, which transformers does not pass on for the CPU; accelerate then joins this group."""
+    import torch.distributed
+
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group(backend, timeout=timedelta(seconds=timeout_seconds))

@@ -18,18 +18,24 @@ import sys
 import time
 from pathlib import Path
 
-import datasets
-import transformers
-from transformers import TrainingArguments, set_seed
-
 
 if __package__ in (None, ""):
     # `python finetune/run.py` / `accelerate launch finetune/run.py` run this file as a script: make the project
     # root importable so `finetune` resolves even without `pip install -e .`.
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+if __name__ == "__main__":
+    # `--help` answers before torch, transformers and datasets are imported (6 s on a 2-core CPU).
+    from finetune.arguments import answer_help
+
+    answer_help(sys.argv[1:])
+
+import datasets  # noqa: E402
+import transformers  # noqa: E402
+from transformers import TrainingArguments, set_seed  # noqa: E402
+
 from finetune import hardware  # noqa: E402
-from finetune.arguments import DataArguments, ModelArguments, parse_args  # noqa: E402
+from finetune.arguments import DataArguments, ModelArguments, parse_options  # noqa: E402
 from finetune.augment import BatchTransform, describe_augmentation, use_random_resized_crop  # noqa: E402
 from finetune.checkpoints import resolve_checkpoint  # noqa: E402
 from finetune.data import ImageData, collate_batch, load_image_data  # noqa: E402
@@ -44,7 +50,7 @@ from finetune.models import (  # noqa: E402
 )
 from finetune.results import EvalMetrics, Results, TrainMetrics, history_from_log_history  # noqa: E402
 from finetune.trainer import ImageClassificationTrainer  # noqa: E402
-from finetune.training_args import ImageClassificationTrainingArguments  # noqa: E402
+from finetune.training_args import ImageClassificationTrainingArguments, build_training_args  # noqa: E402
 
 
 logger = logging.getLogger(__name__)
@@ -65,9 +71,13 @@ def main(argv: list[str] | None = None) -> dict[str, Results]:
 
 def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
     """The pipeline's stages (`main` adds the process group's end)."""
-    model_args, data_args, scratch_args, training_args = parse_args(argv)
+    # ---- Arguments, then the settings this machine gives each `auto` (precision, compilation, CPU or GPU): a step of
+    # its own, so that building the arguments probes nothing (finetune/training_args.py says why).
+    model_args, data_args, scratch_args, options = parse_options(argv)
+    settings = hardware.choose_settings(options)
+    training_args = build_training_args(options, settings)
     check_model_and_output_dir(model_args, training_args)
-    setup_logging(training_args)
+    setup_logging(training_args, settings)
 
     # Publishing is done once, at the end, by our own code: the Trainer would create the repo at start-up (failing
     # offline before any training) and push every checkpoint. The token is kept out of every saved file.
@@ -99,10 +109,10 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
         args.output_dir = str(run_dirs[model_type])
         args.push_to_hub, args.hub_token = False, None
         if not training_args.do_train:
-            results[model_type] = evaluate_only(model_type, model_args, data_args, args, data)
+            results[model_type] = evaluate_only(model_type, model_args, data_args, args, settings, data)
             continue
         results[model_type] = train_and_evaluate(
-            model_type, model_args, data_args, scratch_args, args, data, checkpoints[model_type]
+            model_type, model_args, data_args, scratch_args, args, settings, data, checkpoints[model_type]
         )
 
     is_main = training_args.process_index == 0
@@ -145,9 +155,10 @@ class ConsoleFormatter(logging.Formatter):
         return message if record.levelno == logging.INFO else f"{record.levelname.lower()}: {message}"
 
 
-def setup_logging(training_args: TrainingArguments) -> None:
+def setup_logging(training_args: TrainingArguments, settings: hardware.Settings) -> None:
     """The pipeline's own lines at INFO on the main process (warnings only on the others, as the example scripts do);
-    the libraries' at WARNING, unless `log_level` asks for more."""
+    the libraries' at WARNING, unless `log_level` asks for more; then what the run uses and why, and the settings'
+    warnings."""
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(ConsoleFormatter())
     logging.basicConfig(handlers=[handler], force=True)
@@ -165,8 +176,10 @@ def setup_logging(training_args: TrainingArguments) -> None:
     logging.getLogger("transformers.trainer_utils").addFilter(lambda r: "mtime may not be reliable" not in r.msg)
     logger.info(
         f"Process {training_args.process_index} of {training_args.world_size}, device {training_args.device}, "
-        f"mixed precision: {training_args.mixed_precision} ({getattr(training_args, 'precision_choice', 'as given')})"
+        f"mixed precision: {training_args.mixed_precision} ({settings.summary})"
     )
+    for warning in settings.warnings:
+        logger.warning(warning)
 
 
 def check_model_and_output_dir(model_args: ModelArguments, training_args: TrainingArguments) -> None:
@@ -201,6 +214,7 @@ def train_and_evaluate(
     data_args: DataArguments,
     scratch_args,
     args: ImageClassificationTrainingArguments,
+    settings: hardware.Settings,
     data: ImageData,
     checkpoint: str | None,
 ) -> Results:
@@ -210,7 +224,7 @@ def train_and_evaluate(
     set_seed(args.seed)
     model_args, attention_why = choose_attention(model_type, model_args, scratch_args, args)
     model, processor, prep = build_model(model_type, model_args, scratch_args, data)
-    trainer = make_trainer(model, processor, prep, data_args, args, data, layer_decay=model_args.layer_decay)
+    trainer = make_trainer(model, processor, prep, data_args, args, data, model_args.layer_decay, settings.compile)
 
     # ---- Training. With `load_best_model_at_end` the best checkpoint by validation accuracy is reloaded here.
     train_result = trainer.train(resume_from_checkpoint=checkpoint)
@@ -248,7 +262,7 @@ def train_and_evaluate(
         epochs=float(train_result.metrics.get("epoch", args.num_train_epochs)),
         num_trainable_parameters=count_parameters(model, trainable=True),
         hyperparameters={
-            **hyperparameters(args, model, total_batch_size),
+            **hyperparameters(args, settings, model, total_batch_size),
             "attention_choice": attention_why,
             "torch_compile": trainer.compiler.summary(),
             **method_settings(model_type, model_args),
@@ -304,7 +318,14 @@ def evaluated_model_fields(args, model, prep, data: ImageData, prediction, confu
 
 
 def make_trainer(
-    model, processor, prep, data_args: DataArguments, args, data: ImageData, layer_decay: float | None = None
+    model,
+    processor,
+    prep,
+    data_args: DataArguments,
+    args,
+    data: ImageData,
+    layer_decay: float | None = None,
+    compile_choice: hardware.CompileChoice | None = None,
 ) -> ImageClassificationTrainer:
     """The Trainer of one model, with the batch transform that feeds it at its resolution and normalisation."""
     # A peft model's forward takes **kwargs, from which the Trainer cannot tell that `labels` are the labels.
@@ -332,8 +353,8 @@ def make_trainer(
         compute_metrics=compute_metrics,
         processing_class=processor,
         batch_transform=batch_transform,
-        compile_choice=getattr(args, "compile_choice", None),
         layer_decay=layer_decay,
+        compile_choice=compile_choice,
     )
 
 
@@ -379,6 +400,7 @@ def evaluate_only(
     model_args: ModelArguments,
     data_args: DataArguments,
     args: ImageClassificationTrainingArguments,
+    settings: hardware.Settings,
     data: ImageData,
 ) -> Results:
     """Score the saved model `model_name_or_path` on the validation and test splits without training it.
@@ -396,7 +418,7 @@ def evaluate_only(
     set_seed(args.seed)
     model_args, attention_why = choose_attention("pretrained", model_args, None, args)
     model, processor, prep = load_trained_model(model_args, data)
-    trainer = make_trainer(model, processor, prep, data_args, args, data)
+    trainer = make_trainer(model, processor, prep, data_args, args, data, compile_choice=settings.compile)
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     splits = {"validation": (data.validation, "eval")}
@@ -461,7 +483,9 @@ def choose_attention(
     return dataclasses.replace(model_args, attn_implementation=attention), attention_why
 
 
-def hyperparameters(args: ImageClassificationTrainingArguments, model, total_batch_size: int) -> dict:
+def hyperparameters(
+    args: ImageClassificationTrainingArguments, settings: hardware.Settings, model, total_batch_size: int
+) -> dict:
     """The training settings a reader of the results needs to reproduce them."""
     return {
         "learning_rate": args.learning_rate,
@@ -476,7 +500,7 @@ def hyperparameters(args: ImageClassificationTrainingArguments, model, total_bat
         "seed": args.seed,
         "mixed_precision": str(args.mixed_precision),
         "tf32": args.tf32,
-        "precision_choice": getattr(args, "precision_choice", None),
+        "precision_choice": settings.precision.summary,
         "attn_implementation": model.config._attn_implementation,
         "world_size": args.world_size,
         **{

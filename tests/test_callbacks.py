@@ -202,8 +202,9 @@ def _tiny_trainer(tmp_path, **kwargs):
     model = ScratchViTForImageClassification(config)
     transform = BatchTransform(8, (0.5,) * 3, (0.5,) * 3, in_channels=3, out_channels=3)
     args = ImageClassificationTrainingArguments(
-        output_dir=str(tmp_path), report_to="none", eval_strategy="no", load_best_model_at_end=False, **kwargs
-    )
+        output_dir=str(tmp_path), report_to="none", eval_strategy="no", load_best_model_at_end=False, **kwargs,
+        bf16=False, fp16=False, tf32=None, torch_compile=False,  # built in code: no `auto` (hardware.choose_settings)
+    )  # fmt: skip
     return ImageClassificationTrainer(model=model, args=args, batch_transform=transform), model
 
 

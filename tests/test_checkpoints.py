@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from finetune import run
+from finetune.arguments import parse_args
 from finetune.checkpoints import resolve_checkpoint
 
 
@@ -111,13 +112,13 @@ def test_a_leftover_partial_checkpoint_blocks_nothing(tmp_path, caplog):
     out = tmp_path / "out"
     (out / "tmp-checkpoint-8").mkdir(parents=True)
     (out / "tmp-checkpoint-8" / "config.json").write_text("{}")
-    args = run.parse_args([*TINY, "--output_dir", str(out)])[3]
+    args = parse_args([*TINY, "--output_dir", str(out)])[3]
     with caplog.at_level("WARNING"):
         assert resolve_checkpoint(out, args) is None
     assert "tmp-checkpoint-8" in caplog.text and not (out / "tmp-checkpoint-8").exists()
 
     (out / "tmp-checkpoint-8").mkdir()
-    args = run.parse_args([*TINY, "--output_dir", str(out), "--resume_from_checkpoint", "true"])[3]
+    args = parse_args([*TINY, "--output_dir", str(out), "--resume_from_checkpoint", "true"])[3]
     with pytest.raises(FileNotFoundError, match="holds no complete checkpoint"):
         resolve_checkpoint(out, args)
 
@@ -130,10 +131,10 @@ def test_resume_skips_an_incomplete_checkpoint_and_a_named_one_is_checked(tmp_pa
         (out / f"checkpoint-{step}").mkdir(parents=True)
         for name in files:
             (out / f"checkpoint-{step}" / name).write_text("{}")
-    args = run.parse_args([*TINY, "--output_dir", str(out), "--resume_from_checkpoint", "true"])[3]
+    args = parse_args([*TINY, "--output_dir", str(out), "--resume_from_checkpoint", "true"])[3]
     with caplog.at_level("WARNING"):
         assert resolve_checkpoint(out, args) == str(out / "checkpoint-8")
     assert "Skipping the incomplete checkpoint" in caplog.text and "checkpoint-16" in caplog.text
-    args = run.parse_args([*TINY, "--output_dir", str(out), "--resume_from_checkpoint", str(out / "checkpoint-16")])[3]
+    args = parse_args([*TINY, "--output_dir", str(out), "--resume_from_checkpoint", str(out / "checkpoint-16")])[3]
     with pytest.raises(FileNotFoundError, match=r"checkpoint-16' is incomplete \(no model.safetensors\)"):
         resolve_checkpoint(out, args)

@@ -41,3 +41,33 @@ def test_run_module_is_launchable_with_dash_m(tmp_path):
         [sys.executable, "-m", "finetune.run", "--help"], capture_output=True, text=True, check=True, timeout=120
     )
     assert "--max_train_minutes" in result.stdout and "--model_type" in result.stdout
+
+
+HELP_COMMANDS = {
+    "python -m finetune.run": ["-m", "finetune.run", "--help"],
+    "vit-finetune train": ["-m", "finetune.cli", "train", "--help"],
+}
+
+
+@pytest.mark.parametrize("prog", HELP_COMMANDS)
+def test_help_is_short_grouped_and_imports_neither_torch_nor_transformers(prog):
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", *HELP_COMMANDS[prog]], capture_output=True, text=True, check=True
+    )
+    imported = {line.rsplit("|", 1)[-1].strip().split(".")[0] for line in result.stderr.splitlines()}
+    assert not imported & {"torch", "transformers", "datasets"}, "the help is built from the dataclasses alone"
+    out = result.stdout
+    assert out.startswith(f"usage: {prog} [--config FILE.yaml]")
+    headings = ["--config", "model options:", "data options:", "scratch model options:", "training loop options:"]
+    assert [out.index(h) for h in headings] == sorted(out.index(h) for h in headings)
+    assert "--ema_decay" in out and "--help_all lists them all" in out.replace("\n", " ")
+    assert len(out.splitlines()) < 300 and "--adam_beta1" not in out
+
+
+def test_help_all_lists_every_option(capsys):
+    from finetune.arguments import parse_options
+
+    with pytest.raises(SystemExit) as exit_status:
+        parse_options(["--help_all"])
+    out = capsys.readouterr().out
+    assert exit_status.value.code == 0 and "--adam_beta1" in out and "--config" in out and "--ema_decay" in out

@@ -35,6 +35,22 @@ def test_an_error_is_one_line_and_status_1(capsys, monkeypatch):
     assert run_command(lambda argv: argv, ["a"]) == 0
 
 
+@pytest.mark.parametrize(
+    "argv, line",
+    [
+        (["--ema_decay", "x"], "error: --ema_decay: invalid float value: 'x'"),
+        (["--eval_strategy", "sometimes"], "error: --eval_strategy: invalid choice: 'sometimes' (choose from"),
+        (["--learnig_rate", "3"], "error: Unknown option(s) on the command line: '--learnig_rate' (Did you mean"),
+        (["--config"], "error: --config: expected one argument"),
+    ],
+)
+def test_a_malformed_command_line_is_one_line_and_status_2(capsys, monkeypatch, argv, line):
+    monkeypatch.delenv("LOG_LEVEL", raising=False)
+    assert run_command(run.main, argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(line) and err.count("\n") == 1, err
+
+
 def test_a_traceback_only_when_asked(monkeypatch):
     seen = []
     with pytest.raises(ValueError, match="bad"):

@@ -178,7 +178,8 @@ def test_gradient_accumulation_keeps_auto_away_from_cuda_graphs(caplog):
 
 
 def test_a_bare_switch_flag_means_true():
-    from finetune.arguments import parse_args
+    from finetune.arguments import parse_options
 
-    *_, args = parse_args([*TINY_SCRATCH, "--output_dir", "unused", "--torch_compile", "--bf16"])
-    assert args.compile_choice.enabled and args.compile_choice.reason == "as given" and args.bf16 is True
+    *_, options = parse_options([*TINY_SCRATCH, "--output_dir", "unused", "--torch_compile", "--bf16"])
+    settings = hardware.choose_settings(options)
+    assert settings.compile.enabled and settings.compile.reason == "as given" and settings.arguments["bf16"] is True

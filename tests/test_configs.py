@@ -1,12 +1,15 @@
 """Every config in configs/ parses into the run's arguments and, for scratch runs, builds a valid ScratchViTConfig;
 `base:` inheritance merges, overrides and fails clearly."""
 
+import dataclasses
+import inspect
+import typing
 from pathlib import Path
 
 import pytest
 import yaml
 
-from finetune.arguments import load_yaml_config, parse_args, scratch_config_kwargs
+from finetune.arguments import ScratchViTArguments, load_yaml_config, parse_args, parse_options, scratch_config_kwargs
 from scratch_vit import ScratchViTConfig
 
 
@@ -58,6 +61,43 @@ def test_base_errors_name_the_file(tmp_path):
         load_yaml_config(cycle)
     _write(tmp_path / "d.yaml", "hidden_sise: 3\n")
     child = _write(tmp_path / "e.yaml", "base: d.yaml\n")
-    with pytest.raises(ValueError, match=r"hidden_sise.*Did you mean 'hidden_size'") as error:
+    with pytest.raises(ValueError, match=r"'hidden_sise' \(Did you mean 'hidden_size'") as error:
         parse_args(["--config", str(child)])
     assert "d.yaml" in str(error.value)
+
+
+GPU_RECIPE = CONFIGS[0].parent / "cifar10_scratch_gpu.yaml"
+
+
+@pytest.mark.parametrize("word", ["none", "null", "None"])
+def test_an_option_a_config_sets_can_be_cleared_on_the_command_line(tmp_path, word):
+    *_, training_args = parse_args(["--config", str(GPU_RECIPE), "--output_dir", str(tmp_path)])
+    assert training_args.ema_decay == 0.9995
+    *_, training_args = parse_args(["--config", str(GPU_RECIPE), "--ema_decay", word, "--output_dir", str(tmp_path)])
+    assert training_args.ema_decay is None and training_args.max_train_minutes == 10  # the rest of the recipe stays
+
+
+def test_null_in_a_config_and_none_for_a_string_option(tmp_path):
+    child = _write(tmp_path / "child.yaml", f"base: {GPU_RECIPE}\nema_decay: null\nsave_total_limit: None\n")
+    _, data_args, _, options = parse_options(["--config", str(child), "--lora_target_modules", "null"])
+    assert options["ema_decay"] is None and options["save_total_limit"] is None
+    # For a string option `none` may be a value (`decoded_cache_dir: none` turns the cache off; `report_to none`).
+    _, data_args, _, options = parse_options(["--decoded_cache_dir", "none", "--report_to", "none"])
+    assert data_args.decoded_cache_dir == "none" and options["report_to"] == "none"
+    model_args, data_args, _, _ = parse_options(["--decoded_cache_dir", "null", "--lora_target_modules", "null"])
+    assert data_args.decoded_cache_dir is None and model_args.lora_target_modules is None
+
+
+def test_a_bare_switch_means_true_and_auto_waits_for_the_settings(tmp_path):
+    *_, options = parse_options(["--config", str(GPU_RECIPE), "--fp16", "--bf16", "false", "--output_dir", "x"])
+    assert (options["bf16"], options["fp16"], options["torch_compile"]) == ("false", "true", "auto")
+
+
+def test_scratch_arguments_are_the_scratch_vit_config_fields():
+    """`ScratchViTArguments` is written out so that `--help` needs no transformers; it must stay the config's."""
+    parameters = inspect.signature(ScratchViTConfig.__init__).parameters
+    expected = {name: p.annotation for name, p in parameters.items() if name != "self" and p.kind != p.VAR_KEYWORD}
+    hints = typing.get_type_hints(ScratchViTArguments)
+    assert [f.name for f in dataclasses.fields(ScratchViTArguments)] == list(expected)
+    for name, annotation in expected.items():
+        assert hints[name] == annotation | None, name

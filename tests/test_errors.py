@@ -7,6 +7,7 @@ from PIL import Image
 
 from finetune import run
 from finetune.arguments import parse_args
+from finetune.errors import UsageError
 
 
 SCRATCH = ["--model_type", "scratch", "--image_size", "8", "--patch_size", "2", "--hidden_size", "8",
@@ -42,8 +43,10 @@ def test_unknown_yaml_key_is_named_with_a_suggestion(tmp_path):
 
 
 def test_unknown_command_line_key_is_named(tmp_path):
-    with pytest.raises(ValueError, match=r"(?s)'learnig_rate'.*'learning_rate'"):
+    with pytest.raises(UsageError, match=r"'--learnig_rate' \(Did you mean '--learning_rate'\?\)"):
         parse_args(["--learnig_rate", "3"])
+    with pytest.raises(UsageError, match=r"'configs/quickstart.yaml'.*Did you mean `--config configs/quickstart"):
+        parse_args(["configs/quickstart.yaml"])
 
 
 def test_missing_config_file():
@@ -156,6 +159,8 @@ def test_arguments_that_agree_are_accepted(tmp_path):
         ("horizontal_flip: maybe\n", r"`horizontal_flip` .* must be true or false, got 'maybe'"),
         ("include_labels: cat\n", r"`include_labels` .* must be a list, e.g. `include_labels: \[cat, \.\.\.\]`"),
         ("eval_strategy: sometimes\n", r"`eval_strategy` .* must be one of \['no', 'steps', 'epoch'\]"),
+        ("recipe_precision: fp8\n", r"`recipe_precision` .*\(line 1\) must be one of \['bf16', 'float32'\]"),
+        ("ema_decay: often\n", r"`ema_decay` .*\(line 1\) must be a number, got 'often'"),
         ("model_type: scratch\n\tlearning_rate: 1\n", r"(?s)c\.yaml' is not valid YAML, line 2, column 1.*tabs"),
         ("model_type: [scratch\n", r"c\.yaml' is not valid YAML, line 2"),
     ],

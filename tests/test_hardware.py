@@ -1,12 +1,16 @@
 """Precision and attention chosen from the machine (`auto`), with the detection mocked; explicit choices are kept."""
 
-import logging
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from finetune import hardware
-from finetune.training_args import ImageClassificationTrainingArguments
+from finetune.arguments import parse_options
+from finetune.training_args import ImageClassificationTrainingArguments, build_training_args
 
 
 choose = hardware.choose_precision
@@ -81,46 +85,87 @@ def test_cpu_flags_name_native_bf16():
 
 
 @pytest.mark.parametrize("native", [False, True])
-def test_training_arguments_resolve_auto(tmp_path, monkeypatch, native):
+def test_the_settings_step_resolves_auto_and_the_arguments_take_its_values(tmp_path, monkeypatch, native):
     monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda flags=None: native)
     monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
-    args = ImageClassificationTrainingArguments(output_dir=str(tmp_path), use_cpu=True)
-    assert args.bf16 is native and args.fp16 is False
+    options = {"output_dir": str(tmp_path), "use_cpu": True, "bf16": "auto", "fp16": "auto", "tf32": "auto"}
+    settings = hardware.choose_settings(options)
+    assert options["bf16"] == "auto", "choosing reads the options, it does not rewrite them"
+    assert settings.arguments["bf16"] is native and settings.arguments["torch_compile"] is False
+    assert ("has native bf16" if native else "no native bf16") in settings.precision.summary
+    assert not settings.compile.enabled and "eager on cpu" in settings.compile.summary
+    args = build_training_args(options, settings)
+    assert args.bf16 is native and args.fp16 is False and args.use_cpu and not args.dataloader_pin_memory
     assert args.mixed_precision == ("bf16" if native else "no")
-    assert ("has native bf16" if native else "no native bf16") in args.precision_choice
 
 
-def test_explicit_bf16_on_a_cpu_without_it_warns(tmp_path, monkeypatch, caplog):
+def test_building_the_arguments_probes_nothing(tmp_path):
+    """`auto` left unresolved is refused: only the settings step chooses."""
+    with pytest.raises(ValueError, match=r"`bf16: auto` is not chosen yet: .*hardware.choose_settings"):
+        ImageClassificationTrainingArguments(output_dir=str(tmp_path), use_cpu=True)
+    args = ImageClassificationTrainingArguments(
+        output_dir=str(tmp_path), bf16=False, fp16=False, tf32=None, torch_compile=False
+    )
+    assert args.use_cpu is None and args.dataloader_pin_memory is None, "unset stays unset"
+
+
+def test_explicit_bf16_on_a_cpu_without_it_warns(monkeypatch):
     monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda flags=None: False)
-    with caplog.at_level(logging.WARNING):
-        args = ImageClassificationTrainingArguments(output_dir=str(tmp_path), use_cpu=True, bf16=True)
-    assert args.bf16 and args.mixed_precision == "bf16"
-    assert any(f"{hardware.CPU_BF16_SLOWDOWN} slower" in record.getMessage() for record in caplog.records)
+    settings = hardware.choose_settings({"use_cpu": True, "bf16": "true"})
+    assert settings.arguments["bf16"] is True
+    assert any(f"{hardware.CPU_BF16_SLOWDOWN} slower" in warning for warning in settings.warnings)
 
 
 @pytest.mark.parametrize("native", [False, True])
-def test_a_recipe_for_the_other_precision_names_the_one_to_use(tmp_path, monkeypatch, caplog, native):
+def test_a_recipe_for_the_other_precision_names_the_one_to_use(tmp_path, monkeypatch, native):
     """The two 30-minute CPU recipes each name the other: the one tuned for bf16 warns on a CPU that trains in
     float32, and the float32 one on a CPU with native bf16; the recipe that fits says nothing."""
-    from finetune.arguments import load_yaml_config
-
     monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda flags=None: native)
     monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
     configs = {}
     for name in ("cifar10_scratch_cpu30_stem.yaml", "cifar10_scratch_cpu30_stem_h48l4.yaml"):
-        config = load_yaml_config(ROOT / "configs" / name)
-        configs[config["recipe_precision"]] = (f"configs/{name}", config["recipe_alternative"])
-    assert configs["bf16"][1] == configs["float32"][0] and configs["float32"][1] == configs["bf16"][0]
-    for precision, (_, alternative) in configs.items():
-        caplog.clear()
-        with caplog.at_level(logging.WARNING):
-            ImageClassificationTrainingArguments(
-                output_dir=str(tmp_path), use_cpu=True, recipe_precision=precision, recipe_alternative=alternative
-            )
-        warned = [r.getMessage() for r in caplog.records if "This recipe is tuned for" in r.getMessage()]
+        *_, options = parse_options(["--config", str(ROOT / "configs" / name), "--use_cpu", "true"])
+        configs[options["recipe_precision"]] = (f"configs/{name}", options)
+    assert configs["bf16"][1]["recipe_alternative"] == configs["float32"][0]
+    assert configs["float32"][1]["recipe_alternative"] == configs["bf16"][0]
+    for precision, (_, options) in configs.items():
+        warned = [w for w in hardware.choose_settings(options).warnings if "This recipe is tuned for" in w]
         if precision == ("bf16" if native else "float32"):
             assert warned == []
         else:
-            assert len(warned) == 1 and f"Use {alternative}, the recipe for it." in warned[0]
+            assert len(warned) == 1 and f"Use {options['recipe_alternative']}, the recipe for it." in warned[0]
     with pytest.raises(ValueError, match="`recipe_precision` must be `bf16` or `float32`"):
-        ImageClassificationTrainingArguments(output_dir=str(tmp_path), use_cpu=True, recipe_precision="fp8")
+        build_training_args({"output_dir": str(tmp_path), "recipe_precision": "fp8"}, hardware.choose_settings({}))
+
+
+WORLD_SIZE_AND_TIMEOUT = """
+import sys, time
+import torch.distributed as dist
+from finetune.arguments import parse_args
+
+*_, args = parse_args(["--output_dir", sys.argv[1], "--ddp_timeout", "3", "--report_to", "none"])
+print(f"process {args.process_index} of {args.world_size}, cpu {args.use_cpu}", flush=True)
+if args.process_index == 1:
+    time.sleep(15)  # a frozen peer
+else:
+    start = time.monotonic()
+    try:
+        dist.barrier()
+    except RuntimeError:
+        print(f"barrier gave up after {time.monotonic() - start:.1f} s", flush=True)
+"""
+
+
+def test_two_cpu_processes_join_one_group_with_the_ddp_timeout(tmp_path):
+    """transformers passes no timeout to accelerate on the CPU; the settings step starts the group with it."""
+    script = tmp_path / "script.py"
+    script.write_text(WORLD_SIZE_AND_TIMEOUT)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+               str(ROOT / "configs" / "accelerate" / "cpu_2proc.yaml"), "--main_process_port", "0",
+               str(script), str(tmp_path / "out")]  # fmt: skip
+    result = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    output = result.stdout + result.stderr
+    assert "process 0 of 2, cpu True" in output and "process 1 of 2, cpu True" in output, output[-3000:]
+    waited = float(re.search(r"barrier gave up after ([\d.]+) s", output).group(1))
+    assert 2 < waited < 10, f"the 3 s ddp_timeout must reach the process group (waited {waited} s)"

@@ -3,8 +3,8 @@ reason) in finetune/trainer.py's docstring. These tests fail, by name, the day a
 two, and the day our code starts to lean on another private Trainer method."""
 
 import ast
-import re
 import inspect
+import re
 from pathlib import Path
 
 import transformers

@@ -161,7 +161,7 @@ def setup_logging(training_args: TrainingArguments, settings: hardware.Settings)
     warnings."""
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(ConsoleFormatter())
-    logging.basicConfig(handlers=[handler], force=True)
+    logging.basicConfig(handlers=[handler])  # a no-op where the root logger has handlers already (tests, notebooks)
     passive = training_args.log_level == "passive"
     ours = training_args.get_process_log_level() if not passive else logging.INFO
     libraries = logging.WARNING if passive else ours

@@ -203,6 +203,9 @@ class DataArguments:
     rand_augment_magnitude: float = option(
         1.0, "Largest magnitude of `rand_augment_ops`, as a share of each op's range."
     )
+    random_erasing: float = option(
+        0.0, "Probability of erasing a random box of each training image (timm's `--reprob`); 0 disables it."
+    )
 
     def __post_init__(self):
         self.random_resized_crop = str(self.random_resized_crop).lower()  # YAML reads `true` as a bool
@@ -243,6 +246,8 @@ class DataArguments:
             raise ValueError(f"`rand_augment_ops` must be >= 0, got {self.rand_augment_ops}.")
         if not 0 < self.rand_augment_magnitude <= 1:
             raise ValueError(f"`rand_augment_magnitude` must be in (0, 1], got {self.rand_augment_magnitude}.")
+        if not 0 <= self.random_erasing <= 1:
+            raise ValueError(f"`random_erasing` must be a probability in [0, 1], got {self.random_erasing}.")
 
 
 @dataclass
@@ -261,6 +266,7 @@ class ScratchViTArguments:
     hidden_act: str | None = None
     hidden_dropout_prob: float | None = None
     attention_probs_dropout_prob: float | None = None
+    drop_path_rate: float | None = None
     qkv_bias: bool | None = None
     qk_norm: bool | None = None
     layer_norm_eps: float | None = None
@@ -346,6 +352,20 @@ class TrainingLoopArguments:
         0.0,
         "CutMix of training batches with ratio ~ Beta(alpha, alpha); 0 disables it. With MixUp also on, each batch "
         "uses one of the two at random.",
+    )
+    early_stopping_patience: int | None = option(
+        None,
+        "Stop training after this many evaluations in a row without an improvement of `metric_for_best_model` "
+        "(transformers' EarlyStoppingCallback); the best model is kept. Default: off.",
+    )
+    early_stopping_threshold: float = option(
+        0.0, "With `early_stopping_patience`: the least improvement of the metric that counts as one."
+    )
+    class_weighting: str = option(
+        "none",
+        "`balanced`: weight each class's loss by images / (classes x the class's images) (scikit-learn's "
+        "`compute_class_weight`), against class imbalance; `none`: unweighted.",
+        choices=["none", "balanced"],
     )
     recipe_precision: str | None = option(
         None,

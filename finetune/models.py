@@ -102,7 +102,8 @@ def build_model(
     """Build the model of `model_type` (`pretrained` or `scratch`) for `data`'s labels, its image processor (saved
     with the model so `pipeline()` works) and the preprocessing the batch transform applies."""
     if model_type == "pretrained":
-        model, processor = _load_pretrained(model_args, data)
+        drop_path_rate = getattr(scratch_args, "drop_path_rate", None)
+        model, processor = _load_pretrained(model_args, data, drop_path_rate)
         model = apply_finetune_method(model, model_args)
     elif model_type == "scratch":
         model, processor = _build_scratch(scratch_args, data, model_args.attn_implementation)
@@ -267,16 +268,22 @@ def _load_config(model_args: ModelArguments):
         raise OSError(_unreachable_message("model", model_args.model_name_or_path, error)) from error
 
 
-def _load_pretrained(model_args: ModelArguments, data: ImageData):
+def _load_pretrained(model_args: ModelArguments, data: ImageData, drop_path_rate: float | None = None):
     path = model_args.model_name_or_path
     _check_model_path(path)
     if os.path.isdir(os.path.expanduser(path)):
         check_local_checkpoint(os.path.expanduser(path), model_args.trust_remote_code)
     original = _load_config(model_args)
     # Relabelled as `from_pretrained(path, num_labels=..., id2label=...)` would do it, without reading it again.
-    config = type(original).from_dict(
-        original.to_dict(), num_labels=len(data.label_names), id2label=data.id2label, label2id=data.label2id
-    )
+    overrides = {"num_labels": len(data.label_names), "id2label": data.id2label, "label2id": data.label2id}
+    if drop_path_rate is not None:
+        if not hasattr(original, "drop_path_rate"):
+            raise ValueError(
+                f"`drop_path_rate`: {path} ({original.model_type}) has no stochastic depth. Drop the option, or "
+                "fine-tune a model that has it (BEiT, Swin, ConvNeXt, DINOv2, ScratchViT)."
+            )
+        overrides["drop_path_rate"] = drop_path_rate
+    config = type(original).from_dict(original.to_dict(), **overrides)
     try:
         model = AutoModelForImageClassification.from_pretrained(
             path,

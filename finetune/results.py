@@ -45,7 +45,8 @@ class EvalMetrics:
 
 @dataclass
 class TrainMetrics:
-    """Training done by this process (a resumed run counts only what it trained itself)."""
+    """The training of the whole run (a resumed run's before and after the resume): mean loss of its steps, seconds of
+    its training loop, steps; `data_seconds` only from benchmarks/timed_run.py."""
 
     loss: float | None = None
     seconds: float | None = None
@@ -53,6 +54,7 @@ class TrainMetrics:
     steps: int | None = None
     images_per_second: float | None = None
     nonfinite_steps: int | None = None  # optimizer steps skipped for a non-finite loss or gradient
+    stopped_by: str | None = None  # "early_stopping" or "time_budget" when one ended training before its epochs
 
 
 @dataclass

@@ -49,7 +49,7 @@ from finetune.models import (  # noqa: E402
     storage_size,
 )
 from finetune.results import EvalMetrics, Results, TrainMetrics, history_from_log_history  # noqa: E402
-from finetune.trainer import ImageClassificationTrainer  # noqa: E402
+from finetune.trainer import ImageClassificationTrainer, balanced_class_weights  # noqa: E402
 from finetune.training_args import ImageClassificationTrainingArguments, build_training_args  # noqa: E402
 
 
@@ -272,6 +272,7 @@ def train_and_evaluate(
             seconds=clock.train_seconds,
             steps=clock.steps,
             nonfinite_steps=trainer.guard.bad_steps,
+            stopped_by=trainer.stopped_by,
             # Steps x batch size overcounts the last, partial batch of each epoch by less than one batch.
             images_per_second=clock.steps * total_batch_size / clock.train_seconds if clock.train_seconds else None,
         ),
@@ -337,6 +338,7 @@ def make_trainer(
         horizontal_flip=data_args.horizontal_flip,
         rand_augment_ops=data_args.rand_augment_ops,
         rand_augment_magnitude=data_args.rand_augment_magnitude,
+        random_erasing=data_args.random_erasing,
         random_resized_crop=use_random_resized_crop(
             data_args.random_resized_crop, data.train.image_size, prep.image_size
         ),
@@ -344,6 +346,8 @@ def make_trainer(
         crop_ratio=data_args.crop_ratio,
     )
     logger.info(describe_augmentation(batch_transform))
+    weighted = getattr(args, "class_weighting", "none") == "balanced" and args.do_train
+    class_weights = balanced_class_weights(data.train.labels, data.label_names) if weighted else None
     return ImageClassificationTrainer(
         model=model,
         args=args,
@@ -355,6 +359,7 @@ def make_trainer(
         batch_transform=batch_transform,
         layer_decay=layer_decay,
         compile_choice=compile_choice,
+        class_weights=class_weights,
     )
 
 
@@ -505,8 +510,17 @@ def hyperparameters(
         "world_size": args.world_size,
         **{
             name: getattr(args, name)
-            for name in ("max_train_minutes", "ema_decay", "mixup_alpha", "cutmix_alpha", "flip_tta")
-            if getattr(args, name) not in (None, False, 0.0)
+            for name in (
+                "max_train_minutes",
+                "ema_decay",
+                "mixup_alpha",
+                "cutmix_alpha",
+                "flip_tta",
+                "early_stopping_patience",
+                "early_stopping_threshold",
+                "class_weighting",
+            )  # fmt: skip
+            if getattr(args, name) not in (None, False, 0.0, "none")
         },
     }
 

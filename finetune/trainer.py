@@ -26,9 +26,10 @@ message the day transformers changes them):
 
 import os
 
+import numpy as np
 import torch
 import torch.nn.functional as F
-from transformers import ProgressCallback, Trainer
+from transformers import EarlyStoppingCallback, ProgressCallback, Trainer
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_optimizer import is_optimizer_factory
 from transformers.trainer_utils import get_last_checkpoint
@@ -60,9 +61,25 @@ class TrainingInterrupted(KeyboardInterrupt):
         self.exit_status = 128 + signum
 
 
-def classification_loss(logits: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
-    """Cross-entropy of `logits` (B, K) against class indices (B,) or class probabilities (B, K), in float32."""
-    return F.cross_entropy(logits.float(), targets, label_smoothing=label_smoothing)
+def classification_loss(logits, targets, label_smoothing: float = 0.0, weight: torch.Tensor | None = None):
+    """Cross-entropy of `logits` (B, K) against class indices (B,) or class probabilities (B, K), in float32, with
+    optional per-class weights (K,)."""
+    return F.cross_entropy(logits.float(), targets, weight=weight, label_smoothing=label_smoothing)
+
+
+def balanced_class_weights(labels: torch.Tensor, label_names: list[str]) -> torch.Tensor:
+    """scikit-learn's `compute_class_weight("balanced")`: images / (classes x the class's images), per class."""
+    from sklearn.utils.class_weight import compute_class_weight
+
+    counts = torch.bincount(labels, minlength=len(label_names))
+    empty = [label_names[i] for i in torch.nonzero(counts == 0).flatten().tolist()]
+    if empty:
+        raise ValueError(
+            f"`class_weighting: balanced` needs training images of every class, and {', '.join(empty[:5])} has "
+            "none. Keep only the classes with images (`include_labels`), or set `class_weighting: none`."
+        )
+    weights = compute_class_weight("balanced", classes=np.arange(len(label_names)), y=labels.numpy())
+    return torch.tensor(weights, dtype=torch.float32)
 
 
 class ImageClassificationTrainer(Trainer):
@@ -73,14 +90,17 @@ class ImageClassificationTrainer(Trainer):
         batch_transform: `finetune.augment.BatchTransform`, called as `batch_transform(pixel_values, train=...)`.
         compile_choice: how `torch_compile` was resolved for this machine (`finetune.hardware.choose_compile`).
         layer_decay: per-layer learning-rate decay of `parameter_groups` (BEiT's), or None.
+        class_weights: per-class weights (K,) of the training loss (`class_weighting: balanced`), or None.
     """
 
-    def __init__(self, *args, batch_transform, compile_choice: CompileChoice | None = None, layer_decay=None, **kw):
+    def __init__(self, *args, batch_transform, compile_choice: CompileChoice | None = None, layer_decay=None,
+                 class_weights: torch.Tensor | None = None, **kw):  # fmt: skip
         super().__init__(*args, **kw)
         # `compute_loss` returns a micro-batch's mean loss; the Trainer then divides it by the accumulation steps.
         self.model_accepts_loss_kwargs = False
         self.batch_transform = batch_transform.to(self.args.device)
         self.layer_decay = layer_decay
+        self.class_weights = class_weights.to(self.args.device) if class_weights is not None else None
         a = self.args
         self.mix = None
         if a.mixup_alpha > 0 or a.cutmix_alpha > 0:
@@ -95,6 +115,10 @@ class ImageClassificationTrainer(Trainer):
         if a.max_train_minutes is not None:
             budget = TrainingBudgetCallback(a.max_train_minutes, self.clock, fit_schedule=a.budget_schedule)
             callbacks.append(budget)
+        self.early_stopping = None
+        if a.early_stopping_patience is not None:
+            self.early_stopping = EarlyStoppingCallback(a.early_stopping_patience, a.early_stopping_threshold)
+            callbacks.append(self.early_stopping)
         if not a.disable_tqdm:
             self.remove_callback(ProgressCallback)
             callbacks.append(QuietProgress(budget))
@@ -124,7 +148,7 @@ class ImageClassificationTrainer(Trainer):
             pixel_values, targets = self.mix(pixel_values, targets)  # targets (B,) -> (B, K)
         forward = self.compiler.module_for(model, pixel_values.shape[0])
         outputs = forward(pixel_values=pixel_values)
-        loss = classification_loss(outputs.logits, targets, self.args.label_smoothing_factor)
+        loss = classification_loss(outputs.logits, targets, self.args.label_smoothing_factor, self.class_weights)
         return (loss, outputs) if return_outputs else loss
 
     # ---- Evaluation and prediction.
@@ -178,6 +202,13 @@ class ImageClassificationTrainer(Trainer):
             self._close_progress_bars()
             message = f"{error} {self._after_divergence(error)}"
             raise TrainingDiverged(message, error.step, error.learning_rate) from None
+        if self.stopped_by == "early_stopping":
+            a = self.args
+            logger.info(
+                f"Early stopping at epoch {self.state.epoch:.2f}: `{a.metric_for_best_model}` did not improve by more "
+                f"than {a.early_stopping_threshold} in {a.early_stopping_patience} evaluations; kept the best model "
+                f"({self.state.best_model_checkpoint})."
+            )
         signum = self.guard.stop_agreed  # the same in every process, signalled or not
         if signum:
             last = get_last_checkpoint(self.args.output_dir) if os.path.isdir(self.args.output_dir) else None
@@ -188,6 +219,15 @@ class ImageClassificationTrainer(Trainer):
                 signum,
             )
         return output
+
+    @property
+    def stopped_by(self) -> str | None:
+        """What ended training before its epochs: `early_stopping`, `time_budget`, or None."""
+        stopping = self.early_stopping
+        if stopping is not None and stopping.early_stopping_patience_counter >= stopping.early_stopping_patience:
+            return "early_stopping"
+        budget = next((c for c in self.callback_handler.callbacks if isinstance(c, TrainingBudgetCallback)), None)
+        return "time_budget" if budget is not None and budget.stopped_at is not None else None
 
     def _close_progress_bars(self) -> None:
         for callback in self.callback_handler.callbacks:

@@ -145,6 +145,16 @@ def check_training_arguments(args: ImageClassificationTrainingArguments) -> None
         raise ValueError(
             f"`mixup_alpha` and `cutmix_alpha` must be >= 0, got {args.mixup_alpha} and {args.cutmix_alpha}."
         )
+    if args.early_stopping_patience is not None:
+        if args.early_stopping_patience < 1:
+            raise ValueError(
+                f"`early_stopping_patience` must be >= 1 evaluations, got {args.early_stopping_patience}."
+            )
+        if not args.load_best_model_at_end or args.metric_for_best_model is None:
+            raise ValueError(
+                "`early_stopping_patience` keeps the best model, so it needs `load_best_model_at_end: true` and a "
+                "`metric_for_best_model` (the defaults): drop the setting that turned them off."
+            )
 
 
 class OptionParser(ArgumentParser, HfArgumentParser):

@@ -38,6 +38,9 @@ class ScratchViTConfig(PretrainedConfig):
             Dropout on the embeddings, the attention output projection and the MLP output.
         attention_probs_dropout_prob (`float`, *optional*, defaults to 0.0):
             Dropout on the attention probabilities.
+        drop_path_rate (`float`, *optional*, defaults to 0.0):
+            Stochastic depth: the largest probability of dropping a block's residual branch for a sample in training,
+            rising linearly from 0 at the first block to this at the last (as in timm and DeiT).
         qkv_bias (`bool`, *optional*, defaults to `True`):
             Whether the fused query/key/value projection has a bias.
         qk_norm (`bool`, *optional*, defaults to `False`):
@@ -97,6 +100,7 @@ class ScratchViTConfig(PretrainedConfig):
         hidden_act: str = "gelu",
         hidden_dropout_prob: float = 0.0,
         attention_probs_dropout_prob: float = 0.0,
+        drop_path_rate: float = 0.0,
         qkv_bias: bool = True,
         qk_norm: bool = False,
         layer_norm_eps: float = 1e-12,
@@ -120,6 +124,7 @@ class ScratchViTConfig(PretrainedConfig):
         self.hidden_act = hidden_act
         self.hidden_dropout_prob = hidden_dropout_prob
         self.attention_probs_dropout_prob = attention_probs_dropout_prob
+        self.drop_path_rate = drop_path_rate
         self.qkv_bias = qkv_bias
         self.qk_norm = qk_norm
         self.layer_norm_eps = layer_norm_eps
@@ -154,7 +159,7 @@ class ScratchViTConfig(PretrainedConfig):
         for name in ("qkv_bias", "qk_norm"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"`{name}` must be true or false, got {getattr(self, name)!r}.")
-        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "head_dropout_prob"):
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "head_dropout_prob", "drop_path_rate"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
                 raise ValueError(f"`{name}` must be a probability in [0, 1), got {value!r}. Use e.g. `{name}=0.1`.")

@@ -249,22 +249,39 @@ class ScratchViTMLP(nn.Module):
         return self.dropout(self.fc2(self.act(self.fc1(hidden_states))))
 
 
-class ScratchViTLayer(GradientCheckpointingLayer):
-    """A pre-norm encoder block: x + attention(LN(x)), then x + MLP(LN(x))."""
+class ScratchViTDropPath(nn.Module):
+    """Stochastic depth: in training, zeroes a residual branch for each sample with probability `p` and scales the kept
+    ones by 1 / (1 - p), so the expected output is unchanged."""
 
-    def __init__(self, config: ScratchViTConfig):
+    def __init__(self, p: float):
+        super().__init__()
+        self.p = p
+
+    def forward(self, branch: torch.Tensor) -> torch.Tensor:
+        if not self.training:
+            return branch
+        keep = torch.empty(branch.shape[:1] + (1,) * (branch.ndim - 1), device=branch.device, dtype=branch.dtype)
+        return branch * keep.bernoulli_(1 - self.p) / (1 - self.p)  # (B, 1, 1) mask on (B, T, C)
+
+
+class ScratchViTLayer(GradientCheckpointingLayer):
+    """A pre-norm encoder block: x + attention(LN(x)), then x + MLP(LN(x)); with stochastic depth, each residual
+    branch is dropped per sample with probability `drop_path`."""
+
+    def __init__(self, config: ScratchViTConfig, drop_path: float = 0.0):
         super().__init__()
         self.layernorm_before = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.attention = ScratchViTAttention(config)
         self.layernorm_after = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.mlp = ScratchViTMLP(config)
+        self.drop_path = ScratchViTDropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def forward(
         self, hidden_states: torch.Tensor, output_attentions: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         attention_output, probs = self.attention(self.layernorm_before(hidden_states), output_attentions)
-        hidden_states = hidden_states + attention_output
-        hidden_states = hidden_states + self.mlp(self.layernorm_after(hidden_states))
+        hidden_states = hidden_states + self.drop_path(attention_output)
+        hidden_states = hidden_states + self.drop_path(self.mlp(self.layernorm_after(hidden_states)))
         return hidden_states, probs
 
 
@@ -273,7 +290,10 @@ class ScratchViTEncoder(nn.Module):
 
     def __init__(self, config: ScratchViTConfig):
         super().__init__()
-        self.layer = nn.ModuleList([ScratchViTLayer(config) for _ in range(config.num_hidden_layers)])
+        # Stochastic depth rises linearly with depth, from 0 at the first block to `drop_path_rate` at the last.
+        L = config.num_hidden_layers
+        rates = [config.drop_path_rate * i / max(L - 1, 1) for i in range(L)]
+        self.layer = nn.ModuleList([ScratchViTLayer(config, rate) for rate in rates])
         self.gradient_checkpointing = False
 
     def forward(

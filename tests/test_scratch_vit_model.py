@@ -255,8 +255,9 @@ def test_missing_pixel_values_raises():
         {"hidden_dropout_prob": 0.2},
         {"attention_probs_dropout_prob": 0.3},
         {"head_dropout_prob": 0.5, "head_type": "mlp"},
+        {"drop_path_rate": 0.5},
     ],
-    ids=["hidden", "attention", "head"],
+    ids=["hidden", "attention", "head", "drop-path"],
 )
 @pytest.mark.parametrize("output_attentions", [False, True], ids=["sdpa", "explicit"])
 def test_dropout_only_in_train_mode(dropout, output_attentions):
@@ -270,6 +271,20 @@ def test_dropout_only_in_train_mode(dropout, output_attentions):
     first = model(pixels, output_attentions=output_attentions).logits
     second = model(pixels, output_attentions=output_attentions).logits
     assert not torch.allclose(first, second)
+
+
+def test_drop_path_rises_with_depth_and_drops_whole_samples():
+    model = ScratchViTModel(tiny_config(drop_path_rate=0.3, num_hidden_layers=4))
+    assert isinstance(model.encoder.layer[0].drop_path, torch.nn.Identity)  # the first block is never dropped
+    assert [layer.drop_path.p for layer in model.encoder.layer[1:]] == pytest.approx([0.1, 0.2, 0.3])
+    drop = model.encoder.layer[3].drop_path.train()
+    torch.manual_seed(0)
+    out = drop(torch.ones(2000, 5, 4))  # (B, T, C): each sample's branch is kept whole (scaled) or dropped whole
+    kept = out[:, 0, 0] != 0
+    assert torch.equal(out[kept], torch.full_like(out[kept], 1 / 0.7)) and torch.equal(out[~kept], out[~kept] * 0)
+    assert abs(kept.float().mean().item() - 0.7) < 0.03
+    with pytest.raises(ValueError, match="drop_path_rate"):
+        tiny_config(drop_path_rate=1.0)
 
 
 def test_no_dropout_train_equals_eval():

@@ -13,7 +13,10 @@ mean-pooled ScratchViT has no CLS token; its classifier sees the mean of all tok
 query tokens instead, and the figure title says so.
 """
 
+from __future__ import annotations
+
 import argparse
+import logging
 import math
 import os
 import sys
@@ -21,31 +24,18 @@ import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-import matplotlib
-import numpy as np
-import torch
-import torch.nn.functional as F
-from matplotlib.figure import Figure
-from PIL import Image
-from transformers.utils import logging
+from typing import TYPE_CHECKING
 
 from finetune.errors import run_command
-from finetune.models import photo_size
-from finetune.tools.predict import (
-    add_model_arguments,
-    check_image_size,
-    classifier_from_arguments,
-    image_mode,
-    load_images,
-    model_preprocessing,
-    model_view,
-    needs_interpolation,
-    preprocess,
-)
+from finetune.tools.predict import add_model_arguments, classifier_from_arguments
 
 
-logger = logging.get_logger(__name__)
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+    from PIL import Image
+
+logger = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -63,6 +53,8 @@ def attention_rollout(attentions: Sequence[torch.Tensor]) -> torch.Tensor:
         `(..., T, T)` float32: row `i` is how much output token `i` of the last layer draws on each input token.
         Each layer's matrix is `A = normalize_rows(mean_heads(attention) + I)`; the result is `A_L @ ... @ A_1`.
     """
+    import torch
+
     if len(attentions) == 0:
         raise ValueError("`attentions` is empty: pass one attention tensor per layer (output_attentions=True).")
     rollout = None
@@ -107,6 +99,8 @@ def cls_attention_maps(
     Returns:
         `(layers, ..., gh, gw)` float32; for unbatched `(heads, T, T)` inputs, `(layers, gh, gw)`.
     """
+    import torch
+
     maps = [query_to_patch_scores(a.float().mean(dim=-3), num_prefix_tokens) for a in attentions]  # (..., N) each
     return _grid(torch.stack(maps), grid_size)  # (L, ..., N) -> (L, ..., gh, gw)
 
@@ -125,6 +119,9 @@ def rollout_map(
 
 def upsample_map(heatmap: torch.Tensor, size: tuple[int, int]) -> np.ndarray:
     """Bilinearly upsample a `(gh, gw)` map to `size` = (height, width) and scale it to [0, 1]."""
+    import torch
+    import torch.nn.functional as F
+
     upsampled = F.interpolate(heatmap[None, None].float(), size=size, mode="bilinear", align_corners=False)[0, 0]
     low, high = upsampled.min(), upsampled.max()
     scaled = (upsampled - low) / (high - low) if high > low else torch.zeros_like(upsampled)
@@ -133,6 +130,9 @@ def upsample_map(heatmap: torch.Tensor, size: tuple[int, int]) -> np.ndarray:
 
 def overlay_heatmap(image: Image.Image, heatmap: torch.Tensor, alpha: float = 0.5, cmap: str = "jet") -> np.ndarray:
     """The image (RGB) blended with the colored, upsampled heatmap: `(H, W, 3)` uint8 at the image's size."""
+    import matplotlib
+    import numpy as np
+
     base = np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0  # (H, W, 3)
     colored = matplotlib.colormaps[cmap](upsample_map(heatmap, base.shape[:2]))[..., :3]  # (H, W) -> (H, W, 3)
     return (255 * ((1 - alpha) * base + alpha * colored)).round().astype(np.uint8)
@@ -141,6 +141,8 @@ def overlay_heatmap(image: Image.Image, heatmap: torch.Tensor, alpha: float = 0.
 def display_image(image: Image.Image, min_side: int = 224) -> Image.Image:
     """The image in RGB, enlarged (keeping its aspect ratio) so its longer side is at least `min_side` pixels:
     a 32x32 CIFAR image would show as a few blocks."""
+    from PIL import Image
+
     image = image.convert("RGB")
     scale = min_side / max(image.size)
     if scale > 1:
@@ -160,13 +162,16 @@ class AttentionMaps:
     score: float
 
 
-@torch.inference_mode()
 def compute_attention_maps(model, processor, image: Image.Image, image_size: int | None = None) -> AttentionMaps:
     """Run one image through the model with `output_attentions=True` and reduce the attentions to maps.
 
     The model must return real attention probabilities: ScratchViT always does when asked; load transformers' ViT
     with `attn_implementation="eager"` (SDPA returns none).
     """
+    import torch
+
+    from finetune.tools.predict import check_image_size, image_mode, needs_interpolation, preprocess
+
     no_attention = ValueError(
         f"{type(model).__name__} has no attention to draw (a {model.config.model_type} model); attention maps need a "
         "vision transformer: ScratchViT, ViT, DeiT, ..."
@@ -178,7 +183,8 @@ def compute_attention_maps(model, processor, image: Image.Image, image_size: int
     pixel_values = preprocess([image.convert(image_mode(model))], model, processor, image_size)  # (1, C, H, W)
     kwargs = {"interpolate_pos_encoding": True} if needs_interpolation(model, image_size) else {}
     device = next(model.parameters()).device
-    outputs = model(pixel_values=pixel_values.to(device), output_attentions=True, **kwargs)
+    with torch.inference_mode():
+        outputs = model(pixel_values=pixel_values.to(device), output_attentions=True, **kwargs)
     if not hasattr(outputs, "attentions"):
         raise no_attention
     if not outputs.attentions:
@@ -219,6 +225,9 @@ def plot_attention_figure(
     image: Image.Image, maps: AttentionMaps, path: str | os.PathLike, title: str | None = None
 ) -> Path:
     """One PNG: the input, the rollout and each layer's map overlaid on the image, in a grid of equal panels."""
+    import numpy as np
+    from matplotlib.figure import Figure
+
     shown = display_image(image)
     panels = [("Input", np.asarray(shown)), ("Attention rollout", overlay_heatmap(shown, maps.rollout))]
     panels += [(f"Layer {i + 1}", overlay_heatmap(shown, m)) for i, m in enumerate(maps.layer_maps)]
@@ -245,6 +254,8 @@ def plot_attention_figure(
 
 def save_rollout_overlay(image: Image.Image, maps: AttentionMaps, path: str | os.PathLike) -> Path:
     """The rollout overlaid on the image as a plain PNG with the image's aspect ratio (enlarged if tiny)."""
+    from PIL import Image
+
     path = Path(path)
     shown = display_image(image)
     Image.fromarray(overlay_heatmap(shown, maps.rollout)).save(path)
@@ -260,6 +271,9 @@ def write_attention_maps(
 ) -> list[Path]:
     """Write `<name>_attention.png` and `<name>_rollout.png` for every image into `output_dir`; returns the paths.
     Images that cannot be read are logged and skipped."""
+    from finetune.models import photo_size
+    from finetune.tools.predict import load_images, model_preprocessing, model_view
+
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     written, used_names = [], set()

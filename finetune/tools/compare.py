@@ -11,13 +11,12 @@ from `finetune/tools/report.py`.
 
 import argparse
 import json
+import logging
 import os
 import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-
-from transformers.utils import logging
 
 from finetune.errors import run_command
 from finetune.results import Results, find_run_dirs
@@ -32,7 +31,7 @@ from finetune.tools.report import (
 )
 
 
-logger = logging.get_logger(__name__)
+logger = logging.getLogger(__name__)
 
 REPORT_NAME = "report.md"
 SUMMARY_NAME = "comparison.json"

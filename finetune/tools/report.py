@@ -2,8 +2,11 @@
 (`finetune/tools/compare.py`), the model card (`finetune/tools/model_card.py`) and the benchmarks.
 
 Plots use matplotlib's object-oriented API (`matplotlib.figure.Figure`) on the Agg canvas, so no display is needed and
-no global backend is switched.
+no global backend is switched. numpy and matplotlib are imported by the functions that use them, so the commands that
+import this module start at once.
 """
+
+from __future__ import annotations
 
 import csv
 import math
@@ -11,12 +14,14 @@ import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-
-import numpy as np
-from matplotlib.figure import Figure
+from typing import TYPE_CHECKING, Any
 
 from finetune.results import EvalMetrics, HistoryRow, Results
+
+
+if TYPE_CHECKING:
+    import numpy as np
+    from matplotlib.figure import Figure
 
 
 MISSING = "—"
@@ -92,19 +97,9 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str
 # The runs' summary
 
 
-SUMMARY_COLUMNS = (
-    "Run",
-    "Architecture",
-    "Parameters",
-    "Initialisation",
-    "Dataset",
-    "Epochs",
-    "Training time",
-    "Images/s",
-    "Validation accuracy",
-    "Test accuracy",
-    "Top-5 accuracy",
-    "Macro F1",
+SUMMARY_COLUMNS = tuple(
+    "Run|Architecture|Parameters|Initialisation|Dataset|Epochs|Training time|Images/s|Validation accuracy|"
+    "Test accuracy|Top-5 accuracy|Macro F1".split("|")
 )
 # What the "Training time" and "Images/s" columns measure (`results.json`'s `train.seconds`).
 SUMMARY_NOTE = (
@@ -195,6 +190,8 @@ def write_predictions_csv(
 ) -> Path:
     """Per-image predictions of a split as CSV: `index` (position in the split), `label`, `predicted`, and the
     `top_k` classes by softmax probability (`top1`, `top1_probability`, `top2`, ...); labels by name."""
+    import numpy as np
+
     logits = np.asarray(logits, dtype=np.float64)
     probabilities = np.exp(logits - logits.max(axis=-1, keepdims=True))
     probabilities /= probabilities.sum(axis=-1, keepdims=True)
@@ -222,6 +219,8 @@ def write_predictions_csv(
 def plot_learning_curves(runs: Sequence[Results], names: Sequence[str], path: str | os.PathLike) -> Path:
     """One PNG with two panels on shared epoch axes: train (solid) and validation (dashed) loss of every run, and
     validation accuracy of every run. Each run keeps one color in both panels."""
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(12, 4.8), layout="constrained")
     ax_loss, ax_acc = fig.subplots(1, 2, sharex=True)
     for i, (run, name) in enumerate(zip(runs, names)):
@@ -243,6 +242,8 @@ def plot_learning_curves(runs: Sequence[Results], names: Sequence[str], path: st
 
 def plot_accuracy_over_time(runs: Sequence[Results], names: Sequence[str], path: str | os.PathLike) -> Path:
     """Validation accuracy (y) against wall-clock minutes of training (x), one line per run."""
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(7, 4.5), layout="constrained")
     ax = fig.subplots()
     for run, name in zip(runs, names):
@@ -279,6 +280,8 @@ def _save(fig: Figure, path: str | os.PathLike) -> Path:
 
 def normalize_confusion(matrix: Sequence[Sequence[int]]) -> np.ndarray:
     """Divide each row (a true class) by its count; a class with no samples keeps a row of zeros."""
+    import numpy as np
+
     matrix = np.asarray(matrix, dtype=np.float64)
     totals = matrix.sum(axis=1, keepdims=True)
     return np.divide(matrix, totals, out=np.zeros_like(matrix), where=totals > 0)
@@ -289,6 +292,9 @@ def plot_confusion_matrix(
 ) -> Path:
     """A confusion matrix PNG normalized per true class (rows), with label names on both axes; the cell values are
     written in when there are at most 20 classes ("–" in the row of a class with no samples)."""
+    import numpy as np
+    from matplotlib.figure import Figure
+
     normalized = normalize_confusion(matrix)
     n = normalized.shape[0]
     labels = list(label_names) if len(label_names) == n else [str(i) for i in range(n)]

@@ -30,14 +30,9 @@ IMAGE_COLUMNS = ("img", "image")
 LABEL_COLUMNS = ("label", "labels")
 TABLE_EXTENSIONS = {".parquet": "parquet", ".arrow": "arrow", ".csv": "csv"}
 SPLIT_ALIASES = {
-    "train": "train",
-    "training": "train",
-    "validation": "validation",
-    "valid": "validation",
-    "val": "validation",
-    "dev": "validation",
-    "test": "test",
-    "testing": "test",
+    **dict.fromkeys(("train", "training"), "train"),
+    **dict.fromkeys(("validation", "valid", "val", "dev"), "validation"),
+    **dict.fromkeys(("test", "testing"), "test"),
 }
 SKLEARN_DATASETS = ("sklearn:digits",)
 ACCEPTED_SOURCES = (

@@ -2,15 +2,11 @@
 
     python -m finetune.tools.attention OUTPUT_DIR cat.jpg dog.png --output attention_maps/
 
-For every image this writes `<name>_attention.png` (the input, the rollout, and the CLS token's attention to the
-patches in every layer, heads averaged, each upsampled and overlaid on the image) and `<name>_rollout.png` (the
-rollout overlaid on the image alone). The image is framed as the model sees it (`finetune.tools.predict.model_view`): a
-photo that is not square shows as its centre square.
-
-Attention rollout (Abnar & Zuidema, 2020, "Quantifying Attention Flow in Transformers"): average the heads, add the
-identity for the residual connection, renormalize the rows, multiply the layers' matrices, and read the CLS row. A
-mean-pooled ScratchViT has no CLS token; its classifier sees the mean of all tokens, so the maps use the mean over all
-query tokens instead, and the figure title says so.
+For every image: `<name>_attention.png` (the input, the rollout, and each layer's CLS attention to the patches, heads
+averaged, overlaid on the image as the model sees it, `finetune.tools.predict.model_view`) and `<name>_rollout.png`.
+Attention rollout (Abnar & Zuidema, 2020): average the heads, add the identity for the residual connection,
+renormalize the rows, multiply the layers' matrices, read the CLS row. A mean-pooled ScratchViT has no CLS token (its
+classifier sees the mean of all tokens), so its maps use the mean over all query tokens, and the title says so.
 """
 
 from __future__ import annotations
@@ -43,15 +39,10 @@ logger = logging.getLogger(__name__)
 
 
 def attention_rollout(attentions: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Attention rollout of Abnar & Zuidema (2020) through all layers.
+    """Attention rollout through all layers: `A_L @ ... @ A_1` with `A = normalize_rows(mean_heads(attention) + I)`.
 
-    Args:
-        attentions: one tensor per layer, first layer first, of shape `(..., heads, T, T)` (e.g. `(B, heads, T, T)`
-            as models return with `output_attentions=True`), rows summing to 1.
-
-    Returns:
-        `(..., T, T)` float32: row `i` is how much output token `i` of the last layer draws on each input token.
-        Each layer's matrix is `A = normalize_rows(mean_heads(attention) + I)`; the result is `A_L @ ... @ A_1`.
+    `attentions` holds one `(..., heads, T, T)` tensor per layer, first layer first, rows summing to 1. Returns
+    `(..., T, T)` float32: row `i` is how much output token `i` of the last layer draws on each input token.
     """
     import torch
 
@@ -88,17 +79,9 @@ def _grid(scores: torch.Tensor, grid_size: tuple[int, int]) -> torch.Tensor:
 def cls_attention_maps(
     attentions: Sequence[torch.Tensor], grid_size: tuple[int, int], num_prefix_tokens: int = 1
 ) -> torch.Tensor:
-    """Per-layer attention of the CLS token to the patches, heads averaged.
-
-    Args:
-        attentions: one `(..., heads, T, T)` tensor per layer.
-        grid_size: `(grid_height, grid_width)`, the patch grid of the image (`T = num_prefix_tokens + gh * gw`).
-        num_prefix_tokens: tokens before the patches (1 for a CLS token; 0 for a mean-pooled model, whose maps are
-            then the mean attention over all query tokens).
-
-    Returns:
-        `(layers, ..., gh, gw)` float32; for unbatched `(heads, T, T)` inputs, `(layers, gh, gw)`.
-    """
+    """Per-layer attention of the CLS token to the patches, heads averaged: `(layers, ..., gh, gw)` float32 from one
+    `(..., heads, T, T)` tensor per layer, with `T = num_prefix_tokens + gh * gw` (0 prefix tokens: a mean-pooled
+    model, whose maps are the mean attention over all query tokens)."""
     import torch
 
     maps = [query_to_patch_scores(a.float().mean(dim=-3), num_prefix_tokens) for a in attentions]  # (..., N) each
@@ -117,24 +100,19 @@ def rollout_map(
 # Images
 
 
-def upsample_map(heatmap: torch.Tensor, size: tuple[int, int]) -> np.ndarray:
-    """Bilinearly upsample a `(gh, gw)` map to `size` = (height, width) and scale it to [0, 1]."""
-    import torch
-    import torch.nn.functional as F
-
-    upsampled = F.interpolate(heatmap[None, None].float(), size=size, mode="bilinear", align_corners=False)[0, 0]
-    low, high = upsampled.min(), upsampled.max()
-    scaled = (upsampled - low) / (high - low) if high > low else torch.zeros_like(upsampled)
-    return scaled.numpy()
-
-
 def overlay_heatmap(image: Image.Image, heatmap: torch.Tensor, alpha: float = 0.5, cmap: str = "jet") -> np.ndarray:
-    """The image (RGB) blended with the colored, upsampled heatmap: `(H, W, 3)` uint8 at the image's size."""
+    """The image (RGB) blended with the `(gh, gw)` heatmap, bilinearly upsampled to the image, scaled to [0, 1] and
+    colored: `(H, W, 3)` uint8."""
     import matplotlib
     import numpy as np
+    import torch.nn.functional as F
 
     base = np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0  # (H, W, 3)
-    colored = matplotlib.colormaps[cmap](upsample_map(heatmap, base.shape[:2]))[..., :3]  # (H, W) -> (H, W, 3)
+    size = base.shape[:2]
+    upsampled = F.interpolate(heatmap[None, None].float(), size=size, mode="bilinear", align_corners=False)[0, 0]
+    low, high = upsampled.min(), upsampled.max()
+    scaled = ((upsampled - low) / (high - low) if high > low else upsampled * 0).numpy()  # (H, W) in [0, 1]
+    colored = matplotlib.colormaps[cmap](scaled)[..., :3]  # (H, W) -> (H, W, 3)
     return (255 * ((1 - alpha) * base + alpha * colored)).round().astype(np.uint8)
 
 
@@ -252,25 +230,13 @@ def plot_attention_figure(
     return path
 
 
-def save_rollout_overlay(image: Image.Image, maps: AttentionMaps, path: str | os.PathLike) -> Path:
-    """The rollout overlaid on the image as a plain PNG with the image's aspect ratio (enlarged if tiny)."""
+def write_attention_maps(
+    model, processor, image_paths: Sequence, output_dir, image_size: int | None = None
+) -> list[Path]:
+    """Write `<name>_attention.png` and `<name>_rollout.png` (the rollout on the image alone, enlarged if tiny) for
+    every image into `output_dir`; returns the paths. Images that cannot be read are logged and skipped."""
     from PIL import Image
 
-    path = Path(path)
-    shown = display_image(image)
-    Image.fromarray(overlay_heatmap(shown, maps.rollout)).save(path)
-    return path
-
-
-def write_attention_maps(
-    model,
-    processor,
-    image_paths: Sequence[str | os.PathLike],
-    output_dir: str | os.PathLike,
-    image_size: int | None = None,
-) -> list[Path]:
-    """Write `<name>_attention.png` and `<name>_rollout.png` for every image into `output_dir`; returns the paths.
-    Images that cannot be read are logged and skipped."""
     from finetune.models import photo_size
     from finetune.tools.predict import load_images, model_preprocessing, model_view
 
@@ -292,7 +258,8 @@ def write_attention_maps(
         maps = compute_attention_maps(model, processor, image, image_size)
         title = f"{image_path.name}, {type(model).__name__}"
         written.append(plot_attention_figure(image, maps, output_dir / f"{name}_attention.png", title))
-        written.append(save_rollout_overlay(image, maps, output_dir / f"{name}_rollout.png"))
+        Image.fromarray(overlay_heatmap(display_image(image), maps.rollout)).save(output_dir / f"{name}_rollout.png")
+        written.append(output_dir / f"{name}_rollout.png")
     return written
 
 
@@ -312,12 +279,9 @@ def main(argv: list[str] | None = None) -> list[Path]:
     model, processor = classifier_from_arguments(parser, args, attn_implementation="eager")
     written = write_attention_maps(model, processor, args.images, args.output, args.image_size)
     if not written:
-        raise ValueError(
-            f"None of {', '.join(args.images)} could be read as an image; nothing was written. Pass PNG, JPEG, ... "
-            "files."
-        )
-    for path in written:
-        print(path)
+        names = ", ".join(args.images)
+        raise ValueError(f"None of {names} could be read as an image; nothing was written. Pass PNG, JPEG, ... files.")
+    print("\n".join(map(str, written)))
     return written
 
 

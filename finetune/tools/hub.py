@@ -74,22 +74,41 @@ class HubPushError(RuntimeError):
 
 
 class HubRequestError(RuntimeError):
-    """A Hub request that failed on every attempt: with `cause` (a network error) or `status` (an HTTP answer).
-
-    Deliberately not an `httpx2` exception, so the retry loops inside huggingface_hub do not repeat what
-    `BoundedRetryTransport` has already retried.
-    """
-
-    def __init__(self, request: httpx2.Request, attempts: int, timeout: float, cause=None, status=None, detail=""):
-        self.method, self.url, self.attempts, self.timeout = request.method, request.url, attempts, timeout
-        self.cause, self.status, self.detail = cause, status, detail
-        what = _exception_name(cause) if status is None else f"HTTP {status}" + (f": {detail}" if detail else "")
-        tries = "1 attempt" if attempts == 1 else f"{attempts} attempts"
-        super().__init__(f"{request.method} {request.url.path} failed after {tries}: {what}")
+    """A Hub request that failed on every attempt; the message says why and what to do. Deliberately not an `httpx2`
+    exception, so the retry loops inside huggingface_hub do not repeat what `BoundedRetryTransport` has retried."""
 
 
-def _exception_name(error: BaseException | None) -> str:
+def _exception_name(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+
+
+def _request_failure(request: httpx2.Request, attempts: int, timeout: float, error=None, status=None, detail=""):
+    """The `HubRequestError` of a request that failed `attempts` times: with a network `error` or an HTTP `status`."""
+    where, url = f"{request.method} {request.url.path}", request.url
+    tries = "1 attempt" if attempts == 1 else f"{attempts} attempts"
+    endpoint = f"{url.scheme}://{url.host}" + (f":{url.port}" if url.port else "")
+    if status is not None:
+        return HubRequestError(_describe_status(status, where, detail, tries))
+    cause = _exception_name(error)
+    if isinstance(error, httpx2.TimeoutException):
+        return HubRequestError(
+            f"no answer from {endpoint} within {timeout:g} s on {where} ({tries}; {cause}); the Hub or the network is "
+            f"slow or down: retry later, or allow more time (--timeout or {TIMEOUT_ENV})"
+        )
+    if isinstance(error, httpx2.ConnectError):
+        return HubRequestError(
+            f"Could not reach {endpoint} ({tries}; {cause}): check the network connection (or HF_ENDPOINT)"
+        )
+    return HubRequestError(
+        f"the connection to {endpoint} broke on {where} ({tries}; {cause}); the Hub or a proxy dropped it: retry later"
+    )
+
+
+def _describe_status(status: int, where: str, detail: str, tries: str = "1 attempt") -> str:
+    text = f"HTTP {status}" + (f" on {where}" if where else "") + (f": {detail}" if detail else "")
+    text += f" ({tries})" if tries != "1 attempt" else ""
+    hint = HTTP_HINTS.get(status, "the Hub had a server error: retry later" if status >= 500 else "")
+    return f"{text}; {hint}" if hint else text
 
 
 class BoundedRetryTransport(httpx2.BaseTransport):
@@ -113,8 +132,7 @@ class BoundedRetryTransport(httpx2.BaseTransport):
             try:
                 response = self.inner.handle_request(request)
             except RETRY_EXCEPTIONS as error:
-                failure = HubRequestError(request, attempt, self.timeout, cause=error)
-                reason = _exception_name(error)
+                failure, reason = _request_failure(request, attempt, self.timeout, error=error), _exception_name(error)
             else:
                 seconds = time.perf_counter() - start
                 logger.debug(f"{request.method} {request.url.path}: {response.status_code} in {seconds:.1f} s")
@@ -123,7 +141,7 @@ class BoundedRetryTransport(httpx2.BaseTransport):
                 response.read()
                 response.close()
                 status, detail = response.status_code, _server_message(response.content)
-                failure = HubRequestError(request, attempt, self.timeout, status=status, detail=detail)
+                failure = _request_failure(request, attempt, self.timeout, status=status, detail=detail)
                 reason = f"HTTP {status}"
             if attempt == attempts:
                 raise failure
@@ -237,21 +255,7 @@ def retry_command(output_dir, repo_id, private=None, revision=None, commit_messa
 def _describe_failure(error: BaseException, endpoint: str) -> str:
     """Why a Hub call failed (the HTTP status and the server's message, or the network error) and what to do."""
     if isinstance(error, HubRequestError):
-        where = f"{error.method} {error.url.path}"
-        tries = "1 attempt" if error.attempts == 1 else f"{error.attempts} attempts"
-        if error.status is not None:
-            return _describe_status(error.status, where, error.detail, tries)
-        cause = _exception_name(error.cause)
-        if isinstance(error.cause, httpx2.TimeoutException):
-            return (
-                f"no answer from {endpoint} within {error.timeout:g} s on {where} ({tries}; {cause}); the Hub or "
-                f"the network is slow or down: retry later, or allow more time (--timeout or {TIMEOUT_ENV})"
-            )
-        if isinstance(error.cause, httpx2.ConnectError):
-            return f"Could not reach {endpoint} ({tries}; {cause}): check the network connection (or HF_ENDPOINT)"
-        return f"the connection to {endpoint} broke on {where} ({tries}; {cause}); the Hub or a proxy dropped it: " + (
-            "retry later"
-        )
+        return str(error)
     if isinstance(error, HfHubHTTPError) and error.response is not None:
         request = error.response.request
         where = f"{request.method} {request.url.path}" if request is not None else ""
@@ -260,14 +264,6 @@ def _describe_failure(error: BaseException, endpoint: str) -> str:
     if isinstance(error, (ConnectionError, TimeoutError)) or "connect" in type(error).__name__.lower():
         return f"{cause}; Could not reach {endpoint}: check the network connection (or HF_ENDPOINT)"
     return cause
-
-
-def _describe_status(status: int, where: str, detail: str, tries: str | None = None) -> str:
-    text = f"HTTP {status}" + (f" on {where}" if where else "") + (f": {detail}" if detail else "")
-    if tries and tries != "1 attempt":
-        text += f" ({tries})"
-    hint = HTTP_HINTS.get(status, "the Hub had a server error: retry later" if status >= 500 else "")
-    return f"{text}; {hint}" if hint else text
 
 
 def push_output_dir(

@@ -2,18 +2,15 @@
 
     python -m finetune.tools.predict OUTPUT_DIR photo.jpg images/ --top_k 3 --output predictions.csv
 
-Files of any format Pillow reads are decoded as training decodes them (`finetune.data.decode_image`), framed as
-training stores them (a photo that is not square: its centre square), then resized, center-cropped where the saved
-image processor asks for it, and normalized by training's evaluation transform, so a file gets the probabilities an
-evaluation run gives it. Folders are searched recursively; files that cannot be read are reported and skipped.
-
-torch and transformers are imported by the functions that need them, so `--help` answers at once.
+A file is decoded and framed as training stores it (`finetune.data.decode_image`; a photo that is not square: its
+centre square), then resized, center-cropped where the saved processor asks for it, and normalized by training's
+evaluation transform, so it gets the probabilities an evaluation run gives it. Folders are searched recursively;
+unreadable files are reported and skipped. torch and transformers are imported when needed: `--help` answers at once.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import json
 import logging
@@ -50,18 +47,6 @@ class Prediction:
         return {"path": self.path, "label": self.labels[0], "score": self.scores[0], "top_k": top_k}
 
 
-@contextlib.contextmanager
-def _quiet(logger_name: str):
-    """Only errors from `logger_name` within the block."""
-    quieted = logging.getLogger(logger_name)
-    level = quieted.level
-    quieted.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        quieted.setLevel(level)
-
-
 def load_classifier(model_dir, trust_remote_code: bool = False, attn_implementation: str | None = None, device=None):
     """Load a saved image classifier and its image processor with the Auto classes; returns `(model, processor)`
     with the model in eval mode on `device` (default: CUDA when available, else CPU).
@@ -72,6 +57,7 @@ def load_classifier(model_dir, trust_remote_code: bool = False, attn_implementat
     """
     import torch
     from transformers import AutoImageProcessor, AutoModelForImageClassification
+    from transformers.utils import logging as hf_logging
 
     import scratch_vit  # noqa: F401  (registers ScratchViT with the Auto classes)
     from finetune.models import check_local_checkpoint, is_adapter_dir, load_adapter_model
@@ -89,8 +75,12 @@ def load_classifier(model_dir, trust_remote_code: bool = False, attn_implementat
         # The base model loads with the run's labels, so transformers reports its classifier as MISMATCH / Reinit
         # although the adapter's saved head replaces it right after: a table that tells the user nothing. Errors
         # still raise.
-        with _quiet("transformers.modeling_utils"):
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()
+        try:
             model = load_adapter_model(model_dir, trust_remote_code=trust_remote_code, **kwargs)
+        finally:
+            hf_logging.set_verbosity(verbosity)
     else:
         model = AutoModelForImageClassification.from_pretrained(
             model_dir, trust_remote_code=trust_remote_code, **kwargs

@@ -1,10 +1,9 @@
 """The decoded cache: each decoded split as `.npy` files under a key of its source, columns, decoding and chosen
 images, so a second run with the same data skips decoding.
 
-An entry is a folder with `pixel_values.npy` (uint8 `(N, C, H, W)`), `labels.npy` and `meta.json`. Decoding writes
-`pixel_values.npy` in place inside a temporary folder that is renamed to the key when complete, and every reader maps
-it (`np.load(mmap_mode="r")`): the decoded images are file pages shared by all processes of a node, never a copy in
-each process. A crash leaves at most a temporary folder, never a half-written entry.
+An entry is a folder with `pixel_values.npy` (uint8 `(N, C, H, W)`), `labels.npy` and `meta.json`, decoded inside a
+temporary folder renamed to the key when complete (a crash leaves no half-written entry). Every reader maps it: the
+decoded images are file pages shared by all processes of a node, never a copy in each process.
 """
 
 from __future__ import annotations

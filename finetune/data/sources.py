@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import pickle
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -98,9 +99,11 @@ def _open_hub(name: str, config_name: str | None) -> Source:
             "copy: a parquet file or folder, an image folder, or a cifar-10-batches-py folder."
         ) from error
     splits = _named_splits(dict(loaded), name)
-    # The arrow files datasets keeps the download in: a new download (a new version of the dataset) changes them.
+    # The arrow files datasets keeps the download in: a new download (a new version of the dataset) changes them. A
+    # dataset held in memory has none, so it gets a key of its own and never reuses a cache.
     files = [f["filename"] for dataset in splits.values() for f in dataset.cache_files]
-    fingerprint = content_hash([name, config_name, _files_fingerprint(files)])
+    held_in_memory = not all(dataset.cache_files for dataset in splits.values())
+    fingerprint = content_hash([name, config_name, uuid.uuid4().hex if held_in_memory else _files_fingerprint(files)])
     description = name if config_name is None else f"{name} ({config_name})"
     return Source(description, fingerprint, encoded=splits)
 

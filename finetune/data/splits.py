@@ -80,12 +80,8 @@ def _keep_classes(
 
 
 def stratified_split(labels: np.ndarray, validation_size: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Indices `(train, validation)` that hold out `validation_size` of `labels`, with class proportions kept.
-
-    Args:
-        labels: int class ids, one per image.
-        validation_size: a fraction in (0, 1), or a number of images (>= 1).
-        seed: the same seed gives the same split.
+    """Indices `(train, validation)` that hold out `validation_size` (a fraction in (0, 1), or a number of images)
+    of the int class ids `labels`, with class proportions kept and the same split for the same seed.
 
     Every class gets its share rounded down; the images left over go to the classes with the largest remainders
     (ties broken at random by the seed), so the validation split has exactly the requested size.
@@ -135,17 +131,12 @@ def check_labels(splits: dict[str, Rows | ImageSplit], label_names: list[str]) -
 
 
 class ImageSplit(torch.utils.data.Dataset):
-    """One split: uint8 `(N, C, H, W)` images and int64 `(N,)` labels, read lazily from a tensor or a memory map.
+    """One split: the `rows` (default: all) of uint8 `(M, C, H, W)` `pixel_values` (a tensor, or the decoded cache's
+    memory map) with one label per image, read lazily.
 
-    Args:
-        pixel_values: uint8 `(M, C, H, W)` images, a tensor or a numpy array (the decoded cache's memory map).
-        labels: one label per image of the split.
-        rows: the rows of `pixel_values` that make the split, in order; `None`: all of them.
-
-    A batch copies only its own rows: `__getitems__` serves a whole batch with one index, which torch's
-    `DataLoader` uses instead of calling `__getitem__` once per image (pair it with `collate_batch`), so a split over
-    a memory-mapped cache never reads the rest of the file into the process. `select` makes a subset without
-    copying images.
+    A batch copies only its own rows: `__getitems__` serves a whole batch with one index (torch's `DataLoader` calls
+    it instead of `__getitem__` per image; pair it with `collate_batch`), so a split over a memory-mapped cache never
+    reads the rest of the file into the process. `select` makes a subset without copying images.
     """
 
     def __init__(
@@ -214,12 +205,9 @@ class ImageSplit(torch.utils.data.Dataset):
 def renumber_sparse_ids(
     splits: dict[str, ImageSplit], label_names: list[str]
 ) -> tuple[dict[str, ImageSplit], list[str]]:
-    """Integer label ids with gaps (0, 1 and 3000) renumbered to consecutive ids, each class keeping its original id
-    as its name. Without this, ids 0, 1 and 3000 would make a 3,001-way head of which 2,998 classes never occur.
-
-    Only ids whose names are the ids themselves (a label column of plain integers) are renumbered; named classes
-    (a `ClassLabel`, strings) keep their ids, even for a class that has no images.
-    """
+    """Integer label ids with gaps (0, 1 and 3000: a 3,001-way head of which 2,998 classes never occur) renumbered
+    to consecutive ids, each class keeping its original id as its name. Only a label column of plain integers is
+    renumbered; named classes (a `ClassLabel`, strings) keep their ids, even a class that has no images."""
     if label_names != [str(i) for i in range(len(label_names))]:
         return splits, label_names
     present = torch.unique(torch.cat([split.labels for split in splits.values()]))

@@ -97,10 +97,6 @@ def _to_8_bit(image: Image.Image) -> Image.Image:
     return image.convert("RGB")
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Decoding a whole split
-
-
 # Images per task of the decoding pool: large enough to amortize the hand-over, small enough to spread a split.
 DECODE_CHUNK = 128
 

@@ -268,10 +268,6 @@ def content_hash(value) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Columns and labels
-
-
 def _pick_column(columns: list[str], explicit: str | None, candidates: tuple[str, ...], kind: str, where: str) -> str:
     argument = f"{kind}_column_name"
     if explicit is not None:

@@ -34,10 +34,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Pure functions on attention probabilities
-
-
 def attention_rollout(attentions: Sequence[torch.Tensor]) -> torch.Tensor:
     """Attention rollout through all layers: `A_L @ ... @ A_1` with `A = normalize_rows(mean_heads(attention) + I)`.
 
@@ -94,10 +90,6 @@ def rollout_map(
     """The attention rollout read at the CLS token (or averaged over all queries without one), as a
     `(..., gh, gw)` map over the patch grid."""
     return _grid(query_to_patch_scores(attention_rollout(attentions), num_prefix_tokens), grid_size)
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Images
 
 
 def overlay_heatmap(image: Image.Image, heatmap: torch.Tensor, alpha: float = 0.5, cmap: str = "jet") -> np.ndarray:

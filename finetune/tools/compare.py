@@ -1,12 +1,11 @@
 """Compare finished runs: a Markdown report with a summary table and per-class accuracies, learning curves of every
-run on shared axes, and a normalized confusion matrix per run.
+run on shared axes, and a normalized confusion matrix per run (tables and plots from `finetune/tools/report.py`).
 
     python -m finetune.tools.compare OUTPUT/pretrained OUTPUT/scratch --output OUTPUT/comparison
     vit-finetune compare OUTPUT --output OUTPUT/comparison
 
-A run directory is what `finetune/run.py` writes: `results.json` (`finetune/results.py`). A directory without
-`results.json` whose subfolders are runs (the `model_type: both` layout) stands for those runs. Tables and plots come
-from `finetune/tools/report.py`.
+A run directory holds the `results.json` that `finetune/run.py` writes; a directory without one whose subfolders are
+runs (the `model_type: both` layout) stands for those runs.
 """
 
 import argparse

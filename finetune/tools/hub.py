@@ -170,13 +170,12 @@ def bounded_hub_requests(endpoint: str, timeout: float, retries: int, retry_wait
     """Within the block, every request huggingface_hub sends waits at most `timeout` seconds and is retried up to
     `retries` times.
 
-    huggingface_hub sends its requests (repo and branch creation, preupload, commit, LFS) through one shared
-    `httpx2.Client` made by the factory of its public `set_client_factory`, with no timeout. The block installs a
-    factory of bounded clients and, on exit, one of clients made as the library's own (its event hooks: offline mode,
-    request ids), so the push changes no later call. huggingface_hub has no getter for the factory itself: a factory
-    a user set before is replaced by that equivalent of the library's. The proxy the environment names for the Hub's
-    host (`HTTPS_PROXY`, `NO_PROXY`) is kept. Xet uploads run in hf_xet's own client, with its own timeouts and retries
-    (`HF_XET_CLIENT_READ_TIMEOUT`, `HF_XET_CLIENT_RETRY_MAX_DURATION`).
+    huggingface_hub sends its requests through one shared `httpx2.Client` made by the factory of its public
+    `set_client_factory`, with no timeout. The block installs a factory of bounded clients that keep the library
+    client's event hooks (offline mode, request ids) and the proxy the environment names for the Hub's host; on exit,
+    a factory of clients made as the library's own. (huggingface_hub has no getter for its factory, so a factory a user
+    set before the push is replaced by that equivalent.) Xet uploads run in hf_xet's own client, with its own timeouts
+    and retries (`HF_XET_CLIENT_READ_TIMEOUT`, `HF_XET_CLIENT_RETRY_MAX_DURATION`).
     """
     library = get_session()
     hooks, redirects, default_timeout = library.event_hooks, library.follow_redirects, library.timeout

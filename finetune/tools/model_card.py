@@ -99,6 +99,8 @@ def card_data(results: Results, model_name: str, adapter_base_model: str | None 
     adapter (`adapter_base_model` given) is a `library_name: peft` repo naming its base model."""
     scratch = is_scratch(results)
     dataset, dataset_name = results.dataset, display_dataset(results.dataset)
+    task = {"task_type": "image-classification", "task_name": "Image Classification", "dataset_name": dataset_name}
+    task["dataset_type"] = dataset if is_hub_id(dataset) else dataset_name
     eval_results = []
     for split in ("validation", "test"):
         metrics, name = getattr(results, split), split.capitalize()
@@ -112,18 +114,9 @@ def card_data(results: Results, model_name: str, adapter_base_model: str | None 
         ):
             if value is not None:
                 eval_results.append(
-                    EvalResult(
-                        task_type="image-classification",
-                        task_name="Image Classification",
-                        dataset_type=dataset if is_hub_id(dataset) else dataset_name,
-                        dataset_name=dataset_name,
-                        dataset_split=split,
-                        metric_type=metric_type,
-                        metric_value=value,
-                        metric_name=metric_name,
-                        metric_args=metric_args,
-                    )
-                )
+                    EvalResult(**task, dataset_split=split, metric_type=metric_type, metric_value=value,
+                               metric_name=metric_name, metric_args=metric_args)
+                )  # fmt: skip
     base_model = adapter_base_model or results.model_name_or_path
     tags = ["image-classification", "vision", "vit"] + (["scratch-vit", "custom_code"] if scratch else [])
     tags += ["peft", "lora"] if adapter_base_model is not None else []

@@ -1,9 +1,8 @@
 """Reporting: number formatting, Markdown tables, the runs' summary table and the plots, for the comparison report
 (`finetune/tools/compare.py`), the model card (`finetune/tools/model_card.py`) and the benchmarks.
 
-Plots use matplotlib's object-oriented API (`matplotlib.figure.Figure`) on the Agg canvas, so no display is needed and
-no global backend is switched. numpy and matplotlib are imported by the functions that use them, so the commands that
-import this module start at once.
+Plots use matplotlib's object-oriented `Figure` on the Agg canvas: no display needed, no global backend switched.
+numpy and matplotlib are imported by the functions that use them, so the commands importing this module start at once.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from finetune.results import EvalMetrics, HistoryRow, Results
+from finetune.results import HistoryRow, Results
 
 
 if TYPE_CHECKING:
@@ -26,10 +25,6 @@ if TYPE_CHECKING:
 
 MISSING = "—"
 HUB_ID_PATTERN = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Formatting
 
 
 def is_hub_id(name: str | None) -> bool:
@@ -93,10 +88,6 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str
     return "\n".join(lines)
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# The runs' summary
-
-
 SUMMARY_COLUMNS = tuple(
     "Run|Architecture|Parameters|Initialisation|Dataset|Epochs|Training time|Images/s|Validation accuracy|"
     "Test accuracy|Top-5 accuracy|Macro F1".split("|")
@@ -112,7 +103,7 @@ SUMMARY_NOTE = (
 
 def summary_row(results: Results, name: str, run_dir: str) -> dict[str, Any]:
     """The raw values of one run's line in the summary table (also stored in `comparison.json`)."""
-    final = final_split(results)[1]
+    final = results.test if results.test is not None else results.validation  # the split of the headline metrics
     return {
         "run": name,
         "run_dir": run_dir,
@@ -130,11 +121,6 @@ def summary_row(results: Results, name: str, run_dir: str) -> dict[str, Any]:
         "top5_accuracy": final.top5_accuracy if final else None,
         "macro_f1": final.macro_f1 if final else None,
     }
-
-
-def final_split(results: Results) -> tuple[str, EvalMetrics | None]:
-    """The split a run's headline metrics come from: test when the run had one, else validation."""
-    return ("test", results.test) if results.test is not None else ("validation", results.validation)
 
 
 def summary_table(rows: Sequence[dict]) -> str:
@@ -210,10 +196,6 @@ def write_predictions_csv(
                 row += [label_names[int(j)], f"{probabilities[index, j]:.6f}"]
             writer.writerow(row)
     return path
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Plots
 
 
 def plot_learning_curves(runs: Sequence[Results], names: Sequence[str], path: str | os.PathLike) -> Path:

@@ -15,7 +15,7 @@ optionally under `train/`, `validation/` (`val/`), `test/`; a CIFAR-10 `cifar-10
 
 A split walks the modules in order: `sources.py` opens the source and reads its labels, `splits.py` chooses the images
 of each split from the labels, `cache.py` maps them from the decoded cache or has `decode.py` decode them, and
-`splits.py`'s `ImageSplit` serves them in batches (`collate_batch`).
+`dataset.py`'s `ImageSplit` serves them in batches (`collate_batch`).
 """
 
 from __future__ import annotations
@@ -27,17 +27,9 @@ import numpy as np
 import torch
 from transformers.utils import logging
 
+from finetune.data.dataset import ImageSplit, check_num_classes, collate_batch, renumber_sparse_ids
 from finetune.data.decode import IMAGE_EXTENSIONS, center_fit, decode_image
-from finetune.data.splits import (
-    ImageSplit,
-    Rows,
-    check_labels,
-    check_num_classes,
-    choose_rows,
-    collate_batch,
-    renumber_sparse_ids,
-    stratified_split,
-)
+from finetune.data.splits import Rows, check_labels, choose_rows, stratified_split
 
 
 if TYPE_CHECKING:

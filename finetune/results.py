@@ -150,14 +150,16 @@ def _dataclass_from(cls, data: dict[str, Any] | None):
 
 
 def history_from_log_history(log_history: Sequence[dict]) -> list[HistoryRow]:
-    """One row per evaluation of a Trainer `log_history`: epoch, step, the last training loss logged before it,
-    validation loss and accuracy, and the time since training began (`RunClock` stamps it)."""
+    """One row per evaluation of a Trainer `log_history`: epoch, step, the training loss logged since the previous
+    evaluation (None when none was: a plot then draws only logged points), validation loss and accuracy, and the time
+    since training began (`RunClock` stamps it)."""
     rows, train_loss = [], None
     for entry in log_history:
         train_loss = entry.get("loss", train_loss)
         if "eval_accuracy" in entry or "eval_loss" in entry:
             keys = ("epoch", "step", "eval_loss", "eval_accuracy", "elapsed_seconds")
             rows.append(HistoryRow(train_loss=train_loss, **{key: entry.get(key) for key in keys}))
+            train_loss = None
     return rows
 
 

@@ -8,7 +8,7 @@ import pytest
 from helpers_runs import make_run_dir, tiny_scratch_model
 from PIL import Image
 
-from finetune.results import Results, find_run_dirs
+from finetune.results import Results, find_run_dirs, history_from_log_history
 from finetune.tools import compare
 from finetune.tools import report as report_module
 
@@ -114,6 +114,16 @@ def test_history_falls_back_to_trainer_state(both_output):
     assert [h.epoch for h in run.history] == [e["epoch"] for e in evals]
     # the training loss of a row is the last one logged before that evaluation
     assert run.history[0].train_loss == state["log_history"][0]["loss"]
+
+
+def test_learning_curve_draws_only_logged_training_losses():
+    """A short run logs its training loss once (step 50) and evaluates at epochs 17-20: the loss is one point of the
+    curve, not repeated as a flat line across the later evaluations."""
+    log = [{"loss": 0.7, "step": 50, "epoch": 16.7}]
+    log += [{"eval_loss": 0.5, "eval_accuracy": 0.8, "epoch": float(e), "step": 3 * e} for e in range(17, 21)]
+    history = history_from_log_history(log)
+    assert [h.train_loss for h in history] == [0.7, None, None, None]
+    assert [h.eval_loss for h in history] == [0.5] * 4
 
 
 def test_summary_json_for_the_model_card(report, both_output):

@@ -14,7 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
-import finetune.data as data_module
+import finetune.data.cache as data_cache
 from finetune.arguments import DataArguments
 from finetune.data import ImageSplit, collate_batch, load_image_data, stratified_split
 
@@ -448,13 +448,13 @@ def test_include_labels_keeps_and_renumbers_classes():
 
 def _count_decodes(monkeypatch):
     calls = []
-    real = data_module._decode_images
+    real = data_cache.decode_images
 
     def counting(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(data_module, "_decode_images", counting)
+    monkeypatch.setattr(data_cache, "decode_images", counting)
     return calls
 
 
@@ -473,7 +473,7 @@ def test_second_load_reads_the_cache_without_decoding(tmp_path, monkeypatch, cap
     def fail(*args, **kwargs):
         raise AssertionError("decoded again despite the cache")
 
-    monkeypatch.setattr(data_module, "_decode_images", fail)
+    monkeypatch.setattr(data_cache, "decode_images", fail)
     with caplog.at_level(logging.INFO, logger="finetune.data"):
         second = load_image_data(args, seed=0)
     assert "skipped decoding" in caplog.text
@@ -588,13 +588,13 @@ def test_max_samples_select_before_decoding(tmp_path, monkeypatch):
     path = tmp_path / "train.parquet"
     _dataset(images, labels).to_parquet(path)
     decoded = []
-    real = data_module._decode_images
+    real = data_cache.decode_images
 
     def counting(read_items, num_images, *args, **kwargs):
         decoded.append(num_images)
         return real(read_items, num_images, *args, **kwargs)
 
-    monkeypatch.setattr(data_module, "_decode_images", counting)
+    monkeypatch.setattr(data_cache, "decode_images", counting)
     args = _args(dataset_name=str(path), validation_size=10, max_train_samples=5, max_eval_samples=2)
     data = load_image_data(args, seed=0)
     assert decoded == [7] and len(data.train) == 5 and len(data.validation) == 2

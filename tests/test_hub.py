@@ -26,8 +26,8 @@ import numpy as np
 import pytest
 import torch
 from helpers_runs import make_run_dir
-from huggingface_hub import ModelCard, constants, get_session
-from huggingface_hub.utils import _http as hf_http
+from huggingface_hub import HfApi, ModelCard, constants, get_session
+from huggingface_hub.errors import HfHubHTTPError
 from PIL import Image
 from transformers import (
     AutoImageProcessor,
@@ -474,7 +474,7 @@ def test_silent_hub_times_out_with_bounded_retries(both_output):
     run = both_output / "scratch"
     hub.write_model_card(run, "me/vit")  # the push rewrites the card to the same bytes: the tree stays identical
     before = tree_hashes(both_output, skip=None)
-    factory = hf_http._GLOBAL_CLIENT_FACTORY
+    hooks = get_session().event_hooks
     with SilentServer() as server:
         start = time.perf_counter()
         with pytest.raises(hub.HubPushError) as error:
@@ -487,9 +487,12 @@ def test_silent_hub_times_out_with_bounded_retries(both_output):
     # two 1 s attempts (plus huggingface_hub's own 3 s agent-registry lookup when it is the process's first request)
     assert 2 <= elapsed < 15
     assert tree_hashes(both_output, skip=None) == before
-    # the timeout and retries were the push's own: the library's client factory is back, without a timeout
-    assert hf_http._GLOBAL_CLIENT_FACTORY is factory
-    assert get_session().timeout.read is None
+    # the timeout and retries were the push's own: the library's client is back, without a timeout or retries
+    assert get_session().timeout.read is None and get_session().event_hooks == hooks
+    with FakeHub(fail={"create": 503}) as server:
+        with pytest.raises(HfHubHTTPError):
+            HfApi(endpoint=server.url, token=TOKEN).create_repo("me/after", exist_ok=True)
+    assert server.attempts["create"] == 1
 
 
 def test_upload_that_hangs_is_sent_again(both_output, caplog):

@@ -2,6 +2,12 @@
 
 import csv
 import json
+import os
+import re
+import subprocess
+import sys
+import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -9,7 +15,7 @@ import torch
 from helpers_runs import make_images, make_run_dir, tiny_scratch_model, tiny_vit_model
 from PIL import Image
 
-from finetune.models import photo_size
+from finetune.models import LORA_DEFAULT_TARGETS, photo_size
 from finetune.tools import predict
 
 
@@ -139,3 +145,38 @@ def test_cli_rejects_unknown_output_format(run_dirs, images):
         predict.main([str(run_dirs["vit"]), str(images["jpg"]), "--output", "preds.txt"])
     with pytest.raises(ValueError, match=".csv or .json"):
         predict.write_predictions([], "preds.txt")
+
+
+def test_grayscale_images_preprocess_without_numpy_warnings(run_dirs, images):
+    model, processor = predict.load_classifier(run_dirs["scratch-gray"], device="cpu")
+    gray = Image.open(images["png"]).convert("L")  # a 2-D array once decoded: torch warned it was not writable
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert predict.preprocess([gray], model, processor).shape == (1, 1, 16, 16)
+
+
+def test_lora_run_predicts_from_the_shell_without_a_load_report(tmp_path, images):
+    """The base model of a LoRA run loads with the run's labels, so transformers would print its head as MISMATCH /
+    Reinit although the adapter's head replaces it: the command prints the predictions and nothing of that."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForImageClassification, ViTImageProcessor
+
+    base, out = tmp_path / "base", tmp_path / "lora"
+    tiny_vit_model(labels=["x", "y"]).save_pretrained(base)
+    processor = ViTImageProcessor(size={"height": 16, "width": 16})
+    labels = dict(enumerate(["cat", "dog", "emu"]))
+    model = AutoModelForImageClassification.from_pretrained(
+        base, num_labels=3, id2label=labels, label2id={v: k for k, v in labels.items()}, ignore_mismatched_sizes=True
+    )
+    lora = get_peft_model(model, LoraConfig(target_modules=LORA_DEFAULT_TARGETS, modules_to_save=["classifier"]))
+    lora.save_pretrained(out)
+    model.config.save_pretrained(out)
+    processor.save_pretrained(out)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "finetune.tools.predict", str(out), str(images["png"]), "--top_k", "1"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert re.fullmatch(r".*wide\.png: (cat|dog|emu) [01]\.\d{4}\n", done.stdout)
+    assert "LOAD REPORT" not in done.stderr and "MISMATCH" not in done.stderr and "not writable" not in done.stderr

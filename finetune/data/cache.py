@@ -1,29 +1,107 @@
 """The decoded cache: each decoded split as `.npy` files under a key of its source, columns, decoding and chosen
 images, so a second run with the same data skips decoding.
 
-An entry is a folder with `pixel_values.npy` (uint8 `(N, C, H, W)`), `labels.npy` and `meta.json`. Decoding writes
-`pixel_values.npy` in place, chunk by chunk, inside a temporary folder that is renamed to the key when complete, and
-every reader maps it (`np.load(mmap_mode="r")`): the decoded images are file pages shared by all processes of a node,
-never a copy in each process. A crash leaves at most a temporary folder, never a half-written entry.
+An entry is a folder with `pixel_values.npy` (uint8 `(N, C, H, W)`), `labels.npy` and `meta.json`, decoded inside a
+temporary folder renamed to the key when complete (a crash leaves no half-written entry). Every reader maps it: the
+decoded images are file pages shared by all processes of a node, never a copy in each process.
 """
+
+from __future__ import annotations
 
 import json
 import os
 import shutil
 import tempfile
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 from huggingface_hub import constants as hub_constants
 from transformers.utils import logging
 
-from finetune.arguments import DataArguments
+from finetune.data.decode import DECODE_CHUNK, decode_images
+from finetune.data.sources import Source, content_hash, image_items
 
+
+if TYPE_CHECKING:
+    from finetune.arguments import DataArguments
 
 logger = logging.get_logger(__name__)
 
 # Bump when the layout of cached files or the decoding itself changes, so old caches are not reused.
 CACHE_FORMAT_VERSION = 3
+
+
+def decoded_split(
+    source: Source,
+    name: str,
+    needed: np.ndarray,
+    labels: np.ndarray,
+    columns: tuple[str, str],
+    data_args: DataArguments,
+    target_size: int | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The images at positions `needed` of the source split `name` (whose labels are `labels`): mapped from the cache,
+    or decoded and cached. Returns the memory-mapped pixels and, for every position of the split, its row in them
+    (-1: not decoded)."""
+    dataset = source.encoded[name]
+    where = f"the {name} split of {source.description}"
+    subset = len(needed) < len(dataset)
+    key_fields = {
+        "version": CACHE_FORMAT_VERSION,
+        "source": source.fingerprint,
+        "split": name,
+        "columns": list(columns),
+        "corrupt_images": data_args.corrupt_images,
+        # A run on a subset (`max_*_samples`) decodes and caches only that subset.
+        "images": content_hash(needed.tolist()) if subset else "all",
+    }
+    # Without decode_size, same-size images are stored at their native size whatever the model's resolution, so the
+    # cache is shared between models; only sources of mixed sizes depend on target_size ("fallback").
+    if data_args.decode_size is not None:
+        decode_modes = [f"resize:{data_args.decode_size}"]
+    else:
+        decode_modes = ["native"] + ([f"fallback:{target_size}"] if target_size is not None else [])
+    root = _cache_root(data_args)
+    paths = {
+        mode: os.path.join(root, content_hash({**key_fields, "decode": mode})) if root is not None else None
+        for mode in decode_modes
+    }
+    row_of = np.full(len(dataset), -1, dtype=np.int64)
+    for path in paths.values():
+        cached = _load_entry(path, where) if path is not None else None
+        if cached is not None:
+            pixels, meta = cached
+            row_of[np.asarray(meta["positions"], dtype=np.int64)] = np.asarray(meta["rows"], dtype=np.int64)
+            return pixels, row_of
+
+    selected = dataset.select(needed) if subset else dataset
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    workers = data_args.decode_workers or cores
+    tmp = _start_entry(paths[decode_modes[0]])
+    start = time.perf_counter()
+    pixels, kept, rows, skipped, used_fallback = decode_images(
+        lambda: image_items(selected, columns[0]),
+        len(needed),
+        resize_to=data_args.decode_size,
+        fallback_size=target_size,
+        corrupt_images=data_args.corrupt_images,
+        where=where,
+        out_path=os.path.join(tmp, "pixel_values.npy"),
+        workers=workers,
+        positions=needed,
+    )
+    seconds = time.perf_counter() - start
+    logger.info(
+        f"Decoded {len(kept):,} images of {where} in {seconds:.1f}s ({len(needed) / max(seconds, 1e-9):,.0f} "
+        f"images/s, {min(workers, max(1, -(-len(needed) // DECODE_CHUNK)))} process(es))."
+    )
+    positions = needed[kept]
+    row_of[positions] = rows
+    meta = {"num_channels": pixels.shape[1], "skipped": skipped, "positions": positions.tolist()}
+    meta["rows"] = rows.tolist()
+    _finish_entry(tmp, paths[decode_modes[-1] if used_fallback else decode_modes[0]], labels[positions], meta)
+    return pixels, row_of
 
 
 def _cache_root(data_args: DataArguments) -> str | None:
@@ -33,8 +111,8 @@ def _cache_root(data_args: DataArguments) -> str | None:
     return os.path.expanduser(root) if root else os.path.join(hub_constants.HF_HOME, "vit-finetune", "decoded")
 
 
-def _load_cache(path: str, where: str) -> tuple[np.ndarray, np.ndarray, dict] | None:
-    """`(pixels, labels, meta)` of the entry at `path`, the pixels memory-mapped read-only; `None` if there is none."""
+def _load_entry(path: str, where: str) -> tuple[np.ndarray, dict] | None:
+    """`(pixels, meta)` of the entry at `path`, the pixels memory-mapped read-only; `None` if there is none."""
     meta_path = os.path.join(path, "meta.json")
     if not os.path.isfile(meta_path):
         return None
@@ -53,7 +131,7 @@ def _load_cache(path: str, where: str) -> tuple[np.ndarray, np.ndarray, dict] | 
     )
     if meta.get("skipped"):
         logger.warning(f"{len(meta['skipped'])} corrupt image(s) of {where} were skipped when the cache was built.")
-    return pixels, labels, meta
+    return pixels, meta
 
 
 def _start_entry(path: str | None) -> str:

@@ -1,40 +1,17 @@
 """One image decoding for training, predict and attention maps: a file or its bytes -> an upright 8-bit image.
 
-    from finetune.data.decode import decode_image
-    image = decode_image("photo.png", "RGB")  # a PIL image in mode "RGB", 8 bits per channel
+`decode_image` is how every command reads an image, so a file gives the same pixels whichever command reads it:
+EXIF orientation applied; transparency (RGBA, LA, palette with a transparent colour) composited onto white, as
+viewers show it (the colour under a transparent pixel is arbitrary, often black); 16-bit grayscale keeps the high byte
+(Pillow's own conversion clips every value above 255 to white); palette, CMYK and other modes become RGB, 1-bit and
+float images grayscale; RGB asked for as `"L"` takes Pillow's ITU-R 601 luma (`finetune.augment.LUMA_WEIGHTS`).
 
-Training (`finetune.data`), `finetune.tools.predict` and `finetune.tools.attention` read every image through
-`decode_image`, so a
-file gives the same pixels whichever command reads it:
-
-- EXIF orientation is applied (`PIL.ImageOps.exif_transpose`): a photo stored sideways with an orientation tag comes
-  out upright, with its height and width swapped where the tag says so.
-- Transparency (RGBA, LA, and palette images with a transparent colour) is composited onto white:
-  `alpha * colour + (1 - alpha) * 255` per pixel. The colour stored under a fully transparent pixel is arbitrary
-  (often black) and not part of the picture; dropping the alpha channel would show it. White is what image viewers,
-  web pages and photo tools show behind a transparent logo, icon or product photo, so the model sees the image as
-  people do.
-- 16-bit grayscale (`I;16*` PNG or TIFF, and 16-bit PGM, which Pillow opens as mode `I`) keeps the high byte of each
-  value (`value >> 8`: 40000 -> 156, 65535 -> 255). Pillow's own conversion clips every value above 255 to white.
-- Palette (`P`), CMYK, YCbCr and other colour modes become RGB; 1-bit images become 0 / 255 grayscale; float (`F`)
-  images are clipped to [0, 255] by Pillow.
-- An RGB image asked for in mode `"L"` takes the ITU-R 601 luma, Pillow's conversion, with the weights of
-  `finetune.augment.LUMA_WEIGHTS`.
-
-`_decode_images` decodes a whole split with it, in parallel over the cores, into one uint8 `(N, C, H, W)` `.npy` file
-written chunk by chunk (one mode and size for all; `finetune.data.cache` keeps it).
-Images of one size (CIFAR-10's 32 px, MNIST's 28 px) are stored as they are. Images of mixed sizes (photos) are
-stored as squares at the run's storage size (`finetune.models.storage_size`: the model's input plus a margin for
-crops, 256 for a 224 model; `decode_size` overrides): the shorter side is resized to it and the centre square kept.
-A center-cropped square, rather than padding to a common size with each image's extent recorded, because
-
-- every row of the cache has the same shape, so a batch is one index into one array and the device ops (random
-  resized crop, flip, resize) run on whole batches with no per-image sizes to carry;
-- padding a 640x480 photo to 640x640 stores a third of empty pixels, and a set with a few panoramas would be mostly
-  padding; a square at the storage size bounds the cache at `N * 3 * S * S` bytes whatever the photos;
-- the edges it drops are what evaluation drops anyway: image processors that center-crop keep the middle, and
-  RandomResizedCrop samples boxes of at most the whole square, which at the default scale (0.08, 1) rarely reach
-  the edges of a photo.
+`decode_images` decodes a whole split with it, in parallel, into one uint8 `(N, C, H, W)` `.npy` file written chunk
+by chunk (`finetune.data.cache` keeps it). Images of one size are stored as they are; images of mixed sizes (photos)
+as centre squares at the run's storage size (`finetune.models.storage_size`, the model's input plus a margin for
+crops; `decode_size` overrides). A square rather than padding: every row has one shape, so a batch is one index into
+one array and the device ops run on whole batches; padding would store empty pixels (a third of a 640x480 photo); and
+the edges it drops are what center-crop evaluation and RandomResizedCrop rarely reach anyway.
 """
 
 import collections
@@ -45,9 +22,7 @@ import os
 from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
-import datasets
 import numpy as np
-import pyarrow as pa
 from PIL import Image, ImageOps
 from transformers.utils import logging
 
@@ -75,19 +50,12 @@ def decode_image(
 
     Args:
         source: the encoded image.
-        mode: `"L"` or `"RGB"`; `None` keeps the image's own kind: `"L"` for grayscale sources (L, LA, 1-bit,
-            16-bit, float), `"RGB"` for everything else.
-        min_size: the size the image is about to be reduced to (`center_fit`'s square side). A JPEG at least twice
-            as large on both sides is then decoded at 1/2, 1/4 or 1/8 scale, the smallest that keeps both sides
-            >= `min_size` (Pillow's `draft`, the JPEG decoder's own downscaling, as `Image.thumbnail` uses): a 4000 x
-            3000 phone photo stored at 256 px decodes about 10x faster. Training and predict pass the same size.
+        mode: `"L"` or `"RGB"`; `None` keeps the image's own kind (`"L"` for grayscale sources, else `"RGB"`).
+        min_size: the size the image is about to be reduced to. A JPEG at least twice as large is then decoded at
+            1/2, 1/4 or 1/8 scale keeping both sides >= `min_size` (Pillow's `draft`): a 4000 x 3000 photo stored at
+            256 px decodes about 10x faster. Training and predict pass the same size.
 
-    Returns:
-        A loaded image in `mode` with EXIF orientation applied and transparency composited onto white.
-
-    Raises:
-        Whatever Pillow raises for a file it cannot read (`UnidentifiedImageError`, `OSError`, ...), and
-        `ValueError` for a `mode` other than `"L"`, `"RGB"` or `None`.
+    Raises whatever Pillow raises for a file it cannot read, and `ValueError` for another `mode`.
     """
     if mode not in (None, "L", "RGB"):
         raise ValueError(f"`mode` must be 'L', 'RGB' or None, got {mode!r}.")
@@ -129,30 +97,6 @@ def _to_8_bit(image: Image.Image) -> Image.Image:
     return image.convert("RGB")
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Decoding a whole split
-
-
-def _image_items(dataset: datasets.Dataset, column: str) -> Iterator[tuple[bytes | None, str | None]]:
-    """`(bytes, path)` of every image, read from arrow in batches so the encoded images never all sit in Python."""
-    for batch in dataset.select_columns([column]).with_format("arrow").iter(batch_size=1000):
-        values = batch.column(column).combine_chunks()
-        if isinstance(values.type, pa.StructType):
-            data = values.field("bytes").to_pylist() if values.type.get_field_index("bytes") >= 0 else None
-            paths = values.field("path").to_pylist() if values.type.get_field_index("path") >= 0 else None
-            n = len(values)
-            yield from zip(data or [None] * n, paths or [None] * n)
-        elif values.type in (pa.string(), pa.large_string()):
-            yield from ((None, path) for path in values.to_pylist())
-        elif values.type in (pa.binary(), pa.large_binary()):
-            yield from ((data, None) for data in values.to_pylist())
-        else:
-            raise ValueError(
-                f"The image column {column!r} holds {values.type}; expected encoded images (an Image feature, bytes) "
-                "or image file paths. Set `image_column_name` if another column holds the images."
-            )
-
-
 # Images per task of the decoding pool: large enough to amortize the hand-over, small enough to spread a split.
 DECODE_CHUNK = 128
 
@@ -192,7 +136,7 @@ def _decode_chunk(path: str, first_row: int, items: list, mode: str, size: tuple
     return failures
 
 
-def _decode_images(
+def decode_images(
     read_items: Callable[[], Iterator[tuple[bytes | None, str | None]]],
     num_images: int,
     resize_to: int | None,
@@ -206,17 +150,12 @@ def _decode_images(
     """Decode every image once into a uint8 `(N, C, H, W)` `.npy` file at `out_path`, written chunk by chunk.
 
     A first pass reads only the headers: the mode ("L" when every image is grayscale, else "RGB") and whether the
-    sizes differ (then every image is stored as a square at `fallback_size`, see the module docstring). A second pass
-    decodes chunks of `DECODE_CHUNK` images in `workers` processes, each writing its rows straight into the file, so
-    no process holds more than a chunk of images. `read_items` is called once per pass.
+    sizes differ (then every image is stored as a square at `fallback_size`). A second pass decodes chunks of
+    `DECODE_CHUNK` images in `workers` processes, each writing its rows straight into the file. `read_items` is called
+    once per pass; `positions` (the images' positions in their source split) name corrupt images.
 
-    Args:
-        positions: the images' positions in their source split, to name corrupt images; default `range(N)`.
-
-    Returns:
-        `(pixels, kept, rows, skipped, used_fallback)`: the file as a read-only memory map, the indices of the images
-        that decoded, the row of each of them in `pixels`, descriptions of the skipped corrupt images, and whether
-        the images were stored at `fallback_size` because their sizes differ.
+    Returns `(pixels, kept, rows, skipped, used_fallback)`: the file as a read-only memory map, the indices of the
+    images that decoded, the row of each in `pixels`, the skipped corrupt images, and whether `fallback_size` was used.
     """
 
     def name(i: int, path: str | None) -> str:

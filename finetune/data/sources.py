@@ -1,21 +1,29 @@
 """Where the data comes from: Hub datasets, scikit-learn's digits, parquet/arrow/csv files, `save_to_disk` folders,
-image folders and CIFAR-10 python batches, opened as raw splits (`_Source`), with their image and label columns."""
+image folders and CIFAR-10 python batches, opened as raw splits (`Source`), with their image and label columns and the
+encoded images of a column (`image_items`), the input of decoding."""
+
+from __future__ import annotations
 
 import hashlib
 import json
 import os
 import pickle
-from collections.abc import Callable, Sequence
+import uuid
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import datasets
 import numpy as np
+import pyarrow as pa
 from transformers.utils import logging
 
-from finetune.arguments import DataArguments
 from finetune.data.decode import IMAGE_EXTENSIONS
 from finetune.locations import looks_like_local_path, offline_switch
 
+
+if TYPE_CHECKING:
+    from finetune.arguments import DataArguments
 
 logger = logging.get_logger(__name__)
 
@@ -23,14 +31,9 @@ IMAGE_COLUMNS = ("img", "image")
 LABEL_COLUMNS = ("label", "labels")
 TABLE_EXTENSIONS = {".parquet": "parquet", ".arrow": "arrow", ".csv": "csv"}
 SPLIT_ALIASES = {
-    "train": "train",
-    "training": "train",
-    "validation": "validation",
-    "valid": "validation",
-    "val": "validation",
-    "dev": "validation",
-    "test": "test",
-    "testing": "test",
+    **dict.fromkeys(("train", "training"), "train"),
+    **dict.fromkeys(("validation", "valid", "val", "dev"), "validation"),
+    **dict.fromkeys(("test", "testing"), "test"),
 }
 SKLEARN_DATASETS = ("sklearn:digits",)
 ACCEPTED_SOURCES = (
@@ -41,18 +44,19 @@ ACCEPTED_SOURCES = (
 
 
 @dataclass
-class _Source:
+class Source:
     """Raw splits before decoding: `datasets.Dataset`s with encoded images, or arrays that need no decoding."""
 
     description: str
-    # Identifies the content of every split, for the decoded cache; see `_files_fingerprint`.
+    # Identifies the content of every split, for the decoded cache.
     fingerprint: str
     encoded: dict[str, datasets.Dataset] = field(default_factory=dict)
     decoded: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     label_names: list[str] | None = None
 
 
-def _open_source(data_args: DataArguments) -> _Source:
+def open_source(data_args: DataArguments) -> Source:
+    """The raw splits `data_args` points at (`dataset_name`, or `train_file` / `validation_file` / `test_file`)."""
     files = {"train": data_args.train_file, "validation": data_args.validation_file, "test": data_args.test_file}
     files = {split: path for split, path in files.items() if path is not None}
     if files:
@@ -81,7 +85,7 @@ def _looks_like_path(name: str) -> bool:
     )
 
 
-def _open_hub(name: str, config_name: str | None) -> _Source:
+def _open_hub(name: str, config_name: str | None) -> Source:
     try:
         loaded = datasets.load_dataset(name, config_name)
     except Exception as error:
@@ -95,12 +99,16 @@ def _open_hub(name: str, config_name: str | None) -> _Source:
             "copy: a parquet file or folder, an image folder, or a cifar-10-batches-py folder."
         ) from error
     splits = _named_splits(dict(loaded), name)
-    fingerprint = _hash({split: ds._fingerprint for split, ds in splits.items()})
+    # The arrow files datasets keeps the download in: a new download (a new version of the dataset) changes them. A
+    # dataset held in memory has none, so it gets a key of its own and never reuses a cache.
+    files = [f["filename"] for dataset in splits.values() for f in dataset.cache_files]
+    held_in_memory = not all(dataset.cache_files for dataset in splits.values())
+    fingerprint = content_hash([name, config_name, uuid.uuid4().hex if held_in_memory else _files_fingerprint(files)])
     description = name if config_name is None else f"{name} ({config_name})"
-    return _Source(description, fingerprint, encoded=splits)
+    return Source(description, fingerprint, encoded=splits)
 
 
-def _open_sklearn(name: str) -> _Source:
+def _open_sklearn(name: str) -> Source:
     if name not in SKLEARN_DATASETS:
         raise ValueError(f"Unknown scikit-learn dataset {name!r}; supported: {list(SKLEARN_DATASETS)}.")
     from sklearn.datasets import load_digits
@@ -109,10 +117,10 @@ def _open_sklearn(name: str) -> _Source:
     # The pixels are counts 0..16 of set pixels in a 4x4 block; stretch them to the uint8 range of ordinary images.
     pixels = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)[:, None]  # (N, 8, 8) -> (N, 1, 8, 8)
     labels = digits.target.astype(np.int64)
-    return _Source(name, name, decoded={"train": (pixels, labels)}, label_names=[str(i) for i in range(10)])
+    return Source(name, name, decoded={"train": (pixels, labels)}, label_names=[str(i) for i in range(10)])
 
 
-def _open_local(path: str, data_args: DataArguments) -> _Source:
+def _open_local(path: str, data_args: DataArguments) -> Source:
     if os.path.isfile(path):
         return _open_split_files({"train": path}, data_args)
     if os.path.isfile(os.path.join(path, "batches.meta")) and os.path.isfile(os.path.join(path, "data_batch_1")):
@@ -120,7 +128,7 @@ def _open_local(path: str, data_args: DataArguments) -> _Source:
     if os.path.isfile(os.path.join(path, "dataset_dict.json")) or os.path.isfile(os.path.join(path, "state.json")):
         loaded = datasets.load_from_disk(path)
         loaded = dict(loaded) if isinstance(loaded, datasets.DatasetDict) else {"train": loaded}
-        return _Source(path, _files_fingerprint([path]), encoded=_named_splits(loaded, path))
+        return Source(path, _files_fingerprint([path]), encoded=_named_splits(loaded, path))
     try:
         patterns = datasets.data_files.get_data_patterns(path)
         resolved = datasets.data_files.DataFilesDict.from_patterns(patterns, base_path=path)
@@ -141,10 +149,10 @@ def _open_local(path: str, data_args: DataArguments) -> _Source:
             f"{path!r} holds neither parquet/arrow/csv files nor images. `dataset_name` accepts {ACCEPTED_SOURCES}."
         )
     loaded = datasets.load_dataset("imagefolder", data_dir=path)
-    return _Source(path, _files_fingerprint([path]), encoded=_named_splits(dict(loaded), path))
+    return Source(path, _files_fingerprint([path]), encoded=_named_splits(dict(loaded), path))
 
 
-def _open_split_files(files: dict[str, str | list[str]], data_args: DataArguments, description: str = "") -> _Source:
+def _open_split_files(files: dict[str, str | list[str]], data_args: DataArguments, description: str = "") -> Source:
     """Parquet/arrow/csv files (or a folder of them) per split."""
     splits, fingerprint_paths = {}, []
     for split, paths in files.items():
@@ -180,7 +188,7 @@ def _open_split_files(files: dict[str, str | list[str]], data_args: DataArgument
         splits[split] = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
     if not description:
         description = ", ".join(f"{split}: {p}" for split, p in files.items()) if len(files) > 1 else files["train"]
-    return _Source(str(description), _files_fingerprint(fingerprint_paths), encoded=splits)
+    return Source(str(description), _files_fingerprint(fingerprint_paths), encoded=splits)
 
 
 def _read_csv(path: str, image_column_name: str | None) -> tuple[datasets.Dataset, list[str]]:
@@ -194,7 +202,7 @@ def _read_csv(path: str, image_column_name: str | None) -> tuple[datasets.Datase
     return datasets.Dataset.from_pandas(frame, preserve_index=False), list(frame[column])
 
 
-def _open_cifar_batches(path: str) -> _Source:
+def _open_cifar_batches(path: str) -> Source:
     """The original CIFAR-10 python pickles: uint8 rows of 3,072 values, the 3 planes of a 32x32 image in a row.
 
     These are pickles: load only a copy you trust (the official archive from cs.toronto.edu).
@@ -215,7 +223,7 @@ def _open_cifar_batches(path: str) -> _Source:
     if os.path.isfile(os.path.join(path, "test_batch")):
         splits["test"] = arrays([read("test_batch")])
     label_names = [n.decode() if isinstance(n, bytes) else n for n in read("batches.meta")[b"label_names"]]
-    return _Source(path, _files_fingerprint([path]), decoded=splits, label_names=label_names)
+    return Source(path, _files_fingerprint([path]), decoded=splits, label_names=label_names)
 
 
 def _named_splits(splits: dict[str, datasets.Dataset], where: str) -> dict[str, datasets.Dataset]:
@@ -252,15 +260,12 @@ def _files_fingerprint(paths: Sequence[str]) -> str:
                 stats.append((file, None, None))  # a missing image: decoding will report it
                 continue
             stats.append((file, stat.st_size, stat.st_mtime_ns))
-    return _hash(stats)
+    return content_hash(stats)
 
 
-def _hash(value) -> str:
+def content_hash(value) -> str:
+    """A short hash of a JSON-able value (the decoded cache's keys)."""
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:24]
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Columns and labels
 
 
 def _pick_column(columns: list[str], explicit: str | None, candidates: tuple[str, ...], kind: str, where: str) -> str:
@@ -282,7 +287,9 @@ def _pick_column(columns: list[str], explicit: str | None, candidates: tuple[str
     )
 
 
-def _find_columns(dataset: datasets.Dataset, data_args: DataArguments, where: str) -> tuple[str, str]:
+def find_columns(dataset: datasets.Dataset, data_args: DataArguments, where: str) -> tuple[str, str]:
+    """The `(image, label)` columns: the ones named in `data_args`, else the usual names, else the only column of the
+    `Image` / `ClassLabel` feature type."""
     columns = list(dataset.column_names)
     features = dataset.features
     # Beyond the usual names, a column is found by its type when it is the only one of that type.
@@ -295,12 +302,12 @@ def _find_columns(dataset: datasets.Dataset, data_args: DataArguments, where: st
     return image_column, label_column
 
 
-def _label_names(splits: dict[str, datasets.Dataset], label_column: str) -> tuple[list[str], Callable]:
+def label_encoding(splits: dict[str, datasets.Dataset], label_column: str) -> tuple[list[str], Callable]:
     """Label names and a function from a split's raw label column to int64 ids."""
     feature = splits["train"].features[label_column]
     if isinstance(feature, datasets.ClassLabel):
         return list(feature.names), lambda values: np.asarray(values, dtype=np.int64)
-    values = {name: _column(ds, label_column) for name, ds in splits.items()}
+    values = {name: read_column(ds, label_column) for name, ds in splits.items()}
     if any(v is None for vs in values.values() for v in vs):
         raise ValueError(f"The label column {label_column!r} has missing values; every image needs a label.")
     if all(isinstance(v, str) for vs in values.values() for v in vs):
@@ -316,5 +323,26 @@ def _label_names(splits: dict[str, datasets.Dataset], label_column: str) -> tupl
     )
 
 
-def _column(dataset: datasets.Dataset, column: str) -> list:
+def read_column(dataset: datasets.Dataset, column: str) -> list:
+    """The values of one column, read through arrow without decoding the other columns."""
     return dataset.select_columns([column]).with_format("arrow")[:].column(column).to_pylist()
+
+
+def image_items(dataset: datasets.Dataset, column: str) -> Iterator[tuple[bytes | None, str | None]]:
+    """`(bytes, path)` of every image, read from arrow in batches so the encoded images never all sit in Python."""
+    for batch in dataset.select_columns([column]).with_format("arrow").iter(batch_size=1000):
+        values = batch.column(column).combine_chunks()
+        if isinstance(values.type, pa.StructType):
+            data = values.field("bytes").to_pylist() if values.type.get_field_index("bytes") >= 0 else None
+            paths = values.field("path").to_pylist() if values.type.get_field_index("path") >= 0 else None
+            n = len(values)
+            yield from zip(data or [None] * n, paths or [None] * n)
+        elif values.type in (pa.string(), pa.large_string()):
+            yield from ((None, path) for path in values.to_pylist())
+        elif values.type in (pa.binary(), pa.large_binary()):
+            yield from ((data, None) for data in values.to_pylist())
+        else:
+            raise ValueError(
+                f"The image column {column!r} holds {values.type}; expected encoded images (an Image feature, bytes) "
+                "or image file paths. Set `image_column_name` if another column holds the images."
+            )

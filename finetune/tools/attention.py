@@ -2,18 +2,17 @@
 
     python -m finetune.tools.attention OUTPUT_DIR cat.jpg dog.png --output attention_maps/
 
-For every image this writes `<name>_attention.png` (the input, the rollout, and the CLS token's attention to the
-patches in every layer, heads averaged, each upsampled and overlaid on the image) and `<name>_rollout.png` (the
-rollout overlaid on the image alone). The image is framed as the model sees it (`finetune.tools.predict.model_view`): a
-photo that is not square shows as its centre square.
-
-Attention rollout (Abnar & Zuidema, 2020, "Quantifying Attention Flow in Transformers"): average the heads, add the
-identity for the residual connection, renormalize the rows, multiply the layers' matrices, and read the CLS row. A
-mean-pooled ScratchViT has no CLS token; its classifier sees the mean of all tokens, so the maps use the mean over all
-query tokens instead, and the figure title says so.
+For every image: `<name>_attention.png` (the input, the rollout, and each layer's CLS attention to the patches, heads
+averaged, overlaid on the image as the model sees it, `finetune.tools.predict.model_view`) and `<name>_rollout.png`.
+Attention rollout (Abnar & Zuidema, 2020): average the heads, add the identity for the residual connection,
+renormalize the rows, multiply the layers' matrices, read the CLS row. A mean-pooled ScratchViT has no CLS token (its
+classifier sees the mean of all tokens), so its maps use the mean over all query tokens, and the title says so.
 """
 
+from __future__ import annotations
+
 import argparse
+import logging
 import math
 import os
 import sys
@@ -21,48 +20,28 @@ import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-import matplotlib
-import numpy as np
-import torch
-import torch.nn.functional as F
-from matplotlib.figure import Figure
-from PIL import Image
-from transformers.utils import logging
+from typing import TYPE_CHECKING
 
 from finetune.errors import run_command
-from finetune.models import photo_size
-from finetune.tools.predict import (
-    add_model_arguments,
-    check_image_size,
-    classifier_from_arguments,
-    image_mode,
-    load_images,
-    model_preprocessing,
-    model_view,
-    needs_interpolation,
-    preprocess,
-)
+from finetune.tools.predict import add_model_arguments, classifier_from_arguments
 
 
-logger = logging.get_logger(__name__)
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+    from PIL import Image
 
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Pure functions on attention probabilities
+logger = logging.getLogger(__name__)
 
 
 def attention_rollout(attentions: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Attention rollout of Abnar & Zuidema (2020) through all layers.
+    """Attention rollout through all layers: `A_L @ ... @ A_1` with `A = normalize_rows(mean_heads(attention) + I)`.
 
-    Args:
-        attentions: one tensor per layer, first layer first, of shape `(..., heads, T, T)` (e.g. `(B, heads, T, T)`
-            as models return with `output_attentions=True`), rows summing to 1.
-
-    Returns:
-        `(..., T, T)` float32: row `i` is how much output token `i` of the last layer draws on each input token.
-        Each layer's matrix is `A = normalize_rows(mean_heads(attention) + I)`; the result is `A_L @ ... @ A_1`.
+    `attentions` holds one `(..., heads, T, T)` tensor per layer, first layer first, rows summing to 1. Returns
+    `(..., T, T)` float32: row `i` is how much output token `i` of the last layer draws on each input token.
     """
+    import torch
+
     if len(attentions) == 0:
         raise ValueError("`attentions` is empty: pass one attention tensor per layer (output_attentions=True).")
     rollout = None
@@ -96,17 +75,11 @@ def _grid(scores: torch.Tensor, grid_size: tuple[int, int]) -> torch.Tensor:
 def cls_attention_maps(
     attentions: Sequence[torch.Tensor], grid_size: tuple[int, int], num_prefix_tokens: int = 1
 ) -> torch.Tensor:
-    """Per-layer attention of the CLS token to the patches, heads averaged.
+    """Per-layer attention of the CLS token to the patches, heads averaged: `(layers, ..., gh, gw)` float32 from one
+    `(..., heads, T, T)` tensor per layer, with `T = num_prefix_tokens + gh * gw` (0 prefix tokens: a mean-pooled
+    model, whose maps are the mean attention over all query tokens)."""
+    import torch
 
-    Args:
-        attentions: one `(..., heads, T, T)` tensor per layer.
-        grid_size: `(grid_height, grid_width)`, the patch grid of the image (`T = num_prefix_tokens + gh * gw`).
-        num_prefix_tokens: tokens before the patches (1 for a CLS token; 0 for a mean-pooled model, whose maps are
-            then the mean attention over all query tokens).
-
-    Returns:
-        `(layers, ..., gh, gw)` float32; for unbatched `(heads, T, T)` inputs, `(layers, gh, gw)`.
-    """
     maps = [query_to_patch_scores(a.float().mean(dim=-3), num_prefix_tokens) for a in attentions]  # (..., N) each
     return _grid(torch.stack(maps), grid_size)  # (L, ..., N) -> (L, ..., gh, gw)
 
@@ -119,28 +92,27 @@ def rollout_map(
     return _grid(query_to_patch_scores(attention_rollout(attentions), num_prefix_tokens), grid_size)
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Images
+def overlay_heatmap(image: Image.Image, heatmap: torch.Tensor, alpha: float = 0.5, cmap: str = "jet") -> np.ndarray:
+    """The image (RGB) blended with the `(gh, gw)` heatmap, bilinearly upsampled to the image, scaled to [0, 1] and
+    colored: `(H, W, 3)` uint8."""
+    import matplotlib
+    import numpy as np
+    import torch.nn.functional as F
 
-
-def upsample_map(heatmap: torch.Tensor, size: tuple[int, int]) -> np.ndarray:
-    """Bilinearly upsample a `(gh, gw)` map to `size` = (height, width) and scale it to [0, 1]."""
+    base = np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0  # (H, W, 3)
+    size = base.shape[:2]
     upsampled = F.interpolate(heatmap[None, None].float(), size=size, mode="bilinear", align_corners=False)[0, 0]
     low, high = upsampled.min(), upsampled.max()
-    scaled = (upsampled - low) / (high - low) if high > low else torch.zeros_like(upsampled)
-    return scaled.numpy()
-
-
-def overlay_heatmap(image: Image.Image, heatmap: torch.Tensor, alpha: float = 0.5, cmap: str = "jet") -> np.ndarray:
-    """The image (RGB) blended with the colored, upsampled heatmap: `(H, W, 3)` uint8 at the image's size."""
-    base = np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0  # (H, W, 3)
-    colored = matplotlib.colormaps[cmap](upsample_map(heatmap, base.shape[:2]))[..., :3]  # (H, W) -> (H, W, 3)
+    scaled = ((upsampled - low) / (high - low) if high > low else upsampled * 0).numpy()  # (H, W) in [0, 1]
+    colored = matplotlib.colormaps[cmap](scaled)[..., :3]  # (H, W) -> (H, W, 3)
     return (255 * ((1 - alpha) * base + alpha * colored)).round().astype(np.uint8)
 
 
 def display_image(image: Image.Image, min_side: int = 224) -> Image.Image:
     """The image in RGB, enlarged (keeping its aspect ratio) so its longer side is at least `min_side` pixels:
     a 32x32 CIFAR image would show as a few blocks."""
+    from PIL import Image
+
     image = image.convert("RGB")
     scale = min_side / max(image.size)
     if scale > 1:
@@ -160,13 +132,16 @@ class AttentionMaps:
     score: float
 
 
-@torch.inference_mode()
 def compute_attention_maps(model, processor, image: Image.Image, image_size: int | None = None) -> AttentionMaps:
     """Run one image through the model with `output_attentions=True` and reduce the attentions to maps.
 
     The model must return real attention probabilities: ScratchViT always does when asked; load transformers' ViT
     with `attn_implementation="eager"` (SDPA returns none).
     """
+    import torch
+
+    from finetune.tools.predict import check_image_size, image_mode, needs_interpolation, preprocess
+
     no_attention = ValueError(
         f"{type(model).__name__} has no attention to draw (a {model.config.model_type} model); attention maps need a "
         "vision transformer: ScratchViT, ViT, DeiT, ..."
@@ -178,7 +153,8 @@ def compute_attention_maps(model, processor, image: Image.Image, image_size: int
     pixel_values = preprocess([image.convert(image_mode(model))], model, processor, image_size)  # (1, C, H, W)
     kwargs = {"interpolate_pos_encoding": True} if needs_interpolation(model, image_size) else {}
     device = next(model.parameters()).device
-    outputs = model(pixel_values=pixel_values.to(device), output_attentions=True, **kwargs)
+    with torch.inference_mode():
+        outputs = model(pixel_values=pixel_values.to(device), output_attentions=True, **kwargs)
     if not hasattr(outputs, "attentions"):
         raise no_attention
     if not outputs.attentions:
@@ -219,6 +195,9 @@ def plot_attention_figure(
     image: Image.Image, maps: AttentionMaps, path: str | os.PathLike, title: str | None = None
 ) -> Path:
     """One PNG: the input, the rollout and each layer's map overlaid on the image, in a grid of equal panels."""
+    import numpy as np
+    from matplotlib.figure import Figure
+
     shown = display_image(image)
     panels = [("Input", np.asarray(shown)), ("Attention rollout", overlay_heatmap(shown, maps.rollout))]
     panels += [(f"Layer {i + 1}", overlay_heatmap(shown, m)) for i, m in enumerate(maps.layer_maps)]
@@ -243,23 +222,16 @@ def plot_attention_figure(
     return path
 
 
-def save_rollout_overlay(image: Image.Image, maps: AttentionMaps, path: str | os.PathLike) -> Path:
-    """The rollout overlaid on the image as a plain PNG with the image's aspect ratio (enlarged if tiny)."""
-    path = Path(path)
-    shown = display_image(image)
-    Image.fromarray(overlay_heatmap(shown, maps.rollout)).save(path)
-    return path
-
-
 def write_attention_maps(
-    model,
-    processor,
-    image_paths: Sequence[str | os.PathLike],
-    output_dir: str | os.PathLike,
-    image_size: int | None = None,
+    model, processor, image_paths: Sequence, output_dir, image_size: int | None = None
 ) -> list[Path]:
-    """Write `<name>_attention.png` and `<name>_rollout.png` for every image into `output_dir`; returns the paths.
-    Images that cannot be read are logged and skipped."""
+    """Write `<name>_attention.png` and `<name>_rollout.png` (the rollout on the image alone, enlarged if tiny) for
+    every image into `output_dir`; returns the paths. Images that cannot be read are logged and skipped."""
+    from PIL import Image
+
+    from finetune.models import photo_size
+    from finetune.tools.predict import load_images, model_preprocessing, model_view
+
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     written, used_names = [], set()
@@ -278,7 +250,8 @@ def write_attention_maps(
         maps = compute_attention_maps(model, processor, image, image_size)
         title = f"{image_path.name}, {type(model).__name__}"
         written.append(plot_attention_figure(image, maps, output_dir / f"{name}_attention.png", title))
-        written.append(save_rollout_overlay(image, maps, output_dir / f"{name}_rollout.png"))
+        Image.fromarray(overlay_heatmap(display_image(image), maps.rollout)).save(output_dir / f"{name}_rollout.png")
+        written.append(output_dir / f"{name}_rollout.png")
     return written
 
 
@@ -298,12 +271,9 @@ def main(argv: list[str] | None = None) -> list[Path]:
     model, processor = classifier_from_arguments(parser, args, attn_implementation="eager")
     written = write_attention_maps(model, processor, args.images, args.output, args.image_size)
     if not written:
-        raise ValueError(
-            f"None of {', '.join(args.images)} could be read as an image; nothing was written. Pass PNG, JPEG, ... "
-            "files."
-        )
-    for path in written:
-        print(path)
+        names = ", ".join(args.images)
+        raise ValueError(f"None of {names} could be read as an image; nothing was written. Pass PNG, JPEG, ... files.")
+    print("\n".join(map(str, written)))
     return written
 
 

@@ -1,23 +1,21 @@
 """Compare finished runs: a Markdown report with a summary table and per-class accuracies, learning curves of every
-run on shared axes, and a normalized confusion matrix per run.
+run on shared axes, and a normalized confusion matrix per run (tables and plots from `finetune/tools/report.py`).
 
     python -m finetune.tools.compare OUTPUT/pretrained OUTPUT/scratch --output OUTPUT/comparison
     vit-finetune compare OUTPUT --output OUTPUT/comparison
 
-A run directory is what `finetune/run.py` writes: `results.json` (`finetune/results.py`). A directory without
-`results.json` whose subfolders are runs (the `model_type: both` layout) stands for those runs. Tables and plots come
-from `finetune/tools/report.py`.
+A run directory holds the `results.json` that `finetune/run.py` writes; a directory without one whose subfolders are
+runs (the `model_type: both` layout) stands for those runs.
 """
 
 import argparse
 import json
+import logging
 import os
 import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-
-from transformers.utils import logging
 
 from finetune.errors import run_command
 from finetune.results import Results, find_run_dirs
@@ -32,7 +30,7 @@ from finetune.tools.report import (
 )
 
 
-logger = logging.get_logger(__name__)
+logger = logging.getLogger(__name__)
 
 REPORT_NAME = "report.md"
 SUMMARY_NAME = "comparison.json"

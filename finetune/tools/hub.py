@@ -3,42 +3,38 @@
     python -m finetune.tools.hub push OUTPUT_DIR --repo_id you/vit-cifar10 [--private] [--revision R] [--timeout S]
     python -m finetune.tools.hub files OUTPUT_DIR      # write the model card and list what a push would upload
 
-Only what someone needs to use the model goes up: weights, config, image processor, the ScratchViT code files,
-the model card (README.md, written here first), results.json and the comparison report when there is one. Checkpoints,
-optimizer and scheduler states, training_args.bin and TensorBoard logs stay local. The push never deletes or changes
-a local file, except that it (re)writes README.md.
+Only what someone needs to use the model goes up: weights, config, image processor, the ScratchViT code files, the
+model card (README.md, written here first), results.json and the comparison report when there is one. Checkpoints,
+optimizer states, training_args.bin and TensorBoard logs stay local; the push changes no local file but README.md.
+The token (argument, `HF_TOKEN`, or `hf auth login`) is sent only in the Authorization header, never logged.
 
-The token comes from the `token` argument, else `HF_TOKEN`, else the stored login (`hf auth login`); it is sent only
-in the Authorization header and never logged or written.
-
-Every request of a push waits at most `timeout` seconds to connect, send or receive (`--timeout`, else the
-`FINETUNE_HUB_TIMEOUT` environment variable, else 60), and one that times out, loses its connection or gets a 408,
-429 or 5xx answer is tried again after 2, 4, ... seconds, `retries` times (`--retries`, default 2). A push that still
-fails raises `HubPushError` naming the cause, keeps every local file and gives the command that retries it.
+Every request waits at most `--timeout` seconds (else `FINETUNE_HUB_TIMEOUT`, else 60) and one that times out, loses
+its connection or gets a 408, 429 or 5xx answer is sent again after 2, 4, ... seconds, `--retries` times (default 2).
+A push that still fails raises `HubPushError` naming the cause, with the command that retries it.
 """
 
 import argparse
 import contextlib
 import fnmatch
 import json
-import logging as std_logging
+import logging
 import os
 import shlex
 import sys
 import time
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import httpx2
-from huggingface_hub import CommitOperationAdd, HfApi, get_token, set_client_factory
+from huggingface_hub import CommitOperationAdd, HfApi, get_session, get_token, set_client_factory
 from huggingface_hub.errors import HfHubHTTPError
-from huggingface_hub.utils import _http as hf_http
-from transformers.utils import logging
 
 from finetune.errors import run_command
 from finetune.tools.model_card import CARD_NAME, find_comparison_dir, write_model_card
 
 
-logger = logging.get_logger(__name__)
+logger = logging.getLogger(__name__)
 
 # Top-level files of a run directory that make up the model repo; everything else stays local.
 MODEL_FILE_PATTERNS = (
@@ -66,6 +62,11 @@ MAX_RETRY_WAIT_SECONDS = 30.0
 RETRY_STATUS_CODES = (408, 429, 500, 502, 503, 504)
 # Network failures worth another attempt; anything else (a bad URL, a local file error) fails at once.
 RETRY_EXCEPTIONS = (httpx2.TimeoutException, httpx2.NetworkError, httpx2.RemoteProtocolError)
+HTTP_HINTS = {
+    401: "the token was rejected: set HF_TOKEN or run `hf auth login` with a token that has write access",
+    403: "the token may not write to this repo or namespace: check the repo id and the token's permissions",
+    404: "the repo or revision was not found: check the repo id and that the token can see it",
+}
 
 
 class HubPushError(RuntimeError):
@@ -73,39 +74,49 @@ class HubPushError(RuntimeError):
 
 
 class HubRequestError(RuntimeError):
-    """A Hub request that failed on every attempt: with `cause` (a network error) or `status` (an HTTP answer).
-
-    Deliberately not an `httpx2` exception, so the retry loops inside huggingface_hub do not repeat what
-    `BoundedRetryTransport` has already retried.
-    """
-
-    def __init__(
-        self,
-        request: httpx2.Request,
-        attempts: int,
-        timeout: float,
-        cause: BaseException | None = None,
-        status: int | None = None,
-        detail: str = "",
-    ):
-        self.method, self.url, self.attempts, self.timeout = request.method, request.url, attempts, timeout
-        self.cause, self.status, self.detail = cause, status, detail
-        what = _exception_name(cause) if status is None else f"HTTP {status}" + (f": {detail}" if detail else "")
-        tries = "1 attempt" if attempts == 1 else f"{attempts} attempts"
-        super().__init__(f"{request.method} {request.url.path} failed after {tries}: {what}")
+    """A Hub request that failed on every attempt; the message says why and what to do. Deliberately not an `httpx2`
+    exception, so the retry loops inside huggingface_hub do not repeat what `BoundedRetryTransport` has retried."""
 
 
-def _exception_name(error: BaseException | None) -> str:
+def _exception_name(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+
+
+def _request_failure(request: httpx2.Request, attempts: int, timeout: float, error=None, status=None, detail=""):
+    """The `HubRequestError` of a request that failed `attempts` times: with a network `error` or an HTTP `status`."""
+    where, url = f"{request.method} {request.url.path}", request.url
+    tries = "1 attempt" if attempts == 1 else f"{attempts} attempts"
+    endpoint = f"{url.scheme}://{url.host}" + (f":{url.port}" if url.port else "")
+    if status is not None:
+        return HubRequestError(_describe_status(status, where, detail, tries))
+    cause = _exception_name(error)
+    if isinstance(error, httpx2.TimeoutException):
+        return HubRequestError(
+            f"no answer from {endpoint} within {timeout:g} s on {where} ({tries}; {cause}); the Hub or the network is "
+            f"slow or down: retry later, or allow more time (--timeout or {TIMEOUT_ENV})"
+        )
+    if isinstance(error, httpx2.ConnectError):
+        return HubRequestError(
+            f"Could not reach {endpoint} ({tries}; {cause}): check the network connection (or HF_ENDPOINT)"
+        )
+    return HubRequestError(
+        f"the connection to {endpoint} broke on {where} ({tries}; {cause}); the Hub or a proxy dropped it: retry later"
+    )
+
+
+def _describe_status(status: int, where: str, detail: str, tries: str = "1 attempt") -> str:
+    text = f"HTTP {status}" + (f" on {where}" if where else "") + (f": {detail}" if detail else "")
+    text += f" ({tries})" if tries != "1 attempt" else ""
+    hint = HTTP_HINTS.get(status, "the Hub had a server error: retry later" if status >= 500 else "")
+    return f"{text}; {hint}" if hint else text
 
 
 class BoundedRetryTransport(httpx2.BaseTransport):
     """Wraps an `httpx2` transport: retries a request on a network error or a retryable status, with backoff.
 
-    Only requests with the client's timeout and a body that can be sent again (bytes and JSON: every Hub API call
-    of a push) are retried here. A streamed upload is passed through once, and huggingface_hub's own retry (which
-    rewinds the file) covers it; a request with a timeout of its own is a best-effort call (huggingface_hub's agent
-    registry lookup) and is sent once.
+    Only requests with the client's timeout and a body that can be sent again (bytes and JSON: every Hub API call of
+    a push) are retried here. A streamed upload is passed through once (huggingface_hub's own retry, which rewinds the
+    file, covers it); a request with a timeout of its own (huggingface_hub's best-effort lookups) is sent once.
     """
 
     def __init__(self, inner: httpx2.BaseTransport, retries: int, retry_wait: float, timeout: float):
@@ -121,8 +132,7 @@ class BoundedRetryTransport(httpx2.BaseTransport):
             try:
                 response = self.inner.handle_request(request)
             except RETRY_EXCEPTIONS as error:
-                failure = HubRequestError(request, attempt, self.timeout, cause=error)
-                reason = _exception_name(error)
+                failure, reason = _request_failure(request, attempt, self.timeout, error=error), _exception_name(error)
             else:
                 seconds = time.perf_counter() - start
                 logger.debug(f"{request.method} {request.url.path}: {response.status_code} in {seconds:.1f} s")
@@ -130,15 +140,14 @@ class BoundedRetryTransport(httpx2.BaseTransport):
                     return response
                 response.read()
                 response.close()
-                detail = _server_message(response.content)
-                failure = HubRequestError(request, attempt, self.timeout, status=response.status_code, detail=detail)
-                reason = f"HTTP {response.status_code}"
+                status, detail = response.status_code, _server_message(response.content)
+                failure = _request_failure(request, attempt, self.timeout, status=status, detail=detail)
+                reason = f"HTTP {status}"
             if attempt == attempts:
                 raise failure
             wait = min(self.retry_wait * 2 ** (attempt - 1), MAX_RETRY_WAIT_SECONDS)
-            logger.warning(
-                f"{request.method} {request.url.path}: {reason} (attempt {attempt}/{attempts}); retrying in {wait:g} s"
-            )
+            where = f"{request.method} {request.url.path}"
+            logger.warning(f"{where}: {reason} (attempt {attempt}/{attempts}); retrying in {wait:g} s")
             time.sleep(wait)
         raise AssertionError("unreachable: the last attempt returns or raises")
 
@@ -157,35 +166,33 @@ def _server_message(body: bytes) -> str:
 
 
 @contextlib.contextmanager
-def bounded_hub_requests(timeout: float, retries: int, retry_wait: float):
-    """Within the block, every request huggingface_hub sends has `timeout` and is retried up to `retries` times.
+def bounded_hub_requests(endpoint: str, timeout: float, retries: int, retry_wait: float):
+    """Within the block, every request huggingface_hub sends waits at most `timeout` seconds and is retried up to
+    `retries` times.
 
-    huggingface_hub sends all its requests (repo and branch creation, preupload, commit, LFS) through one shared
-    `httpx2.Client` built by the factory of `set_client_factory`, with no timeout by default. This installs a factory
-    that wraps the current one (keeping a user's proxies and certificates) and puts the previous one back on exit, so
-    neither importing this module nor a push changes later calls. Xet uploads of large files run in hf_xet's own
-    client, with its own timeouts and retries (`HF_XET_CLIENT_READ_TIMEOUT`, `HF_XET_CLIENT_RETRY_MAX_DURATION`).
+    huggingface_hub sends its requests through one shared `httpx2.Client` made by the factory of its public
+    `set_client_factory`, with no timeout. The block installs a factory of bounded clients that keep the library
+    client's event hooks (offline mode, request ids) and the proxy the environment names for the Hub's host; on exit,
+    a factory of clients made as the library's own. (huggingface_hub has no getter for its factory, so a factory a user
+    set before the push is replaced by that equivalent.) Xet uploads run in hf_xet's own client, with its own timeouts
+    and retries (`HF_XET_CLIENT_READ_TIMEOUT`, `HF_XET_CLIENT_RETRY_MAX_DURATION`).
     """
-    # huggingface_hub has no getter for the current factory; it is only read, to put it back afterwards.
-    previous = hf_http._GLOBAL_CLIENT_FACTORY
+    library = get_session()
+    hooks, redirects, default_timeout = library.event_hooks, library.follow_redirects, library.timeout
+    host = urllib.parse.urlsplit(endpoint)
+    proxy = None if urllib.request.proxy_bypass(host.hostname or "") else urllib.request.getproxies().get(host.scheme)
 
-    def factory() -> httpx2.Client:
-        client = previous()
-        client.timeout = httpx2.Timeout(timeout)
-        # `transport=` is public only at construction, where it would drop the proxies read from the environment;
-        # wrapping the built client's transports keeps them.
-        client._transport = BoundedRetryTransport(client._transport, retries, retry_wait, timeout)
-        client._mounts = {
-            pattern: None if transport is None else BoundedRetryTransport(transport, retries, retry_wait, timeout)
-            for pattern, transport in client._mounts.items()
-        }
-        return client
+    def bounded() -> httpx2.Client:
+        transport = BoundedRetryTransport(httpx2.HTTPTransport(proxy=proxy), retries, retry_wait, timeout)
+        return httpx2.Client(event_hooks=hooks, follow_redirects=redirects, timeout=timeout, transport=transport)
 
-    set_client_factory(factory)
+    set_client_factory(bounded)
     try:
         yield
     finally:
-        set_client_factory(previous)
+        set_client_factory(
+            lambda: httpx2.Client(event_hooks=hooks, follow_redirects=redirects, timeout=default_timeout)
+        )
 
 
 def resolve_timeout(timeout: float | str | None) -> float:
@@ -214,103 +221,48 @@ def _size(num_bytes: float) -> str:
 
 
 def upload_plan(output_dir: str | os.PathLike) -> list[tuple[str, Path]]:
-    """The files a push uploads, as `(path_in_repo, local_path)` pairs sorted by path in the repo.
+    """The files a push uploads, as `(path_in_repo, local_path)` pairs sorted by path in the repo: the top-level model
+    files of `output_dir` (`pytorch_model*.bin` only without safetensors) and, when a comparison report covers this
+    run, its files under `comparison/`. Subfolders (checkpoint-*/, runs/) and other files never go."""
 
-    Top-level model files of `output_dir` (weights, config, image processor, code files, README.md, results.json;
-    `pytorch_model*.bin` only when there are no safetensors) and, when a comparison report covers this run, its files
-    under `comparison/`. Subfolders (checkpoint-*/, runs/) and other files (training_args.bin, optimizer states,
-    trainer_state.json) are never included.
-    """
-    output_dir = Path(output_dir)
-    files = sorted(p for p in output_dir.iterdir() if p.is_file() and not p.is_symlink())
-
-    def matching(patterns):
+    def matching(folder: Path, patterns) -> list[Path]:
+        files = sorted(p for p in folder.iterdir() if p.is_file() and not p.is_symlink())
         return [p for p in files if any(fnmatch.fnmatch(p.name, pattern) for pattern in patterns)]
 
-    chosen = matching(MODEL_FILE_PATTERNS)
+    output_dir = Path(output_dir)
+    chosen = matching(output_dir, MODEL_FILE_PATTERNS)
     if not any(p.suffix == ".safetensors" for p in chosen):
-        chosen += matching(LEGACY_WEIGHT_PATTERNS)
+        chosen += matching(output_dir, LEGACY_WEIGHT_PATTERNS)
     plan = [(p.name, p) for p in chosen]
     comparison_dir = find_comparison_dir(output_dir)
     if comparison_dir is not None:
-        for p in sorted(comparison_dir.iterdir()):
-            if (
-                p.is_file()
-                and not p.is_symlink()
-                and any(fnmatch.fnmatch(p.name, c) for c in COMPARISON_FILE_PATTERNS)
-            ):
-                plan.append((f"comparison/{p.name}", p))
+        plan += [(f"comparison/{p.name}", p) for p in matching(comparison_dir, COMPARISON_FILE_PATTERNS)]
     return sorted(plan)
 
 
-def retry_command(
-    output_dir: str | os.PathLike,
-    repo_id: str,
-    private: bool | None = None,
-    revision: str | None = None,
-    commit_message: str | None = None,
-    timeout: float | None = None,
-    retries: int | None = None,
-) -> str:
+def retry_command(output_dir, repo_id, private=None, revision=None, commit_message=None, timeout=None, retries=None):
     """The shell command that repeats a push with the same options."""
     parts = ["python", "-m", "finetune.tools.hub", "push", str(output_dir), "--repo_id", repo_id]
-    if private:
-        parts.append("--private")
-    if revision:
-        parts += ["--revision", revision]
-    if commit_message:
-        parts += ["--commit_message", commit_message]
-    if timeout is not None:
-        parts += ["--timeout", f"{timeout:g}"]
-    if retries is not None:
-        parts += ["--retries", str(retries)]
+    parts += ["--private"] if private else []
+    for flag, value in (("revision", revision), ("commit_message", commit_message)):
+        parts += [f"--{flag}", value] if value else []
+    parts += ["--timeout", f"{timeout:g}"] if timeout is not None else []
+    parts += ["--retries", str(retries)] if retries is not None else []
     return shlex.join(parts)
-
-
-HTTP_HINTS = {
-    401: "the token was rejected: set HF_TOKEN or run `hf auth login` with a token that has write access",
-    403: "the token may not write to this repo or namespace: check the repo id and the token's permissions",
-    404: "the repo or revision was not found: check the repo id and that the token can see it",
-}
 
 
 def _describe_failure(error: BaseException, endpoint: str) -> str:
     """Why a Hub call failed (the HTTP status and the server's message, or the network error) and what to do."""
     if isinstance(error, HubRequestError):
-        where = f"{error.method} {error.url.path}"
-        tries = "1 attempt" if error.attempts == 1 else f"{error.attempts} attempts"
-        if error.status is not None:
-            return _describe_status(error.status, where, error.detail, tries)
-        cause = _exception_name(error.cause)
-        if isinstance(error.cause, httpx2.TimeoutException):
-            return (
-                f"no answer from {endpoint} within {error.timeout:g} s on {where} ({tries}; {cause}); the Hub or "
-                f"the network is slow or down: retry later, or allow more time (--timeout or "
-                f"{TIMEOUT_ENV})"
-            )
-        if isinstance(error.cause, httpx2.ConnectError):
-            return f"Could not reach {endpoint} ({tries}; {cause}): check the network connection (or HF_ENDPOINT)"
-        return (
-            f"the connection to {endpoint} broke on {where} ({tries}; {cause}); the Hub or a proxy dropped it: "
-            f"retry later"
-        )
+        return str(error)
     if isinstance(error, HfHubHTTPError) and error.response is not None:
         request = error.response.request
         where = f"{request.method} {request.url.path}" if request is not None else ""
-        detail = error.server_message or str(error).splitlines()[0]
-        return _describe_status(error.response.status_code, where, detail)
+        return _describe_status(error.response.status_code, where, error.server_message or str(error).splitlines()[0])
     cause = _exception_name(error)
     if isinstance(error, (ConnectionError, TimeoutError)) or "connect" in type(error).__name__.lower():
         return f"{cause}; Could not reach {endpoint}: check the network connection (or HF_ENDPOINT)"
     return cause
-
-
-def _describe_status(status: int, where: str, detail: str, tries: str | None = None) -> str:
-    text = f"HTTP {status}" + (f" on {where}" if where else "") + (f": {detail}" if detail else "")
-    if tries and tries != "1 attempt":
-        text += f" ({tries})"
-    hint = HTTP_HINTS.get(status, "the Hub had a server error: retry later" if status >= 500 else "")
-    return f"{text}; {hint}" if hint else text
 
 
 def push_output_dir(
@@ -325,38 +277,22 @@ def push_output_dir(
     retries: int | None = None,
     retry_wait: float | None = None,
 ) -> str:
-    """Write the model card, then upload a run's output directory to the Hub repo `repo_id` in one commit.
+    """Write the model card, then upload a run's output directory to the Hub repo `repo_id` in one commit; returns
+    the commit's URL.
 
-    Args:
-        output_dir: a run's output directory (`config.json`, weights, `results.json`).
-        repo_id: `namespace/name`; created if missing (`private` applies only then).
-        private: make a newly created repo private (`None`: the namespace's default).
-        revision: branch to commit to; created from the default branch if missing.
-        commit_message: defaults to "Upload <run name>".
-        token: Hub token; defaults to `HF_TOKEN` or the stored login. Never logged or written.
-        endpoint: Hub URL (defaults to `HF_ENDPOINT` or huggingface.co); tests point it at a local server.
-        timeout: seconds each request may wait to connect, send or receive; defaults to `FINETUNE_HUB_TIMEOUT`,
-            else 60.
-        retries: how many times a request that timed out, lost its connection or got a 408, 429 or 5xx answer is
-            sent again (default 2).
-        retry_wait: seconds before the first retry, doubling for each further one (default 2).
+    `repo_id` is created if missing (`private` applies only then), `revision` too (from the default branch).
+    `token` defaults to `HF_TOKEN` or the stored login, `endpoint` to `HF_ENDPOINT` (tests point it at a local
+    server). `timeout`, `retries` and `retry_wait` bound every request (see the module docstring).
 
-    Returns:
-        The URL of the commit.
-
-    Raises:
-        FileNotFoundError: `output_dir` is not a finished run's output directory.
-        ValueError: `timeout` or `retries` is out of range.
-        HubPushError: the push failed; the message names the cause, says that every local file is still in place,
-            and gives the command to retry.
+    Raises `FileNotFoundError` when `output_dir` is not a finished run's, `ValueError` for a bad `timeout` or
+    `retries`, and `HubPushError` when the push fails: the message names the cause, says that every local file is
+    still in place, and gives the command to retry.
     """
     output_dir = Path(output_dir)
     missing = [name for name in ("config.json", "results.json") if not (output_dir / name).is_file()]
     if missing:
-        children = (
-            [p.name for p in output_dir.iterdir() if (p / "config.json").is_file()] if output_dir.is_dir() else []
-        )
-        hint = f" It holds run directories: push {', '.join(children)} separately." if children else ""
+        runs = [p.name for p in output_dir.iterdir() if (p / "config.json").is_file()] if output_dir.is_dir() else []
+        hint = f" It holds run directories: push {', '.join(runs)} separately." if runs else ""
         raise FileNotFoundError(
             f"{output_dir} is not the output directory of a finished run: missing {', '.join(missing)}.{hint}"
         )
@@ -380,24 +316,26 @@ def push_output_dir(
 
     if not token:
         raise failure("no Hub token; set HF_TOKEN or log in with `hf auth login` (a token with write access)")
-    if commit_message is None:
-        commit_message = f"Upload {output_dir.resolve().name}"
+    commit_message = commit_message or f"Upload {output_dir.resolve().name}"
     sizes = {path: local.stat().st_size for path, local in plan}
-    target = repo_id + (f"@{revision}" if revision else "")
-    logger.info(f"Uploading {len(plan)} files ({_size(sum(sizes.values()))}) from {output_dir} to {target}:")
+    total = _size(sum(sizes.values()))
+    logger.info(
+        f"Uploading {len(plan)} files ({total}) from {output_dir} to {repo_id}{f'@{revision}' * bool(revision)}:"
+    )
     for path, size in sizes.items():
         logger.info(f"  {path} ({_size(size)})")
-    tries = f"{retries} {'retry' if retries == 1 else 'retries'}"
-    logger.info(f"Each Hub request waits at most {seconds:g} s, with up to {tries}.")
+    logger.info(
+        f"Each Hub request waits at most {seconds:g} s, with up to {retries} {'retry' if retries == 1 else 'retries'}."
+    )
     start = time.perf_counter()
     try:
-        with bounded_hub_requests(seconds, retries, retry_wait):
+        with bounded_hub_requests(api.endpoint, seconds, retries, retry_wait):
             logger.info(f"Creating {repo_id} on {api.endpoint} if it does not exist")
             api.create_repo(repo_id, private=private, repo_type="model", exist_ok=True)
             if revision and revision != "main":
                 logger.info(f"Creating branch {revision} if it does not exist")
                 api.create_branch(repo_id, branch=revision, repo_type="model", exist_ok=True)
-            logger.info(f"Committing {len(plan)} files ({_size(sum(sizes.values()))})")
+            logger.info(f"Committing {len(plan)} files ({total})")
             operations = [CommitOperationAdd(path_in_repo=path, path_or_fileobj=str(local)) for path, local in plan]
             info = api.create_commit(
                 repo_id, operations=operations, commit_message=commit_message, revision=revision, repo_type="model"
@@ -435,50 +373,31 @@ def main(argv: list[str] | None = None) -> str | list[str]:
     _add_argument(push, "private", action="store_true", default=None, help="Create the repo as private.")
     _add_argument(push, "revision", help="Branch to push to (created if missing); default main.")
     _add_argument(push, "commit_message", help="Commit message (default: Upload <run>).")
-    _add_argument(
-        push,
-        "timeout",
-        type=float,
-        metavar="SECONDS",
-        help=f"Seconds each Hub request may wait (default: ${TIMEOUT_ENV}, else {DEFAULT_TIMEOUT:g}).",
-    )
-    _add_argument(
-        push,
-        "retries",
-        type=int,
-        metavar="N",
-        help=f"Retries of a request that timed out or got a server error (default {DEFAULT_RETRIES}).",
-    )
+    timeout_help = f"Seconds each Hub request may wait (default: ${TIMEOUT_ENV}, else {DEFAULT_TIMEOUT:g})."
+    _add_argument(push, "timeout", type=float, metavar="SECONDS", help=timeout_help)
+    retries_help = f"Retries of a request that timed out or got a server error (default {DEFAULT_RETRIES})."
+    _add_argument(push, "retries", type=int, metavar="N", help=retries_help)
     _add_argument(push, "debug", action="store_true", help="Log every request and show the traceback of a failure.")
     files = commands.add_parser("files", help="Write the model card and list the files a push would upload.")
     files.add_argument("output_dir", metavar="OUTPUT_DIR", help="A run's output directory.")
     _add_argument(files, "repo_id", help="Repo id the card is written for.")
     args = parser.parse_args(argv)
 
-    if args.command == "files":
-        try:
+    try:
+        if args.command == "files":
             write_model_card(args.output_dir, args.repo_id)
             paths = [path for path, _ in upload_plan(args.output_dir)]
-        except (FileNotFoundError, NotADirectoryError, ValueError) as error:
-            print(f"error: {error}", file=sys.stderr)
-            raise SystemExit(1) from None
-        print("\n".join(paths))
-        return paths
-    std_logging.basicConfig(format="%(levelname)s - %(name)s - %(message)s", handlers=[std_logging.StreamHandler()])
-    for name in ("finetune", logger.name):  # `python -m finetune.tools.hub` names this module's logger __main__
-        std_logging.getLogger(name).setLevel(std_logging.DEBUG if args.debug else std_logging.INFO)
-    try:
+            print("\n".join(paths))
+            return paths
+        logging.basicConfig(format="%(levelname)s - %(name)s - %(message)s", handlers=[logging.StreamHandler()])
+        for name in ("finetune", logger.name):  # `python -m finetune.tools.hub` names this module's logger __main__
+            logging.getLogger(name).setLevel(logging.DEBUG if args.debug else logging.INFO)
         url = push_output_dir(
-            args.output_dir,
-            args.repo_id,
-            args.private,
-            args.revision,
-            args.commit_message,
-            timeout=args.timeout,
-            retries=args.retries,
-        )
-    except (HubPushError, FileNotFoundError, ValueError) as error:
-        if args.debug:
+            args.output_dir, args.repo_id, args.private, args.revision, args.commit_message, None, None,
+            args.timeout, args.retries,
+        )  # fmt: skip
+    except (HubPushError, FileNotFoundError, NotADirectoryError, ValueError) as error:
+        if args.command == "push" and args.debug:
             raise
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(1) from None

@@ -1,27 +1,22 @@
 """The model card (README.md) of a run's output directory, for the Hub.
 
-The metadata is built with huggingface_hub's `ModelCardData` and `EvalResult`, so it parses back with
-`ModelCard.load(path).data` (tags, datasets, base model, pipeline tag, and a `model-index` with validation and test
-accuracy). The body is written from `results.json`, `config.json` and, when the run is part of a comparison, the
-comparison's summary.
+The metadata is huggingface_hub's `ModelCardData` with `EvalResult`s, so it parses back with
+`ModelCard.load(path).data` (tags, datasets, base model, pipeline tag, a `model-index` with validation and test
+metrics). The body is written from `results.json`, `config.json` and the comparison's summary when there is one.
 """
 
 import argparse
 import json
+import logging
 import os
 import sys
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-import huggingface_hub
-import torch
-import transformers
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
-from transformers.utils import logging
 
 from finetune.errors import run_command
-from finetune.hardware import short_name
-from finetune.models import ADAPTER_CONFIG_NAME
 from finetune.results import Results
 from finetune.tools.compare import REPORT_NAME, SUMMARY_NAME
 from finetune.tools.report import (
@@ -38,18 +33,25 @@ from finetune.tools.report import (
 )
 
 
-logger = logging.get_logger(__name__)
+logger = logging.getLogger(__name__)
 
 CARD_NAME = "README.md"
 COMPARISON_DIR_NAME = "comparison"
+ADAPTER_CONFIG_NAME = (
+    "adapter_config.json"  # peft's adapter file, as `finetune.models` (torch-heavy to import) names it
+)
 # Licenses of base checkpoints this project fine-tunes; a fine-tuned model inherits its base's license.
 KNOWN_BASE_LICENSES = {"google/vit-": "apache-2.0", "facebook/deit-": "apache-2.0"}
 HISTORY_ROWS = 30
+ARCHITECTURE_KEYS = (
+    "image_size patch_size num_channels hidden_size num_hidden_layers num_attention_heads intermediate_size "
+    "patch_embedding_type position_embedding_type pooling head_type"
+).split()
 
 
 def find_comparison_dir(output_dir: str | os.PathLike) -> Path | None:
-    """The comparison report that covers this run, if any: `output_dir/comparison/`, or a sibling
-    `../comparison/` (the `model_type: both` layout) whose `comparison.json` lists this run."""
+    """The comparison report that covers this run, if any: `output_dir/comparison/`, or a sibling `../comparison/`
+    (the `model_type: both` layout) whose `comparison.json` lists this run."""
     output_dir = Path(output_dir)
     child = output_dir / COMPARISON_DIR_NAME
     if (child / REPORT_NAME).is_file():
@@ -60,16 +62,14 @@ def find_comparison_dir(output_dir: str | os.PathLike) -> Path | None:
     summary = _read_json(sibling / SUMMARY_NAME)
     if summary is None:
         return sibling
-    listed = {row.get("run_dir") for row in summary.get("runs", [])}
-    return sibling if output_dir.resolve().name in listed else None
+    return sibling if output_dir.resolve().name in {row.get("run_dir") for row in summary.get("runs", [])} else None
 
 
 def _read_json(path: Path) -> Any:
     if not path.is_file():
         return None
     try:
-        with open(path) as f:
-            return json.load(f)
+        return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as error:
         logger.warning(f"Ignoring {path}: {error}")
         return None
@@ -82,14 +82,10 @@ def is_scratch(results: Results) -> bool:
 
 def card_license(results: Results) -> str | None:
     """`results.json`'s `license`, else the license of a known base checkpoint, else unknown (None)."""
-    if results.license:
+    if results.license or results.model_type != "pretrained":
         return results.license
     base = results.model_name_or_path or ""
-    if results.model_type == "pretrained":
-        for prefix, license_name in KNOWN_BASE_LICENSES.items():
-            if base.startswith(prefix):
-                return license_name
-    return None
+    return next((name for prefix, name in KNOWN_BASE_LICENSES.items() if base.startswith(prefix)), None)
 
 
 def adapter_base(output_dir: str | os.PathLike) -> str | None:
@@ -102,40 +98,28 @@ def card_data(results: Results, model_name: str, adapter_base_model: str | None 
     """The card's YAML metadata: tags, dataset, base model, license, pipeline tag and model-index metrics. A peft
     adapter (`adapter_base_model` given) is a `library_name: peft` repo naming its base model."""
     scratch = is_scratch(results)
-    dataset = results.dataset
-    dataset_name = display_dataset(dataset)
-    dataset_type = dataset if is_hub_id(dataset) else dataset_name
+    dataset, dataset_name = results.dataset, display_dataset(results.dataset)
+    task = {"task_type": "image-classification", "task_name": "Image Classification", "dataset_name": dataset_name}
+    task["dataset_type"] = dataset if is_hub_id(dataset) else dataset_name
     eval_results = []
     for split in ("validation", "test"):
-        metrics = getattr(results, split)
+        metrics, name = getattr(results, split), split.capitalize()
         if metrics is None:
             continue
         # (value, metric id of the Hub's metrics, its arguments, the name shown)
-        values = (
-            (metrics.accuracy, "accuracy", None, f"{split.capitalize()} accuracy"),
-            (metrics.top5_accuracy, "top_k_accuracy", {"k": 5}, f"{split.capitalize()} top-5 accuracy"),
-            (metrics.macro_f1, "f1", {"average": "macro"}, f"{split.capitalize()} macro F1"),
-        )
-        for value, metric_type, metric_args, metric_name in values:
+        for value, metric_type, metric_args, metric_name in (
+            (metrics.accuracy, "accuracy", None, f"{name} accuracy"),
+            (metrics.top5_accuracy, "top_k_accuracy", {"k": 5}, f"{name} top-5 accuracy"),
+            (metrics.macro_f1, "f1", {"average": "macro"}, f"{name} macro F1"),
+        ):
             if value is not None:
                 eval_results.append(
-                    EvalResult(
-                        task_type="image-classification",
-                        task_name="Image Classification",
-                        dataset_type=dataset_type,
-                        dataset_name=dataset_name,
-                        dataset_split=split,
-                        metric_type=metric_type,
-                        metric_value=value,
-                        metric_name=metric_name,
-                        metric_args=metric_args,
-                    )
-                )
-    base_model = results.model_name_or_path
+                    EvalResult(**task, dataset_split=split, metric_type=metric_type, metric_value=value,
+                               metric_name=metric_name, metric_args=metric_args)
+                )  # fmt: skip
+    base_model = adapter_base_model or results.model_name_or_path
     tags = ["image-classification", "vision", "vit"] + (["scratch-vit", "custom_code"] if scratch else [])
-    if adapter_base_model is not None:
-        base_model = adapter_base_model
-        tags += ["peft", "lora"]
+    tags += ["peft", "lora"] if adapter_base_model is not None else []
     return ModelCardData(
         library_name="peft" if adapter_base_model is not None else "transformers",
         license=card_license(results),
@@ -164,84 +148,52 @@ def _description(results: Results, config: dict, model_name: str) -> str:
             f"trained from random initialisation on {dataset} at {size} ({params} parameters; {variant}). "
             "Its modeling code is stored with the weights, so it loads with `trust_remote_code=True`."
         )
-    base_text = f"[`{base}`](https://huggingface.co/{base})" if is_hub_id(base) else "a pretrained ViT checkpoint"
+    base = f"[`{base}`](https://huggingface.co/{base})" if is_hub_id(base) else "a pretrained ViT checkpoint"
     return (
-        f"**{model_name}** is {base_text} fine-tuned for image classification on {dataset} at {size} "
-        f"({params} parameters)."
+        f"**{model_name}** is {base} fine-tuned for image classification on {dataset} at {size} ({params} parameters)."
     )
 
 
-def _architecture_rows(config: dict) -> list[list[Any]]:
-    keys = (
-        "image_size",
-        "patch_size",
-        "num_channels",
-        "hidden_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "intermediate_size",
-        "patch_embedding_type",
-        "position_embedding_type",
-        "pooling",
-        "head_type",
-    )
-    return [[f"`{key}`", config[key]] for key in keys if key in config]
+def _usage(results: Results, config: dict, repo: str, base: str | None) -> str:
+    """How to load the model: transformers' Auto classes (and pipeline), or peft for a LoRA adapter of `base`."""
+    if base is not None:
+        return f"""A LoRA adapter (peft) of `{base}`, with the fine-tuned classification head:
 
+```python
+from peft import PeftModel
+from transformers import AutoConfig, AutoImageProcessor, AutoModelForImageClassification
 
-def _adapter_usage(base: str, repo: str) -> str:
-    return "\n".join(
-        [
-            f"A LoRA adapter (peft) of `{base}`, with the fine-tuned classification head:",
-            "",
-            "```python",
-            "from peft import PeftModel",
-            "from transformers import AutoConfig, AutoImageProcessor, AutoModelForImageClassification",
-            "",
-            f'repo = "{repo}"',
-            "config = AutoConfig.from_pretrained(repo)  # the fine-tuned labels",
-            f'base = AutoModelForImageClassification.from_pretrained("{base}", config=config, '
-            "ignore_mismatched_sizes=True)",
-            "model = PeftModel.from_pretrained(base, repo).merge_and_unload()",
-            "processor = AutoImageProcessor.from_pretrained(repo)",
-            "```",
-            "",
-            "With this project's code, `python -m finetune.tools.predict MODEL_DIR image.jpg` loads the adapter "
-            "folder "
-            "as it is.",
-        ]
-    )
+repo = "{repo}"
+config = AutoConfig.from_pretrained(repo)  # the fine-tuned labels
+base = AutoModelForImageClassification.from_pretrained("{base}", config=config, ignore_mismatched_sizes=True)
+model = PeftModel.from_pretrained(base, repo).merge_and_unload()
+processor = AutoImageProcessor.from_pretrained(repo)
+```
 
-
-def _usage(results: Results, config: dict, repo: str) -> str:
-    scratch = is_scratch(results)
-    remote = ", trust_remote_code=True" if scratch else ""
+With this project's code, `python -m finetune.tools.predict MODEL_DIR image.jpg` loads the adapter folder as it is."""
+    remote = ", trust_remote_code=True" if is_scratch(results) else ""
     mode = "L" if config.get("num_channels") == 1 else "RGB"
-    return "\n".join(
-        [
-            "```python",
-            "import torch",
-            "from PIL import Image",
-            "from transformers import AutoImageProcessor, AutoModelForImageClassification, pipeline",
-            "",
-            f'repo = "{repo}"',
-            "processor = AutoImageProcessor.from_pretrained(repo)",
-            f"model = AutoModelForImageClassification.from_pretrained(repo{remote})",
-            "",
-            f'inputs = processor(Image.open("image.jpg").convert("{mode}"), return_tensors="pt")',
-            "with torch.no_grad():",
-            "    logits = model(**inputs).logits",
-            "print(model.config.id2label[logits.argmax(-1).item()])",
-            "",
-            "# or, in one line:",
-            f'classifier = pipeline("image-classification", model=repo{remote})',
-            'print(classifier("image.jpg"))',
-            "```",
-            "",
-            "With this project's code, `python -m finetune.tools.predict MODEL_DIR image.jpg` prints the top-5 "
-            "classes, "
-            "and `python -m finetune.tools.attention MODEL_DIR image.jpg --output maps/` plots the attention maps.",
-        ]
-    )
+    return f"""```python
+import torch
+from PIL import Image
+from transformers import AutoImageProcessor, AutoModelForImageClassification, pipeline
+
+repo = "{repo}"
+processor = AutoImageProcessor.from_pretrained(repo)
+model = AutoModelForImageClassification.from_pretrained(repo{remote})
+
+inputs = processor(Image.open("image.jpg").convert("{mode}"), return_tensors="pt")
+with torch.no_grad():
+    logits = model(**inputs).logits
+print(model.config.id2label[logits.argmax(-1).item()])
+
+# or, in one line:
+classifier = pipeline("image-classification", model=repo{remote})
+print(classifier("image.jpg"))
+```
+
+With this project's code, `python -m finetune.tools.predict MODEL_DIR image.jpg` prints the top-5 classes, and \
+`python -m finetune.tools.attention MODEL_DIR image.jpg --output maps/` plots the attention maps."""
 
 
 def _results_section(results: Results) -> list[str]:
@@ -251,48 +203,36 @@ def _results_section(results: Results) -> list[str]:
         if metrics:
             count = results.num_samples.get(split)
             rows.append(
-                [
-                    split,
-                    format_percent(metrics.accuracy),
-                    format_percent(metrics.top5_accuracy),
+                [split, format_percent(metrics.accuracy), format_percent(metrics.top5_accuracy)]
+                + [
                     format_number(metrics.macro_f1, 4),
                     format_number(metrics.loss, 4),
-                    count if count is not None else MISSING,
+                    MISSING if count is None else count,
                 ]
             )
     headers = ["Split", "Accuracy", "Top-5 accuracy", "Macro F1", "Loss", "Images"]
     sections = ["## Results", markdown_table(headers, rows)]
-    if results.per_class_accuracy:
-        split = results.confusion_split or "evaluation"
-        if results.per_class_precision:
-            sections += [
-                f"Per-class accuracy, precision and F1 on the {split} split (accuracy is the recall: the fraction "
-                "of the class's images predicted as it):",
-                markdown_table(
-                    ["Class", "Accuracy (recall)", "Precision", "F1"],
-                    [
-                        [
-                            label,
-                            format_percent(acc),
-                            format_percent(results.per_class_precision.get(label)),
-                            format_percent(results.per_class_f1.get(label)),
-                        ]
-                        for label, acc in results.per_class_accuracy.items()
-                    ],
-                ),
-            ]
-        else:
-            sections += [
-                f"Per-class accuracy on the {split} split:",
-                markdown_table(
-                    ["Class", "Accuracy"],
-                    [[label, format_percent(acc)] for label, acc in results.per_class_accuracy.items()],
-                ),
-            ]
-    return sections
+    if not results.per_class_accuracy:
+        return sections
+    split = results.confusion_split or "evaluation"
+    if not results.per_class_precision:
+        rows = [[label, format_percent(acc)] for label, acc in results.per_class_accuracy.items()]
+        return sections + [f"Per-class accuracy on the {split} split:", markdown_table(["Class", "Accuracy"], rows)]
+    rows = [
+        [label, format_percent(acc)]
+        + [format_percent(results.per_class_precision.get(label)), format_percent(results.per_class_f1.get(label))]
+        for label, acc in results.per_class_accuracy.items()
+    ]
+    return sections + [
+        f"Per-class accuracy, precision and F1 on the {split} split (accuracy is the recall: the fraction of the "
+        "class's images predicted as it):",
+        markdown_table(["Class", "Accuracy (recall)", "Precision", "F1"], rows),
+    ]
 
 
 def _training_section(results: Results) -> list[str]:
+    from finetune.hardware import short_name
+
     rows = [[f"`{key}`", value] for key, value in results.hyperparameters.items()]
     rows += [
         ["hardware", short_name(results.hardware) or MISSING],
@@ -317,48 +257,33 @@ def build_model_card(output_dir: str | os.PathLike, repo_id: str | None = None) 
     model_name = repo_id.split("/")[-1] if repo_id else str(results.run_name or output_dir.name)
     repo = repo_id or f"path/to/{output_dir.resolve().name}"
 
-    sections = [f"# {model_name}", _description(results, config, model_name)]
-    sections += _results_section(results)
+    sections = [f"# {model_name}", _description(results, config, model_name), *_results_section(results)]
     comparison_dir = find_comparison_dir(output_dir)
     summary = _read_json(comparison_dir / SUMMARY_NAME) if comparison_dir else None
     if summary and summary.get("runs"):
         sections += [
             "## Comparison",
-            "This run was trained alongside the others below on the same data and splits "
-            f"(full report with learning curves and confusion matrices: [comparison/{REPORT_NAME}]"
-            f"(comparison/{REPORT_NAME})).",
+            "This run was trained alongside the others below on the same data and splits (full report with learning "
+            f"curves and confusion matrices: [comparison/{REPORT_NAME}](comparison/{REPORT_NAME})).",
             summary_table(summary["runs"]),
         ]
     base = adapter_base(output_dir)
-    usage = _adapter_usage(base, repo) if base is not None else _usage(results, config, repo)
-    sections += ["## How to use", usage]
-    sections += _training_section(results)
-    architecture_rows = _architecture_rows(config)
+    sections += ["## How to use", _usage(results, config, repo, base), *_training_section(results)]
+    architecture_rows = [[f"`{key}`", config[key]] for key in ARCHITECTURE_KEYS if key in config]
     if architecture_rows:
-        sections += [
-            "## Architecture",
-            f"`{results.architecture or (config.get('architectures') or ['?'])[0]}`:",
-            markdown_table(["Field", "Value"], architecture_rows),
-        ]
-    sections += [
-        "## Framework versions",
-        f"- Transformers {transformers.__version__}\n- PyTorch {torch.__version__}\n"
-        f"- huggingface_hub {huggingface_hub.__version__}",
-    ]
+        architecture = results.architecture or (config.get("architectures") or ["?"])[0]
+        sections += ["## Architecture", f"`{architecture}`:", markdown_table(["Field", "Value"], architecture_rows)]
+    packages = (("Transformers", "transformers"), ("PyTorch", "torch"), ("huggingface_hub", "huggingface_hub"))
+    sections += ["## Framework versions", "\n".join(f"- {name} {version(package)}" for name, package in packages)]
     data = card_data(results, model_name, base)
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n\n".join(sections) + "\n")
 
 
 def write_model_card(output_dir: str | os.PathLike, repo_id: str | None = None) -> str:
-    """Write the model card of a run to `output_dir/README.md` and return its text.
-
-    Args:
-        output_dir: a run's output directory (`results.json`, `config.json`).
-        repo_id: the Hub repo the model goes to; names the model and fills the loading snippet.
-    """
-    card = build_model_card(output_dir, repo_id)
+    """Write the model card of a run to `output_dir/README.md` (`repo_id`, the Hub repo the model goes to, names the
+    model and fills the loading snippet) and return its text."""
     path = Path(output_dir) / CARD_NAME
-    card.save(path)
+    build_model_card(output_dir, repo_id).save(path)
     return path.read_text()
 
 

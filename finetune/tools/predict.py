@@ -2,37 +2,35 @@
 
     python -m finetune.tools.predict OUTPUT_DIR photo.jpg images/ --top_k 3 --output predictions.csv
 
-Files of any size and format Pillow reads (JPEG, PNG, BMP, WebP, GIF, TIFF; grayscale, 16-bit, RGBA, palette, CMYK)
-are decoded as training decodes them (`finetune.data.decode`: upright per EXIF, transparency on white) in the model's
-channels, framed as training stores them (a photo that is not square: its centre square, no squeeze), then resized,
-center-cropped where the saved image processor asks for it, and normalized by training's evaluation transform, so a
-file gets the probabilities an evaluation run gives it. Folders are searched recursively for
-image files. Files that cannot be read are reported and skipped.
+A file is decoded and framed as training stores it (`finetune.data.decode_image`; a photo that is not square: its
+centre square), then resized, center-cropped where the saved processor asks for it, and normalized by training's
+evaluation transform, so it gets the probabilities an evaluation run gives it. Folders are searched recursively;
+unreadable files are reported and skipped. torch and transformers are imported when needed: `--help` answers at once.
 """
+
+from __future__ import annotations
 
 import argparse
 import csv
 import json
+import logging
 import os
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
-import torch
-from PIL import Image, UnidentifiedImageError
-from transformers import AutoImageProcessor, AutoModelForImageClassification
-from transformers.utils import logging
-
-import scratch_vit  # noqa: F401  (registers ScratchViT with the Auto classes, so local runs load without remote code)
-from finetune.augment import BatchTransform
-from finetune.data.decode import IMAGE_EXTENSIONS, center_fit, decode_image
 from finetune.errors import run_command
-from finetune.models import Preprocessing, is_adapter_dir, load_adapter_model, photo_size, preprocessing_from
 
 
-logger = logging.get_logger(__name__)
+if TYPE_CHECKING:
+    import torch
+    from PIL import Image
+
+    from finetune.models import Preprocessing
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -45,40 +43,44 @@ class Prediction:
     probabilities: list[float] = field(repr=False)
 
     def to_dict(self) -> dict:
-        return {
-            "path": self.path,
-            "label": self.labels[0],
-            "score": self.scores[0],
-            "top_k": [{"label": label, "score": score} for label, score in zip(self.labels, self.scores)],
-        }
+        top_k = [{"label": label, "score": score} for label, score in zip(self.labels, self.scores)]
+        return {"path": self.path, "label": self.labels[0], "score": self.scores[0], "top_k": top_k}
 
 
-def load_classifier(
-    model_dir: str | os.PathLike,
-    trust_remote_code: bool = False,
-    attn_implementation: str | None = None,
-    device: str | torch.device | None = None,
-):
+def load_classifier(model_dir, trust_remote_code: bool = False, attn_implementation: str | None = None, device=None):
     """Load a saved image classifier and its image processor with the Auto classes; returns `(model, processor)`
     with the model in eval mode on `device` (default: CUDA when available, else CPU).
 
-    ScratchViT folders load without `trust_remote_code` since importing this module registers the local code;
-    with it, the code files saved next to the weights are used instead. A LoRA run's folder (a peft adapter) loads
-    its base model and merges the adapters in (`finetune.models.load_adapter_model`).
+    ScratchViT folders load without `trust_remote_code` (importing `scratch_vit` registers the local code); with it,
+    the code files saved next to the weights are used. A LoRA run's folder (a peft adapter) loads its base model and
+    merges the adapters in (`finetune.models.load_adapter_model`).
     """
-    model_dir = str(model_dir)
-    if not os.path.isfile(os.path.join(model_dir, "config.json")) and os.path.isdir(model_dir):
-        raise FileNotFoundError(
-            f"{model_dir} has no config.json: pass the output directory of a run (for `model_type: both`, "
-            "OUTPUT/pretrained or OUTPUT/scratch) or a checkpoint-* folder."
-        )
-    if os.path.isdir(model_dir):
-        from finetune.models import check_local_checkpoint
+    import torch
+    from transformers import AutoImageProcessor, AutoModelForImageClassification
+    from transformers.utils import logging as hf_logging
 
+    import scratch_vit  # noqa: F401  (registers ScratchViT with the Auto classes)
+    from finetune.models import check_local_checkpoint, is_adapter_dir, load_adapter_model
+
+    model_dir = str(model_dir)
+    if os.path.isdir(model_dir):
+        if not os.path.isfile(os.path.join(model_dir, "config.json")):
+            raise FileNotFoundError(
+                f"{model_dir} has no config.json: pass the output directory of a run (for `model_type: both`, "
+                "OUTPUT/pretrained or OUTPUT/scratch) or a checkpoint-* folder."
+            )
         check_local_checkpoint(model_dir, trust_remote_code)
     kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
     if is_adapter_dir(model_dir):
-        model = load_adapter_model(model_dir, trust_remote_code=trust_remote_code, **kwargs)
+        # The base model loads with the run's labels, so transformers reports its classifier as MISMATCH / Reinit
+        # although the adapter's saved head replaces it right after: a table that tells the user nothing. Errors
+        # still raise.
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()
+        try:
+            model = load_adapter_model(model_dir, trust_remote_code=trust_remote_code, **kwargs)
+        finally:
+            hf_logging.set_verbosity(verbosity)
     else:
         model = AutoModelForImageClassification.from_pretrained(
             model_dir, trust_remote_code=trust_remote_code, **kwargs
@@ -89,9 +91,10 @@ def load_classifier(
 
 
 def collect_image_paths(paths: Iterable[str | os.PathLike]) -> list[Path]:
-    """Expand the given paths: a file is taken as it is (whatever its extension), a folder is searched
-    recursively for files with an image extension, sorted. Raises `FileNotFoundError` for a path that does not
-    exist."""
+    """A file as it is (whatever its extension); a folder searched recursively for image files, sorted. Raises
+    `FileNotFoundError` for a path that does not exist."""
+    from finetune.data import IMAGE_EXTENSIONS
+
     found: list[Path] = []
     for path in map(Path, paths):
         if path.is_dir():
@@ -103,15 +106,14 @@ def collect_image_paths(paths: Iterable[str | os.PathLike]) -> list[Path]:
     return found
 
 
-def load_images(
-    paths: Sequence[str | os.PathLike], mode: str, min_size: int | None = None
-) -> tuple[list[Image.Image], list[str], list[tuple[str, str]]]:
-    """Decode image files in `mode` (`"L"` or `"RGB"`) with `decode_image`, the decoding training uses too
-    (`min_size`: the storage size of photos, `photo_size`, at which large JPEGs decode at a reduced scale).
+def load_images(paths: Sequence[str | os.PathLike], mode: str, min_size: int | None = None):
+    """Decode image files in `mode` (`"L"` or `"RGB"`) as training does (`min_size`: the storage size of photos, at
+    which large JPEGs decode at a reduced scale). Returns the images, their paths (as str), and the files that could
+    not be read as `(path, reason)` pairs (each also logged as a warning)."""
+    from PIL import Image, UnidentifiedImageError
 
-    Returns the images, their paths (as str), and the files that could not be read as `(path, reason)` pairs (each
-    also logged as a warning).
-    """
+    from finetune.data import decode_image
+
     images, names, skipped = [], [], []
     for path in paths:
         try:
@@ -132,38 +134,39 @@ def image_mode(model) -> str:
 def model_preprocessing(model, processor, image_size: int | None = None) -> Preprocessing:
     """Resolution, channels and normalisation of the model's inputs, read from its saved processor as training reads
     them; with `image_size`, inputs of `image_size` x `image_size` with no center crop."""
+    from finetune.models import preprocessing_from
+
     prep = preprocessing_from(processor, model.config)
-    if image_size is not None:
-        prep = replace(prep, image_size=(image_size, image_size), resize_size=None)
-    return prep
+    return prep if image_size is None else replace(prep, image_size=(image_size, image_size), resize_size=None)
 
 
 def model_view(image: Image.Image, prep: Preprocessing) -> Image.Image:
     """The part of a decoded image the model sees, framed as training stores it: an image that is not square, or is
-    larger than the storage size (`finetune.models.photo_size`), becomes the centre square at that size, as photos
-    of mixed sizes are stored; a smaller square (CIFAR-10's 32 px, MNIST's 28 px) stays as it is, as a split of one
-    native size is stored."""
+    larger than the storage size (`finetune.models.photo_size`), becomes the centre square at that size; a smaller
+    square (CIFAR-10's 32 px) stays as it is."""
+    from finetune.data import center_fit
+    from finetune.models import photo_size
+
     size = photo_size(prep)
-    if image.width != image.height or image.width > size:
-        return center_fit(image, (size, size))
-    return image
+    return center_fit(image, (size, size)) if image.width != image.height or image.width > size else image
 
 
 def preprocess(images: Sequence[Image.Image], model, processor, image_size: int | None = None) -> torch.Tensor:
-    """Pixel values as training's evaluation makes them: each image framed by `model_view`, then resized (and center
-    cropped where the processor asks for it) and normalized by the batch transform's evaluation path
-    (`finetune.augment.BatchTransform`); `(B, C, H, W)` float32.
+    """Pixel values as training's evaluation makes them, `(B, C, H, W)` float32: each image (in the model's mode,
+    `image_mode`) framed by `model_view`, then resized (center cropped where the processor asks for it) and
+    normalized by `finetune.augment.BatchTransform`; with `image_size`, resized to that instead."""
+    import numpy as np
+    import torch
 
-    The images must be in the model's mode (`image_mode`). With `image_size`, they are resized to `image_size` x
-    `image_size` instead of the processor's size.
-    """
+    from finetune.augment import BatchTransform
+
     prep = model_preprocessing(model, processor, image_size)
     transform = BatchTransform.for_model(prep, prep.num_channels)  # images already in the model's mode
     batches = []
     for image in images:  # one at a time: framed images of different sizes do not stack
-        array = np.asarray(model_view(image, prep))
-        pixels = torch.from_numpy(array[None] if array.ndim == 2 else array.transpose(2, 0, 1).copy())  # (C, h, w)
-        batches.append(transform(pixels[None], train=False))  # (1, C, h, w) -> (1, C, H, W)
+        array = np.array(model_view(image, prep))  # a writable copy: torch warns about read-only arrays
+        array = array[None] if array.ndim == 2 else np.ascontiguousarray(array.transpose(2, 0, 1))  # (C, h, w)
+        batches.append(transform(torch.from_numpy(array)[None], train=False))  # (1, C, h, w) -> (1, C, H, W)
     return torch.cat(batches)
 
 
@@ -185,81 +188,68 @@ def needs_interpolation(model, image_size: int | None) -> bool:
     return image_size is not None and image_size != getattr(model.config, "image_size", image_size)
 
 
-@torch.inference_mode()
 def class_probabilities(model, pixel_values: torch.Tensor, interpolate_pos_encoding: bool = False) -> torch.Tensor:
     """Softmax over all classes of the model's logits, `(B, num_labels)`, in float32."""
+    import torch
+
     device = next(model.parameters()).device
     kwargs = {"interpolate_pos_encoding": True} if interpolate_pos_encoding else {}
-    logits = model(pixel_values=pixel_values.to(device), **kwargs).logits  # (B, num_labels)
+    with torch.inference_mode():
+        logits = model(pixel_values=pixel_values.to(device), **kwargs).logits  # (B, num_labels)
     return logits.float().softmax(dim=-1).cpu()
 
 
-def predict_files(
-    model,
-    processor,
-    paths: Sequence[str | os.PathLike],
-    top_k: int = 5,
-    batch_size: int = 32,
-    image_size: int | None = None,
-) -> tuple[list[Prediction], list[tuple[str, str]]]:
+def predict_files(model, processor, paths: Sequence[str | os.PathLike], top_k=5, batch_size=32, image_size=None):
     """Classify image files in batches. Returns the predictions (in the order of `paths`) and the files skipped
     because they could not be read, as `(path, reason)` pairs (each also logged as a warning)."""
+    from finetune.models import photo_size
+
     if top_k < 1:
         raise ValueError(f"`top_k` must be >= 1, got {top_k}.")
     if batch_size < 1:
         raise ValueError(f"`batch_size` must be >= 1, got {batch_size}.")
     check_image_size(model, image_size)
-    id2label = model.config.id2label
-    top_k = min(top_k, model.config.num_labels)
-    mode = image_mode(model)
+    id2label, top_k = model.config.id2label, min(top_k, model.config.num_labels)
     interpolate = needs_interpolation(model, image_size)
     size = photo_size(model_preprocessing(model, processor, image_size))
     predictions: list[Prediction] = []
     skipped: list[tuple[str, str]] = []
     for start in range(0, len(paths), batch_size):
-        images, names, unreadable = load_images(paths[start : start + batch_size], mode, size)
+        images, names, unreadable = load_images(paths[start : start + batch_size], image_mode(model), size)
         skipped.extend(unreadable)
         if not images:
             continue
         probabilities = class_probabilities(model, preprocess(images, model, processor, image_size), interpolate)
         scores, indices = probabilities.topk(top_k, dim=-1)  # (B, k)
         for name, row, top_scores, top_indices in zip(names, probabilities, scores, indices):
-            predictions.append(
-                Prediction(
-                    path=name,
-                    labels=[str(id2label[int(i)]) for i in top_indices],
-                    scores=[float(s) for s in top_scores],
-                    probabilities=[float(p) for p in row],
-                )
-            )
+            labels = [str(id2label[int(i)]) for i in top_indices]
+            predictions.append(Prediction(name, labels, top_scores.tolist(), row.tolist()))
     return predictions, skipped
 
 
-def write_predictions(
-    predictions: Sequence[Prediction], output: str | os.PathLike, skipped: Sequence[tuple[str, str]] = ()
-) -> Path:
+def write_predictions(predictions: Sequence[Prediction], output, skipped: Sequence[tuple[str, str]] = ()) -> Path:
     """Write predictions as CSV (one row per file: path, then label and probability for each rank) or JSON (a list
     of `{path, label, score, top_k}` plus the skipped files), chosen by the file's extension."""
     output = Path(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
     suffix = output.suffix.lower()
+    if suffix not in (".csv", ".json"):
+        raise ValueError(f"Cannot tell the format of {output}: use a .csv or .json file name.")
+    output.parent.mkdir(parents=True, exist_ok=True)
     if suffix == ".json":
         payload = {
             "predictions": [p.to_dict() for p in predictions],
             "skipped": [{"path": path, "reason": reason} for path, reason in skipped],
         }
         output.write_text(json.dumps(payload, indent=2) + "\n")
-    elif suffix == ".csv":
-        k = max((len(p.labels) for p in predictions), default=1)
-        header = ["path"] + [f"top{r}_{what}" for r in range(1, k + 1) for what in ("label", "probability")]
-        with open(output, "w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(header)
-            for p in predictions:
-                ranked = [value for label, score in zip(p.labels, p.scores) for value in (label, f"{score:.6f}")]
-                writer.writerow([p.path] + ranked)
-    else:
-        raise ValueError(f"Cannot tell the format of {output}: use a .csv or .json file name.")
+        return output
+    k = max((len(p.labels) for p in predictions), default=1)
+    with open(output, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["path"] + [f"top{r}_{what}" for r in range(1, k + 1) for what in ("label", "probability")])
+        for p in predictions:
+            writer.writerow(
+                [p.path] + [v for label, score in zip(p.labels, p.scores) for v in (label, f"{score:.6f}")]
+            )
     return output
 
 
@@ -283,11 +273,12 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def classifier_from_arguments(
-    parser: argparse.ArgumentParser, args: argparse.Namespace, attn_implementation: str | None = None
-):
-    """`(model, processor)` loaded as `add_model_arguments`' arguments say; an `--image_size` that does not fit the
-    model's patches is a usage error of `parser`."""
+def classifier_from_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace, attn_implementation=None):
+    """`(model, processor)` loaded as `add_model_arguments`' arguments say, without transformers' loading bar; an
+    `--image_size` that does not fit the model's patches is a usage error of `parser`."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a command-line run: "Loading weights" of a small model is noise
     model, processor = load_classifier(args.model_dir, args.trust_remote_code, attn_implementation, args.device)
     try:
         check_image_size(model, args.image_size)
@@ -332,6 +323,8 @@ def main(argv: list[str] | None = None) -> list[Prediction]:
             raise ValueError(
                 f"None of the {len(skipped)} file(s) could be read as an image; pass PNG, JPEG, ... files."
             )
+        from finetune.data import IMAGE_EXTENSIONS
+
         extensions = " ".join(sorted(IMAGE_EXTENSIONS))
         raise FileNotFoundError(
             f"No image files in {', '.join(args.paths)} (folders are searched for {extensions}). "

@@ -9,12 +9,10 @@
 Steps whose output already exists are skipped; extra `--key value` arguments go to the last step.
 """
 
+import argparse
 import sys
 from pathlib import Path
 
-from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
-
-from finetune import run
 from finetune.errors import run_command
 
 
@@ -23,6 +21,8 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 def make_source_init(path: Path) -> None:
     """A randomly initialised ViT for 8x8 grayscale digits, with an image processor (values in [0, 1], 0.5 std)."""
+    from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
+
     config = ViTConfig(
         image_size=8,
         patch_size=2,
@@ -38,7 +38,15 @@ def make_source_init(path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(
+        prog="python -m finetune.tools.quickstart",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,  # every other argument goes to `finetune.run` as it is
+    )
+    _, argv = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    from finetune import run
+
     root = Path("outputs/quickstart")
     if not (root / "source_init" / "config.json").exists():
         make_source_init(root / "source_init")

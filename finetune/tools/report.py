@@ -1,9 +1,11 @@
 """Reporting: number formatting, Markdown tables, the runs' summary table and the plots, for the comparison report
 (`finetune/tools/compare.py`), the model card (`finetune/tools/model_card.py`) and the benchmarks.
 
-Plots use matplotlib's object-oriented API (`matplotlib.figure.Figure`) on the Agg canvas, so no display is needed and
-no global backend is switched.
+Plots use matplotlib's object-oriented `Figure` on the Agg canvas: no display needed, no global backend switched.
+numpy and matplotlib are imported by the functions that use them, so the commands importing this module start at once.
 """
+
+from __future__ import annotations
 
 import csv
 import math
@@ -11,20 +13,18 @@ import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-from matplotlib.figure import Figure
+from finetune.results import HistoryRow, Results
 
-from finetune.results import EvalMetrics, HistoryRow, Results
+
+if TYPE_CHECKING:
+    import numpy as np
+    from matplotlib.figure import Figure
 
 
 MISSING = "—"
 HUB_ID_PATTERN = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Formatting
 
 
 def is_hub_id(name: str | None) -> bool:
@@ -88,23 +88,9 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str
     return "\n".join(lines)
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# The runs' summary
-
-
-SUMMARY_COLUMNS = (
-    "Run",
-    "Architecture",
-    "Parameters",
-    "Initialisation",
-    "Dataset",
-    "Epochs",
-    "Training time",
-    "Images/s",
-    "Validation accuracy",
-    "Test accuracy",
-    "Top-5 accuracy",
-    "Macro F1",
+SUMMARY_COLUMNS = tuple(
+    "Run|Architecture|Parameters|Initialisation|Dataset|Epochs|Training time|Images/s|Validation accuracy|"
+    "Test accuracy|Top-5 accuracy|Macro F1".split("|")
 )
 # What the "Training time" and "Images/s" columns measure (`results.json`'s `train.seconds`).
 SUMMARY_NOTE = (
@@ -117,7 +103,7 @@ SUMMARY_NOTE = (
 
 def summary_row(results: Results, name: str, run_dir: str) -> dict[str, Any]:
     """The raw values of one run's line in the summary table (also stored in `comparison.json`)."""
-    final = final_split(results)[1]
+    final = results.test if results.test is not None else results.validation  # the split of the headline metrics
     return {
         "run": name,
         "run_dir": run_dir,
@@ -135,11 +121,6 @@ def summary_row(results: Results, name: str, run_dir: str) -> dict[str, Any]:
         "top5_accuracy": final.top5_accuracy if final else None,
         "macro_f1": final.macro_f1 if final else None,
     }
-
-
-def final_split(results: Results) -> tuple[str, EvalMetrics | None]:
-    """The split a run's headline metrics come from: test when the run had one, else validation."""
-    return ("test", results.test) if results.test is not None else ("validation", results.validation)
 
 
 def summary_table(rows: Sequence[dict]) -> str:
@@ -195,6 +176,8 @@ def write_predictions_csv(
 ) -> Path:
     """Per-image predictions of a split as CSV: `index` (position in the split), `label`, `predicted`, and the
     `top_k` classes by softmax probability (`top1`, `top1_probability`, `top2`, ...); labels by name."""
+    import numpy as np
+
     logits = np.asarray(logits, dtype=np.float64)
     probabilities = np.exp(logits - logits.max(axis=-1, keepdims=True))
     probabilities /= probabilities.sum(axis=-1, keepdims=True)
@@ -215,13 +198,11 @@ def write_predictions_csv(
     return path
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Plots
-
-
 def plot_learning_curves(runs: Sequence[Results], names: Sequence[str], path: str | os.PathLike) -> Path:
     """One PNG with two panels on shared epoch axes: train (solid) and validation (dashed) loss of every run, and
     validation accuracy of every run. Each run keeps one color in both panels."""
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(12, 4.8), layout="constrained")
     ax_loss, ax_acc = fig.subplots(1, 2, sharex=True)
     for i, (run, name) in enumerate(zip(runs, names)):
@@ -243,6 +224,8 @@ def plot_learning_curves(runs: Sequence[Results], names: Sequence[str], path: st
 
 def plot_accuracy_over_time(runs: Sequence[Results], names: Sequence[str], path: str | os.PathLike) -> Path:
     """Validation accuracy (y) against wall-clock minutes of training (x), one line per run."""
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(7, 4.5), layout="constrained")
     ax = fig.subplots()
     for run, name in zip(runs, names):
@@ -279,6 +262,8 @@ def _save(fig: Figure, path: str | os.PathLike) -> Path:
 
 def normalize_confusion(matrix: Sequence[Sequence[int]]) -> np.ndarray:
     """Divide each row (a true class) by its count; a class with no samples keeps a row of zeros."""
+    import numpy as np
+
     matrix = np.asarray(matrix, dtype=np.float64)
     totals = matrix.sum(axis=1, keepdims=True)
     return np.divide(matrix, totals, out=np.zeros_like(matrix), where=totals > 0)
@@ -289,6 +274,9 @@ def plot_confusion_matrix(
 ) -> Path:
     """A confusion matrix PNG normalized per true class (rows), with label names on both axes; the cell values are
     written in when there are at most 20 classes ("–" in the row of a class with no samples)."""
+    import numpy as np
+    from matplotlib.figure import Figure
+
     normalized = normalize_confusion(matrix)
     n = normalized.shape[0]
     labels = list(label_names) if len(label_names) == n else [str(i) for i in range(n)]

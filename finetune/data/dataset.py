@@ -1,0 +1,126 @@
+"""The decoded splits as torch datasets (`ImageSplit`) and their batches (`collate_batch`), with the checks of their
+labels that only hold after decoding (corrupt images dropped)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import torch
+from transformers.utils import logging
+
+
+logger = logging.get_logger(__name__)
+
+
+class ImageSplit(torch.utils.data.Dataset):
+    """One split: the `rows` (default: all) of uint8 `(M, C, H, W)` `pixel_values` (a tensor, or the decoded cache's
+    memory map) with one label per image, read lazily.
+
+    A batch copies only its own rows: `__getitems__` serves a whole batch with one index (torch's `DataLoader` calls
+    it instead of `__getitem__` per image; pair it with `collate_batch`), so a split over a memory-mapped cache never
+    reads the rest of the file into the process. `select` makes a subset without copying images.
+    """
+
+    def __init__(
+        self,
+        pixel_values: torch.Tensor | np.ndarray,
+        labels: torch.Tensor | np.ndarray,
+        rows: np.ndarray | None = None,
+    ):
+        if pixel_values.dtype not in (torch.uint8, np.uint8) or pixel_values.ndim != 4:
+            raise ValueError(
+                f"`pixel_values` must be uint8 (N, C, H, W), got {pixel_values.dtype} {tuple(pixel_values.shape)}."
+            )
+        labels = torch.as_tensor(labels)
+        rows = None if rows is None else np.asarray(rows, dtype=np.int64)
+        count = len(pixel_values) if rows is None else len(rows)
+        if labels.ndim != 1 or len(labels) != count:
+            raise ValueError(f"`labels` must be 1-D with one label per image ({count}), got {tuple(labels.shape)}.")
+        self._images, self._rows = pixel_values, rows
+        self.labels = labels.to(torch.int64)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i) -> dict[str, torch.Tensor]:
+        return {"pixel_values": self.take([i])[0], "labels": self.labels[i]}
+
+    def __getitems__(self, indices: list[int]) -> dict[str, torch.Tensor]:
+        index = torch.as_tensor(indices, dtype=torch.int64)
+        return {"pixel_values": self.take(index), "labels": self.labels[index]}
+
+    def take(self, indices) -> torch.Tensor:
+        """uint8 `(len(indices), C, H, W)`: a copy of the images at `indices` of the split (only those rows)."""
+        index = np.asarray(indices, dtype=np.int64)
+        rows = index if self._rows is None else self._rows[index]
+        if isinstance(self._images, torch.Tensor):
+            return self._images[torch.from_numpy(rows)]
+        return torch.from_numpy(np.ascontiguousarray(self._images[rows]))  # a memory map copies the rows it reads
+
+    def with_labels(self, labels: torch.Tensor) -> ImageSplit:
+        """The same images (the same array or memory map, nothing copied) with other labels."""
+        return ImageSplit(self._images, labels, self._rows)
+
+    @property
+    def pixel_values(self) -> torch.Tensor:
+        """All images of the split as one tensor; copies a memory-mapped split whole, so meant for small splits."""
+        if isinstance(self._images, torch.Tensor) and self._rows is None:
+            return self._images
+        return self.take(np.arange(len(self)))
+
+    @property
+    def num_channels(self) -> int:
+        return self._images.shape[1]
+
+    @property
+    def image_size(self) -> tuple[int, int]:
+        """`(H, W)` of the stored images."""
+        return tuple(self._images.shape[2:])
+
+    def select(self, indices: Sequence[int] | np.ndarray | torch.Tensor) -> ImageSplit:
+        """A new split with the images at `indices`, in that order; the images themselves are not copied."""
+        index = np.asarray(indices, dtype=np.int64)
+        rows = index if self._rows is None else self._rows[index]
+        return ImageSplit(self._images, self.labels[torch.from_numpy(index)], rows)
+
+
+def renumber_sparse_ids(
+    splits: dict[str, ImageSplit], label_names: list[str]
+) -> tuple[dict[str, ImageSplit], list[str]]:
+    """Integer label ids with gaps (0, 1 and 3000: a 3,001-way head of which 2,998 classes never occur) renumbered
+    to consecutive ids, each class keeping its original id as its name. Only a label column of plain integers is
+    renumbered; named classes (a `ClassLabel`, strings) keep their ids, even a class that has no images."""
+    if label_names != [str(i) for i in range(len(label_names))]:
+        return splits, label_names
+    present = torch.unique(torch.cat([split.labels for split in splits.values()]))
+    if len(present) == len(label_names) or len(present) == 0 or present.min() < 0:
+        return splits, label_names
+    new_id = torch.full((len(label_names),), -1, dtype=torch.int64)
+    new_id[present] = torch.arange(len(present))
+    names = [label_names[i] for i in present.tolist()]
+    shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+    logger.warning(
+        f"The label ids are not consecutive: {len(names)} distinct ids between {names[0]} and {names[-1]} ({shown}). "
+        f"They are renumbered 0..{len(names) - 1} for training; each class keeps its original id as its name "
+        "(id2label), which predictions and results report."
+    )
+    return {name: split.with_labels(new_id[split.labels]) for name, split in splits.items()}, names
+
+
+def check_num_classes(train: ImageSplit, label_names: list[str]) -> None:
+    """A classifier needs two classes or more, and training images of at least two of them."""
+    present = torch.unique(train.labels).tolist()
+    if len(label_names) < 2 or len(present) < 2:
+        names = [label_names[i] for i in present]
+        raise ValueError(
+            f"The training images are of {len(present)} class ({names}): a classifier needs at least 2. Use a "
+            "dataset (or `include_labels`) with two or more classes."
+        )
+
+
+def collate_batch(batch) -> dict[str, torch.Tensor]:
+    """Collate for `ImageSplit`: pass a batch from `__getitems__` through, or stack a list of per-image dicts."""
+    if isinstance(batch, Mapping):
+        return dict(batch)
+    return {key: torch.stack([item[key] for item in batch]) for key in batch[0]}

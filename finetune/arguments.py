@@ -621,7 +621,7 @@ def check_choices(options) -> None:
     """Refuse a value outside a field's `choices`, as the parser does, for dataclasses built in code."""
     for f in dataclasses.fields(options):
         choices = f.metadata.get("choices")
-        if choices and getattr(options, f.name) not in choices:
+        if choices and getattr(options, f.name) not in (*choices, None):  # None: unset
             raise ValueError(f"`{f.name}` must be one of {choices}, got {getattr(options, f.name)!r}.")
 
 

@@ -9,11 +9,13 @@ transformers' example scripts: arguments and logging, data, model, Trainer, trai
 publishing.
 """
 
+import contextlib
 import copy
 import dataclasses
 import itertools
 import logging
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -96,36 +98,63 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
     else:
         check_no_earlier_results(run_dirs[model_args.model_type], training_args)
 
-    # ---- Data: decoded once into uint8 tensors (and cached); the main process decodes first, the others read it.
-    # Photos of mixed sizes are stored at the model's size plus a margin for crops, read from its processor.
-    target_size = storage_size(model_args.model_type, model_args, scratch_args)
-    with training_args.main_process_first(desc="loading and decoding the dataset"):
-        data = load_image_data(data_args, seed=training_args.data_seed or training_args.seed, target_size=target_size)
+    with peers_answering(training_args):
+        # ---- Data: decoded once into uint8 tensors (and cached); the main process decodes first, the others read it.
+        # Photos of mixed sizes are stored at the model's size plus a margin for crops, read from its processor.
+        target_size = storage_size(model_args.model_type, model_args, scratch_args)
+        with training_args.main_process_first(desc="loading and decoding the dataset"):
+            data = load_image_data(
+                data_args, seed=training_args.data_seed or training_args.seed, target_size=target_size
+            )
 
-    results = {}
-    for model_type in model_types:
-        # A copy, not `dataclasses.replace`: the arguments are already resolved (`auto` precision and its reason).
-        args = copy.copy(training_args)
-        args.output_dir = str(run_dirs[model_type])
-        args.push_to_hub, args.hub_token = False, None
-        if not training_args.do_train:
-            results[model_type] = evaluate_only(model_type, model_args, data_args, args, settings, data)
-            continue
-        results[model_type] = train_and_evaluate(
-            model_type, model_args, data_args, scratch_args, args, settings, data, checkpoints[model_type]
-        )
+        results = {}
+        for model_type in model_types:
+            # A copy, not `dataclasses.replace`: the arguments are already resolved (`auto` precision and its reason).
+            args = copy.copy(training_args)
+            args.output_dir = str(run_dirs[model_type])
+            args.push_to_hub, args.hub_token = False, None
+            if not training_args.do_train:
+                results[model_type] = evaluate_only(model_type, model_args, data_args, args, settings, data)
+                continue
+            results[model_type] = train_and_evaluate(
+                model_type, model_args, data_args, scratch_args, args, settings, data, checkpoints[model_type]
+            )
 
-    is_main = training_args.process_index == 0
-    report = None
-    if is_main and len(model_types) > 1:
-        from finetune.tools.compare import write_comparison
+        is_main = training_args.process_index == 0
+        report = None
+        if is_main and len(model_types) > 1:
+            from finetune.tools.compare import write_comparison
 
-        report = write_comparison([run_dirs[t] for t in model_types], Path(training_args.output_dir) / "comparison")
-    if is_main and push_to_hub:
-        push_results(run_dirs, model_types, training_args, hub_token)
-    if is_main:
-        print(summary(results, run_dirs, report), flush=True)
-    return results
+            report = write_comparison(
+                [run_dirs[t] for t in model_types], Path(training_args.output_dir) / "comparison"
+            )
+        if is_main and push_to_hub:
+            push_results(run_dirs, model_types, training_args, hub_token)
+        if is_main:
+            print(summary(results, run_dirs, report), flush=True)
+        return results
+
+
+@contextlib.contextmanager
+def peers_answering(training_args: TrainingArguments):
+    """A multi-process run whose peer froze, was stopped or died ends with one line in every process still running,
+    after `ddp_timeout` seconds (the process group's timeout, also on the CPU: `build_training_args`)."""
+    import torch.distributed
+
+    try:
+        yield
+    except RuntimeError as error:
+        # gloo reports a peer's timeout or closed connection as a plain RuntimeError naming its transport.
+        transport = isinstance(error, torch.distributed.DistError) or re.search(r"gloo|NCCL|[Cc]onnection", str(error))
+        if training_args.world_size == 1 or not transport:
+            raise
+        first = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
+        raise RuntimeError(
+            f"Another process of this run stopped answering: it froze, was stopped or died (waited at most "
+            f"`ddp_timeout` = {training_args.ddp_timeout:g} s; {first[:200]}). The checkpoints saved so far are "
+            "kept: resume with `--resume_from_checkpoint true`. Raise `ddp_timeout` only where a process legitimately "
+            "works alone that long (the first decode of a large dataset)."
+        ) from error
 
 
 def summary(results: dict[str, Results], run_dirs: dict[str, Path], report: Path | None) -> str:

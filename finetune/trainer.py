@@ -202,6 +202,9 @@ class ImageClassificationTrainer(Trainer):
             self._close_progress_bars()
             message = f"{error} {self._after_divergence(error)}"
             raise TrainingDiverged(message, error.step, error.learning_rate) from None
+        except BaseException:
+            self._close_progress_bars()  # the error line then starts a line of its own
+            raise
         if self.stopped_by == "early_stopping":
             a = self.args
             logger.info(

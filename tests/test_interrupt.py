@@ -6,6 +6,7 @@ import json
 import shutil
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -102,16 +103,16 @@ def test_ctrl_c_saves_too_and_a_second_signal_stops_at_once(tmp_path):
     assert not list(out.glob("checkpoint-*")), "the second signal ends the run without saving"
 
 
+LAUNCHER = [
+    sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+    str(ROOT / "configs" / "accelerate" / "cpu_2proc.yaml"), "--main_process_port", "0",
+]  # fmt: skip
+
+
 def test_two_processes_save_the_same_step_when_one_of_them_is_signalled(tmp_path):
     out = tmp_path / "ddp"
-    launcher = [
-        sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-        str(ROOT / "configs" / "accelerate" / "cpu_2proc.yaml"), "--main_process_port", "0",
-    ]  # fmt: skip
     proc = run_script(
-        [SIGNALLED, *RUN, "--output_dir", str(out)],
-        env={"SIGNAL_AT": "2", "SIGNAL_RANK": "1"},
-        launcher=launcher,
+        [SIGNALLED, *RUN, "--output_dir", str(out)], env={"SIGNAL_AT": "2", "SIGNAL_RANK": "1"}, launcher=LAUNCHER
     )
     output = proc.stdout + proc.stderr
     assert "Process 0 of 2" in output, "accelerate must really have started two processes"
@@ -121,3 +122,24 @@ def test_two_processes_save_the_same_step_when_one_of_them_is_signalled(tmp_path
     for name in ("rng_state_0.pth", "rng_state_1.pth", "optimizer.pt", "trainer_state.json"):
         assert (out / "checkpoint-2" / name).is_file(), name
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]
+
+
+def test_a_frozen_process_ends_the_run_within_ddp_timeout(tmp_path):
+    """SIGSTOP freezes the second process during its third step: the first one ends with one line after
+    `ddp_timeout` (on the CPU too, where transformers does not pass it on), not after gloo's 30 minutes."""
+    out = tmp_path / "frozen"
+    start = time.monotonic()
+    proc = run_script(
+        [SIGNALLED, *RUN, "--output_dir", str(out), "--ddp_timeout", "10"],
+        env={"SIGNAL_AT": "3", "SIGNAL": "STOP", "SIGNAL_RANK": "1"},
+        launcher=LAUNCHER,
+    )
+    elapsed = time.monotonic() - start
+    output = proc.stdout + proc.stderr
+    assert "Process 0 of 2" in output, "accelerate must really have started two processes"
+    assert proc.returncode != 0
+    # (The progress bar may share the error's line: the bar ends with a carriage return, not a new line.)
+    errors = [line for line in proc.stderr.splitlines() if "error: Another process of this run" in line]
+    assert len(errors) == 1 and "`ddp_timeout` = 10 s" in errors[0], output[-3000:]
+    # Start-up, the wait of 10 s, and the launcher's grace period before it kills the frozen process (30 s).
+    assert elapsed < 150, elapsed

@@ -5,6 +5,8 @@
 2. Pretrains it on the digits 0-4 of the training split (`configs/quickstart_source.yaml`).
 3. Runs `configs/quickstart.yaml`: that checkpoint fine-tuned on all ten digits (a new 10-class head) next to a
    ScratchViT trained from scratch on the same split, then the comparison report in `outputs/quickstart/comparison`.
+4. Writes 30 digits of each class as PNG files into `outputs/quickstart/digits/<class>/`, an image folder to try
+   `predict`, `attention` and a run on your own images with.
 
 Steps whose output already exists are skipped; extra `--key value` arguments go to the last step.
 """
@@ -37,6 +39,20 @@ def make_source_init(path: Path) -> None:
     ViTImageProcessor(size={"height": 8, "width": 8}, image_mean=[0.5], image_std=[0.5]).save_pretrained(path)
 
 
+def write_sample_images(folder: Path, per_class: int = 30) -> None:
+    """`per_class` of scikit-learn's digits of each class as 32x32 grayscale PNG files in `folder/<class>/`."""
+    import numpy as np
+    from PIL import Image
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    for label in range(10):
+        (folder / str(label)).mkdir(parents=True, exist_ok=True)
+        for n, image in enumerate(digits.images[digits.target == label][-per_class:]):
+            pixels = np.kron(image * 255 / 16, np.ones((4, 4))).astype(np.uint8)  # (8, 8) in 0-16 -> (32, 32)
+            Image.fromarray(pixels, "L").save(folder / str(label) / f"{n:02d}.png")
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(
         prog="python -m finetune.tools.quickstart",
@@ -52,7 +68,9 @@ def main(argv: list[str] | None = None) -> dict:
         make_source_init(root / "source_init")
     if not (root / "source_model" / "results.json").exists():
         run.main(["--config", str(CONFIGS / "quickstart_source.yaml"), "--overwrite_output_dir", "true"])
-    return run.main(["--config", str(CONFIGS / "quickstart.yaml"), "--overwrite_output_dir", "true", *argv])
+    results = run.main(["--config", str(CONFIGS / "quickstart.yaml"), "--overwrite_output_dir", "true", *argv])
+    write_sample_images(root / "digits")
+    return results
 
 
 if __name__ == "__main__":

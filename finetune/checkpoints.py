@@ -136,8 +136,13 @@ def weight_files(checkpoint: Path, files: list[str]) -> list[tuple[str, Callable
     if ADAPTER_CONFIG_NAME in files:
         return [("adapter_model.bin" if "adapter_model.bin" in files else "adapter_model.safetensors", read_weights)]
     if "model.safetensors.index.json" in files:
-        shards = json.loads((checkpoint / "model.safetensors.index.json").read_text())["weight_map"].values()
-        return [(name, read_weights) for name in sorted(set(shards))]
+        try:
+            shards = sorted(
+                set(json.loads((checkpoint / "model.safetensors.index.json").read_text())["weight_map"].values())
+            )
+        except (ValueError, KeyError, TypeError):
+            shards = []  # the index itself is damaged: reported when read below
+        return [("model.safetensors.index.json", read_index)] + [(name, read_weights) for name in shards]
     if "model.safetensors" not in files and "pytorch_model.bin" in files:
         return [("pytorch_model.bin", read_weights)]
     return [("model.safetensors", read_weights)]
@@ -157,6 +162,10 @@ def rng_state_files(files: list[str], world_size: int) -> list[str]:
 def read_trainer_state(path: Path) -> None:
     if not isinstance(json.loads(path.read_text()).get("global_step"), int):
         raise ValueError("no global_step")
+
+
+def read_index(path: Path) -> None:
+    json.loads(path.read_text())["weight_map"].values()
 
 
 def read_weights(path: Path) -> None:
@@ -192,14 +201,12 @@ def remove_partial_checkpoints(run_dir: Path, training_args: TrainingArguments) 
 
 
 class RunLock:
-    """`output_dir/.run.lock`: one run per output folder. It holds `{pid, host, started}` of the run using the folder.
+    """`output_dir/.run.lock`, holding `{pid, host, started}` of the one run that uses the folder.
 
-    The lock is a file created atomically, not `fcntl.flock`: flock is advisory per host and on NFS either local to
-    the client or not supported, so two machines of a cluster sharing the folder would both get it. The file is
-    written under a unique name and hard-linked into place: `link` fails if the lock exists, atomically on local
-    disks and on NFS (where `O_EXCL` long was not), and a reader never sees a half-written lock. A lock whose process
-    is gone from this host (killed with `kill -9`) is stale and taken over; one of another host cannot be checked and
-    is reported.
+    A file created atomically (`O_CREAT | O_EXCL`, atomic on local disks and NFS v3+), not `fcntl.flock`: flock is
+    per host, and on NFS either local to the client or unsupported, so two machines sharing the folder would both
+    get it. A lock whose process is gone from this host (`kill -9` leaves it behind) is stale and taken over; whether
+    a process of another host lives cannot be checked, so its lock is reported with the fix.
     """
 
     def __init__(self, output_dir: str | os.PathLike):
@@ -210,49 +217,43 @@ class RunLock:
         """Hold the lock, or raise `RuntimeError` naming the run that holds it."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-        for _ in range(3):  # a stale lock taken over, or one released while being read: try again
+        for attempt in range(3):  # again after a stale lock is taken over, or while one is being written or removed
             if self.create(me):
-                self.held = True
                 return self
-            holder = self.read()
-            if holder is None:
-                continue
-            if not self.is_stale(holder, me):
-                other = f"process {holder.get('pid')} on {holder.get('host')}, started {holder.get('started')}"
+            holder = read_lock(self.path)
+            if holder and self.is_stale(holder, me):
+                self.take_over(holder)
+            elif holder or (holder == {} and attempt == 2):
+                other = f"process {holder['pid']} on {holder['host']}, started {holder['started']}" if holder else ""
                 raise RuntimeError(
-                    f"{self.path.parent} is in use by another run ({other if holder else 'an unreadable lock'}). "
-                    f"Fix: wait for it to end, or use another `--output_dir`; if that run is gone, delete {self.path}."
+                    f"{self.path.parent} is in use by another run ({other or 'an unreadable lock'}). Fix: wait for "
+                    f"it to end, or use another `--output_dir`; if that run is gone, delete {self.path}."
                 )
-            self.take_over(holder)
+            elif holder == {}:
+                time.sleep(0.2)
         raise RuntimeError(f"Could not lock {self.path.parent}: other runs keep taking it. Start this run again.")
 
-    def create(self, content: dict) -> bool:
-        unique = self.path.with_name(f"{LOCK_NAME}.{content['host']}.{content['pid']}")
-        unique.write_text(json.dumps(content))
+    def create(self, me: dict) -> bool:
         try:
-            os.link(unique, self.path)
-            return True
+            descriptor = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
             return False
-        finally:
-            unique.unlink()
-
-    def read(self) -> dict | None:
-        try:
-            return json.loads(self.path.read_text())
-        except FileNotFoundError:
-            return None
-        except ValueError:
-            return {}  # written by hand or damaged: never taken over, reported
+        with os.fdopen(descriptor, "w") as f:
+            json.dump(me, f)
+        self.held = True
+        atexit.register(self.release)  # also after an error; not after SIGKILL, hence the takeover of stale locks
+        return True
 
     @staticmethod
     def is_stale(holder: dict, me: dict) -> bool:
         if holder.get("host") != me["host"] or not isinstance(holder.get("pid"), int):
             return False
         if holder["pid"] == me["pid"]:
-            return True  # this process's own, from an earlier pipeline here (a notebook, a test) that ended in error
+            # This process's own: an earlier pipeline here (a notebook, a test) that ended in an error, or a killed
+            # container's run restarted with the same process id.
+            return True
         try:
-            os.kill(holder["pid"], 0)  # signal 0: only asks whether the process exists
+            os.kill(holder["pid"], 0)  # signal 0 only asks whether the process exists
         except ProcessLookupError:
             return True
         except PermissionError:
@@ -260,14 +261,14 @@ class RunLock:
         return False
 
     def take_over(self, holder: dict) -> None:
-        """Remove a stale lock. It is renamed away first, and put back if it turns out to be another run's new lock
-        (two runs taking over the same stale lock at once), so that a live lock is never deleted."""
-        aside = self.path.with_name(f"{LOCK_NAME}.stale.{os.getpid()}")
+        """Remove a stale lock: renamed away first, and put back if it turns out to be a new one (another run took the
+        stale lock over first), so that a live lock is never removed."""
+        aside = self.path.with_name(f"{LOCK_NAME}.{os.getpid()}")
         try:
             os.rename(self.path, aside)
         except FileNotFoundError:
             return
-        if json.loads(aside.read_text()) != holder:
+        if read_lock(aside) != holder:
             try:
                 os.link(aside, self.path)
             except FileExistsError:
@@ -277,15 +278,28 @@ class RunLock:
         aside.unlink()
 
     def release(self) -> None:
-        if self.held and (self.read() or {}).get("pid") == os.getpid():
+        """Remove the lock if this process holds it."""
+        if self.held and (read_lock(self.path) or {}).get("pid") == os.getpid():
             self.path.unlink(missing_ok=True)
         self.held = False
+        atexit.unregister(self.release)
 
     def __enter__(self) -> "RunLock":
         return self.acquire()
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def read_lock(path: Path) -> dict | None:
+    """A lock's holder; `{}` when unreadable (being written, or damaged: never taken over); None when it is gone."""
+    try:
+        holder = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except ValueError:
+        return {}
+    return holder if isinstance(holder, dict) and {"pid", "host", "started"} <= holder.keys() else {}
 
 
 def lock_output_dir(output_dir: str | os.PathLike, training_args: TrainingArguments) -> RunLock:
@@ -297,8 +311,4 @@ def lock_output_dir(output_dir: str | os.PathLike, training_args: TrainingArgume
     their own save nothing there unless `save_on_each_node`.
     """
     lock = RunLock(output_dir)
-    if training_args.process_index != 0:
-        return lock  # not held: its release does nothing
-    lock.acquire()
-    atexit.register(lock.release)
-    return lock
+    return lock.acquire() if training_args.process_index == 0 else lock  # not held elsewhere: release does nothing

@@ -276,3 +276,26 @@ def test_a_lock_of_another_host_is_never_taken_over(tmp_path):
     with RunLock(tmp_path) as lock:
         assert json.loads(lock.path.read_text())["host"] == socket.gethostname()
     assert not (tmp_path / LOCK_NAME).exists()
+
+
+def test_sharded_and_lora_weights_are_checked_file_by_file(trained, tmp_path):
+    """The weights of a big model (shards named by an index) and of a LoRA run (its adapter) are read too."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForImageClassification
+
+    args = run.parse_args(resume_args(trained))[3]
+    model = AutoModelForImageClassification.from_pretrained(trained / "checkpoint-16")
+    sharded = Path(shutil.copytree(trained / "checkpoint-16", tmp_path / "sharded"))
+    (sharded / "model.safetensors").unlink()
+    model.save_pretrained(sharded, max_shard_size="50KB")
+    shards = sorted(sharded.glob("model-*.safetensors"))
+    assert len(shards) > 1 and checkpoint_problem(sharded, args) is None
+    truncate(shards[-1])
+    assert checkpoint_problem(sharded, args).startswith(f"{shards[-1].name} is unreadable")
+
+    lora = Path(shutil.copytree(trained / "checkpoint-16", tmp_path / "lora"))
+    (lora / "model.safetensors").unlink()
+    get_peft_model(model, LoraConfig(r=2, target_modules=["qkv"])).save_pretrained(lora)
+    assert checkpoint_problem(lora, args) is None
+    truncate(lora / "adapter_model.safetensors")
+    assert checkpoint_problem(lora, args).startswith("adapter_model.safetensors is unreadable")

@@ -211,10 +211,11 @@ class RunLock:
 
     def __init__(self, output_dir: str | os.PathLike):
         self.path = Path(output_dir) / LOCK_NAME
-        self.held = False
+        self.held = self.made_folder = False
 
     def acquire(self) -> "RunLock":
         """Hold the lock, or raise `RuntimeError` naming the run that holds it."""
+        self.made_folder = not self.path.parent.exists()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         for attempt in range(3):  # again after a stale lock is taken over, or while one is being written or removed
@@ -241,7 +242,8 @@ class RunLock:
         with os.fdopen(descriptor, "w") as f:
             json.dump(me, f)
         self.held = True
-        atexit.register(self.release)  # also after an error; not after SIGKILL, hence the takeover of stale locks
+        HELD.append(self)
+        atexit.register(self.release)  # at the latest; SIGKILL skips it, hence the takeover of stale locks
         return True
 
     @staticmethod
@@ -278,10 +280,15 @@ class RunLock:
         aside.unlink()
 
     def release(self) -> None:
-        """Remove the lock if this process holds it."""
+        """Remove the lock if this process holds it, and the folder if the lock made it and it stayed empty (a run
+        refused on bad input leaves nothing behind)."""
         if self.held and (read_lock(self.path) or {}).get("pid") == os.getpid():
             self.path.unlink(missing_ok=True)
+            if self.made_folder and not any(self.path.parent.iterdir()):
+                self.path.parent.rmdir()
         self.held = False
+        if self in HELD:
+            HELD.remove(self)
         atexit.unregister(self.release)
 
     def __enter__(self) -> "RunLock":
@@ -289,6 +296,15 @@ class RunLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+HELD: list[RunLock] = []  # the locks this process holds
+
+
+def release_output_dirs() -> None:
+    """Release the output folders this process holds: `run.main` calls it when a run ends, also after an error."""
+    for lock in list(HELD):
+        lock.release()
 
 
 def read_lock(path: Path) -> dict | None:

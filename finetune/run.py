@@ -30,7 +30,7 @@ if __package__ in (None, ""):
 from finetune import hardware  # noqa: E402
 from finetune.arguments import DataArguments, ModelArguments, parse_args  # noqa: E402
 from finetune.augment import BatchTransform, describe_augmentation, use_random_resized_crop  # noqa: E402
-from finetune.checkpoints import lock_output_dir, resolve_checkpoint  # noqa: E402
+from finetune.checkpoints import lock_output_dir, release_output_dirs, resolve_checkpoint  # noqa: E402
 from finetune.data import ImageData, collate_batch, load_image_data  # noqa: E402
 from finetune.errors import run_command  # noqa: E402
 from finetune.metrics import compute_metrics, confusion_report  # noqa: E402
@@ -57,6 +57,7 @@ def main(argv: list[str] | None = None) -> dict[str, Results]:
     try:
         return run_pipeline(argv)
     finally:
+        release_output_dirs()
         # Processes that exit with the process group still up abort (gloo/NCCL); end it, after an error too.
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
@@ -80,8 +81,7 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
         t: Path(training_args.output_dir) / t if len(model_types) > 1 else Path(training_args.output_dir)
         for t in model_types
     }
-    # One run per folder. Released at the end, or at the process's exit after an error.
-    run_lock = lock_output_dir(training_args.output_dir, training_args)
+    lock_output_dir(training_args.output_dir, training_args)  # one run per folder; `main` releases it
     if training_args.do_train:
         checkpoints = {t: resolve_checkpoint(run_dirs[t], training_args) for t in model_types}
     else:
@@ -114,7 +114,6 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
         logger.info(f"Comparison written to {report}")
     if is_main and push_to_hub:
         push_results(run_dirs, model_types, training_args, hub_token)
-    run_lock.release()
     return results
 
 

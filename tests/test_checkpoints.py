@@ -187,6 +187,7 @@ def test_without_a_whole_checkpoint_resume_is_refused_in_one_line(trained, tmp_p
     assert len(lines) == 1 and lines[0].startswith(f"error: {out} holds no whole checkpoint"), lines
     assert "checkpoint-16: optimizer.pt is missing" in lines[0] and "Fix:" in lines[0]
     assert checkpoints(out) == ["checkpoint-16", "checkpoint-8"]  # nothing trained
+    assert not (out / LOCK_NAME).exists(), "a refused run releases its output folder at once"
 
 
 def test_a_damaged_checkpoint_named_explicitly_is_refused_in_one_line(trained, tmp_path, capsys):
@@ -226,7 +227,7 @@ def test_a_second_run_on_a_folder_in_use_is_refused_and_a_killed_runs_lock_is_ta
                "--load_best_model_at_end", "false", "--output_dir", str(out)]  # fmt: skip
     first = subprocess.Popen(
         [sys.executable, "-m", "finetune.run", *endless],
-        env=subprocess_env(),
+        env={**subprocess_env(), "OMP_NUM_THREADS": "1"},  # one core: the second run starts beside it
         cwd=tmp_path,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

@@ -110,10 +110,9 @@ def checkpoint_problem(checkpoint: Path, training_args: TrainingArguments) -> st
     if not training_args.deepspeed and not any(name in files for name in states):
         return MODEL_ONLY
     required: list[tuple[str, Callable[[Path], object]]] = [("trainer_state.json", read_trainer_state)]
-    required += weight_files(checkpoint, files) if not (training_args.deepspeed or training_args.fsdp) else []
     if not (training_args.deepspeed or training_args.fsdp):
-        # DeepSpeed and FSDP save the optimizer in formats of their own (a folder, shards); they load it themselves.
-        required += [("optimizer.pt", read_torch)]
+        # DeepSpeed and FSDP save weights and optimizer in formats of their own (folders, shards) and load them.
+        required += weight_files(checkpoint, files) + [("optimizer.pt", read_torch)]
     if not training_args.deepspeed:
         required += [("scheduler.pt", read_torch)]
     if training_args.fp16 and not training_args.use_cpu and not training_args.deepspeed:
@@ -126,7 +125,8 @@ def checkpoint_problem(checkpoint: Path, training_args: TrainingArguments) -> st
         try:
             read(path)
         except Exception as error:
-            return f"{name} is unreadable ({type(error).__name__}: {first_line(error)})"
+            reason = (str(error).strip().splitlines() or [""])[0].split(". ")[0]  # torch adds advice on loading
+            return f"{name} is unreadable ({type(error).__name__}: {reason})"
     return None
 
 
@@ -181,10 +181,6 @@ def read_weights(path: Path) -> None:
 def read_torch(path: Path) -> None:
     with safe_globals():  # the numpy types of the RNG states, as the Trainer allows them when it loads
         torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-
-
-def first_line(error: BaseException) -> str:
-    return (str(error).strip().splitlines() or [""])[0][:200]
 
 
 def remove_partial_checkpoints(run_dir: Path, training_args: TrainingArguments) -> None:

@@ -315,12 +315,24 @@ def read_lock(path: Path) -> dict | None:
 
 
 def lock_output_dir(output_dir: str | os.PathLike, training_args: TrainingArguments) -> RunLock:
-    """Lock `output_dir` for this run until `release()`, or the process's exit (after an error too); refuse if another
-    run holds it.
+    """Lock `output_dir` for this run until `release()` (`run.main` calls `release_output_dirs`); refuse, on every
+    process, if another run holds it.
 
     One lock per run: only the process of global rank 0 takes it. Every node's local rank 0 would lock the same folder
     twice where nodes share it (a cluster's shared disk, `torchrun --nnodes 2` on one machine); nodes with folders of
     their own save nothing there unless `save_on_each_node`.
     """
-    lock = RunLock(output_dir)
-    return lock.acquire() if training_args.process_index == 0 else lock  # not held elsewhere: release does nothing
+    lock, refusal = RunLock(output_dir), [None]
+    if training_args.process_index == 0:
+        try:
+            lock.acquire()
+        except RuntimeError as error:
+            refusal[0] = str(error)
+    if training_args.world_size > 1:
+        # Each process ends with the refusal's line, not with "connection closed by peer" once rank 0 has left.
+        from accelerate.utils import broadcast_object_list
+
+        broadcast_object_list(refusal)
+    if refusal[0]:
+        raise RuntimeError(refusal[0])
+    return lock

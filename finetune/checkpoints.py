@@ -1,43 +1,48 @@
-"""Checkpoints of a run folder: which one to resume from, which are incomplete, and the guard that never trains over
-an earlier run's work by accident. The Trainer writes each checkpoint atomically (`finetune/trainer.py`)."""
+"""The run folder: which checkpoint to resume from (only a whole one), the guard that never trains over an earlier
+run's work by accident, and the lock that keeps a second run out of a folder in use."""
 
+import atexit
+import json
 import os
 import shutil
+import socket
+import time
+from collections.abc import Callable
 from pathlib import Path
 
+import torch
 from transformers import TrainingArguments
+from transformers.trainer_pt_utils import safe_globals
 from transformers.utils import logging
 
-from finetune.models import WEIGHT_FILES
+from finetune.models import ADAPTER_CONFIG_NAME
 
 
 logger = logging.get_logger(__name__)
 
-# Earlier versions wrote each checkpoint under this prefix and renamed it once complete; their leftovers are removed.
+# Earlier versions wrote each checkpoint into `tmp-checkpoint-N` and renamed it once whole; a kill could leave one.
 PARTIAL_CHECKPOINT_PREFIX = "tmp-"
+LATEST = ("true", "last", "latest")
+LOCK_NAME = ".run.lock"
 
 
 def resolve_checkpoint(run_dir: Path, training_args: TrainingArguments) -> str | None:
     """The checkpoint to resume from, and a guard that never trains over an earlier run's work by accident."""
     remove_partial_checkpoints(run_dir, training_args)
     resume = training_args.resume_from_checkpoint
-    if resume is not None and str(resume).lower() in ("true", "last", "latest"):
-        last = last_complete_checkpoint(run_dir)
-        if last is None:
-            raise FileNotFoundError(
-                f"`resume_from_checkpoint: {resume}` but {run_dir} holds no complete checkpoint-* folder. Train "
-                "without it first, or pass the path of a checkpoint folder."
-            )
-        logger.info(f"Resuming from {last}")
-        return last
-    if resume is not None and str(resume).lower() not in ("false", "none", ""):
+    if resume is not None and str(resume).lower() == "auto":
+        # Preemptible machines restart the same command: resume where there is a checkpoint, else start.
+        if any(p.name.split("-", 1)[1].isdigit() for p in run_dir.glob("checkpoint-*") if p.is_dir()):
+            return newest_whole_checkpoint(run_dir, training_args)
+    if resume is not None and str(resume).lower() in LATEST:
+        return newest_whole_checkpoint(run_dir, training_args)
+    if resume is not None and str(resume).lower() not in ("false", "none", "", "auto"):
         if not os.path.isdir(resume):
             raise FileNotFoundError(f"`resume_from_checkpoint` {resume!r} is not a checkpoint folder.")
-        missing = missing_checkpoint_files(Path(resume))
-        if missing:
-            raise FileNotFoundError(
-                f"`resume_from_checkpoint` {resume!r} is incomplete (no {' or '.join(missing)}). Pass a complete "
-                "checkpoint-* folder, or `true` for the run's last complete one."
+        problem = checkpoint_problem(Path(resume), training_args)
+        if problem:
+            raise ValueError(
+                f"`resume_from_checkpoint` {resume!r} cannot be resumed: {problem}. {fix_for(problem, resume)}"
             )
         return resume
     earlier = sorted(p.name for p in run_dir.glob("checkpoint-*")) + [
@@ -58,32 +63,133 @@ def resolve_checkpoint(run_dir: Path, training_args: TrainingArguments) -> str |
     return None
 
 
-def missing_checkpoint_files(checkpoint: Path) -> list[str]:
-    """What a checkpoint folder lacks to resume from: its weights and `trainer_state.json` (empty when complete)."""
-    has_weights = any((checkpoint / name).is_file() for name in WEIGHT_FILES)
-    missing = [] if has_weights else ["model.safetensors"]
-    return missing + [name for name in ("trainer_state.json",) if not (checkpoint / name).is_file()]
-
-
-def last_complete_checkpoint(run_dir: Path) -> str | None:
-    """The newest `checkpoint-N` of `run_dir` that can be resumed from. Checkpoints are saved atomically, but a folder
-    written by an older version, or damaged since, may lack files: it is skipped with a warning (and left in place)
-    instead of being resumed into a crash."""
+def newest_whole_checkpoint(run_dir: Path, training_args: TrainingArguments) -> str:
+    """The newest `checkpoint-N` of `run_dir` that can be resumed exactly. A damaged one (cut short, a file deleted)
+    is skipped, with a warning, for the one before; it is left in place."""
     numbered = [p for p in run_dir.glob("checkpoint-*") if p.is_dir() and p.name.split("-", 1)[1].isdigit()]
-    for checkpoint in sorted(numbered, key=lambda p: int(p.name.split("-", 1)[1]), reverse=True):
-        missing = missing_checkpoint_files(checkpoint)
-        if not missing:
-            return str(checkpoint)
-        logger.warning(
-            f"Skipping the incomplete checkpoint {checkpoint} (no {', '.join(missing)}); it is left in place."
+    if not numbered:
+        raise FileNotFoundError(
+            f"`resume_from_checkpoint: {training_args.resume_from_checkpoint}` but {run_dir} holds no complete "
+            "checkpoint-* folder. Train without it first, or pass the path of a checkpoint folder."
         )
+    numbered.sort(key=lambda p: int(p.name.split("-", 1)[1]), reverse=True)
+    problems = []
+    for checkpoint in numbered:
+        problems.append(checkpoint_problem(checkpoint, training_args))
+        if not problems[-1]:
+            logger.info(f"Resuming from {checkpoint}")
+            return str(checkpoint)
+        if training_args.process_index == 0:
+            logger.warning(f"Skipping the damaged checkpoint {checkpoint}: {problems[-1]}. It is left in place.")
+    raise ValueError(
+        f"{run_dir} holds no whole checkpoint to resume from (the newest, {numbered[0].name}: {problems[0]}). "
+        f"{fix_for(problems[0], numbered[0])}"
+    )
+
+
+MODEL_ONLY = "it holds the model only (saved with `save_only_model`)"
+
+
+def fix_for(problem: str, checkpoint: str | os.PathLike) -> str:
+    """The fix for a checkpoint that cannot be resumed."""
+    if problem.startswith(MODEL_ONLY):
+        # The Trainer would resume such a checkpoint with a new optimizer and the schedule back at its start.
+        return (
+            "Resuming needs the optimizer and schedule states. Fix: start a new run from its weights "
+            f"(`--model_type pretrained --model_name_or_path {checkpoint}` and a new `--output_dir`), and save "
+            "without `save_only_model` to be able to resume."
+        )
+    return (
+        "Fix: pass the path of another checkpoint-* folder, restore the file from a copy, or train anew with "
+        "`--overwrite_output_dir true`."
+    )
+
+
+def checkpoint_problem(checkpoint: Path, training_args: TrainingArguments) -> str | None:
+    """What keeps `checkpoint` from being resumed exactly, naming the file (`optimizer.pt is missing`), or None when
+    every file the Trainer loads on resume is present and readable. Reading is cheap: safetensors headers only, and
+    `torch.load` memory-maps (a cut-short zip fails on its missing central directory without reading the tensors)."""
+    files = os.listdir(checkpoint)
+    states = ("optimizer.pt", "scheduler.pt") + tuple(f for f in files if f.startswith("rng_state"))
+    if not training_args.deepspeed and not any(name in files for name in states):
+        return MODEL_ONLY
+    required: list[tuple[str, Callable[[Path], object]]] = [("trainer_state.json", read_trainer_state)]
+    if not (training_args.deepspeed or training_args.fsdp):
+        # DeepSpeed and FSDP save weights and optimizer in formats of their own (folders, shards) and load them.
+        required += weight_files(checkpoint, files) + [("optimizer.pt", read_torch)]
+    if not training_args.deepspeed:
+        required += [("scheduler.pt", read_torch)]
+    if training_args.fp16 and not training_args.use_cpu and not training_args.deepspeed:
+        required += [("scaler.pt", read_torch)]  # accelerate's loss scaler exists for fp16 on accelerators only
+    required += [(name, read_torch) for name in rng_state_files(files, training_args.world_size)]
+    for name, read in required:
+        path = checkpoint / name
+        if not path.is_file():
+            return f"{name} is missing"
+        try:
+            read(path)
+        except Exception as error:
+            reason = (str(error).strip().splitlines() or [""])[0].split(". ")[0]  # torch adds advice on loading
+            return f"{name} is unreadable ({type(error).__name__}: {reason})"
     return None
 
 
+def weight_files(checkpoint: Path, files: list[str]) -> list[tuple[str, Callable[[Path], object]]]:
+    """The weight files the resume loads, with how to read each: a LoRA run's adapter, one safetensors file, the
+    shards an index names, or a legacy `pytorch_model.bin`."""
+    if ADAPTER_CONFIG_NAME in files:
+        return [("adapter_model.bin" if "adapter_model.bin" in files else "adapter_model.safetensors", read_weights)]
+    if "model.safetensors.index.json" in files:
+        try:
+            shards = sorted(
+                set(json.loads((checkpoint / "model.safetensors.index.json").read_text())["weight_map"].values())
+            )
+        except (ValueError, KeyError, TypeError):
+            shards = []  # the index itself is damaged: reported when read below
+        return [("model.safetensors.index.json", read_index)] + [(name, read_weights) for name in shards]
+    if "model.safetensors" not in files and "pytorch_model.bin" in files:
+        return [("pytorch_model.bin", read_weights)]
+    return [("model.safetensors", read_weights)]
+
+
+def rng_state_files(files: list[str], world_size: int) -> list[str]:
+    """The RNG states the resume loads: `rng_state.pth` for one process, `rng_state_{i}.pth` for each of several."""
+    wanted = ["rng_state.pth"] if world_size <= 1 else [f"rng_state_{i}.pth" for i in range(world_size)]
+    saved = sorted(f for f in files if f.startswith("rng_state") and f.endswith(".pth"))
+    if saved and (world_size > 1) == (saved == ["rng_state.pth"]):
+        # Saved by a run of another number of processes: the Trainer resumes without them (and says so), but its
+        # random draws (data order, augmentation) then differ from an uninterrupted run's.
+        return saved
+    return wanted
+
+
+def read_trainer_state(path: Path) -> None:
+    if not isinstance(json.loads(path.read_text()).get("global_step"), int):
+        raise ValueError("no global_step")
+
+
+def read_index(path: Path) -> None:
+    json.loads(path.read_text())["weight_map"].values()
+
+
+def read_weights(path: Path) -> None:
+    if path.suffix == ".safetensors":
+        from safetensors import safe_open
+
+        with safe_open(path, framework="pt") as f:
+            f.keys()
+    else:
+        read_torch(path)
+
+
+def read_torch(path: Path) -> None:
+    with safe_globals():  # the numpy types of the RNG states, as the Trainer allows them when it loads
+        torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+
+
 def remove_partial_checkpoints(run_dir: Path, training_args: TrainingArguments) -> None:
-    """Delete the `tmp-checkpoint-*` folders of saves that failed or were interrupted: they are incomplete by
-    construction (a checkpoint is renamed to `checkpoint-N` only once fully written) and nothing can resume from
-    them."""
+    """Delete the `tmp-checkpoint-*` folders left by saves that failed or were interrupted (in versions that wrote
+    checkpoints there first): they are incomplete by construction and nothing can resume from them."""
     partial = sorted(run_dir.glob(PARTIAL_CHECKPOINT_PREFIX + "checkpoint-*")) if run_dir.is_dir() else []
     if partial and training_args.process_index == 0:
         logger.warning(
@@ -92,3 +198,145 @@ def remove_partial_checkpoints(run_dir: Path, training_args: TrainingArguments) 
         )
         for path in partial:
             shutil.rmtree(path, ignore_errors=True)
+
+
+class RunLock:
+    """`output_dir/.run.lock`, holding `{pid, host, started}` of the one run that uses the folder.
+
+    A file created atomically (`O_CREAT | O_EXCL`, atomic on local disks and NFS v3+), not `fcntl.flock`: flock is
+    per host, and on NFS either local to the client or unsupported, so two machines sharing the folder would both
+    get it. A lock whose process is gone from this host (`kill -9` leaves it behind) is stale and taken over; whether
+    a process of another host lives cannot be checked, so its lock is reported with the fix.
+    """
+
+    def __init__(self, output_dir: str | os.PathLike):
+        self.path = Path(output_dir) / LOCK_NAME
+        self.held = self.made_folder = False
+
+    def acquire(self) -> "RunLock":
+        """Hold the lock, or raise `RuntimeError` naming the run that holds it."""
+        self.made_folder = not self.path.parent.exists()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        for attempt in range(3):  # again after a stale lock is taken over, or while one is being written or removed
+            if self.create(me):
+                return self
+            holder = read_lock(self.path)
+            if holder and self.is_stale(holder, me):
+                self.take_over(holder)
+            elif holder or (holder == {} and attempt == 2):
+                other = f"process {holder['pid']} on {holder['host']}, started {holder['started']}" if holder else ""
+                raise RuntimeError(
+                    f"{self.path.parent} is in use by another run ({other or 'an unreadable lock'}). Fix: wait for "
+                    f"it to end, or use another `--output_dir`; if that run is gone, delete {self.path}."
+                )
+            elif holder == {}:
+                time.sleep(0.2)
+        raise RuntimeError(f"Could not lock {self.path.parent}: other runs keep taking it. Start this run again.")
+
+    def create(self, me: dict) -> bool:
+        try:
+            descriptor = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(descriptor, "w") as f:
+            json.dump(me, f)
+        self.held = True
+        HELD.append(self)
+        atexit.register(self.release)  # at the latest; SIGKILL skips it, hence the takeover of stale locks
+        return True
+
+    @staticmethod
+    def is_stale(holder: dict, me: dict) -> bool:
+        if holder.get("host") != me["host"] or not isinstance(holder.get("pid"), int):
+            return False
+        if holder["pid"] == me["pid"]:
+            # This process's own: an earlier pipeline here (a notebook, a test) that ended in an error, or a killed
+            # container's run restarted with the same process id.
+            return True
+        try:
+            os.kill(holder["pid"], 0)  # signal 0 only asks whether the process exists
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False  # alive, another user's
+        return False
+
+    def take_over(self, holder: dict) -> None:
+        """Remove a stale lock: renamed away first, and put back if it turns out to be a new one (another run took the
+        stale lock over first), so that a live lock is never removed."""
+        aside = self.path.with_name(f"{LOCK_NAME}.{os.getpid()}")
+        try:
+            os.rename(self.path, aside)
+        except FileNotFoundError:
+            return
+        if read_lock(aside) != holder:
+            try:
+                os.link(aside, self.path)
+            except FileExistsError:
+                pass
+        elif holder["pid"] != os.getpid():
+            logger.info(f"Taking over {self.path}: its run (process {holder['pid']}) is no longer alive.")
+        aside.unlink()
+
+    def release(self) -> None:
+        """Remove the lock if this process holds it, and the folder if the lock made it and it stayed empty (a run
+        refused on bad input leaves nothing behind)."""
+        if self.held and (read_lock(self.path) or {}).get("pid") == os.getpid():
+            self.path.unlink(missing_ok=True)
+            if self.made_folder and not any(self.path.parent.iterdir()):
+                self.path.parent.rmdir()
+        self.held = False
+        if self in HELD:
+            HELD.remove(self)
+        atexit.unregister(self.release)
+
+    def __enter__(self) -> "RunLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+HELD: list[RunLock] = []  # the locks this process holds
+
+
+def release_output_dirs() -> None:
+    """Release the output folders this process holds: `run.main` calls it when a run ends, also after an error."""
+    for lock in list(HELD):
+        lock.release()
+
+
+def read_lock(path: Path) -> dict | None:
+    """A lock's holder; `{}` when unreadable (being written, or damaged: never taken over); None when it is gone."""
+    try:
+        holder = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except ValueError:
+        return {}
+    return holder if isinstance(holder, dict) and {"pid", "host", "started"} <= holder.keys() else {}
+
+
+def lock_output_dir(output_dir: str | os.PathLike, training_args: TrainingArguments) -> RunLock:
+    """Lock `output_dir` for this run until `release()` (`run.main` calls `release_output_dirs`); refuse, on every
+    process, if another run holds it.
+
+    One lock per run: only the process of global rank 0 takes it. Every node's local rank 0 would lock the same folder
+    twice where nodes share it (a cluster's shared disk, `torchrun --nnodes 2` on one machine); nodes with folders of
+    their own save nothing there unless `save_on_each_node`.
+    """
+    lock, refusal = RunLock(output_dir), [None]
+    if training_args.process_index == 0:
+        try:
+            lock.acquire()
+        except RuntimeError as error:
+            refusal[0] = str(error)
+    if training_args.world_size > 1:
+        # Each process ends with the refusal's line, not with "connection closed by peer" once rank 0 has left.
+        from accelerate.utils import broadcast_object_list
+
+        broadcast_object_list(refusal)
+    if refusal[0]:
+        raise RuntimeError(refusal[0])
+    return lock

@@ -39,7 +39,7 @@ from transformers import TrainingArguments, set_seed  # noqa: E402
 from finetune import hardware  # noqa: E402
 from finetune.arguments import DataArguments, ModelArguments, parse_options  # noqa: E402
 from finetune.augment import BatchTransform, describe_augmentation, use_random_resized_crop  # noqa: E402
-from finetune.checkpoints import resolve_checkpoint  # noqa: E402
+from finetune.checkpoints import lock_output_dir, release_output_dirs, resolve_checkpoint  # noqa: E402
 from finetune.data import ImageData, collate_batch, load_image_data  # noqa: E402
 from finetune.errors import run_command  # noqa: E402
 from finetune.metrics import compute_metrics, confusion_report  # noqa: E402
@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> dict[str, Results]:
     try:
         return run_pipeline(argv)
     finally:
+        release_output_dirs()
         # Processes that exit with the process group still up abort (gloo/NCCL); end it, after an error too.
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
@@ -93,6 +94,7 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
         t: Path(training_args.output_dir) / t if len(model_types) > 1 else Path(training_args.output_dir)
         for t in model_types
     }
+    lock_output_dir(training_args.output_dir, training_args)  # one run per folder; `main` releases it
     if training_args.do_train:
         checkpoints = {t: resolve_checkpoint(run_dirs[t], training_args) for t in model_types}
     else:

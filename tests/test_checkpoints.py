@@ -1,9 +1,13 @@
-"""Checkpoints are atomic: a save that fails (a full disk) or is interrupted (Ctrl-C) leaves no `checkpoint-N` that a
-resume would pick, and `resume_from_checkpoint: true` then continues from the last complete checkpoint."""
+"""Checkpoints are trusted only when whole: a save that fails (a full disk) or is interrupted (Ctrl-C) leaves no
+`checkpoint-N` that a resume would pick, and a damaged one is skipped by `resume_from_checkpoint: true` for the one
+before (never resumed into a crash or a silent restart of the optimizer). One run per output folder: a second is
+refused while the first lives, and the lock of a killed run is taken over."""
 
 import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -13,7 +17,8 @@ import pytest
 
 from finetune import run
 from finetune.arguments import parse_args
-from finetune.checkpoints import resolve_checkpoint
+from finetune.checkpoints import LOCK_NAME, RunLock, checkpoint_problem, resolve_checkpoint
+from finetune.errors import run_command
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,7 +37,7 @@ def checkpoints(out: Path) -> list[str]:
     return sorted(p.name for p in out.iterdir() if p.name.startswith("checkpoint-"))
 
 
-def test_a_failed_write_leaves_no_checkpoint_and_resume_continues_from_the_last_complete_one(tmp_path):
+def test_a_failed_write_is_skipped_and_resume_continues_from_the_last_whole_one(tmp_path, caplog):
     out = tmp_path / "out"
     run.main([*TINY, "--num_train_epochs", "1", "--output_dir", str(out)])
     assert checkpoints(out) == ["checkpoint-8"]
@@ -45,17 +50,20 @@ def test_a_failed_write_leaves_no_checkpoint_and_resume_continues_from_the_last_
     )
     assert failed.returncode != 0
     assert "File too large" in failed.stderr + failed.stdout
-    assert checkpoints(out) == ["checkpoint-8"]  # no checkpoint-16 without weights
+    assert not (out / LOCK_NAME).exists(), "a run that fails releases its output folder"
 
-    results = run.main(args)["scratch"]
+    with caplog.at_level("WARNING"):
+        results = run.main(args)["scratch"]
+    assert "Skipping the damaged checkpoint" in caplog.text and "checkpoint-16" in caplog.text  # cut short
     assert checkpoints(out) == ["checkpoint-16", "checkpoint-8"]
-    assert results.epochs == 2.0 and results.train.steps == 8  # the second epoch only: resumed at step 8
+    assert results.epochs == 2.0 and results.train.steps == 16  # the whole run, resumed at step 8
     assert json.loads((out / "checkpoint-16" / "trainer_state.json").read_text())["global_step"] == 16
 
 
 PAUSE_IN_SECOND_SAVE = """
 import sys, time
 from finetune import run
+from finetune.arguments import parse_args
 from finetune.trainer import ImageClassificationTrainer
 
 marker, argv = sys.argv[1], sys.argv[2:]
@@ -75,7 +83,9 @@ run.main(argv)
 """
 
 
-def test_sigint_during_a_save_leaves_no_checkpoint_and_resume_continues(tmp_path):
+def test_two_sigints_during_a_save_stop_at_once_and_resume_skips_the_cut_checkpoint(tmp_path, caplog):
+    """The first SIGINT asks for a checkpoint after the running step; a second one ends the run at once, here in the
+    middle of writing checkpoint-16, which the resume then skips."""
     out, marker = tmp_path / "out", tmp_path / "saving"
     args = [*TINY, "--num_train_epochs", "2", "--output_dir", str(out)]
     process = subprocess.Popen(
@@ -92,18 +102,22 @@ def test_sigint_during_a_save_leaves_no_checkpoint_and_resume_continues(tmp_path
             assert process.poll() is None, process.stderr.read()[-3000:]
             assert time.monotonic() < deadline, "the run never reached its second save"
             time.sleep(0.1)
-        assert (out / "tmp-checkpoint-16").is_dir()  # being written
+        assert (out / "checkpoint-16").is_dir()  # being written
+        process.send_signal(signal.SIGINT)
+        time.sleep(0.5)
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=60) != 0
     finally:
         process.kill()
         process.wait()
-    assert checkpoints(out) == ["checkpoint-8"]
     assert not (out / "results.json").exists()
+    assert not (out / LOCK_NAME).exists(), "an interrupted run releases its output folder"
 
-    results = run.main([*args, "--resume_from_checkpoint", "true"])["scratch"]
+    with caplog.at_level("WARNING"):
+        results = run.main([*args, "--resume_from_checkpoint", "true"])["scratch"]
+    assert "Skipping the damaged checkpoint" in caplog.text and "checkpoint-16" in caplog.text
     assert checkpoints(out) == ["checkpoint-16", "checkpoint-8"]
-    assert results.epochs == 2.0 and results.train.steps == 8
+    assert results.epochs == 2.0 and results.train.steps == 16
 
 
 def test_a_leftover_partial_checkpoint_blocks_nothing(tmp_path, caplog):
@@ -123,18 +137,183 @@ def test_a_leftover_partial_checkpoint_blocks_nothing(tmp_path, caplog):
         resolve_checkpoint(out, args)
 
 
-def test_resume_skips_an_incomplete_checkpoint_and_a_named_one_is_checked(tmp_path, caplog):
-    """A `checkpoint-N` without weights (written by an older version, or damaged) is skipped by `true`, not resumed
-    into a crash; a checkpoint named explicitly must be complete."""
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """One tiny run of two epochs, shared: whole checkpoint-8 and checkpoint-16. Each test damages a copy."""
+    out = tmp_path_factory.mktemp("trained") / "out"
+    run.main([*TINY, "--num_train_epochs", "2", "--output_dir", str(out)])
+    assert checkpoints(out) == ["checkpoint-16", "checkpoint-8"]
+    return out
+
+
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+# What a crash, a full disk or a careless `rm` leaves: (file, damage, the problem the warning names).
+DAMAGES = {
+    "truncated weights": ("model.safetensors", truncate, "model.safetensors is unreadable"),
+    "deleted weights": ("model.safetensors", Path.unlink, "model.safetensors is missing"),
+    "deleted optimizer": ("optimizer.pt", Path.unlink, "optimizer.pt is missing"),
+    "truncated optimizer": ("optimizer.pt", truncate, "optimizer.pt is unreadable"),
+    "truncated scheduler": ("scheduler.pt", truncate, "scheduler.pt is unreadable"),
+    "broken trainer state": ("trainer_state.json", truncate, "trainer_state.json is unreadable"),
+    "missing rng state": ("rng_state.pth", Path.unlink, "rng_state.pth is missing"),
+}
+
+
+def resume_args(out: Path, resume: str = "true") -> list[str]:
+    # A third epoch; every checkpoint kept, so that the re-saved checkpoint-16 can be read afterwards.
+    return [*TINY, "--num_train_epochs", "3", "--save_total_limit", "5", "--output_dir", str(out),
+            "--resume_from_checkpoint", resume]  # fmt: skip
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_resume_skips_a_damaged_newest_checkpoint_for_the_previous_whole_one(trained, tmp_path, caplog, damage):
+    name, spoil, problem = DAMAGES[damage]
+    out = Path(shutil.copytree(trained, tmp_path / "out"))
+    spoil(out / "checkpoint-16" / name)
+    with caplog.at_level("INFO", logger="finetune.checkpoints"):
+        run.main(resume_args(out))
+    ours = [r for r in caplog.records if r.name == "finetune.checkpoints"]
+    warnings = [r.getMessage() for r in ours if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and f"checkpoint-16: {problem}" in warnings[0], warnings
+    assert f"Resuming from {out / 'checkpoint-8'}" in caplog.text
+    # Resumed at step 8: steps 9-16 were trained again and checkpoint-16 saved anew, whole; the run ended at 24.
+    args = parse_args(resume_args(out))[3]
+    assert checkpoint_problem(out / "checkpoint-16", args) is None
+    assert json.loads((out / "checkpoint-24" / "trainer_state.json").read_text())["global_step"] == 24
+
+
+def test_without_a_whole_checkpoint_resume_is_refused_in_one_line(trained, tmp_path, capsys):
+    """No silent restart of the optimizer and the schedule (what transformers does when optimizer.pt is missing)."""
+    out = Path(shutil.copytree(trained, tmp_path / "out"))
+    for checkpoint in ("checkpoint-8", "checkpoint-16"):
+        (out / checkpoint / "optimizer.pt").unlink()
+    assert run_command(run.main, resume_args(out)) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {out} holds no whole checkpoint"), lines
+    assert "checkpoint-16: optimizer.pt is missing" in lines[0] and "Fix:" in lines[0]
+    assert checkpoints(out) == ["checkpoint-16", "checkpoint-8"]  # nothing trained
+    assert not (out / LOCK_NAME).exists(), "a refused run releases its output folder at once"
+
+
+def test_a_damaged_checkpoint_named_explicitly_is_refused_in_one_line(trained, tmp_path, capsys):
+    out = Path(shutil.copytree(trained, tmp_path / "out"))
+    truncate(out / "checkpoint-8" / "optimizer.pt")
+    assert run_command(run.main, resume_args(out, str(out / "checkpoint-8"))) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "checkpoint-8' cannot be resumed: optimizer.pt is unreadable" in lines[0], lines
+
+    # A whole one named explicitly is resumed, although a newer one is damaged.
+    (out / "checkpoint-8" / "optimizer.pt").write_bytes((trained / "checkpoint-8" / "optimizer.pt").read_bytes())
+    (out / "checkpoint-16" / "model.safetensors").unlink()
+    results = run.main(resume_args(out, str(out / "checkpoint-8")))["scratch"]
+    assert results.epochs == 3.0 and checkpoint_problem(out / "checkpoint-16", parse_args(resume_args(out))[3]) is None
+
+
+def test_checkpoints_of_a_save_only_model_run_are_not_resumed(tmp_path, capsys):
+    """They hold no optimizer, schedule or RNG state: the Trainer would resume them with a new optimizer and the
+    learning rate back at its warm-up. Refused, with the way to continue from their weights."""
     out = tmp_path / "out"
-    for step, files in ((8, ("model.safetensors", "trainer_state.json")), (16, ("trainer_state.json",))):
-        (out / f"checkpoint-{step}").mkdir(parents=True)
-        for name in files:
-            (out / f"checkpoint-{step}" / name).write_text("{}")
-    args = parse_args([*TINY, "--output_dir", str(out), "--resume_from_checkpoint", "true"])[3]
-    with caplog.at_level("WARNING"):
-        assert resolve_checkpoint(out, args) == str(out / "checkpoint-8")
-    assert "Skipping the incomplete checkpoint" in caplog.text and "checkpoint-16" in caplog.text
-    args = parse_args([*TINY, "--output_dir", str(out), "--resume_from_checkpoint", str(out / "checkpoint-16")])[3]
-    with pytest.raises(FileNotFoundError, match=r"checkpoint-16' is incomplete \(no model.safetensors\)"):
-        resolve_checkpoint(out, args)
+    run.main([*TINY, "--num_train_epochs", "1", "--save_only_model", "true", "--output_dir", str(out)])
+    assert not (out / "checkpoint-8" / "optimizer.pt").exists()
+    capsys.readouterr()  # the training's progress bars
+    for resume in ("true", str(out / "checkpoint-8")):
+        assert run_command(run.main, resume_args(out, resume)) == 1
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and "save_only_model" in lines[0], lines
+        assert f"--model_name_or_path {out / 'checkpoint-8'}" in lines[0]
+
+
+def test_a_second_run_on_a_folder_in_use_is_refused_and_a_killed_runs_lock_is_taken_over(tmp_path, caplog):
+    out = tmp_path / "out"
+    endless = [*TINY, "--max_steps", "100000", "--eval_strategy", "no", "--save_strategy", "no",
+               "--load_best_model_at_end", "false", "--output_dir", str(out)]  # fmt: skip
+    first = subprocess.Popen(
+        [sys.executable, "-m", "finetune.run", *endless],
+        env={**subprocess_env(), "OMP_NUM_THREADS": "1"},  # one core: the second run starts beside it
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / LOCK_NAME).exists():
+            assert first.poll() is None, first.stderr.read()[-3000:]
+            assert time.monotonic() < deadline, "the first run never locked its output folder"
+            time.sleep(0.05)
+        second = subprocess.run(
+            [sys.executable, "-m", "finetune.run", *TINY, "--output_dir", str(out)],
+            env=subprocess_env(),
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+        )
+        assert second.returncode == 1
+        errors = [line for line in second.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1, second.stderr[-3000:]
+        assert f"in use by another run (process {first.pid} on {socket.gethostname()}" in errors[0]
+        assert "another `--output_dir`" in errors[0]
+        assert first.poll() is None, "the refused run must leave the first one alone"
+        first.kill()  # SIGKILL: no chance to remove its lock
+        first.wait()
+    finally:
+        first.kill()
+        first.wait()
+    assert json.loads((out / LOCK_NAME).read_text())["pid"] == first.pid  # left behind, stale
+
+    with caplog.at_level("INFO", logger="finetune.checkpoints"):
+        results = run.main([*TINY, "--num_train_epochs", "1", "--output_dir", str(out)])["scratch"]
+    assert f"process {first.pid}) is no longer alive" in caplog.text
+    assert results.train.steps == 8 and not (out / LOCK_NAME).exists(), "released at the end"
+
+
+def test_a_lock_of_another_host_is_never_taken_over(tmp_path):
+    """Whether a process of another machine lives cannot be checked from here: the lock is reported, with its fix."""
+    (tmp_path / LOCK_NAME).write_text(json.dumps({"pid": os.getpid(), "host": "node-7", "started": "earlier"}))
+    with pytest.raises(RuntimeError, match=rf"process {os.getpid()} on node-7, .* delete {tmp_path / LOCK_NAME}"):
+        RunLock(tmp_path).acquire()
+    (tmp_path / LOCK_NAME).write_text("not json")
+    with pytest.raises(RuntimeError, match="an unreadable lock"):
+        RunLock(tmp_path).acquire()
+    (tmp_path / LOCK_NAME).unlink()
+    with RunLock(tmp_path) as lock:
+        assert json.loads(lock.path.read_text())["host"] == socket.gethostname()
+    assert not (tmp_path / LOCK_NAME).exists()
+
+
+def test_sharded_and_lora_weights_are_checked_file_by_file(trained, tmp_path):
+    """The weights of a big model (shards named by an index) and of a LoRA run (its adapter) are read too."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForImageClassification
+
+    args = parse_args(resume_args(trained))[3]
+    model = AutoModelForImageClassification.from_pretrained(trained / "checkpoint-16")
+    sharded = Path(shutil.copytree(trained / "checkpoint-16", tmp_path / "sharded"))
+    (sharded / "model.safetensors").unlink()
+    model.save_pretrained(sharded, max_shard_size="50KB")
+    shards = sorted(sharded.glob("model-*.safetensors"))
+    assert len(shards) > 1 and checkpoint_problem(sharded, args) is None
+    truncate(shards[-1])
+    assert checkpoint_problem(sharded, args).startswith(f"{shards[-1].name} is unreadable")
+
+    lora = Path(shutil.copytree(trained / "checkpoint-16", tmp_path / "lora"))
+    (lora / "model.safetensors").unlink()
+    get_peft_model(model, LoraConfig(r=2, target_modules=["qkv"])).save_pretrained(lora)
+    assert checkpoint_problem(lora, args) is None
+    truncate(lora / "adapter_model.safetensors")
+    assert checkpoint_problem(lora, args).startswith("adapter_model.safetensors is unreadable")
+
+
+def test_resume_auto_starts_a_new_run_and_resumes_an_interrupted_one(tmp_path, caplog):
+    """`resume_from_checkpoint: auto`, for preemptible machines that restart the same command."""
+    out = tmp_path / "out"
+    args = [*TINY, "--output_dir", str(out), "--resume_from_checkpoint", "auto"]
+    run.main([*args, "--num_train_epochs", "1"])  # a fresh folder: starts
+    (out / "results.json").unlink()  # as if stopped after its first epoch's checkpoint
+    with caplog.at_level("INFO"):
+        results = run.main([*args, "--num_train_epochs", "2"])["scratch"]
+    assert f"Resuming from {out / 'checkpoint-8'}" in caplog.text
+    assert results.train.steps == 16 and checkpoints(out) == ["checkpoint-16", "checkpoint-8"]

@@ -193,11 +193,12 @@ def setup_logging(training_args: TrainingArguments, settings: hardware.Settings)
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(ConsoleFormatter())
     logging.basicConfig(handlers=[handler])  # a no-op where the root logger has handlers already (tests, notebooks)
-    passive = training_args.log_level == "passive"
-    ours = training_args.get_process_log_level() if not passive else logging.INFO
-    libraries = logging.WARNING if passive else ours
+    # `log_level` / `log_level_replica` as the Trainer reads them; `passive` on the main process: INFO for ours only.
+    passive_main = training_args.should_log and training_args.log_level == "passive"
+    ours = logging.INFO if passive_main else training_args.get_process_log_level()
+    libraries = logging.WARNING if passive_main else ours
     for name in ("finetune", "scratch_vit", __name__):
-        logging.getLogger(name).setLevel(ours if training_args.should_log else logging.WARNING)
+        logging.getLogger(name).setLevel(ours)
     datasets.utils.logging.set_verbosity(libraries)
     transformers.utils.logging.set_verbosity(libraries)
     transformers.utils.logging.disable_default_handler()

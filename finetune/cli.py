@@ -7,6 +7,7 @@
     vit-finetune attention MODEL_DIR IMAGE [IMAGE ...] --output DIR           attention maps
     vit-finetune push OUTPUT_DIR --repo_id you/name                           push a run to the Hub
     vit-finetune card OUTPUT_DIR [--repo_id ID]                               write the model card
+    vit-finetune export RUN_DIR --format onnx [--output DIR]                  ONNX for serving, checked
 
 Each subcommand is also a module (`python -m finetune.run`, `python -m finetune.tools.compare`, ...;
 `accelerate launch -m finetune.run` for several processes). Flags are snake_case, as
@@ -31,6 +32,7 @@ COMMANDS = {
     "attention": ("finetune.tools.attention", "attention maps (python -m finetune.tools.attention)"),
     "push": ("finetune.tools.hub", "push a run to the Hub (python -m finetune.tools.hub push)"),
     "card": ("finetune.tools.model_card", "write a run's model card (python -m finetune.tools.model_card)"),
+    "export": ("finetune.tools.export", "ONNX for serving, checked against PyTorch (python -m finetune.tools.export)"),
 }
 
 

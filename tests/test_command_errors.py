@@ -51,6 +51,14 @@ def test_a_malformed_command_line_is_one_line_and_status_2(capsys, monkeypatch, 
     assert err.startswith(line) and err.count("\n") == 1, err
 
 
+@pytest.mark.parametrize("command", ["predict", "attention", "compare", "card", "export", "push"])
+def test_each_tools_malformed_command_line_is_one_line_and_status_2(capsys, monkeypatch, command):
+    monkeypatch.delenv("LOG_LEVEL", raising=False)
+    assert cli.main([command, "a", "b", "--no_such_option", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "usage:" not in err, err
+
+
 def test_a_traceback_only_when_asked(monkeypatch):
     seen = []
     with pytest.raises(ValueError, match="bad"):

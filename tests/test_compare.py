@@ -154,5 +154,5 @@ def test_missing_values_and_cli(tmp_path, capsys):
 def test_not_a_run_directory(tmp_path):
     with pytest.raises(FileNotFoundError, match="no results.json"):
         find_run_dirs([tmp_path])
-    with pytest.raises(SystemExit):
+    with pytest.raises(ValueError, match="no results.json"):  # one `error:` line from the command
         compare.main([str(tmp_path), "--output", str(tmp_path / "out")])

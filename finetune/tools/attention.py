@@ -11,7 +11,6 @@ classifier sees the mean of all tokens), so its maps use the mean over all query
 
 from __future__ import annotations
 
-import argparse
 import logging
 import math
 import os
@@ -22,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from finetune.errors import run_command
+from finetune.errors import ArgumentParser, run_command
 from finetune.tools.predict import add_model_arguments, classifier_from_arguments
 
 
@@ -257,7 +256,7 @@ def write_attention_maps(
 
 def main(argv: list[str] | None = None) -> list[Path]:
     """Command-line entry: `python -m finetune.tools.attention MODEL_DIR IMAGE [IMAGE ...] --output DIR`."""
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="python -m finetune.tools.attention",
         description="Plot per-layer CLS attention maps and attention rollout of a saved ViT classifier.",
     )

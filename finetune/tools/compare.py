@@ -8,7 +8,6 @@ A run directory holds the `results.json` that `finetune/run.py` writes; a direct
 runs (the `model_type: both` layout) stands for those runs.
 """
 
-import argparse
 import json
 import logging
 import os
@@ -17,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from finetune.errors import run_command
+from finetune.errors import ArgumentParser, run_command
 from finetune.results import Results, find_run_dirs
 from finetune.tools.report import (
     SUMMARY_NOTE,
@@ -135,7 +134,7 @@ def write_comparison(run_dirs: Sequence[str | os.PathLike], output_dir: str | os
 
 def main(argv: list[str] | None = None) -> Path:
     """Command-line entry: `python -m finetune.tools.compare RUN_DIR [RUN_DIR ...] --output REPORT_DIR`."""
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="python -m finetune.tools.compare",
         description="Compare finished runs: report.md with a summary and a per-class table, learning curves, "
         "and a confusion matrix per run.",

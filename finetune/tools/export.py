@@ -13,7 +13,6 @@ exporter now lives in `optimum-onnx`, whose latest release (0.1.0) requires tran
 installed beside the transformers 5 this project needs.
 """
 
-import argparse
 import importlib
 import json
 import sys
@@ -25,7 +24,7 @@ import torch
 from PIL import Image
 from transformers.utils import logging
 
-from finetune.errors import run_command
+from finetune.errors import ArgumentParser, run_command
 from finetune.models import photo_size
 from finetune.tools.predict import (
     collect_image_paths,
@@ -168,7 +167,7 @@ def file_images(paths: list[str], model, processor, count: int = CHECK_IMAGES) -
 
 def main(argv: list[str] | None = None) -> ExportResult:
     """Command-line entry: export a run's model and check it; prints where it went and the check's one line."""
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="python -m finetune.tools.export",
         description="Export a trained classifier for serving (ONNX) and check it against PyTorch on real images.",
     )

@@ -30,7 +30,7 @@ import httpx2
 from huggingface_hub import CommitOperationAdd, HfApi, get_session, get_token, set_client_factory
 from huggingface_hub.errors import HfHubHTTPError
 
-from finetune.errors import run_command
+from finetune.errors import ArgumentParser, run_command
 from finetune.tools.model_card import CARD_NAME, find_comparison_dir, write_model_card
 
 
@@ -358,9 +358,7 @@ def main(argv: list[str] | None = None) -> str | list[str]:
     A failed push ends with one line naming the problem and the fix, then the command that retries it, and exit
     status 1; `--debug` shows the traceback and every request.
     """
-    parser = argparse.ArgumentParser(
-        prog="python -m finetune.tools.hub", description="Push a run to the Hugging Face Hub."
-    )
+    parser = ArgumentParser(prog="python -m finetune.tools.hub", description="Push a run to the Hugging Face Hub.")
     commands = parser.add_subparsers(dest="command", required=True)
     push = commands.add_parser(
         "push",

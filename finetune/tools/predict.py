@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from finetune.errors import run_command
+from finetune.errors import ArgumentParser, run_command
 
 
 if TYPE_CHECKING:
@@ -289,7 +289,7 @@ def classifier_from_arguments(parser: argparse.ArgumentParser, args: argparse.Na
 
 def main(argv: list[str] | None = None) -> list[Prediction]:
     """Command-line entry; prints each file's top-k labels and probabilities, then the skipped files."""
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="python -m finetune.tools.predict",
         description="Classify image files (any size or format) with a saved ScratchViT or ViT classifier.",
     )

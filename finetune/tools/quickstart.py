@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from finetune.errors import run_command
+from finetune.errors import ArgumentParser, run_command
 
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -54,7 +54,7 @@ def write_sample_images(folder: Path, per_class: int = 30) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="python -m finetune.tools.quickstart",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -103,11 +103,13 @@ def copy_repository(destination: Path) -> Path:
 
 
 def activated_venv(repository: Path, hf_home: Path) -> dict[str, str]:
-    """The environment of a shell in which the venv running these tests is activated, offline, with a fresh HF_HOME.
+    """The environment of a shell in which the venv running these tests is activated, offline, with a fresh HF_HOME
+    and no other HF_ setting (as a newcomer's).
 
     PYTHONPATH points at the copy, so an entry point of the editable install (`vit-finetune`) imports the copy's
     code, as it would in a clone, and not this checkout's."""
-    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONHOME", "VIRTUAL_ENV")}
+    dropped = ("PYTHONHOME", "VIRTUAL_ENV")
+    env = {key: value for key, value in os.environ.items() if key not in dropped and not key.startswith("HF_")}
     bin_dir = Path(sys.executable).parent
     env.update(
         PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",

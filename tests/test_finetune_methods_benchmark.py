@@ -5,6 +5,7 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
 from test_gpu_suite import small_cifar_parquet
 
 
@@ -16,6 +17,7 @@ import finetune_methods  # noqa: E402
 CIFAR10_NAMES = [*finetune_methods.CIFAR10_SOURCE_CLASSES, *finetune_methods.CIFAR10_TARGET_CLASSES]
 
 
+@pytest.mark.slow
 def test_cifar10_source_on_five_classes_fine_tuned_on_the_other_five(tmp_path):
     data = small_cifar_parquet(tmp_path / "train.parquet", n=200, names=CIFAR10_NAMES)
     work, out = tmp_path / "work", tmp_path / "out"
@@ -45,6 +47,7 @@ def test_vit_b16_figures_count_what_each_method_trains():
     assert lora["adamw_state_mib"] == 8 * lora["trained_parameters"] / 2**20
 
 
+@pytest.mark.slow
 def test_batch_scaling_compares_a_small_batch_with_learning_rates_at_a_large_one(tmp_path):
     import batch_scaling
 

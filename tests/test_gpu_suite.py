@@ -34,6 +34,7 @@ def small_cifar_parquet(path: Path, n: int = 320, names: list[str] | None = None
     return path
 
 
+@pytest.mark.slow
 def test_tiny_suite_writes_every_part(tmp_path):
     data = small_cifar_parquet(tmp_path / "train.parquet")
     out = tmp_path / "gpu"

@@ -7,6 +7,7 @@ import pytest
 from benchmarks import model_speed
 
 
+@pytest.mark.slow
 def test_benchmark_times_both_models_in_pairs(tmp_path):
     output = tmp_path / "speed.json"
     results = model_speed.main(

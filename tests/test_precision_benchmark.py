@@ -32,6 +32,7 @@ def test_as_shipped_follows_the_cpu(monkeypatch, capsys, native, tmp_path):
     assert "| as shipped (auto) |" in capsys.readouterr().out and (tmp_path / "p.json").is_file()
 
 
+@pytest.mark.slow
 def test_emulated_cpu_without_native_bf16_trains_in_float32():
     result = subprocess.run(
         [sys.executable, "benchmarks/precision.py", *TINY, "--emulate_no_bf16"],

@@ -30,6 +30,7 @@ def test_variant_parsing():
         sweep.Variant.parse("=--learning_rate 1")
 
 
+@pytest.mark.slow
 def test_gpu_sweep_runs_variants_side_by_side_and_reports_a_divergence(tmp_path):
     data = small_cifar_parquet(tmp_path / "train.parquet")
     out = tmp_path / "sweep"
@@ -53,6 +54,7 @@ def test_gpu_sweep_runs_variants_side_by_side_and_reports_a_divergence(tmp_path)
     assert json.loads((out / "runs" / "as_shipped" / "config.json").read_text())["qk_norm"] is True
 
 
+@pytest.mark.slow
 def test_lr_sweep_tabulates_each_variant_and_learning_rate(tmp_path):
     data = small_cifar_parquet(tmp_path / "train.parquet")
     out = tmp_path / "lr"

@@ -6,6 +6,7 @@ supplies resolution and normalisation. `scratch`: a `ScratchViTForImageClassific
 `ScratchViTConfig` fields, with a `ViTImageProcessor` whose mean and std are measured on the training images.
 """
 
+import contextlib
 import json
 import os
 import re
@@ -268,6 +269,20 @@ def _load_config(model_args: ModelArguments):
         raise OSError(_unreachable_message("model", model_args.model_name_or_path, error)) from error
 
 
+LOAD_KINDS = ("missing_keys", "unexpected_keys", "mismatched_keys")
+
+
+@contextlib.contextmanager
+def transformers_errors_only():
+    """transformers' own warnings silenced (its load report lists a new head as MISMATCH / Reinit); errors raise."""
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(verbosity)
+
+
 def _load_pretrained(model_args: ModelArguments, data: ImageData, drop_path_rate: float | None = None):
     path = model_args.model_name_or_path
     _check_model_path(path)
@@ -283,16 +298,29 @@ def _load_pretrained(model_args: ModelArguments, data: ImageData, drop_path_rate
                 "fine-tune a model that has it (BEiT, Swin, ConvNeXt, DINOv2, ScratchViT)."
             )
         overrides["drop_path_rate"] = drop_path_rate
-    config = type(original).from_dict(original.to_dict(), **overrides)
     try:
-        model = AutoModelForImageClassification.from_pretrained(
-            path,
-            config=config,
-            ignore_mismatched_sizes=model_args.ignore_mismatched_sizes,
-            **_model_kwargs(model_args),
-        )
+        with transformers_errors_only():  # the load report is summarised below, in the pipeline's words
+            config = type(original).from_dict(original.to_dict(), **overrides)
+            model, info = AutoModelForImageClassification.from_pretrained(
+                path,
+                config=config,
+                ignore_mismatched_sizes=model_args.ignore_mismatched_sizes,
+                output_loading_info=True,
+                **_model_kwargs(model_args),
+            )
     except OSError as error:
         raise OSError(_unreachable_message("model", path, error)) from error
+    # Per kind, the parameter names (a mismatched key may come as (name, saved shape, model shape)).
+    keys = {kind: [k[0] if isinstance(k, tuple) else str(k) for k in info.get(kind, [])] for kind in LOAD_KINDS}
+    new_head = any(k.startswith(HEAD_NAME) for k in keys["mismatched_keys"])
+    others = {kind: [k for k in names if not k.startswith(HEAD_NAME)] for kind, names in keys.items()}
+    if others["missing_keys"] or others["mismatched_keys"]:  # unexpected keys (an unused pooler) change nothing
+        found = "; ".join(
+            f"{kind.replace('_', ' ')}: {', '.join(names[:5])}" for kind, names in others.items() if names
+        )
+        logger.warning(f"{path} does not fit the model everywhere ({found}); those weights start anew.")
+    if new_head:
+        logger.info(f"{path} has a {original.num_labels}-class head: a new {len(data.label_names)}-class head starts.")
     checkpoint_labels = config_label_names(original)
     if _names_other_classes(checkpoint_labels, data.label_names):
         logger.warning(

@@ -57,10 +57,9 @@ def load_classifier(model_dir, trust_remote_code: bool = False, attn_implementat
     """
     import torch
     from transformers import AutoImageProcessor, AutoModelForImageClassification
-    from transformers.utils import logging as hf_logging
 
     import scratch_vit  # noqa: F401  (registers ScratchViT with the Auto classes)
-    from finetune.models import check_local_checkpoint, is_adapter_dir, load_adapter_model
+    from finetune.models import check_local_checkpoint, is_adapter_dir, load_adapter_model, transformers_errors_only
 
     model_dir = str(model_dir)
     if os.path.isdir(model_dir):
@@ -75,12 +74,8 @@ def load_classifier(model_dir, trust_remote_code: bool = False, attn_implementat
         # The base model loads with the run's labels, so transformers reports its classifier as MISMATCH / Reinit
         # although the adapter's saved head replaces it right after: a table that tells the user nothing. Errors
         # still raise.
-        verbosity = hf_logging.get_verbosity()
-        hf_logging.set_verbosity_error()
-        try:
+        with transformers_errors_only():
             model = load_adapter_model(model_dir, trust_remote_code=trust_remote_code, **kwargs)
-        finally:
-            hf_logging.set_verbosity(verbosity)
     else:
         model = AutoModelForImageClassification.from_pretrained(
             model_dir, trust_remote_code=trust_remote_code, **kwargs

@@ -124,6 +124,21 @@ def test_two_processes_save_the_same_step_when_one_of_them_is_signalled(tmp_path
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]
 
 
+def test_a_killed_process_ends_the_other_at_once_with_one_line(tmp_path):
+    out = tmp_path / "killed"
+    start = time.monotonic()
+    proc = run_script(
+        [SIGNALLED, *RUN, "--output_dir", str(out)],
+        env={"SIGNAL_AT": "3", "SIGNAL": "KILL", "SIGNAL_RANK": "1"},
+        launcher=LAUNCHER,
+    )
+    output = proc.stdout + proc.stderr
+    assert "Process 0 of 2" in output and proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if "error: Another process of this run" in line]
+    assert len(errors) == 1, output[-3000:]
+    assert time.monotonic() - start < 120  # no wait for `ddp_timeout` (30 minutes by default)
+
+
 def test_a_frozen_process_ends_the_run_within_ddp_timeout(tmp_path):
     """SIGSTOP freezes the second process during its third step: the first one ends with one line after
     `ddp_timeout` (on the CPU too, where transformers does not pass it on), not after gloo's 30 minutes."""

@@ -15,6 +15,7 @@ checkpoint first. `ImageClassificationTrainer` builds them from its arguments.
 """
 
 import functools
+import os
 import signal
 import threading
 import time
@@ -135,7 +136,12 @@ class TrainingBudgetCallback(TrainerCallback):
     """
 
     def __init__(
-        self, max_minutes: float, clock: RunClock, fit_schedule: bool = False, calibration_fraction: float = 0.02
+        self,
+        max_minutes: float,
+        clock: RunClock,
+        fit_schedule: bool = False,
+        calibration_fraction: float = 0.02,
+        guard=None,
     ):
         if max_minutes <= 0:
             raise ValueError(f"`max_minutes` must be > 0, got {max_minutes}.")
@@ -143,6 +149,9 @@ class TrainingBudgetCallback(TrainerCallback):
         self.clock = clock
         self.fit_schedule = fit_schedule
         self.calibration_fraction = calibration_fraction
+        # With several processes, the `NonFiniteGuard` agrees on the step at which the budget is spent (each process
+        # has its own clock; stopping at different steps would leave the others waiting).
+        self.guard = guard
         self.planned_steps = None
         self.stopped_at = None
         self.reference = None
@@ -159,8 +168,15 @@ class TrainingBudgetCallback(TrainerCallback):
         if self.fit_schedule and self.planned_steps is None and calibrated:
             self._plan(state, lr_scheduler, elapsed)
         schedule_done = self.planned_steps is not None and state.global_step >= self.planned_steps
-        if elapsed >= self.budget_seconds or schedule_done:
+        if self._spent(elapsed >= self.budget_seconds or schedule_done):
             self._stop(args, state, control, elapsed)
+
+    def _spent(self, spent_here: bool) -> bool:
+        """Whether to stop now: as this process's clock says, or as every process agreed through the guard."""
+        if self.guard is None:
+            return spent_here
+        self.guard.budget_requested = self.guard.budget_requested or int(spent_here)
+        return bool(self.guard.budget_agreed)
 
     def on_epoch_end(self, args, state, control, lr_scheduler=None, **kwargs):
         if self.fit_schedule and self.planned_steps is not None:
@@ -181,7 +197,7 @@ class TrainingBudgetCallback(TrainerCallback):
     def on_evaluate(self, args, state, control, **kwargs):
         # An evaluation can be what spends the budget; stop before the next step starts.
         elapsed = self.clock.elapsed()
-        if elapsed >= self.budget_seconds:
+        if self._spent(elapsed >= self.budget_seconds):
             self._stop(args, state, control, elapsed)
 
     def _stop(self, args, state, control, elapsed: float) -> None:
@@ -280,12 +296,30 @@ def _averaged_tensors(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
 class EMACallback(TrainerCallback):
     """Keeps `ema` up to date after every optimizer step, and has evaluations and checkpoints use it: the average is
     swapped into the model when the Trainer is about to evaluate or save (this callback runs after the ones that
-    decide so) and swapped back before the next step. Training ends with the model holding the average (or the best
-    checkpoint, which holds averaged weights)."""
+    decide so) and swapped back before the next step (by `restorer`, registered before the others). Each checkpoint
+    also gets `ema_state.safetensors` (the training weights and the average), from which a resumed run continues
+    exactly. Training ends with the model holding the average (or the best checkpoint, which holds averaged
+    weights)."""
+
+    STATE_NAME = "ema_state.safetensors"
 
     def __init__(self, ema: ModelEMA, model: nn.Module):
         self.ema, self.model = ema, model
         self.swapped = False
+        self.resume_from: str | None = None  # set by the trainer before training
+        self.restorer = EMARestorer(self)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self.resume_from is None:
+            return
+        from safetensors.torch import load_file
+
+        saved = load_file(os.path.join(self.resume_from, self.STATE_NAME))
+        with torch.no_grad():
+            for name, tensor in _averaged_tensors(self.model):
+                tensor.copy_(saved[f"training.{name}"])
+                self.ema.shadow[name] = saved[f"average.{name}"].to(tensor.device)
+        self.ema.num_updates = int(saved["num_updates"])
 
     def on_optimizer_step(self, args, state, control, **kwargs):
         self.ema.update(self.model)
@@ -295,7 +329,7 @@ class EMACallback(TrainerCallback):
             self.ema.swap(self.model)
             self.swapped = True
 
-    def _swap_back(self) -> None:
+    def swap_back(self) -> None:
         if self.swapped:
             self.ema.swap(self.model)
             self.swapped = False
@@ -306,11 +340,20 @@ class EMACallback(TrainerCallback):
     def on_epoch_end(self, args, state, control, **kwargs):
         self._swap_in_if_needed(control)
 
-    def on_step_begin(self, args, state, control, **kwargs):
-        self._swap_back()
+    def save_state(self, args, state) -> None:
+        """Write `ema_state.safetensors` into the checkpoint just saved (by `restorer`, before the callbacks that
+        may end training after a save)."""
+        if not args.should_save:
+            return
+        from safetensors.torch import save_file
 
-    def on_epoch_begin(self, args, state, control, **kwargs):
-        self._swap_back()
+        current = dict(_averaged_tensors(self.model))
+        training, average = (self.ema.shadow, current) if self.swapped else (current, self.ema.shadow)
+        tensors = {f"training.{n}": t.detach().float().contiguous().cpu() for n, t in training.items()}
+        tensors.update({f"average.{n}": t.detach().float().contiguous().cpu() for n, t in average.items()})
+        tensors["num_updates"] = torch.tensor(self.ema.num_updates)
+        folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        save_file(tensors, os.path.join(folder, self.STATE_NAME))
 
     def on_train_end(self, args, state, control, **kwargs):
         # The best checkpoint reloaded at the end holds averaged weights already; else keep the final average.
@@ -319,11 +362,38 @@ class EMACallback(TrainerCallback):
         self.swapped = False
 
 
+class EMARestorer(TrainerCallback):
+    """Swaps the EMA's training weights back before a step or an epoch starts, and saves the EMA's state with each
+    checkpoint; registered before the other callbacks (the non-finite guard keeps the buffers of each step from the
+    training weights, and the interrupt handler ends training right after a save)."""
+
+    def __init__(self, ema_callback: EMACallback):
+        self.ema_callback = ema_callback
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.ema_callback.swap_back()
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        self.ema_callback.swap_back()
+
+    def on_save(self, args, state, control, **kwargs):
+        self.ema_callback.save_state(args, state)
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Training stopped on a signal after saving a checkpoint; `exit_status` is 128 + the signal's number."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.exit_status = 128 + signum
+
+
 class InterruptCallback(TrainerCallback):
     """The first SIGTERM (a scheduler's preemption) or SIGINT (Ctrl-C) asks `guard` to stop: once every process has
     agreed (the guard reduces the request with its flags), the Trainer saves a checkpoint after the running optimizer
-    step and stops, without an evaluation. A second signal ends the process at once. `signal` is the first one's
-    number in the process that received it; `guard.stop_agreed` the one every process stops for."""
+    step, and `TrainingInterrupted` ends training right after that save (before the Trainer's end, which could reload
+    or rotate checkpoints). A second signal ends the process at once. `signal` is the first one's number in the
+    process that received it; `guard.stop_agreed` the one every process stops for."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -331,6 +401,7 @@ class InterruptCallback(TrainerCallback):
         self.guard = guard
         self.signal: int | None = None
         self._previous = {}
+        self._saved_step = None
 
     def on_train_begin(self, args, state, control, **kwargs):
         if threading.current_thread() is threading.main_thread():  # handlers can only be set there
@@ -358,8 +429,22 @@ class InterruptCallback(TrainerCallback):
             control.should_save, control.should_training_stop, control.should_evaluate = True, True, False
 
     def on_epoch_end(self, args, state, control, **kwargs):
-        if self.guard.stop_agreed:  # saved after the step already
-            control.should_save = control.should_evaluate = False
+        # On a GPU the agreement arrives two steps late, possibly only with the epoch's last flags.
+        if self.guard.stop_agreed:
+            control.should_save, control.should_training_stop, control.should_evaluate = True, True, False
+
+    def on_save(self, args, state, control, **kwargs):
+        signum = self.guard.stop_agreed  # the same in every process, signalled or not
+        if not signum:
+            return
+        self._restore()
+        name = {2: "SIGINT (Ctrl-C)", 15: "SIGTERM"}.get(signum, f"signal {signum}")
+        checkpoint = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        raise TrainingInterrupted(
+            f"stopped by {name} at step {state.global_step}; saved {checkpoint}. Resume with the same command and "
+            "`--resume_from_checkpoint true`.",
+            signum,
+        )
 
     def on_train_end(self, args, state, control, **kwargs):
         self._restore()

@@ -122,6 +122,8 @@ def checkpoint_problem(checkpoint: Path, training_args: TrainingArguments) -> st
     if training_args.fp16 and not training_args.use_cpu and not training_args.deepspeed:
         required += [("scaler.pt", read_torch)]  # accelerate's loss scaler exists for fp16 on accelerators only
     required += [(name, read_torch) for name in rng_state_files(files, training_args.world_size)]
+    if getattr(training_args, "ema_decay", None) is not None:
+        required += [("ema_state.safetensors", read_weights)]  # the training weights and the average (EMACallback)
     for name, read in required:
         path = checkpoint / name
         if not path.is_file():

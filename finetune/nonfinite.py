@@ -5,10 +5,11 @@
 - `on_step_begin`: a new optimizer step; the buffers its forward passes may update (BatchNorm statistics) are kept.
 - `observe_loss(loss)` (from the trainer's `training_step`): a micro-batch's loss is checked, on the device.
 - `on_pre_optimizer_step`: the gradients are checked too. In a multi-process run the flags are max-reduced over the
-  processes (together with `stop_requested`, a signal's request to stop), so every process decides alike at the same
-  step. A fused optimizer (the default) receives the flag as `found_inf` and skips the update on the device, as under
-  fp16 loss scaling; another optimizer has its gradients cleared (`torch.optim` skips a parameter without a gradient),
-  which reads the flag on the host. Under fp16 the loss scaler already skips every step with a non-finite gradient.
+  processes (together with the requests every process must act on at the same step: a signal's to stop, a spent time
+  budget), so every process decides alike at the same step. A fused optimizer (the default) receives the flag as
+  `found_inf` and skips the update on the device, as under fp16 loss scaling; another optimizer has its gradients
+  cleared (`torch.optim` skips a parameter without a gradient), which reads the flag on the host. Under fp16 the loss
+  scaler already skips every step with a non-finite gradient.
 - `on_optimizer_step`: the buffers of a skipped step are restored and its flags queued for the host, read `lag` steps
   later on CUDA (so the host never waits for the device) and at once elsewhere. Each bad step is logged and added to
   the log history; `max_consecutive` in a row raise `TrainingDiverged`: skipped steps leave the weights as they were,
@@ -56,13 +57,18 @@ class NonFiniteGuard(TrainerCallback):
         self.model, self.max_consecutive, self.world_size, self.lag = model, max_consecutive, world_size, lag
         self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
         self.bad_steps = 0  # bad steps read back so far
-        # A request to stop (the number of the signal that asked), read back with the flags of the same step in every
-        # process as `stop_agreed` (0: none).
+        # Requests that every process must act on at the same step, max-reduced with the flags and read back with
+        # them: a signal to stop (its number) and a spent time budget (1); 0 is none.
         self.stop_requested = self.stop_agreed = 0
+        self.budget_requested = self.budget_agreed = 0
         self._loss_bad = self._saved = self._flags = None
         self._skip = False
         self._consecutive = None  # (,) int32 on the device
         self._pending = deque()
+
+    @property
+    def requested(self) -> tuple[int, int]:
+        return self.stop_requested, self.budget_requested
 
     def skip_step(self) -> None:
         """Skip the running optimizer step without counting it as non-finite (a compiled step that failed)."""
@@ -91,8 +97,10 @@ class NonFiniteGuard(TrainerCallback):
             # Overflows are the scaler's (it skips and lowers its scale); count them only once no scale is left.
             grads_bad = grads_bad & (self.scaler.get_scale() < 1.0)
         loss_bad = self._loss_bad.to(device) if self._loss_bad is not None else torch.zeros_like(grads_bad)
-        extra = torch.tensor([int(self._skip), self.stop_requested], device=device)
-        flags = torch.cat([torch.stack([loss_bad | grads_bad, loss_bad]), extra]).int()
+        # `torch.full` on the device, not `torch.tensor` of a list: a copy from the host would wait for the device.
+        skip = torch.full((), int(self._skip), dtype=torch.int32, device=device)
+        requests = [torch.full((), value, dtype=torch.int32, device=device) for value in self.requested]
+        flags = torch.stack([(loss_bad | grads_bad).int(), loss_bad.int(), skip, *requests])
         if self.world_size > 1 and torch.distributed.is_initialized():
             torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
         self._flags = flags
@@ -110,7 +118,7 @@ class NonFiniteGuard(TrainerCallback):
         optimizer = getattr(optimizer, "optimizer", optimizer)
         if hasattr(optimizer, "found_inf"):
             del optimizer.found_inf
-        bad, loss_bad, skip, stop = self._flags
+        bad, loss_bad, skip, stop, budget = self._flags
         bad, loss_bad, skip = bad.bool(), loss_bad.bool(), skip.bool()
         with torch.no_grad():
             for buffer, before in zip(self.model.buffers(), self._saved or []):
@@ -118,9 +126,9 @@ class NonFiniteGuard(TrainerCallback):
         if self._consecutive is None:
             self._consecutive = torch.zeros((), dtype=torch.int32, device=bad.device)
         self._consecutive.add_(1).mul_(bad)  # back to 0 after a good step
-        flags = torch.stack([bad.int(), loss_bad.int(), self._consecutive, stop])
+        flags = torch.stack([bad.int(), loss_bad.int(), self._consecutive, stop, budget])
         deferred = flags.device.type == "cuda"
-        host = torch.empty(4, dtype=torch.int32, pin_memory=deferred)
+        host = torch.empty(5, dtype=torch.int32, pin_memory=deferred)
         host.copy_(flags, non_blocking=deferred)
         event = torch.cuda.Event() if deferred else None
         if event is not None:
@@ -146,8 +154,8 @@ class NonFiniteGuard(TrainerCallback):
                     return
                 event.synchronize()
             self._pending.popleft()
-            bad, loss_bad, consecutive, stop = (int(v) for v in host.numpy())  # host memory: no device read
-            self.stop_agreed = self.stop_agreed or stop
+            bad, loss_bad, consecutive, stop, budget = (int(v) for v in host.numpy())  # host memory: no device read
+            self.stop_agreed, self.budget_agreed = self.stop_agreed or stop, self.budget_agreed or budget
             if bad:
                 self._report(state, step, learning_rate, bool(loss_bad), consecutive)
 

@@ -53,14 +53,6 @@ from finetune.nonfinite import NonFiniteGuard, TrainingDiverged
 logger = logging.get_logger(__name__)
 
 
-class TrainingInterrupted(KeyboardInterrupt):
-    """Training stopped on a signal after saving a checkpoint; `exit_status` is 128 + the signal's number."""
-
-    def __init__(self, message: str, signum: int):
-        super().__init__(message)
-        self.exit_status = 128 + signum
-
-
 def classification_loss(logits, targets, label_smoothing: float = 0.0, weight: torch.Tensor | None = None):
     """Cross-entropy of `logits` (B, K) against class indices (B,) or class probabilities (B, K), in float32, with
     optional per-class weights (K,)."""
@@ -110,10 +102,21 @@ class ImageClassificationTrainer(Trainer):
         choice = compile_choice or CompileChoice(False, reason="not requested")
         self.compiler = TrainingCompiler(choice, a.device, a.world_size)
         self.interrupt = InterruptCallback(self.guard)
-        callbacks = [self.clock, self.guard, self.compiler, self.interrupt]
+        ema = EMACallback(ModelEMA(self.model, a.ema_decay), self.model) if a.ema_decay is not None else None
+        self.ema = ema
+        # Order matters: the EMA's training weights are back before the guard keeps the buffers of a step; the
+        # callbacks that ask for a save (budget, early stopping, interrupt) act before the EMA swaps its average in.
+        callbacks = [ema.restorer] if ema else []
+        callbacks += [self.clock, self.guard, self.compiler]
         budget = None
         if a.max_train_minutes is not None:
-            budget = TrainingBudgetCallback(a.max_train_minutes, self.clock, fit_schedule=a.budget_schedule)
+            if a.budget_schedule and a.world_size > 1:
+                raise ValueError(
+                    "`budget_schedule` plans the schedule from one process's clock, which the other processes do not "
+                    "share: with several processes use `max_train_minutes` alone (its stop is agreed)."
+                )
+            guard = self.guard if a.world_size > 1 else None
+            budget = TrainingBudgetCallback(a.max_train_minutes, self.clock, a.budget_schedule, guard=guard)
             callbacks.append(budget)
         self.early_stopping = None
         if a.early_stopping_patience is not None:
@@ -122,8 +125,9 @@ class ImageClassificationTrainer(Trainer):
         if not a.disable_tqdm:
             self.remove_callback(ProgressCallback)
             callbacks.append(QuietProgress(budget))
-        if a.ema_decay is not None:  # last: it acts on what the callbacks before it decided
-            callbacks.append(EMACallback(ModelEMA(self.model, a.ema_decay), self.model))
+        callbacks.append(self.interrupt)
+        if ema:
+            callbacks.append(ema)  # last: it acts on what the callbacks before it decided
         for callback in callbacks:
             self.add_callback(callback)
 
@@ -196,6 +200,8 @@ class ImageClassificationTrainer(Trainer):
     def train(self, *args, **kwargs):
         """The Trainer's training; a divergence says what was kept and what to try, and a signal ends it with the
         checkpoint saved and how to resume."""
+        if self.ema is not None:
+            self.ema.resume_from = kwargs.get("resume_from_checkpoint")
         try:
             output = super().train(*args, **kwargs)
         except TrainingDiverged as error:
@@ -211,15 +217,6 @@ class ImageClassificationTrainer(Trainer):
                 f"Early stopping at epoch {self.state.epoch:.2f}: `{a.metric_for_best_model}` did not improve by more "
                 f"than {a.early_stopping_threshold} in {a.early_stopping_patience} evaluations; kept the best model "
                 f"({self.state.best_model_checkpoint})."
-            )
-        signum = self.guard.stop_agreed  # the same in every process, signalled or not
-        if signum:
-            last = get_last_checkpoint(self.args.output_dir) if os.path.isdir(self.args.output_dir) else None
-            name = {2: "SIGINT (Ctrl-C)", 15: "SIGTERM"}.get(signum, f"signal {signum}")
-            raise TrainingInterrupted(
-                f"stopped by {name} at step {self.state.global_step}; saved {last}. Resume with the same command and "
-                "`--resume_from_checkpoint true`.",
-                signum,
             )
         return output
 
@@ -275,8 +272,6 @@ class ImageClassificationTrainer(Trainer):
     def _load_best_model(self):
         if self.is_deepspeed_enabled or self.is_fsdp_enabled:
             return super()._load_best_model()
-        if self.guard.stop_agreed:
-            return  # stopping on a signal: the checkpoint just saved is what matters, and time is short
         checkpoint = self.state.best_model_checkpoint
         logger.info(f"Loading the best model from {checkpoint} (accuracy {self.state.best_metric}).")
         load_checkpoint_weights(self.accelerator.unwrap_model(self.model), checkpoint)

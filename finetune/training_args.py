@@ -145,6 +145,11 @@ def check_training_arguments(args: ImageClassificationTrainingArguments) -> None
         raise ValueError(
             f"`mixup_alpha` and `cutmix_alpha` must be >= 0, got {args.mixup_alpha} and {args.cutmix_alpha}."
         )
+    if args.restore_callback_states_from_checkpoint:
+        raise ValueError(
+            "`restore_callback_states_from_checkpoint` would replace the pipeline's callbacks with new ones on "
+            "resume; they restore their own state from the checkpoint already. Drop the option."
+        )
     if args.early_stopping_patience is not None:
         if args.early_stopping_patience < 1:
             raise ValueError(

@@ -161,7 +161,7 @@ def test_ema_is_swapped_in_for_an_evaluation_or_save_and_out_before_the_next_ste
     control.should_save = True
     callback.on_step_end(args, state, control)
     assert torch.equal(model.weight, average)
-    callback.on_step_begin(args, state, control)
+    callback.restorer.on_step_begin(args, state, control)
     assert torch.equal(model.weight, raw)
     callback.on_train_end(args, state, control)  # training ends with the average in the model
     assert torch.equal(model.weight, average)

@@ -78,6 +78,18 @@ def test_sigterm_saves_a_checkpoint_and_the_resumed_run_ends_as_an_uninterrupted
     assert resumed["seconds"] > 0
 
 
+def test_a_run_with_an_ema_resumes_exactly_too(tmp_path):
+    """The checkpoint holds the average (what evaluations use) and `ema_state.safetensors` the training weights."""
+    ema = ["--ema_decay", "0.9", *STEPS_SAVE]
+    whole, out = tmp_path / "whole", tmp_path / "run"
+    assert train(whole, *ema).returncode == 0
+    proc = train(out, *ema, env={"SIGNAL_AT": "5"}, script=SIGNALLED)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-3000:]
+    assert (out / "checkpoint-5" / "ema_state.safetensors").is_file()
+    assert train(out, *ema, "--resume_from_checkpoint", "true").returncode == 0
+    assert same_weights(out, whole)
+
+
 def test_a_checkpoint_saved_before_an_epochs_evaluation_resumes_exactly(tmp_path, uninterrupted):
     """`save_strategy: steps` at an epoch's last step, evaluation at the epoch's end (after that save): the
     evaluation must not move the training's random state, or the resumed run would crop differently."""

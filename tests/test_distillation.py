@@ -136,3 +136,39 @@ def test_a_teacher_with_other_labels_is_refused_in_one_line(tmp_path):
 def test_bad_distillation_settings_are_refused(tmp_path, option, value):
     with pytest.raises(ValueError, match=f"`{option}`"):
         run.main([*TINY_SCRATCH, f"--{option}", value, "--output_dir", str(tmp_path)])
+
+
+def test_a_taught_step_does_not_wait_for_the_device(teacher_dir, tmp_path):
+    """The teacher's forward and the distillation loss read no device value on the host (test_step_sync's check)."""
+    from test_step_sync import DeviceValueReads, Recording
+
+    from finetune.arguments import parse_args
+    from finetune.data import load_image_data
+    from finetune.models import build_model
+
+    argv = [
+        *TINY_SCRATCH, "--output_dir", str(tmp_path / "run"), "--report_to", "none", "--max_steps", "6",
+        "--eval_strategy", "no", "--save_strategy", "no", "--load_best_model_at_end", "false",
+        "--logging_steps", "1000", "--cutmix_alpha", "1.0", "--torch_compile", "false",
+        "--teacher_model_name_or_path", str(teacher_dir), "--distillation_type", "hard",
+    ]  # fmt: skip
+    model_args, data_args, scratch_args, training_args = parse_args(argv)
+    data = load_image_data(data_args, seed=0, target_size=8)
+    model_args, _ = run.choose_attention("scratch", model_args, scratch_args, training_args)
+    model, processor, prep = build_model("scratch", model_args, scratch_args, data)
+    trainer = run.make_trainer(model, processor, prep, data_args, training_args, data)
+    get_batch_samples = trainer.get_batch_samples
+
+    def marked_batches(*args, **kwargs):
+        batches, count = get_batch_samples(*args, **kwargs)
+        DeviceValueReads.mark(batches)
+        return batches, count
+
+    trainer.get_batch_samples = marked_batches
+    mode = DeviceValueReads()
+    DeviceValueReads.mark([*model.parameters(), *trainer.teacher.parameters(), *trainer.teacher.buffers()])
+    trainer.add_callback(Recording(mode))
+    with mode:
+        trainer.train()
+    assert trainer.state.global_step == 6
+    assert mode.reads == [], f"a taught step reads device values on the host: {mode.reads}"

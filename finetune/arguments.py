@@ -367,6 +367,25 @@ class TrainingLoopArguments:
         "`compute_class_weight`), against class imbalance; `none`: unweighted.",
         choices=["none", "balanced"],
     )
+    teacher_model_name_or_path: str | None = option(
+        None,
+        "Knowledge distillation: a trained classifier of the same labels (a run's output directory, a checkpoint-* "
+        "folder or a Hub id) that teaches the model trained. It sees the same augmented and mixed images at its own "
+        "resolution and normalisation, in eval mode, and is neither trained nor saved. Default: no teacher.",
+    )
+    distillation_type: str = option(
+        "soft",
+        "With a teacher: `soft` matches the teacher's class probabilities softened by `distillation_temperature` "
+        "(KL divergence x T^2, Hinton et al., timm's `--kd-*`); `hard` trains on the teacher's top class as a "
+        "label (DeiT's hard distillation).",
+        choices=["soft", "hard"],
+    )
+    distillation_alpha: float = option(
+        0.5, "With a teacher: the weight of the distillation loss; the loss on the true labels gets 1 - alpha."
+    )
+    distillation_temperature: float = option(
+        2.0, "With `distillation_type: soft`: the temperature T that softens both models' probabilities."
+    )
     recipe_precision: str | None = option(
         None,
         "The precision a recipe (config) was tuned for, `bf16` or `float32`. Where the machine trains in another "

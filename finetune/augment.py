@@ -7,7 +7,7 @@ crop and op; ours draw them per image. Mixing (`MixUpCutMix`) is torchvision's, 
 
 Randomness comes from torch's global generator, so `torch.manual_seed` (the Trainer's `seed`) makes a run
 reproducible. Training augmentations are the uint8 -> uint8 modules in `BatchTransform.augment`, each switched off
-as `nn.Identity()`; random erasing runs after normalisation (`BatchTransform.erase`).
+as `nn.Identity()`; random erasing runs after mixing and normalisation (`BatchTransform.erase`).
 """
 
 import math
@@ -417,17 +417,32 @@ class BatchTransform(nn.Module):
 
     def forward(self, pixel_values: torch.Tensor, train: bool) -> torch.Tensor:
         """uint8 `(B, C_in, h, w)` -> float32 normalized `(B, C_out, H, W)`; `train` adds the random augmentations."""
+        x = self.augmented(pixel_values) if train else self.checked(pixel_values).float()
+        return self.finish(x, train)
+
+    def augmented(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """The part of training's transform that models taught together share: uint8 `(B, C_in, h, w)` -> float
+        pixel values in [0, 255] `(B, C_in, h', w')`, cropped, flipped and augmented at the stored resolution (at
+        `image_size` with `random_resized_crop`). MixUp/CutMix mix them before `finish`: resizing, channel conversion
+        and normalisation are linear (normalisation affine, and mixing weights sum to 1), so a batch mixed here is each
+        model's mixed input, and a teacher sees the student's images (`finetune/trainer.py`)."""
+        return self.augment(self.checked(pixel_values)).float()
+
+    def finish(self, x: torch.Tensor, train: bool) -> torch.Tensor:
+        """Float pixel values `(B, C_in, h, w)` -> this model's normalized `(B, C_out, H, W)`: resized (training) or
+        resized and center-cropped (evaluation), channels converted, normalized, and erased when training."""
+        x = self.resize(x) if train else self.eval_resize(x)  # (B, C_in, h, w) -> (B, C_in, H, W)
+        x = self.normalize(self.convert_channels(x))  # (B, C_in, H, W) -> (B, C_out, H, W)
+        return self.erase(x) if train else x
+
+    def checked(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """`pixel_values` as they came, if they are uint8 images with this transform's input channels."""
         if pixel_values.dtype != torch.uint8 or pixel_values.ndim != 4 or pixel_values.shape[1] != self.in_channels:
             raise ValueError(
                 f"Expected uint8 images of shape (B, {self.in_channels}, h, w), got {pixel_values.dtype} "
                 f"{tuple(pixel_values.shape)}."
             )
-        if train:
-            x = self.resize(self.augment(pixel_values).float())  # (B, C_in, h, w) -> (B, C_in, H, W)
-        else:
-            x = self.eval_resize(pixel_values.float())  # (B, C_in, h, w) -> (B, C_in, H, W)
-        x = self.normalize(self.convert_channels(x))  # (B, C_in, H, W) -> (B, C_out, H, W)
-        return self.erase(x) if train else x
+        return pixel_values
 
 
 def use_random_resized_crop(choice: str, stored_size: tuple[int, int], image_size: tuple[int, int]) -> bool:

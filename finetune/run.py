@@ -380,6 +380,13 @@ def make_trainer(
     logger.info(describe_augmentation(batch_transform))
     weighted = getattr(args, "class_weighting", "none") == "balanced" and args.do_train
     class_weights = balanced_class_weights(data.train.labels, data.label_names) if weighted else None
+    teacher, teacher_transform = None, None
+    if args.do_train and getattr(args, "teacher_model_name_or_path", None):
+        teacher, teacher_prep = load_teacher(args.teacher_model_name_or_path, model, data)
+        # Only its `finish` runs: the teacher takes the student's augmented images, not augmentations of its own.
+        teacher_transform = BatchTransform.for_model(
+            teacher_prep, data.num_channels, random_crop_padding=0, horizontal_flip=False
+        )
     return ImageClassificationTrainer(
         model=model,
         args=args,
@@ -392,7 +399,37 @@ def make_trainer(
         layer_decay=layer_decay,
         compile_choice=compile_choice,
         class_weights=class_weights,
+        teacher=teacher,
+        teacher_transform=teacher_transform,
     )
+
+
+def load_teacher(path: str, student, data: ImageData):
+    """The trained classifier at `path` that teaches `student` (`teacher_model_name_or_path`), and its
+    `Preprocessing`; its labels must be the student's, in the same order, or distillation would teach wrong classes."""
+    from transformers import AutoConfig
+
+    from finetune.models import config_label_names, load_trained_model
+
+    try:
+        config = AutoConfig.from_pretrained(path)  # the labels, checked before the weights are read
+    except OSError as error:
+        raise OSError(
+            f"`teacher_model_name_or_path` {path!r} is no trained classifier that can be read here "
+            f"({str(error).strip().splitlines()[0][:200]}). Pass a run's output directory, a checkpoint-* folder or "
+            "a Hub id."
+        ) from error
+    teacher_labels, student_labels = config_label_names(config), config_label_names(student.config)
+    if teacher_labels != student_labels:
+        raise ValueError(
+            f"The teacher {path} classifies {teacher_labels[:10]} but the student {student_labels[:10]} "
+            f"({len(teacher_labels)} and {len(student_labels)} classes): distillation needs the same labels in the "
+            "same order. Teach with a model trained on this dataset and classes (`include_labels` in the teacher's "
+            "order), or drop `teacher_model_name_or_path`."
+        )
+    teacher, _, prep = load_trained_model(ModelArguments(model_name_or_path=path, attn_implementation=None), data)
+    logger.info(f"Teacher: {type(teacher).__name__} from {path} at {prep.image_size[0]} px ({config.model_type}).")
+    return teacher, prep
 
 
 def save_lora_model(model, processor, output_dir: Path, merge: bool) -> None:
@@ -553,6 +590,16 @@ def hyperparameters(
                 "class_weighting",
             )  # fmt: skip
             if getattr(args, name) not in (None, False, 0.0, "none")
+        },
+        **{
+            name: getattr(args, name)
+            for name in (
+                "teacher_model_name_or_path",
+                "distillation_type",
+                "distillation_alpha",
+                "distillation_temperature",
+            )  # fmt: skip
+            if args.teacher_model_name_or_path
         },
     }
 

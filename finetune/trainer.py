@@ -3,11 +3,13 @@
 Batches arrive on the training device as uint8 images at their stored resolution, with integer labels. A training
 micro-batch then goes through `training_step` -> `compute_loss`:
 
-    batch_transform(train=True)   uint8 (B, C, h, w) -> normalised float (B, C, H, W) at the model's resolution,
-                                  augmented on the device (finetune/augment.py)
+    batch_transform.augmented     uint8 (B, C, h, w) -> float pixels, augmented on the device (finetune/augment.py)
     mix                           MixUp/CutMix: images mixed, labels (B,) -> soft targets (B, K)   [mixup/cutmix_alpha]
+    batch_transform.finish        -> normalised (B, C, H, W) at the model's resolution; the teacher's own finish
+                                  feeds it the same images at its resolution          [teacher_model_name_or_path]
     compiler.module_for           the compiled or the eager model (finetune/compile.py)            [torch_compile]
     classification_loss           cross-entropy on the labels or soft targets, with label smoothing
+    distillation_loss             with a teacher: that, mixed with the loss on the teacher's logits    [distillation_*]
     guard.observe_loss            a non-finite loss is flagged on the device (finetune/nonfinite.py)
 
 The Trainer then runs the backward pass and, per optimizer step, its callbacks around `optimizer.step()`: the guard
@@ -59,6 +61,31 @@ def classification_loss(logits, targets, label_smoothing: float = 0.0, weight: t
     return F.cross_entropy(logits.float(), targets, weight=weight, label_smoothing=label_smoothing)
 
 
+def distillation_loss(
+    student_logits,
+    teacher_logits,
+    targets,
+    alpha: float,
+    temperature: float = 1.0,
+    kind: str = "soft",
+    label_smoothing: float = 0.0,
+    weight: torch.Tensor | None = None,
+):
+    """Knowledge distillation: `(1 - alpha) * classification_loss + alpha * ` the loss on the teacher's logits (B, K):
+    `soft`, the KL divergence of the teacher's from the student's probabilities at `temperature` T, times T^2 so its
+    gradients keep their scale (Hinton et al. 2015, timm); `hard`, cross-entropy on the teacher's top class (DeiT)."""
+    label_loss = classification_loss(student_logits, targets, label_smoothing, weight)
+    student_logits, teacher_logits = student_logits.float(), teacher_logits.float()
+    if kind == "hard":
+        teacher_loss = F.cross_entropy(student_logits, teacher_logits.argmax(-1))
+    else:
+        student_log_p = F.log_softmax(student_logits / temperature, dim=-1)
+        teacher_log_p = F.log_softmax(teacher_logits / temperature, dim=-1)
+        kl = F.kl_div(student_log_p, teacher_log_p, reduction="batchmean", log_target=True)
+        teacher_loss = kl * temperature**2
+    return (1 - alpha) * label_loss + alpha * teacher_loss
+
+
 def balanced_class_weights(labels: torch.Tensor, label_names: list[str]) -> torch.Tensor:
     """scikit-learn's `compute_class_weight("balanced")`: images / (classes x the class's images), per class."""
     from sklearn.utils.class_weight import compute_class_weight
@@ -83,16 +110,22 @@ class ImageClassificationTrainer(Trainer):
         compile_choice: how `torch_compile` was resolved for this machine (`finetune.hardware.choose_compile`).
         layer_decay: per-layer learning-rate decay of `parameter_groups` (BEiT's), or None.
         class_weights: per-class weights (K,) of the training loss (`class_weighting: balanced`), or None.
+        teacher: a trained classifier of the same labels that teaches the model (`distillation_loss`), or None; kept
+            on the device in eval mode, never trained or saved.
+        teacher_transform: the `BatchTransform` that feeds the teacher (its `finish` only).
     """
 
     def __init__(self, *args, batch_transform, compile_choice: CompileChoice | None = None, layer_decay=None,
-                 class_weights: torch.Tensor | None = None, **kw):  # fmt: skip
+                 class_weights: torch.Tensor | None = None, teacher=None, teacher_transform=None, **kw):  # fmt: skip
         super().__init__(*args, **kw)
         # `compute_loss` returns a micro-batch's mean loss; the Trainer then divides it by the accumulation steps.
         self.model_accepts_loss_kwargs = False
         self.batch_transform = batch_transform.to(self.args.device)
         self.layer_decay = layer_decay
         self.class_weights = class_weights.to(self.args.device) if class_weights is not None else None
+        # Not an attribute of the model: the Trainer neither trains, wraps nor saves it.
+        self.teacher = teacher.to(self.args.device).eval().requires_grad_(False) if teacher is not None else None
+        self.teacher_transform = teacher_transform.to(self.args.device) if teacher is not None else None
         a = self.args
         self.mix = None
         if a.mixup_alpha > 0 or a.cutmix_alpha > 0:
@@ -146,13 +179,29 @@ class ImageClassificationTrainer(Trainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """A training micro-batch, from uint8 images and labels on the device to its loss."""
-        pixel_values = self.batch_transform(inputs["pixel_values"], train=True)  # uint8 (B, C, h, w) -> (B, C, H, W)
+        images = self.batch_transform.augmented(inputs["pixel_values"])  # uint8 (B, C, h, w) -> float, augmented
         targets = inputs["labels"]  # (B,)
         if self.mix is not None:
-            pixel_values, targets = self.mix(pixel_values, targets)  # targets (B,) -> (B, K)
+            images, targets = self.mix(images, targets)  # targets (B,) -> (B, K)
+        pixel_values = self.batch_transform.finish(images, train=True)  # -> normalised (B, C, H, W)
         forward = self.compiler.module_for(model, pixel_values.shape[0])
         outputs = forward(pixel_values=pixel_values)
-        loss = classification_loss(outputs.logits, targets, self.args.label_smoothing_factor, self.class_weights)
+        a = self.args
+        if self.teacher is None:
+            loss = classification_loss(outputs.logits, targets, a.label_smoothing_factor, self.class_weights)
+        else:
+            with torch.no_grad():  # the same images at the teacher's resolution and normalisation
+                teacher_logits = self.teacher(pixel_values=self.teacher_transform.finish(images, train=True)).logits
+            loss = distillation_loss(
+                outputs.logits,
+                teacher_logits,
+                targets,
+                a.distillation_alpha,
+                a.distillation_temperature,
+                a.distillation_type,
+                a.label_smoothing_factor,
+                self.class_weights,
+            )
         return (loss, outputs) if return_outputs else loss
 
     # ---- Evaluation and prediction.

@@ -150,6 +150,13 @@ def check_training_arguments(args: ImageClassificationTrainingArguments) -> None
             "`restore_callback_states_from_checkpoint` would replace the pipeline's callbacks with new ones on "
             "resume; they restore their own state from the checkpoint already. Drop the option."
         )
+    if not 0 <= args.distillation_alpha <= 1 or args.distillation_temperature <= 0:
+        raise ValueError(
+            f"`distillation_alpha` must be in [0, 1] and `distillation_temperature` > 0 (e.g. 0.5 and 2), got "
+            f"{args.distillation_alpha} and {args.distillation_temperature}."
+        )
+    if args.distillation_type not in ("soft", "hard"):
+        raise ValueError(f"`distillation_type` must be `soft` or `hard`, got {args.distillation_type!r}.")
     if args.early_stopping_patience is not None:
         if args.early_stopping_patience < 1:
             raise ValueError(

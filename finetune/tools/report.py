@@ -32,6 +32,11 @@ def is_hub_id(name: str | None) -> bool:
     return bool(name) and HUB_ID_PATTERN.match(name) is not None and not os.path.exists(name)
 
 
+def short_model_name(path: str) -> str:
+    """A Hub id as it is, a local model folder by its last two parts (`quickstart/pretrained`)."""
+    return path if is_hub_id(path) else "/".join(Path(str(path)).parts[-2:])
+
+
 def display_dataset(name: str | None) -> str:
     """A dataset name fit for a public report: a Hub id as it is, a local path by its last component only."""
     if not name:
@@ -112,6 +117,7 @@ def summary_row(results: Results, name: str, run_dir: str) -> dict[str, Any]:
         "num_trainable_parameters": results.num_trainable_parameters,
         "model_type": results.model_type,
         "model_name_or_path": results.model_name_or_path,
+        "teacher": (results.hyperparameters or {}).get("teacher_model_name_or_path"),
         "dataset": display_dataset(results.dataset),
         "epochs": results.epochs,
         "train_seconds": results.train.seconds,
@@ -132,6 +138,8 @@ def summary_table(rows: Sequence[dict]) -> str:
             init = f"pretrained (`{base if is_hub_id(base) else Path(str(base)).name}`)" if base else "pretrained"
         else:
             init = row.get("model_type") or MISSING
+        if row.get("teacher"):  # a distilled run: which model taught it
+            init += f", taught by `{short_model_name(row['teacher'])}`"
         cells.append(
             [
                 row["run"],

@@ -1,0 +1,174 @@
+"""Knowledge distillation (`teacher_model_name_or_path`): the loss against hand-written references, and real runs of
+`finetune.run.main` in which a trained tiny ViT teaches a ScratchViT on scikit-learn's digits."""
+
+import json
+import math
+
+import pytest
+import torch
+from test_run import TINY_SCRATCH, tiny_vit_checkpoint
+
+from finetune import run
+from finetune.tools.compare import write_comparison
+from finetune.trainer import classification_loss, distillation_loss
+
+
+def logits_and_labels(seed: int = 0, B: int = 6, K: int = 5):
+    generator = torch.Generator().manual_seed(seed)
+    student = torch.randn(B, K, generator=generator) * 2
+    teacher = torch.randn(B, K, generator=generator) * 3
+    return student, teacher, torch.randint(0, K, (B,), generator=generator)
+
+
+def test_soft_distillation_is_kl_times_t_squared():
+    student, teacher, labels = logits_and_labels()
+    T, alpha = 3.0, 0.7
+    # Reference, element by element: KL(p_teacher || p_student) at temperature T, averaged over the batch.
+    kl = 0.0
+    for s, t in zip(student.tolist(), teacher.tolist()):
+        p_s = [math.exp(v / T) / sum(math.exp(u / T) for u in s) for v in s]
+        p_t = [math.exp(v / T) / sum(math.exp(u / T) for u in t) for v in t]
+        kl += sum(q * (math.log(q) - math.log(p)) for q, p in zip(p_t, p_s)) / len(labels)
+    ce = sum(-math.log(math.exp(s[y]) / sum(map(math.exp, s))) for s, y in zip(student.tolist(), labels.tolist()))
+    expected = (1 - alpha) * ce / len(labels) + alpha * kl * T**2
+    loss = distillation_loss(student, teacher, labels, alpha, temperature=T, kind="soft")
+    assert loss.item() == pytest.approx(expected, rel=1e-5)
+
+
+def test_hard_distillation_is_cross_entropy_on_the_teachers_top_class():
+    student, teacher, labels = logits_and_labels(1)
+    top = teacher.argmax(-1).tolist()
+    assert top != labels.tolist(), "the teacher's classes must differ from the labels for the test to tell them apart"
+    rows = student.tolist()
+    ce_on = lambda targets: sum(-math.log(math.exp(s[y]) / sum(map(math.exp, s))) for s, y in zip(rows, targets))  # noqa: E731
+    expected = 0.25 * ce_on(labels.tolist()) / 6 + 0.75 * ce_on(top) / 6
+    loss = distillation_loss(student, teacher, labels, 0.75, temperature=4.0, kind="hard")
+    assert loss.item() == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["soft", "hard"])
+def test_alpha_zero_is_the_plain_loss_and_alpha_one_ignores_the_labels(kind):
+    student, teacher, labels = logits_and_labels(2)
+    soft_targets = torch.softmax(torch.randn(6, 5), -1)  # as MixUp/CutMix make them
+    weight = torch.rand(5) + 0.5
+    for targets in (labels, soft_targets):
+        plain = classification_loss(student, targets, 0.1, weight)
+        assert torch.equal(distillation_loss(student, teacher, targets, 0.0, 2.0, kind, 0.1, weight), plain)
+    taught = distillation_loss(student, teacher, labels, 1.0, 2.0, kind)
+    assert torch.equal(taught, distillation_loss(student, teacher, (labels + 1) % 5, 1.0, 2.0, kind))
+
+
+@pytest.fixture(scope="module")
+def teacher_dir(tmp_path_factory):
+    """A tiny ViT fine-tuned on the digits for one epoch (normalised with mean 0.5, std 0.5, unlike the student)."""
+    root = tmp_path_factory.mktemp("teacher")
+    source = tiny_vit_checkpoint(root / "source", num_labels=10)
+    output = root / "run"
+    args = [*TINY_SCRATCH, "--model_type", "pretrained", "--model_name_or_path", str(source)]
+    run.main([*args, "--num_train_epochs", "1", "--output_dir", str(output), "--report_to", "none"])
+    return output
+
+
+def test_a_taught_run_sees_the_students_images_and_names_its_teacher(teacher_dir, tmp_path, monkeypatch):
+    seen = {"student": [], "teacher": []}
+    trainers = []
+
+    def recording(name, module):
+        def hook(module, args, kwargs):
+            if name == "teacher" or module.training:  # the student's training forwards, not its evaluations
+                seen[name].append(kwargs["pixel_values"].detach().clone())
+
+        module.register_forward_pre_hook(hook, with_kwargs=True)
+
+    make_trainer = run.make_trainer
+
+    def make_recording_trainer(*args, **kwargs):
+        trainer = make_trainer(*args, **kwargs)
+        recording("student", trainer.model)
+        recording("teacher", trainer.teacher)
+        trainers.append(trainer)
+        return trainer
+
+    monkeypatch.setattr(run, "make_trainer", make_recording_trainer)
+    output = tmp_path / "taught"
+    # Crops, flips and MixUp: a teacher that augmented or mixed on its own would see other images.
+    options = ["--random_crop_padding", "2", "--horizontal_flip", "true", "--mixup_alpha", "0.4"]
+    distill = ["--teacher_model_name_or_path", str(teacher_dir), "--distillation_alpha", "0.7"]
+    results = run.main([*TINY_SCRATCH, *options, *distill, "--output_dir", str(output), "--report_to", "none"])
+
+    trainer = trainers[0]
+    assert not trainer.teacher.training and not any(p.requires_grad for p in trainer.teacher.parameters())
+    assert len(seen["teacher"]) == len(seen["student"]) == results["scratch"].train.steps > 0
+    student_norm, teacher_norm = trainer.batch_transform.normalize, trainer.teacher_transform.normalize
+    assert not torch.equal(student_norm.mean, teacher_norm.mean), "the two normalisations must differ"
+    for student_input, teacher_input in zip(seen["student"], seen["teacher"]):
+        # Undo each model's normalisation: the same pixels, at the same resolution here (8 px).
+        student_pixels = student_input * student_norm.std + student_norm.mean
+        teacher_pixels = teacher_input * teacher_norm.std + teacher_norm.mean
+        torch.testing.assert_close(teacher_pixels, student_pixels, atol=1e-5, rtol=1e-5)
+    assert not torch.equal(seen["student"][0], seen["student"][1])
+
+    saved = json.loads((output / "results.json").read_text())["hyperparameters"]
+    assert saved["teacher_model_name_or_path"] == str(teacher_dir)
+    assert (saved["distillation_type"], saved["distillation_alpha"], saved["distillation_temperature"]) == (
+        "soft",
+        0.7,
+        2.0,
+    )
+    assert not (output / "teacher").exists() and "teacher" not in json.dumps(
+        json.loads((output / "config.json").read_text())
+    ), "the teacher is never saved with the student"
+    report = write_comparison([teacher_dir, output], tmp_path / "comparison").read_text()
+    assert f"scratch, taught by `{teacher_dir.parent.name}/{teacher_dir.name}`" in report
+
+
+def test_a_teacher_with_other_labels_is_refused_in_one_line(tmp_path):
+    other = tiny_vit_checkpoint(tmp_path / "three_classes", num_labels=3)
+    with pytest.raises(ValueError) as error:
+        run.main([*TINY_SCRATCH, "--teacher_model_name_or_path", str(other), "--output_dir", str(tmp_path / "out")])
+    message = str(error.value)
+    assert "\n" not in message
+    assert "same labels in the same order" in message and "LABEL_0" in message and "'9'" in message
+    assert not (tmp_path / "out" / "results.json").exists()
+
+
+@pytest.mark.parametrize("option, value", [("distillation_alpha", "1.5"), ("distillation_temperature", "0")])
+def test_bad_distillation_settings_are_refused(tmp_path, option, value):
+    with pytest.raises(ValueError, match=f"`{option}`"):
+        run.main([*TINY_SCRATCH, f"--{option}", value, "--output_dir", str(tmp_path)])
+
+
+def test_a_taught_step_does_not_wait_for_the_device(teacher_dir, tmp_path):
+    """The teacher's forward and the distillation loss read no device value on the host (test_step_sync's check)."""
+    from test_step_sync import DeviceValueReads, Recording
+
+    from finetune.arguments import parse_args
+    from finetune.data import load_image_data
+    from finetune.models import build_model
+
+    argv = [
+        *TINY_SCRATCH, "--output_dir", str(tmp_path / "run"), "--report_to", "none", "--max_steps", "6",
+        "--eval_strategy", "no", "--save_strategy", "no", "--load_best_model_at_end", "false",
+        "--logging_steps", "1000", "--cutmix_alpha", "1.0", "--torch_compile", "false",
+        "--teacher_model_name_or_path", str(teacher_dir), "--distillation_type", "hard",
+    ]  # fmt: skip
+    model_args, data_args, scratch_args, training_args = parse_args(argv)
+    data = load_image_data(data_args, seed=0, target_size=8)
+    model_args, _ = run.choose_attention("scratch", model_args, scratch_args, training_args)
+    model, processor, prep = build_model("scratch", model_args, scratch_args, data)
+    trainer = run.make_trainer(model, processor, prep, data_args, training_args, data)
+    get_batch_samples = trainer.get_batch_samples
+
+    def marked_batches(*args, **kwargs):
+        batches, count = get_batch_samples(*args, **kwargs)
+        DeviceValueReads.mark(batches)
+        return batches, count
+
+    trainer.get_batch_samples = marked_batches
+    mode = DeviceValueReads()
+    DeviceValueReads.mark([*model.parameters(), *trainer.teacher.parameters(), *trainer.teacher.buffers()])
+    trainer.add_callback(Recording(mode))
+    with mode:
+        trainer.train()
+    assert trainer.state.global_step == 6
+    assert mode.reads == [], f"a taught step reads device values on the host: {mode.reads}"

@@ -13,30 +13,25 @@ exporter now lives in `optimum-onnx`, whose latest release (0.1.0) requires tran
 installed beside the transformers 5 this project needs.
 """
 
+from __future__ import annotations
+
 import importlib
 import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
-import torch
-from PIL import Image
-from transformers.utils import logging
+from typing import TYPE_CHECKING
 
 from finetune.errors import ArgumentParser, run_command
-from finetune.models import photo_size
-from finetune.tools.predict import (
-    collect_image_paths,
-    image_mode,
-    load_classifier,
-    load_images,
-    model_preprocessing,
-    preprocess,
-)
 
 
-logger = logging.get_logger(__name__)
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+    from PIL import Image
+
+
+# torch, PIL and the model code are imported where used, so that `--help` answers at once.
 
 FORMATS = ("onnx",)
 EXTRA_MODULES = ("onnx", "onnxruntime", "onnxscript")  # onnxscript: the dynamo exporter writes the graph with it
@@ -57,17 +52,6 @@ class ExportResult:
     atol: float
 
 
-class LogitsOnly(torch.nn.Module):
-    """The classifier as serving calls it: pixel values in, logits out (no output dataclass, no loss)."""
-
-    def __init__(self, model: torch.nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        return self.model(pixel_values=pixel_values).logits  # (B, C, H, W) -> (B, num_labels)
-
-
 def require_extras() -> None:
     """Raise `RuntimeError` naming the install command when the `export` extra is missing."""
     missing = []
@@ -82,6 +66,18 @@ def require_extras() -> None:
 
 def export_onnx(model: torch.nn.Module, example: torch.Tensor, path: str | Path) -> Path:
     """Write `model` as ONNX to `path` with a dynamic batch axis, traced on `example` pixel values `(B, C, H, W)`."""
+    import torch
+
+    class LogitsOnly(torch.nn.Module):
+        """The classifier as serving calls it: pixel values in, logits out (no output dataclass, no loss)."""
+
+        def __init__(self, model: torch.nn.Module):
+            super().__init__()
+            self.model = model
+
+        def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+            return self.model(pixel_values=pixel_values).logits  # (B, C, H, W) -> (B, num_labels)
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if len(example) < 2:
@@ -109,11 +105,14 @@ def onnx_logits(path: str | Path, pixel_values: torch.Tensor) -> np.ndarray:
     return session.run(["logits"], {"pixel_values": pixel_values.numpy()})[0]
 
 
-@torch.inference_mode()
 def check_onnx(path: str | Path, model: torch.nn.Module, pixel_values: torch.Tensor, atol: float) -> float:
     """The largest absolute difference between onnxruntime's and PyTorch's logits on `pixel_values`; raises
     `ValueError` when it exceeds `atol`."""
-    expected = model(pixel_values=pixel_values).logits.float().numpy()  # (B, num_labels)
+    import numpy as np
+    import torch
+
+    with torch.inference_mode():
+        expected = model(pixel_values=pixel_values).logits.float().numpy()  # (B, num_labels)
     difference = float(np.abs(onnx_logits(path, pixel_values) - expected).max())
     if not difference <= atol:  # also a NaN
         raise ValueError(
@@ -127,8 +126,13 @@ def check_onnx(path: str | Path, model: torch.nn.Module, pixel_values: torch.Ten
 def run_images(run_dir: Path, model, processor, count: int = CHECK_IMAGES) -> list[Image.Image]:
     """`count` validation images of the dataset the run in `run_dir` trained on (named in its results.json), stored
     as training stores them, in the model's mode."""
+    import numpy as np
+    from PIL import Image
+
     from finetune.arguments import DataArguments
     from finetune.data import load_image_data
+    from finetune.models import photo_size
+    from finetune.tools.predict import image_mode, model_preprocessing
 
     results = run_dir / "results.json"
     dataset = json.loads(results.read_text()).get("dataset") if results.is_file() else None
@@ -157,6 +161,9 @@ def run_images(run_dir: Path, model, processor, count: int = CHECK_IMAGES) -> li
 def file_images(paths: list[str], model, processor, count: int = CHECK_IMAGES) -> list[Image.Image]:
     """Up to `count` of the given image files (folders searched as `predict` searches them), decoded as `predict`
     decodes them."""
+    from finetune.models import photo_size
+    from finetune.tools.predict import collect_image_paths, image_mode, load_images, model_preprocessing
+
     found = collect_image_paths(paths)
     size = photo_size(model_preprocessing(model, processor))
     images, _, _ = load_images(found[:count], image_mode(model), size)
@@ -194,6 +201,8 @@ def main(argv: list[str] | None = None) -> ExportResult:
     )
     args = parser.parse_args(argv)
     require_extras()
+    from finetune.tools.predict import load_classifier, preprocess
+
     run_dir = Path(args.run_dir)
     # Eager attention exports for every architecture (SDPA's graph does not decompose for BEiT); onnxruntime fuses
     # the attention pattern itself.

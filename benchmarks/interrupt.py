@@ -75,7 +75,7 @@ def main() -> None:
         "seconds_per_step": round(step_seconds, 2) if step_seconds else None,
         "checkpoint": saved[-1].name if saved else None,
         "checkpoint_megabytes": round(size / 2**20, 1),
-        "message": line.strip(),
+        "message": line.strip().replace(str(run_dir), "RUN_DIR"),  # no path of this machine in the results
     }
     (output / "interrupt.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

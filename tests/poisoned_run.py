@@ -20,9 +20,9 @@ from finetune.run import main  # noqa: E402
 
 
 def poisoned_forward(first: int, only_one: bool = False, rank: int | None = None):
-    """`BatchTransform.forward` that makes training batch number `first` (and later ones unless `only_one`) NaN, in
-    process `rank` or in every one."""
-    forward, calls = BatchTransform.forward, [0]
+    """`BatchTransform.finish` (the last part of training's transform) that makes training batch number `first` (and
+    later ones unless `only_one`) NaN, in process `rank` or in every one."""
+    forward, calls = BatchTransform.finish, [0]
 
     def poisoned(self, pixel_values, train: bool = False):
         out = forward(self, pixel_values, train=train)
@@ -38,7 +38,7 @@ def poisoned_forward(first: int, only_one: bool = False, rank: int | None = None
 
 if __name__ == "__main__":
     rank = os.environ.get("POISON_RANK")
-    BatchTransform.forward = poisoned_forward(
+    BatchTransform.finish = poisoned_forward(
         int(os.environ["POISON_FROM"]), os.environ.get("POISON_ONLY_ONE") == "1", int(rank) if rank else None
     )
     sys.exit(run_command(main))

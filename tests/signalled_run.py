@@ -19,8 +19,8 @@ from finetune.run import main  # noqa: E402
 
 
 def signalling_forward(at: int, signum: int, twice: bool = False, rank: int | None = None):
-    """`BatchTransform.forward` that sends `signum` to this process during training batch number `at`."""
-    forward, calls = BatchTransform.forward, [0]
+    """`BatchTransform.finish` that sends `signum` to this process during training batch number `at`."""
+    forward, calls = BatchTransform.finish, [0]
 
     def signalling(self, pixel_values, train: bool = False):
         if train and (rank is None or int(os.environ.get("RANK", "0")) == rank):
@@ -35,7 +35,7 @@ def signalling_forward(at: int, signum: int, twice: bool = False, rank: int | No
 
 if __name__ == "__main__":
     rank = os.environ.get("SIGNAL_RANK")
-    BatchTransform.forward = signalling_forward(
+    BatchTransform.finish = signalling_forward(
         int(os.environ["SIGNAL_AT"]),
         getattr(signal, "SIG" + os.environ.get("SIGNAL", "TERM")),
         os.environ.get("SIGNAL_TWICE") == "1",

@@ -126,7 +126,7 @@ def test_consecutive_bad_steps_end_training_and_a_good_step_resets_the_count():
 
 
 def test_a_poisoned_batch_is_skipped_and_the_run_goes_on(tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(BatchTransform, "forward", poisoned_forward(3, only_one=True))
+    monkeypatch.setattr(BatchTransform, "finish", poisoned_forward(3, only_one=True))
     out = tmp_path / "run"
     with caplog.at_level(logging.WARNING, logger="finetune.nonfinite"):
         results = run.main([*STEM_RUN, "--output_dir", str(out)])["scratch"]
@@ -142,7 +142,7 @@ def test_a_poisoned_batch_is_skipped_and_the_run_goes_on(tmp_path, monkeypatch, 
 
 
 def test_divergence_stops_the_run_and_keeps_the_good_checkpoint(tmp_path, monkeypatch):
-    monkeypatch.setattr(BatchTransform, "forward", poisoned_forward(STEPS_PER_EPOCH + 2))
+    monkeypatch.setattr(BatchTransform, "finish", poisoned_forward(STEPS_PER_EPOCH + 2))
     out = tmp_path / "run"
     with pytest.raises(TrainingDiverged) as error:
         run.main([*STEM_RUN, "--output_dir", str(out), "--max_nonfinite_steps", "3"])

@@ -38,19 +38,31 @@ class DataTimedTrainer(ImageClassificationTrainer):
         transform, trainer = self.batch_transform, self
 
         class TimedTransform(torch.nn.Module):
+            """The batch transform, its training parts (`augmented`, `finish`) timed on the sampled steps."""
+
             def __init__(self):
                 super().__init__()
                 self.inner = transform
 
             def forward(self, pixel_values, train=False):
-                if not (train and trainer.timing):
-                    return self.inner(pixel_values, train=train)
-                start = trainer.start()
-                out = self.inner(pixel_values, train=train)
-                trainer.stop(start, new_step=False)
-                return out
+                return self.inner(pixel_values, train=train)
+
+            def augmented(self, pixel_values):
+                return trainer.timed(self.inner.augmented, pixel_values)
+
+            def finish(self, x, train):
+                return trainer.timed(self.inner.finish, x, train) if train else self.inner.finish(x, train)
 
         self.batch_transform = TimedTransform()
+
+    def timed(self, function, *args):
+        """`function(*args)`, its time added to the data path's on a timed step."""
+        if not self.timing:
+            return function(*args)
+        start = self.start()
+        out = function(*args)
+        self.stop(start, new_step=False)
+        return out
 
     def start(self) -> float:
         synchronize(self.args.device)

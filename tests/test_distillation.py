@@ -140,7 +140,7 @@ def test_bad_distillation_settings_are_refused(tmp_path, option, value):
 
 def test_a_taught_step_does_not_wait_for_the_device(teacher_dir, tmp_path):
     """The teacher's forward and the distillation loss read no device value on the host (test_step_sync's check)."""
-    from test_step_sync import DeviceValueReads, Recording
+    from test_step_sync import device_reads_of_training
 
     from finetune.arguments import parse_args
     from finetune.data import load_image_data
@@ -157,18 +157,8 @@ def test_a_taught_step_does_not_wait_for_the_device(teacher_dir, tmp_path):
     model_args, _ = run.choose_attention("scratch", model_args, scratch_args, training_args)
     model, processor, prep = build_model("scratch", model_args, scratch_args, data)
     trainer = run.make_trainer(model, processor, prep, data_args, training_args, data)
-    get_batch_samples = trainer.get_batch_samples
-
-    def marked_batches(*args, **kwargs):
-        batches, count = get_batch_samples(*args, **kwargs)
-        DeviceValueReads.mark(batches)
-        return batches, count
-
-    trainer.get_batch_samples = marked_batches
-    mode = DeviceValueReads()
-    DeviceValueReads.mark([*model.parameters(), *trainer.teacher.parameters(), *trainer.teacher.buffers()])
-    trainer.add_callback(Recording(mode))
-    with mode:
-        trainer.train()
+    reads = device_reads_of_training(
+        trainer, [*model.parameters(), *trainer.teacher.parameters(), *trainer.teacher.buffers()]
+    )
     assert trainer.state.global_step == 6
-    assert mode.reads == [], f"a taught step reads device values on the host: {mode.reads}"
+    assert reads == [], f"a taught step reads device values on the host: {reads}"

@@ -77,6 +77,24 @@ class Recording(TrainerCallback):
         self.mode.recording = state.global_step < state.max_steps
 
 
+def device_reads_of_training(trainer, tensors) -> list[str]:
+    """Train `trainer` with its batches and `tensors` (weights, buffers) marked; the waiting calls its steps made."""
+    get_batch_samples = trainer.get_batch_samples
+
+    def marked_batches(*args, **kwargs):
+        batches, count = get_batch_samples(*args, **kwargs)
+        DeviceValueReads.mark(batches)
+        return batches, count
+
+    trainer.get_batch_samples = marked_batches
+    mode = DeviceValueReads()
+    DeviceValueReads.mark(list(tensors))
+    trainer.add_callback(Recording(mode))
+    with mode:
+        trainer.train()
+    return mode.reads
+
+
 def test_no_training_step_waits_for_the_device(tmp_path, monkeypatch):
     argv = [
         *TINY_SCRATCH, "--output_dir", str(tmp_path / "run"), "--report_to", "none", "--max_steps", "12",
@@ -92,22 +110,9 @@ def test_no_training_step_waits_for_the_device(tmp_path, monkeypatch):
 
     synchronizations = []
     monkeypatch.setattr(compile_module, "synchronize", lambda device: synchronizations.append(device))
-    get_batch_samples = trainer.get_batch_samples
-
-    def marked_batches(*args, **kwargs):
-        batches, count = get_batch_samples(*args, **kwargs)
-        DeviceValueReads.mark(batches)
-        return batches, count
-
-    trainer.get_batch_samples = marked_batches
-    mode = DeviceValueReads()
-    DeviceValueReads.mark(list(model.parameters()) + list(model.buffers()))
-    trainer.add_callback(Recording(mode))
-    with mode:
-        trainer.train()
-
+    reads = device_reads_of_training(trainer, [*model.parameters(), *model.buffers()])
     assert trainer.state.global_step == 12
-    assert mode.reads == [], f"a training step reads device values on the host: {mode.reads}"
+    assert reads == [], f"a training step reads device values on the host: {reads}"
     assert synchronizations == []
 
 

@@ -152,7 +152,7 @@ def compute_attention_maps(model, processor, image: Image.Image, image_size: int
     pixel_values = preprocess([image.convert(image_mode(model))], model, processor, image_size)  # (1, C, H, W)
     kwargs = {"interpolate_pos_encoding": True} if needs_interpolation(model, image_size) else {}
     device = next(model.parameters()).device
-    with torch.inference_mode():
+    with torch.no_grad():  # not inference_mode: cached model tensors stay usable for training (see export.py)
         outputs = model(pixel_values=pixel_values.to(device), output_attentions=True, **kwargs)
     if not hasattr(outputs, "attentions"):
         raise no_attention

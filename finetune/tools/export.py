@@ -111,7 +111,9 @@ def check_onnx(path: str | Path, model: torch.nn.Module, pixel_values: torch.Ten
     import numpy as np
     import torch
 
-    with torch.inference_mode():
+    # no_grad, not inference_mode: models cache tensors (BEiT's relative positions) that inference mode would make
+    # unusable for a later training in the same process.
+    with torch.no_grad():
         expected = model(pixel_values=pixel_values).logits.float().numpy()  # (B, num_labels)
     difference = float(np.abs(onnx_logits(path, pixel_values) - expected).max())
     if not difference <= atol:  # also a NaN

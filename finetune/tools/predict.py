@@ -189,7 +189,7 @@ def class_probabilities(model, pixel_values: torch.Tensor, interpolate_pos_encod
 
     device = next(model.parameters()).device
     kwargs = {"interpolate_pos_encoding": True} if interpolate_pos_encoding else {}
-    with torch.inference_mode():
+    with torch.no_grad():  # not inference_mode: cached model tensors stay usable for training (see export.py)
         logits = model(pixel_values=pixel_values.to(device), **kwargs).logits  # (B, num_labels)
     return logits.float().softmax(dim=-1).cpu()
 

@@ -401,7 +401,6 @@ class InterruptCallback(TrainerCallback):
         self.guard = guard
         self.signal: int | None = None
         self._previous = {}
-        self._saved_step = None
 
     def on_train_begin(self, args, state, control, **kwargs):
         if threading.current_thread() is threading.main_thread():  # handlers can only be set there

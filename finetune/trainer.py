@@ -141,7 +141,7 @@ class ImageClassificationTrainer(Trainer):
         # callbacks that ask for a save (budget, early stopping, interrupt) act before the EMA swaps its average in.
         callbacks = [ema.restorer] if ema else []
         callbacks += [self.clock, self.guard, self.compiler]
-        budget = None
+        budget = self.budget = None
         if a.max_train_minutes is not None:
             if a.budget_schedule and a.world_size > 1:
                 raise ValueError(
@@ -149,7 +149,9 @@ class ImageClassificationTrainer(Trainer):
                     "share: with several processes use `max_train_minutes` alone (its stop is agreed)."
                 )
             guard = self.guard if a.world_size > 1 else None
-            budget = TrainingBudgetCallback(a.max_train_minutes, self.clock, a.budget_schedule, guard=guard)
+            budget = self.budget = TrainingBudgetCallback(
+                a.max_train_minutes, self.clock, a.budget_schedule, guard=guard
+            )
             callbacks.append(budget)
         self.early_stopping = None
         if a.early_stopping_patience is not None:
@@ -275,8 +277,7 @@ class ImageClassificationTrainer(Trainer):
         stopping = self.early_stopping
         if stopping is not None and stopping.early_stopping_patience_counter >= stopping.early_stopping_patience:
             return "early_stopping"
-        budget = next((c for c in self.callback_handler.callbacks if isinstance(c, TrainingBudgetCallback)), None)
-        return "time_budget" if budget is not None and budget.stopped_at is not None else None
+        return "time_budget" if self.budget is not None and self.budget.stopped_at is not None else None
 
     def _close_progress_bars(self) -> None:
         for callback in self.callback_handler.callbacks:

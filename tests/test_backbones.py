@@ -1,6 +1,7 @@
 """Any backbone: DeiT, BEiT, Swin, ConvNeXt, DINOv2 and a timm model (through transformers' `TimmWrapper`) each
-fine-tune with layer decay, evaluate, predict and draw attention where they have it, through the real pipeline on
-digits; each from a tiny random checkpoint saved offline with the image processor its family ships with."""
+fine-tune with layer decay, evaluate, predict, draw attention where they have it and push to a local Hub server,
+through the real pipeline on digits; each from a tiny random checkpoint saved offline with the image processor its
+family ships with."""
 
 import importlib.util
 from pathlib import Path
@@ -8,8 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from huggingface_hub import ModelCard, constants
 from PIL import Image
 from test_evaluate_only import DIGITS
+from test_hub import TOKEN, FakeHub
 from transformers import (
     AutoModelForImageClassification,
     BeitConfig,
@@ -31,7 +34,7 @@ from transformers import (
 
 from finetune import run
 from finetune.models import layer_id, parameter_groups
-from finetune.tools import attention, predict
+from finetune.tools import attention, hub, predict
 
 
 HAS_TIMM = importlib.util.find_spec("timm") is not None
@@ -122,7 +125,7 @@ def digit_image(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("name", [case(name) for name in BACKBONES])
-def test_backbone_fine_tunes_evaluates_predicts_and_draws(name, tmp_path, digit_image):
+def test_backbone_fine_tunes_evaluates_predicts_draws_and_pushes(name, tmp_path, digit_image, monkeypatch):
     base, out = checkpoint(tmp_path, name), tmp_path / "run"
     results = run.main(["--model_name_or_path", str(base), *TRAIN, "--output_dir", str(out)])["pretrained"]
 
@@ -145,6 +148,21 @@ def test_backbone_fine_tunes_evaluates_predicts_and_draws(name, tmp_path, digit_
     else:
         with pytest.raises(ValueError, match="no attention to draw"):
             attention.main([str(out), str(digit_image), "--output", str(maps)])
+
+    # Pushed to a local Hub server: what it received loads in a folder of its own and predicts as the run does.
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # the server is on localhost
+    with FakeHub() as server:
+        hub.push_output_dir(out, f"me/{name}", token=TOKEN, endpoint=server.url)
+    [commit] = server.commits
+    pushed = tmp_path / "pushed"
+    for path, content in commit["files"].items():
+        (pushed / path).parent.mkdir(parents=True, exist_ok=True)
+        (pushed / path).write_bytes(content)
+    [again] = predict.main([str(pushed), str(digit_image), "--top_k", "3"])
+    assert again.probabilities == pytest.approx(prediction.probabilities, abs=1e-6)
+    card = ModelCard((pushed / "README.md").read_text())
+    assert card.data.eval_results[0].metric_value == results.validation.accuracy
+    assert results.architecture in card.text
 
 
 @pytest.mark.parametrize("name", [case(name) for name in BACKBONES])

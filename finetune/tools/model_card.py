@@ -147,9 +147,11 @@ def _description(results: Results, config: dict, model_name: str) -> str:
             f"trained from random initialisation on {dataset} at {size} ({params} parameters; {variant}). "
             "Its modeling code is stored with the weights, so it loads with `trust_remote_code=True`."
         )
-    base = f"[`{base}`](https://huggingface.co/{base})" if is_hub_id(base) else "a pretrained ViT checkpoint"
+    architecture = results.architecture or (config.get("architectures") or ["a pretrained model"])[0]
+    base = f"[`{base}`](https://huggingface.co/{base})" if is_hub_id(base) else "a pretrained checkpoint"
     return (
-        f"**{model_name}** is {base} fine-tuned for image classification on {dataset} at {size} ({params} parameters)."
+        f"**{model_name}** is {base} (`{architecture}`) fine-tuned for image classification on {dataset} at {size} "
+        f"({params} parameters)."
     )
 
 

@@ -405,8 +405,6 @@ def check_local_checkpoint(path: str | os.PathLike, trust_remote_code: bool = Fa
             ) from None
     from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES as NAMES
 
-    import scratch_vit  # noqa: F401  (registers ScratchViT with the Auto classes)
-
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     remote = "AutoModelForImageClassification" in (getattr(config, "auto_map", None) or {})
     if config.model_type not in NAMES and type(config) not in MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING and not remote:

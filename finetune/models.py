@@ -127,13 +127,15 @@ def load_trained_model(
     path = model_args.model_name_or_path
     _check_model_path(path)
     try:
+        attention = model_args.attn_implementation  # None: the model's default
         if is_adapter_dir(path):
-            attention = (
-                {"attn_implementation": model_args.attn_implementation} if model_args.attn_implementation else {}
+            model = load_adapter_model(
+                path, trust_remote_code=model_args.trust_remote_code, attn_implementation=attention
             )
-            model = load_adapter_model(path, trust_remote_code=model_args.trust_remote_code, **attention)
         else:
-            model = AutoModelForImageClassification.from_pretrained(path, **_load_kwargs(model_args, attention=True))
+            model = AutoModelForImageClassification.from_pretrained(
+                path, **_load_kwargs(model_args), attn_implementation=attention
+            )
         processor = AutoImageProcessor.from_pretrained(
             model_args.image_processor_name or path, **_load_kwargs(model_args)
         )
@@ -231,17 +233,14 @@ def load_adapter_model(path: str | os.PathLike, merge: bool = True, **kwargs) ->
     return model.merge_and_unload() if merge else model
 
 
-def _load_kwargs(model_args: ModelArguments, attention: bool = False) -> dict:
-    """The `from_pretrained` arguments of `model_args`; with `attention`, the attention implementation when set."""
-    kwargs = {
+def _load_kwargs(model_args: ModelArguments) -> dict:
+    """Where `from_pretrained` finds the model, its processor and config."""
+    return {
         "revision": model_args.model_revision,
         "cache_dir": model_args.cache_dir,
         "token": model_args.token,
         "trust_remote_code": model_args.trust_remote_code,
     }
-    if attention and model_args.attn_implementation:
-        kwargs["attn_implementation"] = model_args.attn_implementation
-    return kwargs
 
 
 def _load_config(model_args: ModelArguments):
@@ -288,7 +287,8 @@ def _load_pretrained(model_args: ModelArguments, data: ImageData, drop_path_rate
                 config=config,
                 ignore_mismatched_sizes=model_args.ignore_mismatched_sizes,
                 output_loading_info=True,
-                **_load_kwargs(model_args, attention=True),
+                attn_implementation=model_args.attn_implementation,
+                **_load_kwargs(model_args),
             )
     except OSError as error:
         raise OSError(_unreachable_message("model", path, error)) from error

@@ -496,21 +496,19 @@ def check_channels(data_channels: int, model_channels: int, convert: bool) -> No
         return
     convertible = {data_channels, model_channels} == {1, 3}
     if not convertible or not convert:
-        fix = (
-            f"set `convert_channels: true` to convert {data_channels}->{model_channels} channels on the fly"
-            if convertible
-            else f"use a model with `num_channels: {data_channels}` or convert the images"
-        )
+        fix = f"set `convert_channels: true` to convert {data_channels}->{model_channels} channels on the fly"
+        if not convertible:
+            fix = f"use a model with `num_channels: {data_channels}` or convert the images"
         raise ValueError(
             f"The model expects {model_channels}-channel images but the data has {data_channels} channel(s). "
             f"Fix: {fix}."
         )
-    how = (
-        "repeating the gray channel"
-        if data_channels == 1
-        else "taking the luma ({} R + {} G + {} B)".format(*LUMA_WEIGHTS)
+    how = "repeating the gray channel"
+    if data_channels != 1:
+        how = "taking the luma ({} R + {} G + {} B)".format(*LUMA_WEIGHTS)
+    logger.warning(
+        f"Converting {data_channels}-channel images to {model_channels} channels by {how.format(*LUMA_WEIGHTS)}."
     )
-    logger.warning(f"Converting {data_channels}-channel images to {model_channels} channels by {how}.")
 
 
 def load_checkpoint_weights(model: PreTrainedModel, checkpoint: str) -> None:
@@ -538,8 +536,10 @@ def load_checkpoint_weights(model: PreTrainedModel, checkpoint: str) -> None:
 # Parameters that weight decay would only pull towards zero without regularising anything: position embeddings,
 # prefix tokens and relative position biases (what timm's `no_weight_decay` names, in transformers' and timm's
 # spellings), besides every bias and norm scale (the 1-D parameters).
-NO_WEIGHT_DECAY_NAMES = ("position_embeddings", "pos_embed", "cls_token", "distillation_token", "dist_token")
-NO_WEIGHT_DECAY_NAMES += ("mask_token", "reg_token", "register_tokens", "relative_position_bias_table")
+NO_WEIGHT_DECAY_NAMES = (
+    "position_embeddings", "pos_embed", "cls_token", "distillation_token", "dist_token", "mask_token", "reg_token",
+    "register_tokens", "relative_position_bias_table",
+)  # fmt: skip
 # A numbered block: ViT's `vit.layers.3.`, ScratchViT's and DINOv2's `layer.3.`, timm's `blocks.3.`, and the stage
 # then block of hierarchical models: Swin's `layers.1.blocks.0.`, ConvNeXt's `stages.1.layers.0.`.
 BLOCK_PATTERN = re.compile(r"(?:^|\.)(?:layers?|blocks|stages)\.(\d+)(?=\.)")

@@ -70,8 +70,8 @@ def photo_size(prep: Preprocessing) -> int:
 
 
 def storage_size(model_type: str, model_args: ModelArguments, scratch_args) -> int:
-    """The square size images of mixed sizes are stored at for `model_type` (`pretrained`, `scratch` or `both`):
-    `photo_size` of the model to build, read from its config and image processor without the weights."""
+    """The square size images of mixed sizes are stored at for `model_type` (`pretrained`, `scratch` or `both`),
+    read from the config and image processor without the weights."""
     sizes = []
     if model_type in ("pretrained", "both"):
         _check_model_path(model_args.model_name_or_path)
@@ -100,17 +100,17 @@ def attention_head_size(model_type: str, model_args: ModelArguments, scratch_arg
 def build_model(
     model_type: str, model_args: ModelArguments, scratch_args, data: ImageData
 ) -> tuple[PreTrainedModel, ViTImageProcessor, Preprocessing]:
-    """Build the model of `model_type` (`pretrained` or `scratch`) for `data`'s labels, its image processor (saved
-    with the model so `pipeline()` works) and the preprocessing the batch transform applies."""
+    """The model of `model_type` (`pretrained` or `scratch`) for `data`'s labels, its image processor (saved with the
+    model so `pipeline()` works) and the preprocessing the batch transform applies."""
     if model_type == "pretrained":
-        drop_path_rate = getattr(scratch_args, "drop_path_rate", None)
-        model, processor = _load_pretrained(model_args, data, drop_path_rate)
+        model, processor = _load_pretrained(model_args, data, getattr(scratch_args, "drop_path_rate", None))
         model = apply_finetune_method(model, model_args)
     elif model_type == "scratch":
         model, processor = _build_scratch(scratch_args, data, model_args.attn_implementation)
     else:
         raise ValueError(f"`model_type` must be `pretrained` or `scratch` here, got {model_type!r}.")
-    prep = _checked_preprocessing(processor, model, data, model_args)
+    prep = preprocessing_from(processor, model.config)
+    check_channels(data.num_channels, prep.num_channels, model_args.convert_channels)
     logger.info(
         f"Model {type(model).__name__}: {count_parameters(model):,} parameters "
         f"({count_parameters(model, trainable=True):,} trained), input "
@@ -122,33 +122,30 @@ def build_model(
 def load_trained_model(
     model_args: ModelArguments, data: ImageData
 ) -> tuple[PreTrainedModel, ViTImageProcessor, Preprocessing]:
-    """Load a trained classifier as it was saved (`model_name_or_path`: a run's output directory, a checkpoint-*
-    folder or a Hub id; a saved ScratchViT loads through its registered Auto classes or `trust_remote_code`), for an
-    evaluation-only run. Its head must classify the dataset's labels: nothing is replaced."""
+    """Load a trained classifier as it was saved (a run's output directory, a checkpoint-* folder or a Hub id), for
+    an evaluation-only run. Its head must classify the dataset's labels: nothing is replaced."""
     path = model_args.model_name_or_path
     _check_model_path(path)
     try:
+        attention = model_args.attn_implementation  # None: the model's default
         if is_adapter_dir(path):
             model = load_adapter_model(
-                path, trust_remote_code=model_args.trust_remote_code, **_attention_kwargs(model_args)
+                path, trust_remote_code=model_args.trust_remote_code, attn_implementation=attention
             )
         else:
-            model = AutoModelForImageClassification.from_pretrained(path, **_model_kwargs(model_args))
+            model = AutoModelForImageClassification.from_pretrained(
+                path, **_load_kwargs(model_args), attn_implementation=attention
+            )
         processor = AutoImageProcessor.from_pretrained(
-            model_args.image_processor_name or path, **_hub_kwargs(model_args)
+            model_args.image_processor_name or path, **_load_kwargs(model_args)
         )
     except OSError as error:
         raise OSError(_unreachable_message("model", path, error)) from error
     check_labels(model.config, data.label_names, path)
-    prep = _checked_preprocessing(processor, model, data, model_args)
-    logger.info(f"Evaluating {type(model).__name__} from {path}: {count_parameters(model):,} parameters.")
-    return model.eval(), processor, prep
-
-
-def _checked_preprocessing(processor, model, data: ImageData, model_args: ModelArguments) -> Preprocessing:
     prep = preprocessing_from(processor, model.config)
     check_channels(data.num_channels, prep.num_channels, model_args.convert_channels)
-    return prep
+    logger.info(f"Evaluating {type(model).__name__} from {path}: {count_parameters(model):,} parameters.")
+    return model.eval(), processor, prep
 
 
 def check_labels(config, label_names: list[str], path: str) -> None:
@@ -168,14 +165,12 @@ def check_labels(config, label_names: list[str], path: str) -> None:
 
 
 def count_parameters(model: torch.nn.Module, trainable: bool = False) -> int:
-    """Number of parameters (only those that train with `trainable`)."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable)
 
 
 def apply_finetune_method(model: PreTrainedModel, model_args: ModelArguments) -> torch.nn.Module:
-    """Prepare a pretrained classifier for `finetune_method`: `full` returns it unchanged, `linear_probe` freezes
-    everything but the classification head, `lora` returns a peft `PeftModel` with adapters on
-    `lora_target_modules` and the head trained (and saved) in full."""
+    """The pretrained classifier prepared for `finetune_method`: `full` as it is, `linear_probe` with all but the head
+    frozen, `lora` as a peft `PeftModel` with adapters on `lora_target_modules` and the head trained in full."""
     method = model_args.finetune_method
     if method == "full":
         return model
@@ -188,11 +183,6 @@ def apply_finetune_method(model: PreTrainedModel, model_args: ModelArguments) ->
         for name, parameter in model.named_parameters():
             parameter.requires_grad = name.startswith(f"{HEAD_NAME}.")
         return model
-    return add_lora(model, model_args)
-
-
-def add_lora(model: PreTrainedModel, model_args: ModelArguments) -> torch.nn.Module:
-    """Wrap `model` in a peft `PeftModel` with LoRA adapters; only the adapters and the head train."""
     from peft import LoraConfig, get_peft_model
 
     linear_names = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
@@ -215,15 +205,13 @@ def add_lora(model: PreTrainedModel, model_args: ModelArguments) -> torch.nn.Mod
 
 
 def is_adapter_dir(path: str | os.PathLike) -> bool:
-    """Whether `path` is a folder holding a peft adapter (a `finetune_method: lora` run's output)."""
+    """Whether `path` holds a peft adapter (a `finetune_method: lora` run's output)."""
     return os.path.isfile(os.path.join(path, ADAPTER_CONFIG_NAME))
 
 
 def load_adapter_model(path: str | os.PathLike, merge: bool = True, **kwargs) -> torch.nn.Module:
-    """Load a LoRA run's output: its base model (named in `adapter_config.json`) with the run's labels (its
-    `config.json`), then the adapters and head through peft. `merge` folds the adapters into the weights and returns a
-    plain transformers model; otherwise the `PeftModel`. `kwargs` go to `from_pretrained` (e.g. `trust_remote_code`,
-    `attn_implementation`)."""
+    """A LoRA run's output: the base model its `adapter_config.json` names, with the run's labels, then the adapters
+    and head through peft; merged into a plain transformers model with `merge`. `kwargs` go to `from_pretrained`."""
     from peft import PeftModel
 
     path = str(path)
@@ -245,7 +233,8 @@ def load_adapter_model(path: str | os.PathLike, merge: bool = True, **kwargs) ->
     return model.merge_and_unload() if merge else model
 
 
-def _hub_kwargs(model_args: ModelArguments) -> dict:
+def _load_kwargs(model_args: ModelArguments) -> dict:
+    """Where `from_pretrained` finds the model, its processor and config."""
     return {
         "revision": model_args.model_revision,
         "cache_dir": model_args.cache_dir,
@@ -254,17 +243,9 @@ def _hub_kwargs(model_args: ModelArguments) -> dict:
     }
 
 
-def _attention_kwargs(model_args: ModelArguments) -> dict:
-    return {"attn_implementation": model_args.attn_implementation} if model_args.attn_implementation else {}
-
-
-def _model_kwargs(model_args: ModelArguments) -> dict:
-    return {**_hub_kwargs(model_args), **_attention_kwargs(model_args)}
-
-
 def _load_config(model_args: ModelArguments):
     try:
-        return AutoConfig.from_pretrained(model_args.model_name_or_path, **_hub_kwargs(model_args))
+        return AutoConfig.from_pretrained(model_args.model_name_or_path, **_load_kwargs(model_args))
     except OSError as error:
         raise OSError(_unreachable_message("model", model_args.model_name_or_path, error)) from error
 
@@ -306,7 +287,8 @@ def _load_pretrained(model_args: ModelArguments, data: ImageData, drop_path_rate
                 config=config,
                 ignore_mismatched_sizes=model_args.ignore_mismatched_sizes,
                 output_loading_info=True,
-                **_model_kwargs(model_args),
+                attn_implementation=model_args.attn_implementation,
+                **_load_kwargs(model_args),
             )
     except OSError as error:
         raise OSError(_unreachable_message("model", path, error)) from error
@@ -350,8 +332,8 @@ def _shorten(names: list[str], limit: int = 5) -> str:
 
 
 def reset_head(model: PreTrainedModel) -> None:
-    """Re-initialise the classification head `HEAD_NAME` with the model's own `_init_weights`, as a head created on
-    loading is. Loading marks loaded tensors as initialised and the init functions skip those: the marks go first."""
+    """Re-initialise the classification head with the model's own `_init_weights`, as a head created on loading is.
+    Loading marks loaded tensors as initialised and the init functions skip those: the marks go first."""
     head = getattr(model, HEAD_NAME, None)
     if not isinstance(head, torch.nn.Module):
         raise ValueError(
@@ -377,7 +359,7 @@ def _load_processor(model_args: ModelArguments):
     """The pretrained model's image processor: a small json file, read without the weights."""
     processor_path = model_args.image_processor_name or model_args.model_name_or_path
     try:
-        return AutoImageProcessor.from_pretrained(processor_path, **_hub_kwargs(model_args))
+        return AutoImageProcessor.from_pretrained(processor_path, **_load_kwargs(model_args))
     except OSError as error:
         if os.path.isdir(processor_path):
             raise OSError(
@@ -389,9 +371,8 @@ def _load_processor(model_args: ModelArguments):
 
 
 def check_local_checkpoint(path: str | os.PathLike, trust_remote_code: bool = False) -> None:
-    """Refuse a local model folder that cannot give an image classifier, naming what is wrong: no config.json, no
-    weights, a damaged `model.safetensors`, or a model type with no image-classification head, where
-    `from_pretrained` would blame the Hub, say "header too large" or "Unrecognized configuration class"."""
+    """Refuse a local folder that cannot give an image classifier, naming what is wrong (no config.json, no weights, a
+    damaged `model.safetensors`, a model type with no classification head) where `from_pretrained` would not."""
     path = os.fspath(path)
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise FileNotFoundError(
@@ -424,8 +405,6 @@ def check_local_checkpoint(path: str | os.PathLike, trust_remote_code: bool = Fa
             ) from None
     from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES as NAMES
 
-    import scratch_vit  # noqa: F401  (registers ScratchViT with the Auto classes)
-
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     remote = "AutoModelForImageClassification" in (getattr(config, "auto_map", None) or {})
     if config.model_type not in NAMES and type(config) not in MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING and not remote:
@@ -436,7 +415,7 @@ def check_local_checkpoint(path: str | os.PathLike, trust_remote_code: bool = Fa
         )
 
 
-def _first_line(error: Exception) -> str:
+def _first_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
 
 
@@ -468,7 +447,7 @@ def _build_scratch(scratch_args, data: ImageData, attn_implementation: str | Non
 
 def channel_statistics(pixel_values: torch.Tensor, num_channels: int) -> tuple[list[float], list[float]]:
     """Per-channel mean and std in [0, 1] of uint8 images `(N, C, H, W)`, after conversion to `num_channels`."""
-    sample = pixel_values[:10_000].float().div(255)  # a subset is plenty for 3 significant digits
+    sample = pixel_values.float().div(255)
     if sample.shape[1] != num_channels:
         # As the batch transform converts them: RGB -> gray by luma, gray -> RGB by repeating.
         sample = grayscale(sample).expand(-1, num_channels, -1, -1)  # (N, C, H, W) -> (N, num_channels, H, W)
@@ -478,25 +457,22 @@ def channel_statistics(pixel_values: torch.Tensor, num_channels: int) -> tuple[l
 
 
 def preprocessing_from(processor, config) -> Preprocessing:
-    """Read resolution and normalisation from an image processor (`size` as height/width or shortest_edge)."""
+    """Resolution and normalisation of an image processor (`size` as height/width or shortest_edge), or of timm's."""
+    num_channels = int(getattr(config, "num_channels", 3))
     data_config = getattr(processor, "data_config", None)
     if data_config:  # timm's preprocessing (TimmWrapperImageProcessor): input size, crop_pct, mean, std
         _, height, width = data_config["input_size"]
         crop = data_config.get("crop_pct") or 1.0
-        resize = (round(height / crop), round(width / crop)) if crop < 1 else None
-        num_channels = int(getattr(config, "num_channels", 3))
-        mean, std = list(data_config["mean"]), list(data_config["std"])
-        if len(mean) != num_channels:
-            mean, std = [sum(mean) / len(mean)] * num_channels, [sum(std) / len(std)] * num_channels
-        return Preprocessing((height, width), num_channels, mean, std, resize)
-    image_size = _height_width(processor.size) or (int(config.image_size),) * 2
-    resize_size = None
-    if getattr(processor, "do_center_crop", False) and _height_width(getattr(processor, "crop_size", None)):
-        resize_size, image_size = image_size, _height_width(processor.crop_size)
-    num_channels = int(getattr(config, "num_channels", 3))
-    do_normalize = getattr(processor, "do_normalize", True)
-    mean = list(processor.image_mean) if do_normalize else [0.0] * num_channels
-    std = list(processor.image_std) if do_normalize else [1.0] * num_channels
+        image_size, resize_size = (height, width), (round(height / crop), round(width / crop))
+        mean, std = data_config["mean"], data_config["std"]
+    else:
+        image_size = resize_size = _height_width(processor.size) or (int(config.image_size),) * 2
+        if getattr(processor, "do_center_crop", False) and _height_width(getattr(processor, "crop_size", None)):
+            image_size = _height_width(processor.crop_size)
+        do_normalize = getattr(processor, "do_normalize", True)
+        mean = processor.image_mean if do_normalize else [0.0] * num_channels
+        std = processor.image_std if do_normalize else [1.0] * num_channels
+    mean, std = list(mean), list(std)
     if len(mean) != num_channels:
         mean, std = [sum(mean) / len(mean)] * num_channels, [sum(std) / len(std)] * num_channels
     return Preprocessing(image_size, num_channels, mean, std, resize_size if resize_size != image_size else None)
@@ -520,32 +496,25 @@ def check_channels(data_channels: int, model_channels: int, convert: bool) -> No
         return
     convertible = {data_channels, model_channels} == {1, 3}
     if not convertible or not convert:
-        fix = (
-            f"set `convert_channels: true` to convert {data_channels}->{model_channels} channels on the fly"
-            if convertible
-            else f"use a model with `num_channels: {data_channels}` or convert the images"
-        )
+        fix = f"set `convert_channels: true` to convert {data_channels}->{model_channels} channels on the fly"
+        if not convertible:
+            fix = f"use a model with `num_channels: {data_channels}` or convert the images"
         raise ValueError(
             f"The model expects {model_channels}-channel images but the data has {data_channels} channel(s). "
             f"Fix: {fix}."
         )
-    how = (
-        "repeating the gray channel"
-        if data_channels == 1
-        else "taking the luma ({} R + {} G + {} B)".format(*LUMA_WEIGHTS)
+    how = "repeating the gray channel"
+    if data_channels != 1:
+        how = "taking the luma ({} R + {} G + {} B)".format(*LUMA_WEIGHTS)
+    logger.warning(
+        f"Converting {data_channels}-channel images to {model_channels} channels by {how.format(*LUMA_WEIGHTS)}."
     )
-    logger.warning(f"Converting {data_channels}-channel images to {model_channels} channels by {how}.")
 
 
 def load_checkpoint_weights(model: PreTrainedModel, checkpoint: str) -> None:
-    """Load a checkpoint's weights into `model` in place, strictly.
-
-    transformers 5.18's Trainer resumes and reloads the best model with a plain, non-strict `load_state_dict` of the
-    saved file. That skips the key renaming `from_pretrained` applies (ViT saves its layers under the legacy names
-    `vit.encoder.layer.*` but names them `vit.layers.*` in memory), so for transformers' ViT it silently keeps the
-    current weights. Loading through `from_pretrained` applies the renaming; the strict copy proves every tensor
-    arrived.
-    """
+    """Load a checkpoint's weights into `model` in place, strictly, through `from_pretrained`: it applies the key
+    renaming (ViT saves `vit.encoder.layer.*`, names `vit.layers.*` in memory) that a plain `load_state_dict`, as
+    transformers 5.18's Trainer does it, skips, silently keeping the current weights."""
     if hasattr(model, "peft_config"):
         # A LoRA model's checkpoint holds its adapters and head only; the frozen base weights never change.
         from peft import load_peft_weights, set_peft_model_state_dict
@@ -558,10 +527,9 @@ def load_checkpoint_weights(model: PreTrainedModel, checkpoint: str) -> None:
         loaded = type(model).from_pretrained(checkpoint, config=model.config, dtype=next(model.parameters()).dtype)
         model.load_state_dict(loaded.state_dict(), strict=True)
     except (RuntimeError, ValueError) as error:
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ValueError(
-            f"The checkpoint {checkpoint} does not fit this model ({first_line}): it was saved by a run with other "
-            "model settings or data. Resume with that run's settings, or train anew into another `output_dir`."
+            f"The checkpoint {checkpoint} does not fit this model ({_first_line(error)}): it was saved by a run with "
+            "other model settings or data. Resume with that run's settings, or train anew into another `output_dir`."
         ) from error
 
 
@@ -569,38 +537,19 @@ def load_checkpoint_weights(model: PreTrainedModel, checkpoint: str) -> None:
 # prefix tokens and relative position biases (what timm's `no_weight_decay` names, in transformers' and timm's
 # spellings), besides every bias and norm scale (the 1-D parameters).
 NO_WEIGHT_DECAY_NAMES = (
-    "position_embeddings",
-    "pos_embed",
-    "cls_token",
-    "distillation_token",
-    "dist_token",
-    "mask_token",
-    "reg_token",
-    "register_tokens",
-    "relative_position_bias_table",
-)
+    "position_embeddings", "pos_embed", "cls_token", "distillation_token", "dist_token", "mask_token", "reg_token",
+    "register_tokens", "relative_position_bias_table",
+)  # fmt: skip
 # A numbered block: ViT's `vit.layers.3.`, ScratchViT's and DINOv2's `layer.3.`, timm's `blocks.3.`, and the stage
 # then block of hierarchical models: Swin's `layers.1.blocks.0.`, ConvNeXt's `stages.1.layers.0.`.
 BLOCK_PATTERN = re.compile(r"(?:^|\.)(?:layers?|blocks|stages)\.(\d+)(?=\.)")
 
 
-def uses_weight_decay(name: str, parameter: torch.Tensor) -> bool:
-    """False for biases, norm weights (every 1-D parameter), position embeddings, prefix tokens and relative
-    position biases."""
-    return parameter.ndim > 1 and not any(token in name for token in NO_WEIGHT_DECAY_NAMES)
-
-
 def layer_id(model: torch.nn.Module) -> tuple[dict[str, int], int]:
     """BEiT's layer index of every parameter of `model`, by name, and the number of blocks L: 0 for the embeddings,
-    i for the i-th block (1-based, in the model's own order, so a stage/block pair counts as consecutive blocks), and
-    L + 1 for the rest (final norm, pooler, head).
-
-    A block is a module numbered under `layer`, `layers`, `blocks` or `stages` (`BLOCK_PATTERN`); in a hierarchical
-    model the first two numbers are its stage and block. What lies between blocks (Swin's patch merging, ConvNeXt's
-    downsampling) takes the depth of the block before it; what comes before the first block is embedding, what comes
-    after the last is head. L is counted from the names, not read from `config.num_hidden_layers`, which counts
-    Swin's and ConvNeXt's stages. Raises `ValueError` for a model with no numbered block.
-    """
+    i for the i-th block (in the model's order, a stage/block pair counting as consecutive blocks), L + 1 for the
+    rest (final norm, pooler, head). What lies between blocks (Swin's patch merging) takes the depth of the block
+    before it. L is counted from the names: `config.num_hidden_layers` counts Swin's and ConvNeXt's stages."""
     named = [(name, tuple(int(i) for i in BLOCK_PATTERN.findall(name)[:2])) for name, _ in model.named_parameters()]
     length = max(len(key) for _, key in named)  # 2 where blocks sit in stages, else 1
     depth_of_block: dict[tuple[int, ...], int] = {}
@@ -624,20 +573,16 @@ def layer_id(model: torch.nn.Module) -> tuple[dict[str, int], int]:
 def parameter_groups(
     model: torch.nn.Module, learning_rate: float, weight_decay: float, layer_decay: float | None = None
 ) -> list[dict]:
-    """The optimizer's parameter groups of the trainable parameters, by layer and by weight decay.
-
-    Each group has `params`, `param_names`, `weight_decay` (0 where `uses_weight_decay` says so) and `lr`. With
-    `layer_decay`, a parameter of BEiT layer `layer_id` in a model of L blocks trains at
-    `learning_rate * layer_decay ** (L + 1 - layer_id)`: the head at the full rate, each block below it at
-    `layer_decay` times the rate of the one above; without it every group has `learning_rate`.
-    """
+    """The optimizer's groups of the trainable parameters, by layer and weight decay (none for 1-D parameters and
+    `NO_WEIGHT_DECAY_NAMES`). With `layer_decay`, a parameter of layer `layer_id` in a model of L blocks trains at
+    `learning_rate * layer_decay ** (L + 1 - layer_id)`: the head at the full rate, each block below at less."""
     layers, num_blocks = layer_id(model) if layer_decay is not None else ({}, 0)
     groups: dict[tuple[int, bool], dict] = {}
     for name, parameter in model.named_parameters():
         if not parameter.requires_grad:
             continue
         layer = layers.get(name, 0)
-        decay = uses_weight_decay(name, parameter)
+        decay = parameter.ndim > 1 and not any(token in name for token in NO_WEIGHT_DECAY_NAMES)
         group = groups.setdefault(
             (layer, decay),
             {

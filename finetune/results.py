@@ -103,15 +103,13 @@ class Results:
     schema_version: int = SCHEMA_VERSION
 
     def save(self, output_dir: str | os.PathLike) -> Path:
-        """Write `output_dir/results.json` and return its path."""
         path = Path(output_dir) / RESULTS_NAME
         path.write_text(json.dumps(dataclasses.asdict(self), indent=2) + "\n")
         return path
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Results":
-        """The inverse of `dataclasses.asdict`; keys this version does not know are ignored, missing ones keep their
-        default."""
+        """The inverse of `dataclasses.asdict`; unknown keys are ignored, missing ones keep their default."""
         values = _known_fields(cls, data)
         values["train"] = _dataclass_from(TrainMetrics, values.get("train")) or TrainMetrics()
         for split in ("validation", "test"):
@@ -164,11 +162,8 @@ def history_from_log_history(log_history: Sequence[dict]) -> list[HistoryRow]:
 
 
 def find_run_dirs(paths: Sequence[str | os.PathLike]) -> list[Path]:
-    """Resolve the given paths to run directories (folders holding `results.json`).
-
-    A folder without `results.json` stands for its immediate subfolders that have one, as `model_type: both` writes
-    `OUTPUT/pretrained` and `OUTPUT/scratch`. Raises `FileNotFoundError` naming a path that holds no run.
-    """
+    """The run directories (with `results.json`) of `paths`: a folder without one stands for its subfolders that have
+    one, as `model_type: both` writes `OUTPUT/pretrained` and `OUTPUT/scratch`."""
     run_dirs = []
     for path in map(Path, paths):
         if (path / RESULTS_NAME).is_file():

@@ -41,9 +41,8 @@ def decoded_split(
     data_args: DataArguments,
     target_size: int | None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The images at positions `needed` of the source split `name` (whose labels are `labels`): mapped from the cache,
-    or decoded and cached. Returns the memory-mapped pixels and, for every position of the split, its row in them
-    (-1: not decoded)."""
+    """The images at positions `needed` of the source split `name`, mapped from the cache or decoded and cached: the
+    memory-mapped pixels and, for every position of the split, its row in them (-1: not decoded)."""
     dataset = source.encoded[name]
     where = f"the {name} split of {source.description}"
     subset = len(needed) < len(dataset)
@@ -98,8 +97,12 @@ def decoded_split(
     )
     positions = needed[kept]
     row_of[positions] = rows
-    meta = {"num_channels": pixels.shape[1], "skipped": skipped, "positions": positions.tolist()}
-    meta["rows"] = rows.tolist()
+    meta = {
+        "num_channels": pixels.shape[1],
+        "skipped": skipped,
+        "positions": positions.tolist(),
+        "rows": rows.tolist(),
+    }
     _finish_entry(tmp, paths[decode_modes[-1] if used_fallback else decode_modes[0]], labels[positions], meta)
     return pixels, row_of
 
@@ -112,7 +115,6 @@ def _cache_root(data_args: DataArguments) -> str | None:
 
 
 def _load_entry(path: str, where: str) -> tuple[np.ndarray, dict] | None:
-    """`(pixels, meta)` of the entry at `path`, the pixels memory-mapped read-only; `None` if there is none."""
     meta_path = os.path.join(path, "meta.json")
     if not os.path.isfile(meta_path):
         return None
@@ -135,8 +137,7 @@ def _load_entry(path: str, where: str) -> tuple[np.ndarray, dict] | None:
 
 
 def _start_entry(path: str | None) -> str:
-    """A new temporary folder to decode into: beside the entry `path`, or in the system's temporary folder when the
-    cache is off (`path` None) or its folder cannot be created."""
+    """A new temporary folder to decode into: beside the entry `path`, else (no cache) in the system's."""
     if path is not None:
         parent = os.path.dirname(path)
         try:
@@ -148,11 +149,8 @@ def _start_entry(path: str | None) -> str:
 
 
 def _finish_entry(tmp: str, path: str | None, labels: np.ndarray, meta: dict) -> None:
-    """Complete the entry decoded in `tmp` and rename it to `path`; without a cache (or on failure) remove `tmp`.
-
-    The caller keeps `tmp`'s `pixel_values.npy` mapped: a removed file's pages stay readable until it is unmapped,
-    so the run goes on from memory-mapped pixels even when the cache cannot be kept.
-    """
+    """Complete the entry decoded in `tmp` and rename it to `path`; without a cache (or on failure) remove `tmp`: the
+    caller's memory map of its pixels stays readable until it is unmapped, so the run goes on without the cache."""
     if path is None or not os.path.basename(tmp).startswith(".tmp-"):
         shutil.rmtree(tmp, ignore_errors=True)
         return

@@ -17,6 +17,7 @@ the edges it drops are what center-crop evaluation and RandomResizedCrop rarely 
 import collections
 import concurrent.futures
 import io
+import itertools
 import multiprocessing
 import os
 from collections.abc import Callable, Iterator
@@ -46,17 +47,10 @@ MAX_LISTED_CORRUPT = 10  # corrupt images named in the warning of a split
 def decode_image(
     source: bytes | str | os.PathLike | BinaryIO, mode: str | None = None, min_size: int | None = None
 ) -> Image.Image:
-    """Decode an image file (a path, its bytes, or an open binary file) to an upright 8-bit PIL image.
-
-    Args:
-        source: the encoded image.
-        mode: `"L"` or `"RGB"`; `None` keeps the image's own kind (`"L"` for grayscale sources, else `"RGB"`).
-        min_size: the size the image is about to be reduced to. A JPEG at least twice as large is then decoded at
-            1/2, 1/4 or 1/8 scale keeping both sides >= `min_size` (Pillow's `draft`): a 4000 x 3000 photo stored at
-            256 px decodes about 10x faster. Training and predict pass the same size.
-
-    Raises whatever Pillow raises for a file it cannot read, and `ValueError` for another `mode`.
-    """
+    """Decode an image file (a path, its bytes, or an open binary file) to an upright 8-bit PIL image in `mode`
+    (`"L"`, `"RGB"`, or `None`: `"L"` for grayscale sources, else `"RGB"`). With `min_size`, the size the image is
+    about to be reduced to, a large JPEG decodes at 1/2, 1/4 or 1/8 scale (Pillow's `draft`): a 4000 x 3000 photo
+    stored at 256 px decodes about 10x faster. Raises what Pillow raises for a file it cannot read."""
     if mode not in (None, "L", "RGB"):
         raise ValueError(f"`mode` must be 'L', 'RGB' or None, got {mode!r}.")
     if isinstance(source, (bytes, bytearray, memoryview)):
@@ -71,9 +65,8 @@ def decode_image(
 
 
 def center_fit(image: Image.Image, size: tuple[int, int]) -> Image.Image:
-    """`image` at `size` (width, height) without distortion: scaled (bilinear) so that it covers `size`, then the
-    centre window of that size kept. Photos of mixed sizes are stored this way (a square at the storage size), and
-    predict and attention frame a photo the same way before evaluation's resize."""
+    """`image` scaled to cover `size` (width, height), then its centre window of that size: how photos of mixed sizes
+    are stored, and how predict and attention frame a photo before evaluation's resize."""
     return ImageOps.fit(image, size, Image.BILINEAR)
 
 
@@ -102,7 +95,6 @@ DECODE_CHUNK = 128
 
 
 def _decoded_mode(mode: str) -> str:
-    """The mode `decode_image(..., None)` gives an image opened in `mode`, as `_to_8_bit` converts it."""
     grayscale = mode in ("L", "1", "F") or mode in SIXTEEN_BIT_MODES or ALPHA_MODES.get(mode) == "L"
     return "L" if grayscale else "RGB"
 
@@ -119,8 +111,8 @@ def _probe(data: bytes | None, path: str | None) -> tuple[str, tuple[int, int]]:
 
 
 def _decode_chunk(path: str, first_row: int, items: list, mode: str, size: tuple[int, int]) -> list[tuple[int, str]]:
-    """Decode `items` into rows `first_row...` of the `.npy` memory map at `path`; returns `(index, error)` of the
-    images that failed. Runs in the decoding pool's worker processes (or inline for small splits)."""
+    """Decode `items` into rows `first_row...` of the `.npy` file at `path`; returns `(index, error)` of the failures.
+    Runs in the decoding pool's worker processes (or inline for small splits)."""
     pixels = np.load(path, mmap_mode="r+")
     failures = []
     for j, (data, image_path) in enumerate(items):
@@ -149,13 +141,11 @@ def decode_images(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str], bool]:
     """Decode every image once into a uint8 `(N, C, H, W)` `.npy` file at `out_path`, written chunk by chunk.
 
-    A first pass reads only the headers: the mode ("L" when every image is grayscale, else "RGB") and whether the
-    sizes differ (then every image is stored as a square at `fallback_size`). A second pass decodes chunks of
-    `DECODE_CHUNK` images in `workers` processes, each writing its rows straight into the file. `read_items` is called
-    once per pass; `positions` (the images' positions in their source split) name corrupt images.
-
-    Returns `(pixels, kept, rows, skipped, used_fallback)`: the file as a read-only memory map, the indices of the
-    images that decoded, the row of each in `pixels`, the skipped corrupt images, and whether `fallback_size` was used.
+    A first pass reads only the headers: the mode ("L" when every image is grayscale) and whether the sizes differ
+    (then all are stored as squares at `fallback_size`). A second pass decodes chunks in `workers` processes, each
+    writing its rows straight into the file. `positions` (in the source split) name corrupt images. Returns the file
+    as a read-only memory map, the indices of the images that decoded, the row of each, the skipped corrupt images, and
+    whether `fallback_size` was used.
     """
 
     def name(i: int, path: str | None) -> str:
@@ -215,16 +205,9 @@ def decode_images(
         progress.update(len(indices))
 
     def chunks() -> Iterator[tuple[list[int], list]]:
-        indices, items = [], []
-        for i, item in enumerate(read_items()):
-            if readable[i]:
-                indices.append(i)
-                items.append(item)
-            if len(items) == DECODE_CHUNK:
-                yield indices, items
-                indices, items = [], []
-        if items:
-            yield indices, items
+        readable_items = ((i, item) for i, item in enumerate(read_items()) if readable[i])
+        while chunk := list(itertools.islice(readable_items, DECODE_CHUNK)):
+            yield [i for i, _ in chunk], [item for _, item in chunk]
 
     try:
         if workers <= 1 or num_images <= DECODE_CHUNK:
@@ -245,9 +228,8 @@ def decode_images(
 
 def _decode_in_pool(chunks, out_path, rows, mode, size, workers, collect) -> None:
     """Decode `chunks` in a pool of `workers` processes, with at most two chunks per worker in flight (memory)."""
-    methods = multiprocessing.get_all_start_methods()
     # fork starts workers at once (they only need PIL and numpy, already imported); elsewhere the default method.
-    context = multiprocessing.get_context("fork" if "fork" in methods else None)
+    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
     pending = collections.deque()
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
         try:

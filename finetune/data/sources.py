@@ -69,20 +69,13 @@ def open_source(data_args: DataArguments) -> Source:
     path = os.path.expanduser(name)
     if os.path.exists(path):
         return _open_local(path, data_args)
-    if _looks_like_path(name):
+    # Meant as a local path rather than a Hub id: written as a path, or named like a data file.
+    data_file = _extension(name) in TABLE_EXTENSIONS or os.path.basename(name) == "cifar-10-batches-py"
+    if looks_like_local_path(name) or data_file:
         raise FileNotFoundError(
             f"The dataset path {name!r} does not exist. `dataset_name` accepts {ACCEPTED_SOURCES}."
         )
     return _open_hub(name, data_args.dataset_config_name)
-
-
-def _looks_like_path(name: str) -> bool:
-    """Whether `name` is meant as a local path rather than a Hub id: written as a path, or named like a data file."""
-    return (
-        looks_like_local_path(name)
-        or os.path.splitext(name)[1].lower() in TABLE_EXTENSIONS
-        or os.path.basename(name) == "cifar-10-batches-py"
-    )
 
 
 def _open_hub(name: str, config_name: str | None) -> Source:
@@ -136,15 +129,11 @@ def _open_local(path: str, data_args: DataArguments) -> Source:
         raise FileNotFoundError(
             f"No data files found in {path!r}. `dataset_name` accepts {ACCEPTED_SOURCES}."
         ) from error
-    tables = {
-        split: [f for f in files if os.path.splitext(f)[1].lower() in TABLE_EXTENSIONS]
-        for split, files in resolved.items()
-    }
+    tables = {split: [f for f in files if _extension(f) in TABLE_EXTENSIONS] for split, files in resolved.items()}
     tables = {split: files for split, files in tables.items() if files}
     if tables:
         return _open_split_files(tables, data_args, description=path)
-    has_images = any(os.path.splitext(f)[1].lower() in IMAGE_EXTENSIONS for files in resolved.values() for f in files)
-    if not has_images:
+    if not any(_extension(f) in IMAGE_EXTENSIONS for files in resolved.values() for f in files):
         raise FileNotFoundError(
             f"{path!r} holds neither parquet/arrow/csv files nor images. `dataset_name` accepts {ACCEPTED_SOURCES}."
         )
@@ -172,7 +161,7 @@ def _open_split_files(files: dict[str, str | list[str]], data_args: DataArgument
                 parts.append(sub.encoded["train"])
                 fingerprint_paths.append(path)
                 continue
-            extension = os.path.splitext(path)[1].lower()
+            extension = _extension(path)
             if extension not in TABLE_EXTENSIONS:
                 raise ValueError(
                     f"Unsupported data file {path!r}: expected one of {sorted(TABLE_EXTENSIONS)}. "
@@ -203,10 +192,7 @@ def _read_csv(path: str, image_column_name: str | None) -> tuple[datasets.Datase
 
 
 def _open_cifar_batches(path: str) -> Source:
-    """The original CIFAR-10 python pickles: uint8 rows of 3,072 values, the 3 planes of a 32x32 image in a row.
-
-    These are pickles: load only a copy you trust (the official archive from cs.toronto.edu).
-    """
+    """The original CIFAR-10 python pickles (load only a copy you trust: the official archive from cs.toronto.edu)."""
 
     def read(name: str) -> dict:
         with open(os.path.join(path, name), "rb") as f:
@@ -247,8 +233,7 @@ def _named_splits(splits: dict[str, datasets.Dataset], where: str) -> dict[str, 
 def _files_fingerprint(paths: Sequence[str]) -> str:
     """Hash of path, size and modification time of every file (folders walked), so any edit invalidates the cache."""
     stats = []
-    for path in paths:
-        path = os.path.abspath(path)
+    for path in map(os.path.abspath, paths):
         walked = [path] if os.path.isfile(path) else []
         for root, dirs, names in os.walk(path):
             dirs[:] = sorted(d for d in dirs if not d.startswith("."))
@@ -256,11 +241,14 @@ def _files_fingerprint(paths: Sequence[str]) -> str:
         for file in walked:
             try:
                 stat = os.stat(file)
+                stats.append((file, stat.st_size, stat.st_mtime_ns))
             except OSError:
                 stats.append((file, None, None))  # a missing image: decoding will report it
-                continue
-            stats.append((file, stat.st_size, stat.st_mtime_ns))
     return content_hash(stats)
+
+
+def _extension(path: str) -> str:
+    return os.path.splitext(path)[1].lower()
 
 
 def content_hash(value) -> str:

@@ -53,15 +53,11 @@ def attention_rollout(attentions: Sequence[torch.Tensor]) -> torch.Tensor:
     return rollout
 
 
-def query_to_patch_scores(matrix: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
-    """From a `(..., T, T)` attention (or rollout) matrix, the weight the classifier's query puts on each patch:
-    the CLS row (token 0) when there are prefix tokens, else the mean over all query rows. Returns `(..., N)` with
-    `N = T - num_prefix_tokens` patches."""
+def _patch_grid(matrix: torch.Tensor, grid_size: tuple[int, int], num_prefix_tokens: int) -> torch.Tensor:
+    """The weight the classifier's query puts on each patch of a `(..., T, T)` attention (or rollout) matrix, as a
+    `(..., gh, gw)` grid: the CLS row (token 0) when there are prefix tokens, else the mean over all query rows."""
     queries = matrix[..., 0, :] if num_prefix_tokens > 0 else matrix.mean(dim=-2)  # (..., T, T) -> (..., T)
-    return queries[..., num_prefix_tokens:]  # (..., T) -> (..., N)
-
-
-def _grid(scores: torch.Tensor, grid_size: tuple[int, int]) -> torch.Tensor:
+    scores = queries[..., num_prefix_tokens:]  # (..., T) -> (..., N)
     grid_height, grid_width = grid_size
     if scores.shape[-1] != grid_height * grid_width:
         raise ValueError(
@@ -74,26 +70,23 @@ def _grid(scores: torch.Tensor, grid_size: tuple[int, int]) -> torch.Tensor:
 def cls_attention_maps(
     attentions: Sequence[torch.Tensor], grid_size: tuple[int, int], num_prefix_tokens: int = 1
 ) -> torch.Tensor:
-    """Per-layer attention of the CLS token to the patches, heads averaged: `(layers, ..., gh, gw)` float32 from one
-    `(..., heads, T, T)` tensor per layer, with `T = num_prefix_tokens + gh * gw` (0 prefix tokens: a mean-pooled
-    model, whose maps are the mean attention over all query tokens)."""
+    """Per-layer attention of the CLS token to the patches, heads averaged: `(layers, ..., gh, gw)` from one
+    `(..., heads, T, T)` tensor per layer (0 prefix tokens: a mean-pooled model, the mean over all queries)."""
     import torch
 
-    maps = [query_to_patch_scores(a.float().mean(dim=-3), num_prefix_tokens) for a in attentions]  # (..., N) each
-    return _grid(torch.stack(maps), grid_size)  # (L, ..., N) -> (L, ..., gh, gw)
+    return torch.stack([_patch_grid(a.float().mean(dim=-3), grid_size, num_prefix_tokens) for a in attentions])
 
 
 def rollout_map(
     attentions: Sequence[torch.Tensor], grid_size: tuple[int, int], num_prefix_tokens: int = 1
 ) -> torch.Tensor:
-    """The attention rollout read at the CLS token (or averaged over all queries without one), as a
-    `(..., gh, gw)` map over the patch grid."""
-    return _grid(query_to_patch_scores(attention_rollout(attentions), num_prefix_tokens), grid_size)
+    """The attention rollout read at the CLS token (or averaged over all queries without one): `(..., gh, gw)`."""
+    return _patch_grid(attention_rollout(attentions), grid_size, num_prefix_tokens)
 
 
 def overlay_heatmap(image: Image.Image, heatmap: torch.Tensor, alpha: float = 0.5, cmap: str = "jet") -> np.ndarray:
-    """The image (RGB) blended with the `(gh, gw)` heatmap, bilinearly upsampled to the image, scaled to [0, 1] and
-    colored: `(H, W, 3)` uint8."""
+    """The image (RGB) blended with the `(gh, gw)` heatmap upsampled to it, scaled to [0, 1] and colored: `(H, W, 3)`
+    uint8."""
     import matplotlib
     import numpy as np
     import torch.nn.functional as F
@@ -108,8 +101,8 @@ def overlay_heatmap(image: Image.Image, heatmap: torch.Tensor, alpha: float = 0.
 
 
 def display_image(image: Image.Image, min_side: int = 224) -> Image.Image:
-    """The image in RGB, enlarged (keeping its aspect ratio) so its longer side is at least `min_side` pixels:
-    a 32x32 CIFAR image would show as a few blocks."""
+    """The image in RGB, enlarged so its longer side is at least `min_side` pixels (a 32x32 CIFAR image would show as
+    a few blocks)."""
     from PIL import Image
 
     image = image.convert("RGB")
@@ -121,8 +114,7 @@ def display_image(image: Image.Image, min_side: int = 224) -> Image.Image:
 
 @dataclass
 class AttentionMaps:
-    """The attention of one image: per-layer maps `(layers, gh, gw)`, the rollout `(gh, gw)`, whether they are read
-    at a CLS token (else averaged over all queries), and the top prediction."""
+    """One image's per-layer maps `(layers, gh, gw)`, rollout `(gh, gw)` and top prediction."""
 
     layer_maps: torch.Tensor
     rollout: torch.Tensor
@@ -132,11 +124,8 @@ class AttentionMaps:
 
 
 def compute_attention_maps(model, processor, image: Image.Image, image_size: int | None = None) -> AttentionMaps:
-    """Run one image through the model with `output_attentions=True` and reduce the attentions to maps.
-
-    The model must return real attention probabilities: ScratchViT always does when asked; load transformers' ViT
-    with `attn_implementation="eager"` (SDPA returns none).
-    """
+    """Run one image through the model with `output_attentions=True` and reduce the attentions to maps. Load
+    transformers' ViT with `attn_implementation="eager"`: SDPA returns no attention probabilities."""
     import torch
 
     from finetune.tools.predict import check_image_size, image_mode, needs_interpolation, preprocess
@@ -179,11 +168,9 @@ def compute_attention_maps(model, processor, image: Image.Image, image_size: int
 
 def attention_heading(maps: AttentionMaps) -> str:
     """The figure's heading: which query the maps read (CLS token, or the mean over all queries) and the prediction."""
-    query = (
-        "CLS token's attention to the patches"
-        if maps.uses_cls_token
-        else "Mean attention over all query tokens (mean-pooled model: no CLS token)"
-    )
+    query = "CLS token's attention to the patches"
+    if not maps.uses_cls_token:
+        query = "Mean attention over all query tokens (mean-pooled model: no CLS token)"
     return (
         f"{query}, heads averaged\n"
         f"Prediction: {maps.label} ({maps.score:.1%}); each map scaled to its own range, red = most attention"
@@ -211,21 +198,19 @@ def plot_attention_figure(
     for ax, (name, array) in zip(axes.flat, panels):
         ax.imshow(array)
         ax.set_title(name, fontsize=10)
-    heading = attention_heading(maps)
-    lines = ([title] if title else []) + heading.splitlines()
+    lines = ([title] if title else []) + attention_heading(maps).splitlines()
     # Wrap to the figure's width (about 13 characters per inch at this size) so no line is cut off.
     width = int(ncols * panel_width * 13)
     fig.suptitle("\n".join(textwrap.fill(line, width) for line in lines), fontsize=10)
-    path = Path(path)
     fig.savefig(path, dpi=100)
-    return path
+    return Path(path)
 
 
 def write_attention_maps(
     model, processor, image_paths: Sequence, output_dir, image_size: int | None = None
 ) -> list[Path]:
-    """Write `<name>_attention.png` and `<name>_rollout.png` (the rollout on the image alone, enlarged if tiny) for
-    every image into `output_dir`; returns the paths. Images that cannot be read are logged and skipped."""
+    """Write `<name>_attention.png` and `<name>_rollout.png` (the rollout alone, enlarged if tiny) for every image
+    into `output_dir`; returns the paths. Images that cannot be read are logged and skipped."""
     from PIL import Image
 
     from finetune.models import photo_size
@@ -249,13 +234,12 @@ def write_attention_maps(
         maps = compute_attention_maps(model, processor, image, image_size)
         title = f"{image_path.name}, {type(model).__name__}"
         written.append(plot_attention_figure(image, maps, output_dir / f"{name}_attention.png", title))
-        Image.fromarray(overlay_heatmap(display_image(image), maps.rollout)).save(output_dir / f"{name}_rollout.png")
         written.append(output_dir / f"{name}_rollout.png")
+        Image.fromarray(overlay_heatmap(display_image(image), maps.rollout)).save(written[-1])
     return written
 
 
 def main(argv: list[str] | None = None) -> list[Path]:
-    """Command-line entry: `python -m finetune.tools.attention MODEL_DIR IMAGE [IMAGE ...] --output DIR`."""
     parser = ArgumentParser(
         prog="python -m finetune.tools.attention",
         description="Plot per-layer CLS attention maps and attention rollout of a saved ViT classifier.",

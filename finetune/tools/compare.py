@@ -68,12 +68,9 @@ def per_class_table(runs: Sequence[Results], names: Sequence[str]) -> str:
 
 
 def write_comparison(run_dirs: Sequence[str | os.PathLike], output_dir: str | os.PathLike) -> Path:
-    """Write the comparison of the given runs into `output_dir` and return the path of its `report.md`.
-
-    Writes `report.md` (summary table, per-class accuracy table, the plots), `learning_curves.png`, one
-    `confusion_matrix_<run>.png` per run that has a confusion matrix, and `comparison.json` (the summary rows, for the
-    model card). Paths in the report are relative to `output_dir`, so the folder can be moved or uploaded as is.
-    """
+    """Write `report.md`, `learning_curves.png`, a `confusion_matrix_<run>.png` per run that has a confusion matrix
+    and `comparison.json` (the summary rows, for the model card) into `output_dir`; returns the report's path. Paths in
+    the report are relative to `output_dir`, so the folder can be moved or uploaded as is."""
     run_dirs = find_run_dirs(run_dirs)
     runs = [Results.load(d) for d in run_dirs]
     output_dir = Path(output_dir)
@@ -85,15 +82,9 @@ def write_comparison(run_dirs: Sequence[str | os.PathLike], output_dir: str | os
     confusion_files = {}
     for run, name, run_dir in zip(runs, names, run_dirs):
         if run.confusion_matrix:
-            split = run.confusion_split or "evaluation"
-            file_name = f"confusion_matrix_{_slug(name)}.png"
-            plot_confusion_matrix(
-                run.confusion_matrix,
-                run.label_names,
-                f"{name}\n{split} split, normalized per true class",
-                output_dir / file_name,
-            )
-            confusion_files[name] = file_name
+            confusion_files[name] = file_name = f"confusion_matrix_{_slug(name)}.png"
+            title = f"{name}\n{run.confusion_split or 'evaluation'} split, normalized per true class"
+            plot_confusion_matrix(run.confusion_matrix, run.label_names, title, output_dir / file_name)
         else:
             logger.warning(f"{run_dir} has no confusion matrix in results.json; no confusion plot for it.")
 
@@ -117,34 +108,24 @@ def write_comparison(run_dirs: Sequence[str | os.PathLike], output_dir: str | os
         for name, file_name in confusion_files.items():
             sections += [f"### {name}", f"![Confusion matrix of {name}]({file_name})"]
     sections.append("## Runs")
-    sections.append(
-        "\n".join(f"- {name}: `{os.path.relpath(run_dir, output_dir)}`" for run_dir, name in zip(run_dirs, names))
-    )
+    sections.append("\n".join(f"- {name}: `{os.path.relpath(d, output_dir)}`" for d, name in zip(run_dirs, names)))
     report_path = output_dir / REPORT_NAME
     report_path.write_text("\n\n".join(sections) + "\n")
-    summary = {
-        "runs": rows,
-        "per_class_accuracy": {name: run.per_class_accuracy for run, name in zip(runs, names)},
-        "per_class_precision": {name: run.per_class_precision for run, name in zip(runs, names)},
-        "per_class_f1": {name: run.per_class_f1 for run, name in zip(runs, names)},
-    }
+    summary = {"runs": rows}
+    for key in ("per_class_accuracy", "per_class_precision", "per_class_f1"):
+        summary[key] = {name: getattr(run, key) for run, name in zip(runs, names)}
     (output_dir / SUMMARY_NAME).write_text(json.dumps(summary, indent=2))
     return report_path
 
 
 def main(argv: list[str] | None = None) -> Path:
-    """Command-line entry: `python -m finetune.tools.compare RUN_DIR [RUN_DIR ...] --output REPORT_DIR`."""
     parser = ArgumentParser(
         prog="python -m finetune.tools.compare",
         description="Compare finished runs: report.md with a summary and a per-class table, learning curves, "
         "and a confusion matrix per run.",
     )
-    parser.add_argument(
-        "run_dirs",
-        nargs="+",
-        metavar="RUN_DIR",
-        help="Output directory of a run (with results.json), or a `model_type: both` output holding several.",
-    )
+    run_help = "Output directory of a run (with results.json), or a `model_type: both` output holding several."
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help=run_help)
     parser.add_argument("--output", required=True, metavar="REPORT_DIR", help="Where to write the report and plots.")
     args = parser.parse_args(argv)
     try:

@@ -15,7 +15,7 @@ installed beside the transformers 5 this project needs.
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
 import json
 import sys
 from dataclasses import dataclass
@@ -53,13 +53,7 @@ class ExportResult:
 
 
 def require_extras() -> None:
-    """Raise `RuntimeError` naming the install command when the `export` extra is missing."""
-    missing = []
-    for name in EXTRA_MODULES:
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            missing.append(name)
+    missing = [name for name in EXTRA_MODULES if importlib.util.find_spec(name) is None]
     if missing:
         raise RuntimeError(f"Exporting needs {', '.join(missing)} (the `export` extra): {INSTALL}")
 
@@ -68,9 +62,7 @@ def export_onnx(model: torch.nn.Module, example: torch.Tensor, path: str | Path)
     """Write `model` as ONNX to `path` with a dynamic batch axis, traced on `example` pixel values `(B, C, H, W)`."""
     import torch
 
-    class LogitsOnly(torch.nn.Module):
-        """The classifier as serving calls it: pixel values in, logits out (no output dataclass, no loss)."""
-
+    class LogitsOnly(torch.nn.Module):  # the classifier as serving calls it: no output dataclass, no loss
         def __init__(self, model: torch.nn.Module):
             super().__init__()
             self.model = model
@@ -106,8 +98,7 @@ def onnx_logits(path: str | Path, pixel_values: torch.Tensor) -> np.ndarray:
 
 
 def check_onnx(path: str | Path, model: torch.nn.Module, pixel_values: torch.Tensor, atol: float) -> float:
-    """The largest absolute difference between onnxruntime's and PyTorch's logits on `pixel_values`; raises
-    `ValueError` when it exceeds `atol`."""
+    """The largest absolute difference between onnxruntime's and PyTorch's logits; `ValueError` above `atol`."""
     import numpy as np
     import torch
 
@@ -126,8 +117,8 @@ def check_onnx(path: str | Path, model: torch.nn.Module, pixel_values: torch.Ten
 
 
 def run_images(run_dir: Path, model, processor, count: int = CHECK_IMAGES) -> list[Image.Image]:
-    """`count` validation images of the dataset the run in `run_dir` trained on (named in its results.json), stored
-    as training stores them, in the model's mode."""
+    """`count` validation images of the dataset the run trained on (its results.json names it), as training stores
+    them."""
     import numpy as np
     from PIL import Image
 
@@ -148,8 +139,9 @@ def run_images(run_dir: Path, model, processor, count: int = CHECK_IMAGES) -> li
         dataset_name=dataset, max_train_samples=count, max_eval_samples=count, decoded_cache_dir="none"
     )
     try:
-        split = load_image_data(data_args, seed=0, target_size=photo_size(model_preprocessing(model, processor)))
-        split = split.validation
+        split = load_image_data(
+            data_args, seed=0, target_size=photo_size(model_preprocessing(model, processor))
+        ).validation
     except (OSError, ValueError) as error:
         raise OSError(
             f"Could not load the run's dataset {dataset!r} to check the export ({type(error).__name__}: "
@@ -161,8 +153,7 @@ def run_images(run_dir: Path, model, processor, count: int = CHECK_IMAGES) -> li
 
 
 def file_images(paths: list[str], model, processor, count: int = CHECK_IMAGES) -> list[Image.Image]:
-    """Up to `count` of the given image files (folders searched as `predict` searches them), decoded as `predict`
-    decodes them."""
+    """Up to `count` of the given image files or folders, found and decoded as `predict` does."""
     from finetune.models import photo_size
     from finetune.tools.predict import collect_image_paths, image_mode, load_images, model_preprocessing
 
@@ -175,7 +166,6 @@ def file_images(paths: list[str], model, processor, count: int = CHECK_IMAGES) -
 
 
 def main(argv: list[str] | None = None) -> ExportResult:
-    """Command-line entry: export a run's model and check it; prints where it went and the check's one line."""
     parser = ArgumentParser(
         prog="python -m finetune.tools.export",
         description="Export a trained classifier for serving (ONNX) and check it against PyTorch on real images.",
@@ -183,24 +173,12 @@ def main(argv: list[str] | None = None) -> ExportResult:
     parser.add_argument("run_dir", metavar="RUN_DIR", help="Output directory of a run (config.json, weights).")
     parser.add_argument("--format", required=True, choices=FORMATS, help="Export format.")
     parser.add_argument("--output", metavar="DIR", help="Where to write the export (default RUN_DIR/onnx).")
-    parser.add_argument(
-        "--images",
-        nargs="+",
-        metavar="PATH",
-        help="Image files or folders to check the export on (default: validation images of the run's dataset).",
-    )
-    parser.add_argument(
-        "--atol",
-        type=float,
-        default=DEFAULT_ATOL,
-        help=f"Largest difference allowed between ONNX and PyTorch logits (default {DEFAULT_ATOL:g}).",
-    )
-    parser.add_argument(
-        "--trust_remote_code",
-        "--trust-remote-code",
-        action="store_true",
-        help="Use the code files saved next to the weights.",
-    )
+    images_help = "Image files or folders to check the export on (default: validation images of the run's dataset)."
+    parser.add_argument("--images", nargs="+", metavar="PATH", help=images_help)
+    atol_help = f"Largest difference allowed between ONNX and PyTorch logits (default {DEFAULT_ATOL:g})."
+    parser.add_argument("--atol", type=float, default=DEFAULT_ATOL, help=atol_help)
+    trust_help = "Use the code files saved next to the weights."
+    parser.add_argument("--trust_remote_code", "--trust-remote-code", action="store_true", help=trust_help)
     args = parser.parse_args(argv)
     require_extras()
     from finetune.tools.predict import load_classifier, preprocess

@@ -13,7 +13,6 @@ its connection or gets a 408, 429 or 5xx answer is sent again after 2, 4, ... se
 A push that still fails raises `HubPushError` naming the cause, with the command that retries it.
 """
 
-import argparse
 import contextlib
 import fnmatch
 import json
@@ -74,41 +73,33 @@ class HubPushError(RuntimeError):
 
 
 class HubRequestError(RuntimeError):
-    """A Hub request that failed on every attempt; the message says why and what to do. Deliberately not an `httpx2`
-    exception, so the retry loops inside huggingface_hub do not repeat what `BoundedRetryTransport` has retried."""
+    """A Hub request that failed on every attempt. Not an `httpx2` exception, so that the retry loops inside
+    huggingface_hub do not repeat what `BoundedRetryTransport` has retried."""
 
 
 def _exception_name(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
 
 
-def _request_failure(request: httpx2.Request, attempts: int, timeout: float, error=None, status=None, detail=""):
-    """The `HubRequestError` of a request that failed `attempts` times: with a network `error` or an HTTP `status`."""
-    where, url = f"{request.method} {request.url.path}", request.url
-    tries = "1 attempt" if attempts == 1 else f"{attempts} attempts"
-    endpoint = f"{url.scheme}://{url.host}" + (f":{url.port}" if url.port else "")
-    if status is not None:
-        return HubRequestError(_describe_status(status, where, detail, tries))
+def _describe_status(status: int, where: str, detail: str, attempts: int = 1) -> str:
+    text = f"HTTP {status}" + (f" on {where}" if where else "") + (f": {detail}" if detail else "")
+    text += f" ({attempts} attempts)" if attempts > 1 else ""
+    hint = HTTP_HINTS.get(status, "the Hub had a server error: retry later" if status >= 500 else "")
+    return f"{text}; {hint}" if hint else text
+
+
+def _describe_network_error(error: BaseException, endpoint: str, where: str, tries: str, timeout: float) -> str:
     cause = _exception_name(error)
     if isinstance(error, httpx2.TimeoutException):
-        return HubRequestError(
+        return (
             f"no answer from {endpoint} within {timeout:g} s on {where} ({tries}; {cause}); the Hub or the network is "
             f"slow or down: retry later, or allow more time (--timeout or {TIMEOUT_ENV})"
         )
-    if isinstance(error, httpx2.ConnectError):
-        return HubRequestError(
-            f"Could not reach {endpoint} ({tries}; {cause}): check the network connection (or HF_ENDPOINT)"
-        )
-    return HubRequestError(
+    if isinstance(error, (httpx2.ConnectError, ConnectionError)):
+        return f"Could not reach {endpoint} ({tries}; {cause}): check the network connection (or HF_ENDPOINT)"
+    return (
         f"the connection to {endpoint} broke on {where} ({tries}; {cause}); the Hub or a proxy dropped it: retry later"
     )
-
-
-def _describe_status(status: int, where: str, detail: str, tries: str = "1 attempt") -> str:
-    text = f"HTTP {status}" + (f" on {where}" if where else "") + (f": {detail}" if detail else "")
-    text += f" ({tries})" if tries != "1 attempt" else ""
-    hint = HTTP_HINTS.get(status, "the Hub had a server error: retry later" if status >= 500 else "")
-    return f"{text}; {hint}" if hint else text
 
 
 class BoundedRetryTransport(httpx2.BaseTransport):
@@ -119,37 +110,36 @@ class BoundedRetryTransport(httpx2.BaseTransport):
     file, covers it); a request with a timeout of its own (huggingface_hub's best-effort lookups) is sent once.
     """
 
-    def __init__(self, inner: httpx2.BaseTransport, retries: int, retry_wait: float, timeout: float):
-        self.inner, self.retries, self.retry_wait, self.timeout = inner, retries, retry_wait, timeout
+    def __init__(self, inner: httpx2.BaseTransport, retries: int, timeout: float):
+        self.inner, self.retries, self.timeout = inner, retries, timeout
         self.timeouts = httpx2.Timeout(timeout).as_dict()
 
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
         if request.extensions.get("timeout") != self.timeouts or not isinstance(request.stream, httpx2.ByteStream):
             return self.inner.handle_request(request)
-        attempts = self.retries + 1
+        where, url, attempts = f"{request.method} {request.url.path}", request.url, self.retries + 1
+        endpoint = f"{url.scheme}://{url.host}" + (f":{url.port}" if url.port else "")
         for attempt in range(1, attempts + 1):
             start = time.perf_counter()
+            tries = "1 attempt" if attempt == 1 else f"{attempt} attempts"
             try:
                 response = self.inner.handle_request(request)
             except RETRY_EXCEPTIONS as error:
-                failure, reason = _request_failure(request, attempt, self.timeout, error=error), _exception_name(error)
+                reason = _exception_name(error)
+                failure = _describe_network_error(error, endpoint, where, tries, self.timeout)
             else:
-                seconds = time.perf_counter() - start
-                logger.debug(f"{request.method} {request.url.path}: {response.status_code} in {seconds:.1f} s")
+                logger.debug(f"{where}: {response.status_code} in {time.perf_counter() - start:.1f} s")
                 if response.status_code not in RETRY_STATUS_CODES:
                     return response
                 response.read()
                 response.close()
-                status, detail = response.status_code, _server_message(response.content)
-                failure = _request_failure(request, attempt, self.timeout, status=status, detail=detail)
-                reason = f"HTTP {status}"
+                reason = f"HTTP {response.status_code}"
+                failure = _describe_status(response.status_code, where, _server_message(response.content), attempt)
             if attempt == attempts:
-                raise failure
-            wait = min(self.retry_wait * 2 ** (attempt - 1), MAX_RETRY_WAIT_SECONDS)
-            where = f"{request.method} {request.url.path}"
+                raise HubRequestError(failure)
+            wait = min(RETRY_WAIT_SECONDS * 2 ** (attempt - 1), MAX_RETRY_WAIT_SECONDS)
             logger.warning(f"{where}: {reason} (attempt {attempt}/{attempts}); retrying in {wait:g} s")
             time.sleep(wait)
-        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def close(self) -> None:
         self.inner.close()
@@ -166,24 +156,21 @@ def _server_message(body: bytes) -> str:
 
 
 @contextlib.contextmanager
-def bounded_hub_requests(endpoint: str, timeout: float, retries: int, retry_wait: float):
+def bounded_hub_requests(endpoint: str, timeout: float, retries: int):
     """Within the block, every request huggingface_hub sends waits at most `timeout` seconds and is retried up to
-    `retries` times.
-
-    huggingface_hub sends its requests through one shared `httpx2.Client` made by the factory of its public
-    `set_client_factory`, with no timeout. The block installs a factory of bounded clients that keep the library
-    client's event hooks (offline mode, request ids) and the proxy the environment names for the Hub's host; on exit,
-    a factory of clients made as the library's own. (huggingface_hub has no getter for its factory, so a factory a user
-    set before the push is replaced by that equivalent.) Xet uploads run in hf_xet's own client, with its own timeouts
-    and retries (`HF_XET_CLIENT_READ_TIMEOUT`, `HF_XET_CLIENT_RETRY_MAX_DURATION`).
-    """
+    `retries` times."""
+    # huggingface_hub sends its requests through one shared client, made by the factory of its public
+    # `set_client_factory`, with no timeout. Ours keep the library client's event hooks (offline mode, request ids)
+    # and the proxy the environment names for the Hub's host. There is no getter for the factory, so on exit a factory
+    # of clients made as the library's own takes its place. Xet uploads run in hf_xet's own client, with its own
+    # timeouts and retries (`HF_XET_CLIENT_READ_TIMEOUT`, `HF_XET_CLIENT_RETRY_MAX_DURATION`).
     library = get_session()
     hooks, redirects, default_timeout = library.event_hooks, library.follow_redirects, library.timeout
     host = urllib.parse.urlsplit(endpoint)
     proxy = None if urllib.request.proxy_bypass(host.hostname or "") else urllib.request.getproxies().get(host.scheme)
 
     def bounded() -> httpx2.Client:
-        transport = BoundedRetryTransport(httpx2.HTTPTransport(proxy=proxy), retries, retry_wait, timeout)
+        transport = BoundedRetryTransport(httpx2.HTTPTransport(proxy=proxy), retries, timeout)
         return httpx2.Client(event_hooks=hooks, follow_redirects=redirects, timeout=timeout, transport=transport)
 
     set_client_factory(bounded)
@@ -196,8 +183,7 @@ def bounded_hub_requests(endpoint: str, timeout: float, retries: int, retry_wait
 
 
 def resolve_timeout(timeout: float | str | None) -> float:
-    """`timeout`, else `FINETUNE_HUB_TIMEOUT`, else `DEFAULT_TIMEOUT`, in seconds; anything but a positive finite
-    number is a `ValueError` naming where it came from."""
+    """`timeout`, else `FINETUNE_HUB_TIMEOUT`, else `DEFAULT_TIMEOUT`: a positive number of seconds."""
     source = "timeout"
     if timeout is None and os.environ.get(TIMEOUT_ENV):
         timeout, source = os.environ[TIMEOUT_ENV], TIMEOUT_ENV
@@ -221,9 +207,8 @@ def _size(num_bytes: float) -> str:
 
 
 def upload_plan(output_dir: str | os.PathLike) -> list[tuple[str, Path]]:
-    """The files a push uploads, as `(path_in_repo, local_path)` pairs sorted by path in the repo: the top-level model
-    files of `output_dir` (`pytorch_model*.bin` only without safetensors) and, when a comparison report covers this
-    run, its files under `comparison/`. Subfolders (checkpoint-*/, runs/) and other files never go."""
+    """The files a push uploads, as sorted `(path_in_repo, local_path)` pairs: the top-level model files of
+    `output_dir` (`pytorch_model*.bin` only without safetensors) and the comparison report covering the run."""
 
     def matching(folder: Path, patterns) -> list[Path]:
         files = sorted(p for p in folder.iterdir() if p.is_file() and not p.is_symlink())
@@ -259,10 +244,9 @@ def _describe_failure(error: BaseException, endpoint: str) -> str:
         request = error.response.request
         where = f"{request.method} {request.url.path}" if request is not None else ""
         return _describe_status(error.response.status_code, where, error.server_message or str(error).splitlines()[0])
-    cause = _exception_name(error)
     if isinstance(error, (ConnectionError, TimeoutError)) or "connect" in type(error).__name__.lower():
-        return f"{cause}; Could not reach {endpoint}: check the network connection (or HF_ENDPOINT)"
-    return cause
+        return f"{_exception_name(error)}; Could not reach {endpoint}: check the network connection (or HF_ENDPOINT)"
+    return _exception_name(error)
 
 
 def push_output_dir(
@@ -275,18 +259,13 @@ def push_output_dir(
     endpoint: str | None = None,
     timeout: float | None = None,
     retries: int | None = None,
-    retry_wait: float | None = None,
 ) -> str:
-    """Write the model card, then upload a run's output directory to the Hub repo `repo_id` in one commit; returns
-    the commit's URL.
+    """Write the model card, then upload a run's output directory to the Hub repo `repo_id` in one commit (creating
+    the repo, `private` if so, and the branch `revision` when missing); returns the commit's URL.
 
-    `repo_id` is created if missing (`private` applies only then), `revision` too (from the default branch).
-    `token` defaults to `HF_TOKEN` or the stored login, `endpoint` to `HF_ENDPOINT` (tests point it at a local
-    server). `timeout`, `retries` and `retry_wait` bound every request (see the module docstring).
-
-    Raises `FileNotFoundError` when `output_dir` is not a finished run's, `ValueError` for a bad `timeout` or
-    `retries`, and `HubPushError` when the push fails: the message names the cause, says that every local file is
-    still in place, and gives the command to retry.
+    `token` defaults to `HF_TOKEN` or the stored login, `endpoint` to `HF_ENDPOINT`. Raises `FileNotFoundError` for a
+    directory that is not a finished run's, `ValueError` for a bad `timeout` or `retries`, and `HubPushError` when the
+    push fails, with the cause and the command that retries it.
     """
     output_dir = Path(output_dir)
     missing = [name for name in ("config.json", "results.json") if not (output_dir / name).is_file()]
@@ -301,7 +280,6 @@ def push_output_dir(
         raise ValueError(f"retries must be a whole number >= 0 (e.g. 2), got {retries!r}.")
     retry = retry_command(output_dir, repo_id, private, revision, commit_message, timeout, retries)
     retries = DEFAULT_RETRIES if retries is None else retries
-    retry_wait = RETRY_WAIT_SECONDS if retry_wait is None else retry_wait
     write_model_card(output_dir, repo_id)
     plan = upload_plan(output_dir)
     token = token or get_token()
@@ -316,7 +294,6 @@ def push_output_dir(
 
     if not token:
         raise failure("no Hub token; set HF_TOKEN or log in with `hf auth login` (a token with write access)")
-    commit_message = commit_message or f"Upload {output_dir.resolve().name}"
     sizes = {path: local.stat().st_size for path, local in plan}
     total = _size(sum(sizes.values()))
     logger.info(
@@ -329,7 +306,7 @@ def push_output_dir(
     )
     start = time.perf_counter()
     try:
-        with bounded_hub_requests(api.endpoint, seconds, retries, retry_wait):
+        with bounded_hub_requests(api.endpoint, seconds, retries):
             logger.info(f"Creating {repo_id} on {api.endpoint} if it does not exist")
             api.create_repo(repo_id, private=private, repo_type="model", exist_ok=True)
             if revision and revision != "main":
@@ -338,7 +315,11 @@ def push_output_dir(
             logger.info(f"Committing {len(plan)} files ({total})")
             operations = [CommitOperationAdd(path_in_repo=path, path_or_fileobj=str(local)) for path, local in plan]
             info = api.create_commit(
-                repo_id, operations=operations, commit_message=commit_message, revision=revision, repo_type="model"
+                repo_id,
+                operations=operations,
+                commit_message=commit_message or f"Upload {output_dir.resolve().name}",
+                revision=revision,
+                repo_type="model",
             )
     except Exception as error:  # any failure (HTTP, network, file) gets the same clear message and retry command
         raise failure(_describe_failure(error, api.endpoint)) from error
@@ -346,18 +327,15 @@ def push_output_dir(
     return info.commit_url
 
 
-def _add_argument(parser: argparse.ArgumentParser, name: str, **kwargs) -> None:
+def _add_argument(parser: ArgumentParser, name: str, **kwargs) -> None:
     """A snake_case flag (`--repo_id`) that also answers to its kebab-case spelling (`--repo-id`)."""
     flags = [f"--{name}"] + ([f"--{name.replace('_', '-')}"] if "_" in name else [])
     parser.add_argument(*flags, dest=name, **kwargs)
 
 
 def main(argv: list[str] | None = None) -> str | list[str]:
-    """Command-line entry: `push` uploads a run, `files` writes the card and lists what would be uploaded.
-
-    A failed push ends with one line naming the problem and the fix, then the command that retries it, and exit
-    status 1; `--debug` shows the traceback and every request.
-    """
+    """`push` uploads a run, `files` writes the card and lists what would be uploaded. A failed push ends with one
+    line naming the problem and the fix, then the retry command, and exit status 1; `--debug` shows the traceback."""
     parser = ArgumentParser(prog="python -m finetune.tools.hub", description="Push a run to the Hugging Face Hub.")
     commands = parser.add_subparsers(dest="command", required=True)
     push = commands.add_parser(
@@ -391,8 +369,8 @@ def main(argv: list[str] | None = None) -> str | list[str]:
         for name in ("finetune", logger.name):  # `python -m finetune.tools.hub` names this module's logger __main__
             logging.getLogger(name).setLevel(logging.DEBUG if args.debug else logging.INFO)
         url = push_output_dir(
-            args.output_dir, args.repo_id, args.private, args.revision, args.commit_message, None, None,
-            args.timeout, args.retries,
+            args.output_dir, args.repo_id, args.private, args.revision, args.commit_message,
+            timeout=args.timeout, retries=args.retries,
         )  # fmt: skip
     except (HubPushError, FileNotFoundError, NotADirectoryError, ValueError) as error:
         if args.command == "push" and args.debug:

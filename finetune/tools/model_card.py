@@ -36,9 +36,7 @@ logger = logging.getLogger(__name__)
 
 CARD_NAME = "README.md"
 COMPARISON_DIR_NAME = "comparison"
-ADAPTER_CONFIG_NAME = (
-    "adapter_config.json"  # peft's adapter file, as `finetune.models` (torch-heavy to import) names it
-)
+ADAPTER_CONFIG_NAME = "adapter_config.json"  # peft's adapter file, as `finetune.models` (torch-heavy) names it
 # Licenses of base checkpoints this project fine-tunes; a fine-tuned model inherits its base's license.
 KNOWN_BASE_LICENSES = {"google/vit-": "apache-2.0", "facebook/deit-": "apache-2.0"}
 HISTORY_ROWS = 30
@@ -75,7 +73,6 @@ def _read_json(path: Path) -> Any:
 
 
 def is_scratch(results: Results) -> bool:
-    """Whether the run trained a ScratchViT (whose code ships with the weights)."""
     return results.model_type == "scratch" or "ScratchViT" in str(results.architecture)
 
 
@@ -87,15 +84,8 @@ def card_license(results: Results) -> str | None:
     return next((name for prefix, name in KNOWN_BASE_LICENSES.items() if base.startswith(prefix)), None)
 
 
-def adapter_base(output_dir: str | os.PathLike) -> str | None:
-    """The base model of a LoRA run's peft adapter (`adapter_config.json`), or None for a full model."""
-    adapter = _read_json(Path(output_dir) / ADAPTER_CONFIG_NAME)
-    return adapter.get("base_model_name_or_path") if isinstance(adapter, dict) else None
-
-
 def card_data(results: Results, model_name: str, adapter_base_model: str | None = None) -> ModelCardData:
-    """The card's YAML metadata: tags, dataset, base model, license, pipeline tag and model-index metrics. A peft
-    adapter (`adapter_base_model` given) is a `library_name: peft` repo naming its base model."""
+    """The card's YAML metadata; a LoRA run's (`adapter_base_model` given) is a `library_name: peft` repo."""
     scratch = is_scratch(results)
     dataset, dataset_name = results.dataset, display_dataset(results.dataset)
     task = {"task_type": "image-classification", "task_name": "Image Classification", "dataset_name": dataset_name}
@@ -203,37 +193,30 @@ AutoImageProcessor.from_pretrained("onnx")(images, return_tensors="np")["pixel_v
 
 
 def _results_section(results: Results) -> list[str]:
-    rows = []
-    for split in ("validation", "test"):
-        metrics = getattr(results, split)
-        if metrics:
-            count = results.num_samples.get(split)
-            rows.append(
-                [split, format_percent(metrics.accuracy), format_percent(metrics.top5_accuracy)]
-                + [
-                    format_number(metrics.macro_f1, 4),
-                    format_number(metrics.loss, 4),
-                    MISSING if count is None else count,
-                ]
-            )
+    rows = [
+        [split, format_percent(m.accuracy), format_percent(m.top5_accuracy), format_number(m.macro_f1, 4)]
+        + [format_number(m.loss, 4), results.num_samples.get(split) or MISSING]
+        for split, m in (("validation", results.validation), ("test", results.test))
+        if m
+    ]
     headers = ["Split", "Accuracy", "Top-5 accuracy", "Macro F1", "Loss", "Images"]
     sections = ["## Results", markdown_table(headers, rows)]
     if not results.per_class_accuracy:
         return sections
     split = results.confusion_split or "evaluation"
-    if not results.per_class_precision:
-        rows = [[label, format_percent(acc)] for label, acc in results.per_class_accuracy.items()]
-        return sections + [f"Per-class accuracy on the {split} split:", markdown_table(["Class", "Accuracy"], rows)]
+    headers, columns = ["Class", "Accuracy"], [results.per_class_accuracy]
+    heading = f"Per-class accuracy on the {split} split:"
+    if results.per_class_precision:  # results.json of schema version 3 and later
+        headers = ["Class", "Accuracy (recall)", "Precision", "F1"]
+        columns += [results.per_class_precision, results.per_class_f1]
+        heading = (
+            f"Per-class accuracy, precision and F1 on the {split} split (accuracy is the recall: the fraction of the "
+            "class's images predicted as it):"
+        )
     rows = [
-        [label, format_percent(acc)]
-        + [format_percent(results.per_class_precision.get(label)), format_percent(results.per_class_f1.get(label))]
-        for label, acc in results.per_class_accuracy.items()
+        [label] + [format_percent(column.get(label)) for column in columns] for label in results.per_class_accuracy
     ]
-    return sections + [
-        f"Per-class accuracy, precision and F1 on the {split} split (accuracy is the recall: the fraction of the "
-        "class's images predicted as it):",
-        markdown_table(["Class", "Accuracy (recall)", "Precision", "F1"], rows),
-    ]
+    return sections + [heading, markdown_table(headers, rows)]
 
 
 def _training_section(results: Results) -> list[str]:
@@ -256,7 +239,6 @@ def _training_section(results: Results) -> list[str]:
 
 
 def build_model_card(output_dir: str | os.PathLike, repo_id: str | None = None) -> ModelCard:
-    """The `ModelCard` of a run's output directory (not written; see `write_model_card`)."""
     output_dir = Path(output_dir)
     results = Results.load(output_dir)
     config = _read_json(output_dir / "config.json") or {}
@@ -273,7 +255,8 @@ def build_model_card(output_dir: str | os.PathLike, repo_id: str | None = None) 
             f"curves and confusion matrices: [comparison/{REPORT_NAME}](comparison/{REPORT_NAME})).",
             summary_table(summary["runs"]),
         ]
-    base = adapter_base(output_dir)
+    adapter = _read_json(output_dir / ADAPTER_CONFIG_NAME)  # a LoRA run's peft adapter names its base model
+    base = adapter.get("base_model_name_or_path") if isinstance(adapter, dict) else None
     sections += ["## How to use", _usage(results, config, repo, base), *_training_section(results)]
     architecture_rows = [[f"`{key}`", config[key]] for key in ARCHITECTURE_KEYS if key in config]
     if architecture_rows:
@@ -286,16 +269,15 @@ def build_model_card(output_dir: str | os.PathLike, repo_id: str | None = None) 
 
 
 def write_model_card(output_dir: str | os.PathLike, repo_id: str | None = None) -> str:
-    """Write the model card of a run to `output_dir/README.md` (`repo_id`, the Hub repo the model goes to, names the
-    model and fills the loading snippet) and return its text."""
+    """Write the model card of a run to `output_dir/README.md` and return its text; `repo_id`, the Hub repo the model
+    goes to, names the model and fills the loading snippet."""
     path = Path(output_dir) / CARD_NAME
     build_model_card(output_dir, repo_id).save(path)
     return path.read_text()
 
 
 def main(argv: list[str] | None = None) -> Path:
-    """Command-line entry: `python -m finetune.tools.model_card OUTPUT_DIR [--repo_id ID]` writes
-    OUTPUT_DIR/README.md."""
+    """`python -m finetune.tools.model_card OUTPUT_DIR [--repo_id ID]` writes OUTPUT_DIR/README.md."""
     parser = ArgumentParser(prog="python -m finetune.tools.model_card", description=main.__doc__)
     parser.add_argument("output_dir", metavar="OUTPUT_DIR", help="A run's output directory (with results.json).")
     parser.add_argument("--repo_id", "--repo-id", help="The Hub repo id the card is for (it names the model).")

@@ -26,15 +26,9 @@ def make_source_init(path: Path) -> None:
     from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
 
     config = ViTConfig(
-        image_size=8,
-        patch_size=2,
-        num_channels=1,
-        hidden_size=64,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        intermediate_size=128,
-        num_labels=5,
-    )
+        image_size=8, patch_size=2, num_channels=1, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+        intermediate_size=128, num_labels=5,
+    )  # fmt: skip
     ViTForImageClassification(config).save_pretrained(path)
     ViTImageProcessor(size={"height": 8, "width": 8}, image_mean=[0.5], image_std=[0.5]).save_pretrained(path)
 

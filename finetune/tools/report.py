@@ -32,11 +32,6 @@ def is_hub_id(name: str | None) -> bool:
     return bool(name) and HUB_ID_PATTERN.match(name) is not None and not os.path.exists(name)
 
 
-def short_model_name(path: str) -> str:
-    """A Hub id as it is, a local model folder by its last two parts (`quickstart/pretrained`)."""
-    return path if is_hub_id(path) else "/".join(Path(str(path)).parts[-2:])
-
-
 def display_dataset(name: str | None) -> str:
     """A dataset name fit for a public report: a Hub id as it is, a local path by its last component only."""
     if not name:
@@ -52,13 +47,6 @@ def format_count(n: int | None) -> str:
         if n >= size:
             return f"{n / size:.2f}{suffix}"
     return f"{n / 1e3:.1f}K" if n >= 1e3 else str(n)
-
-
-def format_parameters(total: int | None, trainable: int | None = None) -> str:
-    """`85.81M`, or `85.81M (7.7K trained)` when the fine-tuning method trains only some of them."""
-    if trainable is None or trainable == total:
-        return format_count(total)
-    return f"{format_count(total)} ({format_count(trainable)} trained)"
 
 
 def format_duration(seconds: float | None) -> str:
@@ -82,12 +70,10 @@ def format_number(value: float | None, digits: int = 1) -> str:
 
 
 def is_number(value: Any) -> bool:
-    """A finite int or float (not a bool)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """A Markdown table; `|` inside a cell is escaped."""
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     lines += ["| " + " | ".join(str(cell).replace("|", "\\|") for cell in row) + " |" for row in rows]
     return "\n".join(lines)
@@ -138,13 +124,15 @@ def summary_table(rows: Sequence[dict]) -> str:
             init = f"pretrained (`{base if is_hub_id(base) else Path(str(base)).name}`)" if base else "pretrained"
         else:
             init = row.get("model_type") or MISSING
-        if row.get("teacher"):  # a distilled run: which model taught it
-            init += f", taught by `{short_model_name(row['teacher'])}`"
+        if row.get("teacher"):  # a distilled run: the model that taught it, a local folder by its last two parts
+            teacher = row["teacher"] if is_hub_id(row["teacher"]) else "/".join(Path(row["teacher"]).parts[-2:])
+            init += f", taught by `{teacher}`"
+        total, trained = row.get("num_parameters"), row.get("num_trainable_parameters")
         cells.append(
             [
                 row["run"],
                 f"`{row['architecture']}`" if row.get("architecture") else MISSING,
-                format_parameters(row.get("num_parameters"), row.get("num_trainable_parameters")),
+                format_count(total) + (f" ({format_count(trained)} trained)" if trained not in (None, total) else ""),
                 init,
                 f"`{row['dataset']}`",
                 format_number(row.get("epochs"), 1),
@@ -183,7 +171,7 @@ def write_predictions_csv(
     path: str | os.PathLike, logits: np.ndarray, labels: np.ndarray, label_names: Sequence[str], top_k: int = 5
 ) -> Path:
     """Per-image predictions of a split as CSV: `index` (position in the split), `label`, `predicted`, and the
-    `top_k` classes by softmax probability (`top1`, `top1_probability`, `top2`, ...); labels by name."""
+    `top_k` classes by softmax probability (`top1`, `top1_probability`, `top2`, ...)."""
     import numpy as np
 
     logits = np.asarray(logits, dtype=np.float64)
@@ -191,9 +179,9 @@ def write_predictions_csv(
     probabilities /= probabilities.sum(axis=-1, keepdims=True)
     k = min(top_k, probabilities.shape[-1])
     ranked = np.argsort(-probabilities, axis=-1, kind="stable")[:, :k]  # (N, K) -> (N, k)
-    header = ["index", "label", "predicted"]
-    for i in range(1, k + 1):
-        header += [f"top{i}", f"top{i}_probability"]
+    header = ["index", "label", "predicted"] + [
+        f"top{i}{end}" for i in range(1, k + 1) for end in ("", "_probability")
+    ]
     path = Path(path)
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
@@ -207,8 +195,8 @@ def write_predictions_csv(
 
 
 def plot_learning_curves(runs: Sequence[Results], names: Sequence[str], path: str | os.PathLike) -> Path:
-    """One PNG with two panels on shared epoch axes: train (solid) and validation (dashed) loss of every run, and
-    validation accuracy of every run. Each run keeps one color in both panels."""
+    """Two panels on shared epoch axes: train (solid) and validation (dashed) loss, and validation accuracy; each run
+    keeps one color in both."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(12, 4.8), layout="constrained")
@@ -231,7 +219,6 @@ def plot_learning_curves(runs: Sequence[Results], names: Sequence[str], path: st
 
 
 def plot_accuracy_over_time(runs: Sequence[Results], names: Sequence[str], path: str | os.PathLike) -> Path:
-    """Validation accuracy (y) against wall-clock minutes of training (x), one line per run."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(7, 4.5), layout="constrained")
@@ -269,7 +256,7 @@ def _save(fig: Figure, path: str | os.PathLike) -> Path:
 
 
 def normalize_confusion(matrix: Sequence[Sequence[int]]) -> np.ndarray:
-    """Divide each row (a true class) by its count; a class with no samples keeps a row of zeros."""
+    """Each row (a true class) divided by its count; a class with no samples keeps a row of zeros."""
     import numpy as np
 
     matrix = np.asarray(matrix, dtype=np.float64)
@@ -280,8 +267,7 @@ def normalize_confusion(matrix: Sequence[Sequence[int]]) -> np.ndarray:
 def plot_confusion_matrix(
     matrix: Sequence[Sequence[int]], label_names: Sequence[str], title: str, path: str | os.PathLike
 ) -> Path:
-    """A confusion matrix PNG normalized per true class (rows), with label names on both axes; the cell values are
-    written in when there are at most 20 classes ("–" in the row of a class with no samples)."""
+    """A confusion matrix normalized per true class (rows), the values written in up to 20 classes."""
     import numpy as np
     from matplotlib.figure import Figure
 
@@ -300,16 +286,8 @@ def plot_confusion_matrix(
     ax.set(xlabel="Predicted label", ylabel="True label", title=title)
     if n <= 20:
         empty_rows = np.asarray(matrix).reshape(n, n).sum(axis=1) == 0
-        for i in range(n):
-            for j in range(n):
-                value = normalized[i, j]
-                ax.text(
-                    j,
-                    i,
-                    "–" if empty_rows[i] else f"{value:.2f}",  # a class absent from the split has no fractions
-                    ha="center",
-                    va="center",
-                    fontsize=8 if n > 10 else 9,
-                    color="white" if value > 0.5 else "black",
-                )
+        for (i, j), value in np.ndenumerate(normalized):
+            text = "–" if empty_rows[i] else f"{value:.2f}"  # a class absent from the split has no fractions
+            color = "white" if value > 0.5 else "black"
+            ax.text(j, i, text, ha="center", va="center", fontsize=8 if n > 10 else 9, color=color)
     return _save(fig, path)

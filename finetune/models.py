@@ -110,6 +110,8 @@ def build_model(
         model, processor = _build_scratch(scratch_args, data, model_args.attn_implementation)
     else:
         raise ValueError(f"`model_type` must be `pretrained` or `scratch` here, got {model_type!r}.")
+    if data.multi_label:  # saved in config.json: the loss, the metrics and predict read it there
+        model.config.problem_type = "multi_label_classification"
     prep = _checked_preprocessing(processor, model, data, model_args)
     logger.info(
         f"Model {type(model).__name__}: {count_parameters(model):,} parameters "

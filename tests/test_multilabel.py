@@ -1,0 +1,191 @@
+"""Multi-label classification through the real pipeline on scikit-learn's digits turned into tags of the digit
+("even", "big" for 5 and up, "round" for 0, 6, 8, 9): a list column in parquet files and `;`-separated labels in a
+csv, BCE training with MixUp/CutMix, mAP and per-label thresholds in results.json, predict's labels above them, and
+the one-line errors of bad labels."""
+
+import json
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from sklearn.datasets import load_digits
+from test_nonfinite import run_script
+from test_run import TINY_SCRATCH
+
+from finetune import run
+from finetune.arguments import parse_args
+from finetune.augment import MixUpCutMix
+from finetune.data import load_image_data
+from finetune.tools import predict
+from finetune.trainer import balanced_class_weights, multi_label_loss
+
+
+TAGS = {"even": lambda d: d % 2 == 0, "big": lambda d: d >= 5, "round": lambda d: d in (0, 6, 8, 9)}
+
+
+def tags(digit: int) -> list[str]:
+    return [tag for tag, has in TAGS.items() if has(digit)]
+
+
+def digit_images(start: int, stop: int) -> tuple[list[Image.Image], list[int]]:
+    digits = load_digits()
+    pixels = np.round(digits.images[start:stop] * (255.0 / 16.0)).astype(np.uint8)  # as `sklearn:digits` loads them
+    return [Image.fromarray(p) for p in pixels], digits.target[start:stop].tolist()
+
+
+def write_parquet(path: Path, images: list[Image.Image], labels: list, item=None) -> None:
+    """A parquet file with an image column and a list column of labels (items of the feature `item`, default str)."""
+    item = item or datasets.Value("string")
+    features = datasets.Features({"image": datasets.Image(), "labels": datasets.List(item)})
+    datasets.Dataset.from_dict({"image": images, "labels": labels}, features=features).to_parquet(path)
+
+
+def tagged(path: Path, start: int, stop: int) -> None:
+    images, digits = digit_images(start, stop)
+    write_parquet(path, images, [tags(d) for d in digits])
+
+
+def run_args(dataset: str, out: Path) -> list[str]:
+    """The tiny ScratchViT of the other run tests, without `sklearn:digits`' subsets, trained a little longer."""
+    drop = {"--dataset_name", "--max_train_samples", "--max_eval_samples", "--num_train_epochs", "--learning_rate"}
+    pairs = [TINY_SCRATCH[i : i + 2] for i in range(0, len(TINY_SCRATCH), 2)]
+    kept = [value for pair in pairs if pair[0] not in drop for value in pair]
+    return [*kept, "--dataset_name", dataset, "--output_dir", str(out), "--report_to", "none", "--disable_tqdm",
+            "true", "--num_train_epochs", "12", "--learning_rate", "3e-3", "--random_crop_padding", "0"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """One multi-label run with MixUp and CutMix: 600 digits to train and validate on, 200 to test."""
+    data = tmp_path_factory.mktemp("tags")
+    tagged(data / "train.parquet", 0, 600)
+    tagged(data / "test.parquet", 600, 800)
+    out = tmp_path_factory.mktemp("run") / "run"
+    results = run.main([*run_args(str(data), out), "--mixup_alpha", "0.2", "--cutmix_alpha", "1.0"])["scratch"]
+    return results, out
+
+
+def test_a_multi_label_run_learns_the_tags_and_saves_its_thresholds(trained):
+    results, out = trained
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["multi_label"] is True and saved["label_names"] == ["big", "even", "round"]
+    assert json.loads((out / "config.json").read_text())["problem_type"] == "multi_label_classification"
+    assert saved["hyperparameters"]["mixup_alpha"] == 0.2 and saved["hyperparameters"]["cutmix_alpha"] == 1.0
+    # Chance mAP is each tag's share of the test images (a constant score ranks nothing): about 0.47 here.
+    chance = np.mean([n / 200 for n in saved["per_class_support"].values()])
+    assert saved["test"]["map"] > chance + 0.15, (saved["test"], chance)
+    assert saved["test"]["accuracy"] is None and saved["confusion_matrix"] == []
+    for split in ("validation", "test"):
+        assert 0 < saved[split]["micro_f1"] <= 1 and 0 < saved[split]["macro_f1"] <= 1
+    assert set(saved["per_class_threshold"]) == set(saved["label_names"])
+    assert all(0 < t < 1 for t in saved["per_class_threshold"].values())
+    assert saved["confusion_split"] == "test" and sum(saved["per_class_support"].values()) == sum(
+        len(tags(d)) for d in digit_images(600, 800)[1]
+    )
+    # The best checkpoint was chosen by mAP: the kept model's validation mAP is the best of the history.
+    assert saved["validation"]["map"] == pytest.approx(max(row["eval_map"] for row in saved["history"]))
+    assert "validation mAP" in run.summary({"scratch": results}, {"scratch": out}, None)
+
+
+def test_predict_prints_every_label_above_its_threshold(trained, tmp_path, capsys):
+    results, out = trained
+    images, digits = digit_images(1500, 1540)
+    for i, (image, digit) in enumerate(zip(images, digits)):
+        image.save(tmp_path / f"{i:02d}_{digit}.png")
+    predict.main([str(out), str(tmp_path)])
+    lines = capsys.readouterr().out.splitlines()
+
+    # Independently: the model's sigmoid probabilities against the thresholds saved in results.json.
+    model, processor = predict.load_classifier(out, device="cpu")
+    paths = sorted(tmp_path.glob("*.png"))
+    with torch.no_grad():
+        logits = model(pixel_values=predict.preprocess([Image.open(p) for p in paths], model, processor)).logits
+    names = [model.config.id2label[i] for i in range(3)]
+    thresholds = torch.tensor([results.per_class_threshold[n] for n in names])
+    above = logits.sigmoid() >= thresholds  # (N, K)
+    assert len(lines) == len(paths)
+    right = 0
+    for path, line, row, digit in zip(paths, lines, above, [int(p.stem.split("_")[1]) for p in paths]):
+        printed = line.removeprefix(f"{path}: ")
+        expected = {n for n, on in zip(names, row.tolist()) if on}
+        if expected:
+            assert {part.split(" ")[0] for part in printed.split(", ")} == expected, line
+        else:
+            assert printed == "no label above its threshold"
+        right += expected == set(tags(digit))
+    assert right > 40 * 0.2  # a model guessing each of three tags at random gets 1 image in 8 exactly right
+
+
+def test_csv_labels_separated_by_semicolons_and_a_label_unknown_to_train(tmp_path):
+    images, digits = digit_images(0, 120)
+    (tmp_path / "images").mkdir()
+    rows = ["image,labels"]
+    for i, (image, digit) in enumerate(zip(images, digits)):
+        image.save(tmp_path / "images" / f"{i}.png")
+        rows.append(f"images/{i}.png,{';'.join(tags(digit))}")  # an empty cell: none of the tags
+    (tmp_path / "train.csv").write_text("\n".join(rows[:101]) + "\n")
+    args = run_args("unused", tmp_path / "out")
+    model_args, data_args, _, training_args = parse_args([*args, "--train_file", str(tmp_path / "train.csv")])
+    data = load_image_data(data_args, seed=0, target_size=8)
+    assert data.multi_label and data.label_names == ["big", "even", "round"]
+    both = torch.cat([data.train.labels, data.validation.labels])
+    expected = torch.tensor([[t in tags(d) for t in data.label_names] for d in digits[:100]], dtype=torch.float32)
+    assert both.shape == (100, 3) and torch.equal(both.sum(0), expected.sum(0))
+
+    # The validation file names a tag no training image has: one line naming it and the split, and a failed run.
+    (tmp_path / "validation.csv").write_text("\n".join([rows[0], *rows[101:], "images/0.png,even;odd"]) + "\n")
+    command = ["-m", "finetune.run", *args, "--train_file", str(tmp_path / "train.csv")]
+    command += ["--validation_file", str(tmp_path / "validation.csv")]
+    proc = run_script(command)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 1 and len(errors) == 1, proc.stderr[-2000:]
+    assert "The validation split has the label(s) ['odd'] that no training image has" in errors[0]
+    assert "Traceback" not in proc.stderr
+
+
+def test_an_image_without_labels_and_a_label_without_training_images_are_refused(tmp_path):
+    images, digits = digit_images(0, 40)
+    labels = [tags(d) for d in digits]
+    labels[3] = None
+    write_parquet(tmp_path / "a.parquet", images, labels)
+    _, data_args, _, _ = parse_args(run_args(str(tmp_path / "a.parquet"), tmp_path / "out"))
+    with pytest.raises(ValueError, match=r"Image 3 of the train split has no labels \('labels' is missing\)"):
+        load_image_data(data_args, seed=0, target_size=8)
+
+    # A ClassLabel names "rare", which no image has: nothing can learn it.
+    names = [*TAGS, "rare"]
+    labels = [[names.index(t) for t in tags(d)] for d in digits]
+    write_parquet(tmp_path / "b.parquet", images, labels, datasets.ClassLabel(names=names))
+    _, data_args, _, _ = parse_args(run_args(str(tmp_path / "b.parquet"), tmp_path / "out"))
+    with pytest.raises(ValueError, match=r"No training image has the label\(s\) \['rare'\]"):
+        load_image_data(data_args, seed=0, target_size=8)
+
+
+def test_bce_loss_with_label_smoothing_and_balanced_positive_weights():
+    logits = torch.randn(6, 3)
+    targets = torch.tensor([[1, 0, 1], [0, 0, 0], [1, 1, 0], [0, 1, 0], [1, 0, 0], [0, 0, 1]], dtype=torch.float32)
+    smoothed = targets * 0.8 + 0.1
+    p = logits.sigmoid()
+    reference = -(smoothed * p.log() + (1 - smoothed) * (1 - p).log()).mean()
+    torch.testing.assert_close(multi_label_loss(logits, targets, label_smoothing=0.2), reference)
+
+    pos_weight = balanced_class_weights(targets, ["a", "b", "c"])
+    torch.testing.assert_close(pos_weight, torch.tensor([1.0, 2.0, 2.0]))  # negatives / positives per label
+    weighted = -(pos_weight * targets * p.log() + (1 - targets) * (1 - p).log()).mean()
+    torch.testing.assert_close(multi_label_loss(logits, targets, pos_weight=pos_weight), weighted)
+
+
+@pytest.mark.parametrize("mix", [{"mixup_alpha": 0.4}, {"cutmix_alpha": 1.0}])
+def test_mixup_and_cutmix_mix_multi_hot_labels_as_they_mix_the_images(mix):
+    torch.manual_seed(0)
+    labels = (torch.rand(8, 5) < 0.4).float()  # (B, K) multi-hot
+    # Images whose channel k is label k everywhere: the mean of a mixed image's channel is its label's mixed value,
+    # for MixUp's ratio and for CutMix's area-adjusted one alike.
+    images = labels[:, :, None, None].expand(-1, -1, 16, 16).clone()  # (B, K) -> (B, K, H, W)
+    mixed_images, targets = MixUpCutMix(5, **mix)(images, labels)
+    assert targets.shape == (8, 5)
+    torch.testing.assert_close(targets, mixed_images.mean(dim=(2, 3)))
+    assert not torch.equal(targets, labels)

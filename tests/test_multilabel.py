@@ -20,6 +20,8 @@ from finetune.arguments import parse_args
 from finetune.augment import MixUpCutMix
 from finetune.data import load_image_data
 from finetune.tools import predict
+from finetune.tools.compare import write_comparison
+from finetune.tools.model_card import build_model_card
 from finetune.trainer import balanced_class_weights, multi_label_loss
 
 
@@ -117,6 +119,19 @@ def test_predict_prints_every_label_above_its_threshold(trained, tmp_path, capsy
             assert printed == "no label above its threshold"
         right += expected == set(tags(digit))
     assert right > 40 * 0.2  # a model guessing each of three tags at random gets 1 image in 8 exactly right
+
+
+def test_the_comparison_report_and_the_model_card_show_the_multi_label_figures(trained, tmp_path):
+    results, out = trained
+    report = write_comparison([out], tmp_path / "comparison").read_text()
+    assert "| Validation mAP | Test mAP | Micro F1 | Macro F1 |" in report
+    assert f"| {100 * results.validation.map:.2f}% | {100 * results.test.map:.2f}% |" in report
+    assert "run threshold | run AP |" in report and "Confusion matrices" not in report
+    card = str(build_model_card(out))
+    assert "| Split | mAP | Micro F1 | Macro F1 | Loss | Images |" in card and "Validation mAP |" in card
+    big = [results.per_class_threshold["big"], results.per_class_precision["big"], results.per_class_recall["big"]]
+    assert "| big | " + " | ".join(f"{100 * v:.2f}%" for v in big) in card
+    assert "type: mean_average_precision" in card and f"value: {results.test.map}" in card
 
 
 def test_csv_labels_separated_by_semicolons_and_a_label_unknown_to_train(tmp_path):

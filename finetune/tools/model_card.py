@@ -110,6 +110,8 @@ def card_data(results: Results, model_name: str, adapter_base_model: str | None 
             (metrics.accuracy, "accuracy", None, f"{name} accuracy"),
             (metrics.top5_accuracy, "top_k_accuracy", {"k": 5}, f"{name} top-5 accuracy"),
             (metrics.macro_f1, "f1", {"average": "macro"}, f"{name} macro F1"),
+            (metrics.map, "mean_average_precision", None, f"{name} mAP"),  # multi-label runs
+            (metrics.micro_f1, "f1", {"average": "micro"}, f"{name} micro F1"),
         ):
             if value is not None:
                 eval_results.append(
@@ -172,6 +174,10 @@ processor = AutoImageProcessor.from_pretrained(repo)
 With this project's code, `python -m finetune.tools.predict MODEL_DIR image.jpg` loads the adapter folder as it is."""
     remote = ", trust_remote_code=True" if is_scratch(results) else ""
     mode = "L" if config.get("num_channels") == 1 else "RGB"
+    answer, printed = "print(model.config.id2label[logits.argmax(-1).item()])", "the top-5 classes"
+    if results.multi_label:  # the thresholds chosen on the validation split are in results.json
+        answer = "print([model.config.id2label[i] for i, p in enumerate(logits.sigmoid()[0]) if p >= 0.5])"
+        printed = "every label above its threshold (results.json's `per_class_threshold`)"
     return f"""```python
 import torch
 from PIL import Image
@@ -184,14 +190,14 @@ model = AutoModelForImageClassification.from_pretrained(repo{remote})
 inputs = processor(Image.open("image.jpg").convert("{mode}"), return_tensors="pt")
 with torch.no_grad():
     logits = model(**inputs).logits
-print(model.config.id2label[logits.argmax(-1).item()])
+{answer}
 
 # or, in one line:
 classifier = pipeline("image-classification", model=repo{remote})
 print(classifier("image.jpg"))
 ```
 
-With this project's code, `python -m finetune.tools.predict MODEL_DIR image.jpg` prints the top-5 classes, and \
+With this project's code, `python -m finetune.tools.predict MODEL_DIR image.jpg` prints {printed}, and \
 `python -m finetune.tools.attention MODEL_DIR image.jpg --output maps/` plots the attention maps.
 
 To serve without PyTorch, `vit-finetune export MODEL_DIR --format onnx` writes `MODEL_DIR/onnx/model.onnx` (its \
@@ -206,19 +212,38 @@ def _results_section(results: Results) -> list[str]:
         metrics = getattr(results, split)
         if metrics:
             count = results.num_samples.get(split)
+            scores = (
+                (metrics.map, metrics.micro_f1) if results.multi_label else (metrics.accuracy, metrics.top5_accuracy)
+            )
             rows.append(
-                [split, format_percent(metrics.accuracy), format_percent(metrics.top5_accuracy)]
+                [split, *map(format_percent, scores)]
                 + [
                     format_number(metrics.macro_f1, 4),
                     format_number(metrics.loss, 4),
                     MISSING if count is None else count,
                 ]
             )
-    headers = ["Split", "Accuracy", "Top-5 accuracy", "Macro F1", "Loss", "Images"]
-    sections = ["## Results", markdown_table(headers, rows)]
+    scores = ["mAP", "Micro F1"] if results.multi_label else ["Accuracy", "Top-5 accuracy"]
+    sections = ["## Results", markdown_table(["Split", *scores, "Macro F1", "Loss", "Images"], rows)]
+    split = results.confusion_split or "evaluation"
+    if results.multi_label:
+        rows = [
+            [label]
+            + [
+                format_percent(getattr(results, f"per_class_{key}").get(label))
+                for key in ("threshold", "precision", "recall", "f1", "average_precision")
+            ]
+            + [results.per_class_support.get(label, MISSING)]
+            for label in results.label_names
+        ]
+        headers = ["Label", "Threshold", "Precision", "Recall", "F1", "Average precision", "Images"]
+        return sections + [
+            f"Per label on the {split} split, at the probability threshold chosen on the validation split (the one "
+            "`predict` uses):",
+            markdown_table(headers, rows),
+        ]
     if not results.per_class_accuracy:
         return sections
-    split = results.confusion_split or "evaluation"
     if not results.per_class_precision:
         rows = [[label, format_percent(acc)] for label, acc in results.per_class_accuracy.items()]
         return sections + [f"Per-class accuracy on the {split} split:", markdown_table(["Class", "Accuracy"], rows)]

@@ -142,6 +142,12 @@ def load_trained_model(
     except OSError as error:
         raise OSError(_unreachable_message("model", path, error)) from error
     check_labels(model.config, data.label_names, path)
+    if (model.config.problem_type == "multi_label_classification") != data.multi_label:
+        raise ValueError(
+            f"The dataset has {'several labels' if data.multi_label else 'one label'} per image, but the model at "
+            f"{path!r} was trained for {'one' if data.multi_label else 'several'} (`problem_type` "
+            f"{model.config.problem_type}). Evaluate it on data labelled as its training data was."
+        )
     prep = _checked_preprocessing(processor, model, data, model_args)
     logger.info(f"Evaluating {type(model).__name__} from {path}: {count_parameters(model):,} parameters.")
     return model.eval(), processor, prep

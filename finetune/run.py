@@ -499,7 +499,9 @@ def evaluate_only(
     Writes into `output_dir`: `results.json` (metrics of both splits, per-class figures and the confusion matrix on
     the test split, else validation), `confusion_matrix.png`, and `predictions_<split>.csv` per split: one row per
     image, in the split's order (`index`), with its `label`, the `predicted` label, and the top-k classes with their
-    softmax probabilities (`top1`, `top1_probability`, ... up to k = 5 or the number of classes).
+    softmax probabilities (`top1`, `top1_probability`, ... up to k = 5 or the number of classes); for multi-label
+    data, its `labels`, the labels `predicted` at the thresholds chosen on the validation split, and each label's
+    probability, and no confusion matrix.
     """
     from finetune.models import load_trained_model
     from finetune.tools.report import plot_confusion_matrix, write_predictions_csv
@@ -519,14 +521,6 @@ def evaluate_only(
     for split, (images, prefix) in splits.items():
         predictions[split] = trainer.predict(images, metric_key_prefix=prefix)
         metrics[split] = predictions[split].metrics
-        if trainer.is_world_process_zero():
-            path = write_predictions_csv(
-                output_dir / f"predictions_{split}.csv",
-                predictions[split].predictions,
-                predictions[split].label_ids,
-                data.label_names,
-            )
-            logger.info(f"Predictions of the {split} split written to {path}")
     confusion_split = "test" if data.test is not None else "validation"
     is_scratch = getattr(model.config, "model_type", "") == "scratch_vit"
     results = Results(
@@ -549,12 +543,22 @@ def evaluate_only(
         test=EvalMetrics.from_trainer(metrics.get("test"), "test"),
     )
     if trainer.is_world_process_zero():
-        plot_confusion_matrix(
-            results.confusion_matrix,
-            results.label_names,
-            f"{results.run_name}\n{confusion_split} split, normalized per true class",
-            output_dir / "confusion_matrix.png",
-        )
+        for split, prediction in predictions.items():
+            path = write_predictions_csv(
+                output_dir / f"predictions_{split}.csv",
+                prediction.predictions,
+                prediction.label_ids,
+                data.label_names,
+                thresholds=list(results.per_class_threshold.values()),
+            )
+            logger.info(f"Predictions of the {split} split written to {path}")
+        if not data.multi_label:
+            plot_confusion_matrix(
+                results.confusion_matrix,
+                results.label_names,
+                f"{results.run_name}\n{confusion_split} split, normalized per true class",
+                output_dir / "confusion_matrix.png",
+            )
         logger.info(f"Results written to {results.save(output_dir)}")
     return results
 

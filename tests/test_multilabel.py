@@ -3,6 +3,7 @@
 csv, BCE training with MixUp/CutMix, mAP and per-label thresholds in results.json, predict's labels above them, and
 the one-line errors of bad labels."""
 
+import csv
 import json
 from pathlib import Path
 
@@ -67,11 +68,11 @@ def trained(tmp_path_factory):
     tagged(data / "test.parquet", 600, 800)
     out = tmp_path_factory.mktemp("run") / "run"
     results = run.main([*run_args(str(data), out), "--mixup_alpha", "0.2", "--cutmix_alpha", "1.0"])["scratch"]
-    return results, out
+    return results, out, data
 
 
 def test_a_multi_label_run_learns_the_tags_and_saves_its_thresholds(trained):
-    results, out = trained
+    results, out, _ = trained
     saved = json.loads((out / "results.json").read_text())
     assert saved["multi_label"] is True and saved["label_names"] == ["big", "even", "round"]
     assert json.loads((out / "config.json").read_text())["problem_type"] == "multi_label_classification"
@@ -93,7 +94,7 @@ def test_a_multi_label_run_learns_the_tags_and_saves_its_thresholds(trained):
 
 
 def test_predict_prints_every_label_above_its_threshold(trained, tmp_path, capsys):
-    results, out = trained
+    results, out, _ = trained
     images, digits = digit_images(1500, 1540)
     for i, (image, digit) in enumerate(zip(images, digits)):
         image.save(tmp_path / f"{i:02d}_{digit}.png")
@@ -122,7 +123,7 @@ def test_predict_prints_every_label_above_its_threshold(trained, tmp_path, capsy
 
 
 def test_the_comparison_report_and_the_model_card_show_the_multi_label_figures(trained, tmp_path):
-    results, out = trained
+    results, out, _ = trained
     report = write_comparison([out], tmp_path / "comparison").read_text()
     assert "| Validation mAP | Test mAP | Micro F1 | Macro F1 |" in report
     assert f"| {100 * results.validation.map:.2f}% | {100 * results.test.map:.2f}% |" in report
@@ -132,6 +133,22 @@ def test_the_comparison_report_and_the_model_card_show_the_multi_label_figures(t
     big = [results.per_class_threshold["big"], results.per_class_precision["big"], results.per_class_recall["big"]]
     assert "| big | " + " | ".join(f"{100 * v:.2f}%" for v in big) in card
     assert "type: mean_average_precision" in card and f"value: {results.test.map}" in card
+
+
+def test_evaluating_the_saved_model_scores_it_again_and_writes_its_predictions(trained, tmp_path):
+    results, out, data = trained
+    args = [*run_args(str(data), tmp_path / "eval"), "--do_train", "false"]
+    again = run.main([*args, "--model_name_or_path", str(out)])["scratch"]
+    assert again.multi_label and again.test.map == pytest.approx(results.test.map, abs=1e-6)
+    assert again.per_class_threshold == pytest.approx(results.per_class_threshold, abs=1e-6)
+    rows = list(csv.DictReader(open(tmp_path / "eval" / "predictions_test.csv")))
+    assert len(rows) == 200 and rows[0]["labels"] == ";".join(
+        t for t in again.label_names if t in tags(digit_images(600, 601)[1][0])
+    )
+    for row in rows:
+        above = [n for n in again.label_names if float(row[f"{n}_probability"]) >= again.per_class_threshold[n]]
+        assert row["predicted"] == ";".join(above)
+    assert not (tmp_path / "eval" / "confusion_matrix.png").exists()
 
 
 def test_csv_labels_separated_by_semicolons_and_a_label_unknown_to_train(tmp_path):

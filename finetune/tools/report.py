@@ -196,13 +196,28 @@ def history_table(history: Sequence[HistoryRow], max_rows: int | None = None) ->
 
 
 def write_predictions_csv(
-    path: str | os.PathLike, logits: np.ndarray, labels: np.ndarray, label_names: Sequence[str], top_k: int = 5
+    path: str | os.PathLike,
+    logits: np.ndarray,
+    labels: np.ndarray,
+    label_names: Sequence[str],
+    top_k: int = 5,
+    thresholds: Sequence[float] = (),
 ) -> Path:
     """Per-image predictions of a split as CSV: `index` (position in the split), `label`, `predicted`, and the
-    `top_k` classes by softmax probability (`top1`, `top1_probability`, `top2`, ...); labels by name."""
+    `top_k` classes by softmax probability (`top1`, `top1_probability`, `top2`, ...); labels by name. Multi-hot
+    `labels` (multi-label data): `labels`, the labels `predicted` at their `thresholds`, each label's probability."""
     import numpy as np
 
     logits = np.asarray(logits, dtype=np.float64)
+    if labels.ndim == 2:
+        probabilities = 1 / (1 + np.exp(-logits))  # (N, K)
+        with open(path, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["index", "labels", "predicted", *(f"{name}_probability" for name in label_names)])
+            for index, (truth, p) in enumerate(zip(labels, probabilities)):
+                names = [";".join(n for n, on in zip(label_names, row) if on) for row in (truth, p >= thresholds)]
+                writer.writerow([index, *names, *(f"{q:.6f}" for q in p)])
+        return Path(path)
     probabilities = np.exp(logits - logits.max(axis=-1, keepdims=True))
     probabilities /= probabilities.sum(axis=-1, keepdims=True)
     k = min(top_k, probabilities.shape[-1])

@@ -13,6 +13,7 @@ import pytest
 import torch
 from PIL import Image
 from sklearn.datasets import load_digits
+from sklearn.metrics import average_precision_score, f1_score
 from test_nonfinite import run_script
 from test_run import TINY_SCRATCH
 
@@ -20,6 +21,8 @@ from finetune import run
 from finetune.arguments import parse_args
 from finetune.augment import MixUpCutMix
 from finetune.data import load_image_data
+from finetune.metrics import multi_label_report, multi_label_scores
+from finetune.models import build_model
 from finetune.tools import predict
 from finetune.tools.compare import write_comparison
 from finetune.tools.model_card import build_model_card
@@ -151,6 +154,22 @@ def test_evaluating_the_saved_model_scores_it_again_and_writes_its_predictions(t
     assert not (tmp_path / "eval" / "confusion_matrix.png").exists()
 
 
+def test_class_weighting_weighs_each_labels_positives_and_distillation_is_refused(trained, tmp_path):
+    _, out, data_dir = trained
+    args = [*run_args(str(data_dir), tmp_path / "weighted"), "--class_weighting", "balanced"]
+    model_args, data_args, scratch_args, training_args = parse_args(args)
+    data = load_image_data(data_args, seed=training_args.seed, target_size=8)
+    model_args, _ = run.choose_attention("scratch", model_args, scratch_args, training_args)
+    model, processor, prep = build_model("scratch", model_args, scratch_args, data)
+    trainer = run.make_trainer(model, processor, prep, data_args, training_args, data)
+    positives = data.train.labels.sum(0)
+    torch.testing.assert_close(trainer.class_weights, (len(data.train) - positives) / positives)
+    assert trainer.loss is multi_label_loss and training_args.metric_for_best_model == "map"
+    training_args.teacher_model_name_or_path = str(out)  # a multi-label model of the same labels
+    with pytest.raises(ValueError, match="Distillation teaches one class per image"):
+        run.make_trainer(model, processor, prep, data_args, training_args, data)
+
+
 def test_csv_labels_separated_by_semicolons_and_a_label_unknown_to_train(tmp_path):
     images, digits = digit_images(0, 120)
     (tmp_path / "images").mkdir()
@@ -194,6 +213,25 @@ def test_an_image_without_labels_and_a_label_without_training_images_are_refused
     _, data_args, _, _ = parse_args(run_args(str(tmp_path / "b.parquet"), tmp_path / "out"))
     with pytest.raises(ValueError, match=r"No training image has the label\(s\) \['rare'\]"):
         load_image_data(data_args, seed=0, target_size=8)
+
+
+def test_each_threshold_maximises_its_labels_f1_and_map_is_scikit_learns():
+    rng = np.random.default_rng(0)
+    labels = (rng.random((80, 3)) < 0.4).astype(np.float32)
+    logits = 1.5 * labels + rng.normal(size=(80, 3))  # informative and noisy
+    report = multi_label_report(logits, labels, ["a", "b", "c"], logits, labels)
+    probabilities = 1 / (1 + np.exp(-logits))
+    for k, name in enumerate("abc"):
+        best = max(f1_score(labels[:, k], probabilities[:, k] >= t) for t in probabilities[:, k])  # every cut tried
+        assert f1_score(labels[:, k], probabilities[:, k] >= report["per_class_threshold"][name]) == pytest.approx(
+            best
+        )
+        assert (
+            report["per_class_f1"][name] == pytest.approx(best)
+            and report["per_class_support"][name] == labels[:, k].sum()
+        )
+    expected = average_precision_score(labels, logits, average="macro")
+    assert multi_label_scores(logits, labels)["map"] == pytest.approx(expected)
 
 
 def test_bce_loss_with_label_smoothing_and_balanced_positive_weights():

@@ -89,14 +89,17 @@ def multi_label_report(
     from sklearn.metrics import average_precision_score, precision_recall_curve, precision_recall_fscore_support
 
     thresholds = []
-    for scores, truth in zip(expit(validation_logits).T, validation_labels.T):  # one label at a time
+    validation_probabilities = expit(np.asarray(validation_logits, dtype=np.float64))
+    for scores, truth in zip(validation_probabilities.T, validation_labels.T):  # one label at a time
         if not truth.any():
             thresholds.append(0.5)
             continue
-        precision, recall, cuts = precision_recall_curve(truth, scores)
+        precision, recall, cuts = precision_recall_curve(truth, scores)  # cuts: the distinct scores, increasing
         f1 = 2 * precision * recall / np.maximum(precision + recall, 1e-12)  # (len(cuts) + 1,): the last is recall 0
-        thresholds.append(float(cuts[np.argmax(f1[:-1])]))
-    predicted = expit(logits) >= np.asarray(thresholds)  # (N, K)
+        best = np.argmax(f1[:-1])
+        # Midway to the next lower score: the same F1, and no image sits on the threshold, where rounding would decide.
+        thresholds.append(float((cuts[best] + (cuts[best - 1] if best > 0 else 0.0)) / 2))
+    predicted = expit(np.asarray(logits, dtype=np.float64)) >= np.asarray(thresholds)  # (N, K)
     per_class = precision_recall_fscore_support(labels, predicted, zero_division=np.nan)
     average_precision = [average_precision_score(t, s) if t.any() else np.nan for s, t in zip(logits.T, labels.T)]
 

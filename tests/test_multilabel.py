@@ -185,6 +185,10 @@ def test_csv_labels_separated_by_semicolons_and_a_label_unknown_to_train(tmp_pat
     both = torch.cat([data.train.labels, data.validation.labels])
     expected = torch.tensor([[t in tags(d) for t in data.label_names] for d in digits[:100]], dtype=torch.float32)
     assert both.shape == (100, 3) and torch.equal(both.sum(0), expected.sum(0))
+    # `include_labels` keeps every image with only those labels, in its order.
+    data_args.include_labels = ["round", "even"]
+    kept = load_image_data(data_args, seed=0, target_size=8)
+    assert kept.label_names == ["round", "even"] and torch.equal(kept.train.labels, data.train.labels[:, [2, 1]])
 
     # The validation file names a tag no training image has: one line naming it and the split, and a failed run.
     (tmp_path / "validation.csv").write_text("\n".join([rows[0], *rows[101:], "images/0.png,even;odd"]) + "\n")

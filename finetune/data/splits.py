@@ -123,11 +123,13 @@ def _subsample(split: Rows, max_samples: int | None, seed: int, salt: int) -> Ro
 
 
 def check_labels(splits: dict[str, Rows | ImageSplit], label_names: list[str]) -> None:
-    """Every split has images, and label ids within the classes."""
+    """Every split has images, and label ids within the classes (multi-hot rows have one column per label)."""
     for name, split in splits.items():
         if len(split) == 0:
             raise ValueError(f"The {name} split is empty (after dropping corrupt images).")
         labels = np.asarray(split.labels)
+        if labels.ndim == 2:
+            continue
         low, high = int(labels.min()), int(labels.max())
         if low < 0 or high >= len(label_names):
             raise ValueError(

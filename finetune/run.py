@@ -341,13 +341,11 @@ def evaluated_model_fields(
     """The `Results` fields of a trained or an evaluation-only run alike: the model, the data, the machine, the
     confusion report of `prediction` (on `confusion_split`; multi-label data: the per-label report, at thresholds
     chosen on the validation split's `on_validation`) and the wall time since `start`."""
+    logits, labels, names = prediction.predictions, prediction.label_ids, data.label_names
     if data.multi_label:
-        names = data.label_names
-        report = multi_label_report(
-            prediction.predictions, prediction.label_ids, names, on_validation.predictions, on_validation.label_ids
-        )
+        report = multi_label_report(logits, labels, names, on_validation.predictions, on_validation.label_ids)
     else:
-        report = confusion_report(prediction.predictions, prediction.label_ids, data.label_names)
+        report = confusion_report(logits, labels, names)
     return {
         "run_name": args.run_name or Path(args.output_dir).name,
         "architecture": type(model.get_base_model() if hasattr(model, "peft_config") else model).__name__,

@@ -375,9 +375,12 @@ def make_trainer(
     """The Trainer of one model, with the batch transform that feeds it at its resolution and normalisation."""
     # A peft model's forward takes **kwargs, from which the Trainer cannot tell that `labels` are the labels.
     args.label_names = args.label_names or ["labels"]
-    if data.multi_label and args.metric_for_best_model in ("accuracy", "eval_accuracy"):
+    metric = (args.metric_for_best_model or "").removeprefix("eval_")
+    if data.multi_label and metric == "accuracy":
         args.metric_for_best_model = "map"  # several labels per image have no accuracy: the best mAP is kept
         logger.info("Multi-label data: the best model is the one of the highest validation mAP.")
+    elif not data.multi_label and metric == "map":
+        raise ValueError("`metric_for_best_model: map` is for data with several labels per image; use `accuracy`.")
     batch_transform = BatchTransform.for_model(
         prep,
         data.num_channels,

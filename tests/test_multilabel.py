@@ -154,7 +154,7 @@ def test_evaluating_the_saved_model_scores_it_again_and_writes_its_predictions(t
     assert not (tmp_path / "eval" / "confusion_matrix.png").exists()
 
 
-def test_class_weighting_weighs_each_labels_positives_and_distillation_is_refused(trained, tmp_path):
+def test_class_weights_weigh_positives_and_distillation_and_map_on_single_labels_are_refused(trained, tmp_path):
     _, out, data_dir = trained
     args = [*run_args(str(data_dir), tmp_path / "weighted"), "--class_weighting", "balanced"]
     model_args, data_args, scratch_args, training_args = parse_args(args)
@@ -165,6 +165,12 @@ def test_class_weighting_weighs_each_labels_positives_and_distillation_is_refuse
     positives = data.train.labels.sum(0)
     torch.testing.assert_close(trainer.class_weights, (len(data.train) - positives) / positives)
     assert trainer.loss is multi_label_loss and training_args.metric_for_best_model == "map"
+    single_label = parse_args(
+        [*TINY_SCRATCH, "--output_dir", str(tmp_path / "single"), "--metric_for_best_model", "map"]
+    )
+    digits = load_image_data(single_label[1], seed=0, target_size=8)
+    with pytest.raises(ValueError, match="`metric_for_best_model: map` is for data with several labels per image"):
+        run.make_trainer(model, processor, prep, single_label[1], single_label[3], digits)
     training_args.teacher_model_name_or_path = str(out)  # a multi-label model of the same labels
     with pytest.raises(ValueError, match="Distillation teaches one class per image"):
         run.make_trainer(model, processor, prep, data_args, training_args, data)

@@ -320,6 +320,7 @@ class MixUpCutMix(nn.Module):
     """MixUp and/or CutMix of a float batch, torchvision's `v2.MixUp` / `v2.CutMix`: `(images, labels (B,))` ->
     `(mixed images, soft targets (B, num_labels))`. One ratio `lam ~ Beta(alpha, alpha)` per batch; each image is
     mixed with its neighbour in the (shuffled) batch. With both alphas > 0 each batch uses one of the two at random.
+    Multi-hot labels (B, num_labels) of multi-label data are mixed alike (torchvision takes them as probabilities).
     """
 
     def __init__(self, num_labels: int, mixup_alpha: float = 0.0, cutmix_alpha: float = 0.0):

@@ -116,7 +116,7 @@ class RunClock(TrainerCallback, ExportableState):
         if self.train_start is not None and state.log_history:
             entry = state.log_history[-1]
             entry["elapsed_seconds"] = round(self.elapsed(), 3)
-            if "eval_accuracy" in entry:
+            if "eval_accuracy" in entry or "eval_map" in entry:
                 # Logged before `on_evaluate`: the running epoch counts up to its last step.
                 seconds = self.train_seconds + self._running()
                 batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
@@ -466,8 +466,10 @@ class QuietProgress(ProgressCallback):
         super().on_step_end(args, state, control, **kwargs)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if state.is_world_process_zero and self.training_bar is not None and logs and "eval_accuracy" in logs:
+        score = next((name for name in ("accuracy", "map") if f"eval_{name}" in (logs or {})), None)
+        if state.is_world_process_zero and self.training_bar is not None and score:
             train_loss = next((e["loss"] for e in reversed(state.log_history) if "loss" in e), None)
-            accuracy, loss = logs["eval_accuracy"], logs["eval_loss"]
-            line = f"epoch {state.epoch:.2f}: validation accuracy {accuracy:.2%}, loss {loss:.4f}"
+            value, loss = logs[f"eval_{score}"], logs["eval_loss"]
+            name = "mAP" if score == "map" else score
+            line = f"epoch {state.epoch:.2f}: validation {name} {value:.2%}, loss {loss:.4f}"
             self.training_bar.write(line + (f" (training loss {train_loss:.4f})" if train_loss is not None else ""))

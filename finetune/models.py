@@ -109,6 +109,8 @@ def build_model(
         model, processor = _build_scratch(scratch_args, data, model_args.attn_implementation)
     else:
         raise ValueError(f"`model_type` must be `pretrained` or `scratch` here, got {model_type!r}.")
+    if data.multi_label:  # saved in config.json: the loss, the metrics and predict read it there
+        model.config.problem_type = "multi_label_classification"
     prep = preprocessing_from(processor, model.config)
     check_channels(data.num_channels, prep.num_channels, model_args.convert_channels)
     logger.info(
@@ -142,6 +144,12 @@ def load_trained_model(
     except OSError as error:
         raise OSError(_unreachable_message("model", path, error)) from error
     check_labels(model.config, data.label_names, path)
+    if (model.config.problem_type == "multi_label_classification") != data.multi_label:
+        raise ValueError(
+            f"The dataset has {'several labels' if data.multi_label else 'one label'} per image, but the model at "
+            f"{path!r} was trained for {'one' if data.multi_label else 'several'} (`problem_type` "
+            f"{model.config.problem_type}). Evaluate it on data labelled as its training data was."
+        )
     prep = preprocessing_from(processor, model.config)
     check_channels(data.num_channels, prep.num_channels, model_args.convert_channels)
     logger.info(f"Evaluating {type(model).__name__} from {path}: {count_parameters(model):,} parameters.")

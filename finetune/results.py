@@ -32,6 +32,8 @@ class EvalMetrics:
     images_per_second: float | None = None
     top5_accuracy: float | None = None  # only with more than 5 classes
     macro_f1: float | None = None
+    map: float | None = None  # multi-label data: mean average precision, and micro F1 at probability 0.5
+    micro_f1: float | None = None
 
     @classmethod
     def from_trainer(cls, metrics: dict[str, float] | None, prefix: str) -> "EvalMetrics | None":
@@ -66,6 +68,7 @@ class HistoryRow:
     train_loss: float | None = None
     eval_loss: float | None = None
     eval_accuracy: float | None = None
+    eval_map: float | None = None  # multi-label runs
     elapsed_seconds: float | None = None
 
 
@@ -97,6 +100,13 @@ class Results:
     per_class_f1: dict[str, float | None] = field(default_factory=dict)
     confusion_matrix: list[list[int]] = field(default_factory=list)
     confusion_split: str | None = None
+    # Multi-label runs (several labels per image) have no accuracy nor confusion matrix: per label, the threshold
+    # chosen on the validation split (predict uses it), and on `confusion_split` the precision, recall and F1 at it
+    # (above), the positive images and the average precision.
+    multi_label: bool = False
+    per_class_threshold: dict[str, float] = field(default_factory=dict)
+    per_class_support: dict[str, int] = field(default_factory=dict)
+    per_class_average_precision: dict[str, float | None] = field(default_factory=dict)
     history: list[HistoryRow] = field(default_factory=list)
     wall_seconds: float | None = None
     license: str | None = None
@@ -155,7 +165,7 @@ def history_from_log_history(log_history: Sequence[dict]) -> list[HistoryRow]:
     for entry in log_history:
         train_loss = entry.get("loss", train_loss)
         if "eval_accuracy" in entry or "eval_loss" in entry:
-            keys = ("epoch", "step", "eval_loss", "eval_accuracy", "elapsed_seconds")
+            keys = ("epoch", "step", "eval_loss", "eval_accuracy", "eval_map", "elapsed_seconds")
             rows.append(HistoryRow(train_loss=train_loss, **{key: entry.get(key) for key in keys}))
             train_loss = None
     return rows

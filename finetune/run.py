@@ -42,7 +42,7 @@ from finetune.augment import BatchTransform, describe_augmentation, use_random_r
 from finetune.checkpoints import lock_output_dir, release_output_dirs, resolve_checkpoint  # noqa: E402
 from finetune.data import ImageData, collate_batch, load_image_data  # noqa: E402
 from finetune.errors import run_command  # noqa: E402
-from finetune.metrics import compute_metrics, confusion_report  # noqa: E402
+from finetune.metrics import compute_metrics, confusion_report, multi_label_report  # noqa: E402
 from finetune.models import (  # noqa: E402
     attention_head_size,
     build_model,
@@ -164,9 +164,10 @@ def summary(results: dict[str, Results], run_dirs: dict[str, Path], report: Path
     models the comparison's summary table and report."""
     lines = ["", "Summary"]
     for model_type, result in results.items():
-        scores = f"validation accuracy {result.validation.accuracy:.2%}"
+        name, key = ("mAP", "map") if result.multi_label else ("accuracy", "accuracy")
+        scores = f"validation {name} {getattr(result.validation, key):.2%}"
         if result.test is not None:
-            scores += f", test accuracy {result.test.accuracy:.2%}"
+            scores += f", test {name} {getattr(result.test, key):.2%}"
         if result.train is not None and result.train.seconds:
             scores += f", {result.train.seconds:.0f} s of training"
         lines.append(f"  {model_type}: {scores}")
@@ -278,6 +279,8 @@ def train_and_evaluate(
     else:
         prediction = trainer.predict(data.validation, metric_key_prefix="eval")
         confusion_split = "validation"
+    # Multi-label thresholds are chosen on the validation split, whatever split the report is on.
+    on_validation = trainer.predict(data.validation) if data.multi_label and data.test is not None else prediction
 
     # ---- Results: every figure once, the timings from the run's one clock.
     clock = trainer.clock
@@ -285,7 +288,7 @@ def train_and_evaluate(
     results = Results(
         model_type=model_type,
         model_name_or_path=model_args.model_name_or_path if model_type == "pretrained" else None,
-        **evaluated_model_fields(args, model, prep, data, prediction, confusion_split, start),
+        **evaluated_model_fields(args, model, prep, data, prediction, confusion_split, start, on_validation),
         num_samples={
             "train": len(data.train),
             "validation": len(data.validation),
@@ -332,9 +335,17 @@ def warn_if_at_chance(accuracy: float | None, data: ImageData, train_loss: float
         )
 
 
-def evaluated_model_fields(args, model, prep, data: ImageData, prediction, confusion_split: str, start: float) -> dict:
+def evaluated_model_fields(
+    args, model, prep, data: ImageData, prediction, confusion_split: str, start: float, on_validation
+) -> dict:
     """The `Results` fields of a trained or an evaluation-only run alike: the model, the data, the machine, the
-    confusion report of `prediction` (on `confusion_split`) and the wall time since `start`."""
+    confusion report of `prediction` (on `confusion_split`; multi-label data: the per-label report, at thresholds
+    chosen on the validation split's `on_validation`) and the wall time since `start`."""
+    logits, labels, names = prediction.predictions, prediction.label_ids, data.label_names
+    if data.multi_label:
+        report = multi_label_report(logits, labels, names, on_validation.predictions, on_validation.label_ids)
+    else:
+        report = confusion_report(logits, labels, names)
     return {
         "run_name": args.run_name or Path(args.output_dir).name,
         "architecture": type(model.get_base_model() if hasattr(model, "peft_config") else model).__name__,
@@ -344,7 +355,8 @@ def evaluated_model_fields(args, model, prep, data: ImageData, prediction, confu
         "num_parameters": count_parameters(model),
         "hardware": {**hardware.describe(args.device), "world_size": args.world_size},
         # confusion_matrix and the per-class figures, named as Results' fields
-        **confusion_report(prediction.predictions, prediction.label_ids, data.label_names),
+        **report,
+        "multi_label": data.multi_label,
         "confusion_split": confusion_split,
         "wall_seconds": time.perf_counter() - start,
     }
@@ -363,6 +375,12 @@ def make_trainer(
     """The Trainer of one model, with the batch transform that feeds it at its resolution and normalisation."""
     # A peft model's forward takes **kwargs, from which the Trainer cannot tell that `labels` are the labels.
     args.label_names = args.label_names or ["labels"]
+    metric = (args.metric_for_best_model or "").removeprefix("eval_")
+    if data.multi_label and metric == "accuracy":
+        args.metric_for_best_model = "map"  # several labels per image have no accuracy: the best mAP is kept
+        logger.info("Multi-label data: the best model is the one of the highest validation mAP.")
+    elif not data.multi_label and metric == "map":
+        raise ValueError("`metric_for_best_model: map` is for data with several labels per image; use `accuracy`.")
     batch_transform = BatchTransform.for_model(
         prep,
         data.num_channels,
@@ -482,7 +500,9 @@ def evaluate_only(
     Writes into `output_dir`: `results.json` (metrics of both splits, per-class figures and the confusion matrix on
     the test split, else validation), `confusion_matrix.png`, and `predictions_<split>.csv` per split: one row per
     image, in the split's order (`index`), with its `label`, the `predicted` label, and the top-k classes with their
-    softmax probabilities (`top1`, `top1_probability`, ... up to k = 5 or the number of classes).
+    softmax probabilities (`top1`, `top1_probability`, ... up to k = 5 or the number of classes); for multi-label
+    data, its `labels`, the labels `predicted` at the thresholds chosen on the validation split, and each label's
+    probability, and no confusion matrix.
     """
     from finetune.models import load_trained_model
     from finetune.tools.report import plot_confusion_matrix, write_predictions_csv
@@ -502,20 +522,14 @@ def evaluate_only(
     for split, (images, prefix) in splits.items():
         predictions[split] = trainer.predict(images, metric_key_prefix=prefix)
         metrics[split] = predictions[split].metrics
-        if trainer.is_world_process_zero():
-            path = write_predictions_csv(
-                output_dir / f"predictions_{split}.csv",
-                predictions[split].predictions,
-                predictions[split].label_ids,
-                data.label_names,
-            )
-            logger.info(f"Predictions of the {split} split written to {path}")
     confusion_split = "test" if data.test is not None else "validation"
     is_scratch = getattr(model.config, "model_type", "") == "scratch_vit"
     results = Results(
         model_type="scratch" if is_scratch else model_type,
         model_name_or_path=model_args.model_name_or_path,
-        **evaluated_model_fields(args, model, prep, data, predictions[confusion_split], confusion_split, start),
+        **evaluated_model_fields(
+            args, model, prep, data, predictions[confusion_split], confusion_split, start, predictions["validation"]
+        ),
         num_samples={"validation": len(data.validation), "test": len(data.test) if data.test is not None else None},
         hyperparameters={
             "evaluation_only": True,
@@ -530,12 +544,22 @@ def evaluate_only(
         test=EvalMetrics.from_trainer(metrics.get("test"), "test"),
     )
     if trainer.is_world_process_zero():
-        plot_confusion_matrix(
-            results.confusion_matrix,
-            results.label_names,
-            f"{results.run_name}\n{confusion_split} split, normalized per true class",
-            output_dir / "confusion_matrix.png",
-        )
+        for split, prediction in predictions.items():
+            path = write_predictions_csv(
+                output_dir / f"predictions_{split}.csv",
+                prediction.predictions,
+                prediction.label_ids,
+                data.label_names,
+                thresholds=list(results.per_class_threshold.values()),
+            )
+            logger.info(f"Predictions of the {split} split written to {path}")
+        if not data.multi_label:
+            plot_confusion_matrix(
+                results.confusion_matrix,
+                results.label_names,
+                f"{results.run_name}\n{confusion_split} split, normalized per true class",
+                output_dir / "confusion_matrix.png",
+            )
         logger.info(f"Results written to {results.save(output_dir)}")
     return results
 

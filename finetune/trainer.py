@@ -1,14 +1,15 @@
 """The one place a training step is read: what happens to a batch after transformers' `Trainer` hands it over.
 
-Batches arrive on the training device as uint8 images at their stored resolution, with integer labels. A training
-micro-batch then goes through `training_step` -> `compute_loss`:
+Batches arrive on the training device as uint8 images at their stored resolution, with integer labels (multi-hot rows
+(B, K) for multi-label data). A training micro-batch then goes through `training_step` -> `compute_loss`:
 
     batch_transform.augmented     uint8 (B, C, h, w) -> float pixels, augmented on the device (finetune/augment.py)
-    mix                           MixUp/CutMix: images mixed, labels (B,) -> soft targets (B, K)   [mixup/cutmix_alpha]
+    mix                           MixUp/CutMix: images mixed, labels (B,) or (B, K) -> (B, K)     [mixup/cutmix_alpha]
     batch_transform.finish        -> normalised (B, C, H, W) at the model's resolution; the teacher's own finish
                                   feeds it the same images at its resolution          [teacher_model_name_or_path]
     compiler.module_for           the compiled or the eager model (finetune/compile.py)            [torch_compile]
-    classification_loss           cross-entropy on the labels or soft targets, with label smoothing
+    classification_loss           cross-entropy on the labels or soft targets, with label smoothing; multi-label data:
+                                  `multi_label_loss`, binary cross-entropy per label
     distillation_loss             with a teacher: that, mixed with the loss on the teacher's logits    [distillation_*]
     guard.observe_loss            a non-finite loss is flagged on the device (finetune/nonfinite.py)
 
@@ -61,6 +62,13 @@ def classification_loss(logits, targets, label_smoothing: float = 0.0, weight: t
     return F.cross_entropy(logits.float(), targets, weight=weight, label_smoothing=label_smoothing)
 
 
+def multi_label_loss(logits, targets, label_smoothing: float = 0.0, pos_weight: torch.Tensor | None = None):
+    """Binary cross-entropy of `logits` (B, K) against multi-hot or mixed targets (B, K), in float32; label smoothing
+    moves every target towards 1/2 (`y (1 - e) + e / 2`), `pos_weight` (K,) weighs each label's positive images."""
+    targets = targets.float() * (1 - label_smoothing) + label_smoothing / 2
+    return F.binary_cross_entropy_with_logits(logits.float(), targets, pos_weight=pos_weight)
+
+
 def distillation_loss(
     student_logits,
     teacher_logits,
@@ -87,16 +95,19 @@ def distillation_loss(
 
 
 def balanced_class_weights(labels: torch.Tensor, label_names: list[str]) -> torch.Tensor:
-    """scikit-learn's `compute_class_weight("balanced")`: images / (classes x the class's images), per class."""
+    """scikit-learn's `compute_class_weight("balanced")`: images / (classes x the class's images), per class; for
+    multi-hot `labels` (N, K), `multi_label_loss`'s `pos_weight`: each label's negative / positive images."""
     from sklearn.utils.class_weight import compute_class_weight
 
-    counts = torch.bincount(labels, minlength=len(label_names))
+    counts = labels.sum(0) if labels.ndim == 2 else torch.bincount(labels, minlength=len(label_names))
     empty = [label_names[i] for i in torch.nonzero(counts == 0).flatten().tolist()]
     if empty:
         raise ValueError(
             f"`class_weighting: balanced` needs training images of every class, and {', '.join(empty[:5])} has "
             "none. Keep only the classes with images (`include_labels`), or set `class_weighting: none`."
         )
+    if labels.ndim == 2:
+        return (len(labels) - counts) / counts
     weights = compute_class_weight("balanced", classes=np.arange(len(label_names)), y=labels.numpy())
     return torch.tensor(weights, dtype=torch.float32)
 
@@ -109,7 +120,8 @@ class ImageClassificationTrainer(Trainer):
         batch_transform: `finetune.augment.BatchTransform`, called as `batch_transform(pixel_values, train=...)`.
         compile_choice: how `torch_compile` was resolved for this machine (`finetune.hardware.choose_compile`).
         layer_decay: per-layer learning-rate decay of `parameter_groups` (BEiT's), or None.
-        class_weights: per-class weights (K,) of the training loss (`class_weighting: balanced`), or None.
+        class_weights: per-class weights (K,) of the training loss (`class_weighting: balanced`; multi-label data:
+            `pos_weight`), or None.
         teacher: a trained classifier of the same labels that teaches the model (`distillation_loss`), or None; kept
             on the device in eval mode, never trained or saved.
         teacher_transform: the `BatchTransform` that feeds the teacher (its `finish` only).
@@ -126,6 +138,13 @@ class ImageClassificationTrainer(Trainer):
         # Not an attribute of the model: the Trainer neither trains, wraps nor saves it.
         self.teacher = teacher.to(self.args.device).eval().requires_grad_(False) if teacher is not None else None
         self.teacher_transform = teacher_transform.to(self.args.device) if teacher is not None else None
+        multi_label = getattr(self.model.config, "problem_type", None) == "multi_label_classification"
+        if multi_label and teacher is not None:
+            raise ValueError(
+                "Distillation teaches one class per image, and this dataset has several labels per image: drop "
+                "`teacher_model_name_or_path` for multi-label data."
+            )
+        self.loss = multi_label_loss if multi_label else classification_loss
         a = self.args
         self.mix = None
         if a.mixup_alpha > 0 or a.cutmix_alpha > 0:
@@ -182,15 +201,15 @@ class ImageClassificationTrainer(Trainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """A training micro-batch, from uint8 images and labels on the device to its loss."""
         images = self.batch_transform.augmented(inputs["pixel_values"])  # uint8 (B, C, h, w) -> float, augmented
-        targets = inputs["labels"]  # (B,)
+        targets = inputs["labels"]  # (B,), or multi-hot (B, K)
         if self.mix is not None:
-            images, targets = self.mix(images, targets)  # targets (B,) -> (B, K)
+            images, targets = self.mix(images, targets)  # targets -> mixed (B, K)
         pixel_values = self.batch_transform.finish(images, train=True)  # -> normalised (B, C, H, W)
         forward = self.compiler.module_for(model, pixel_values.shape[0])
         outputs = forward(pixel_values=pixel_values)
         a = self.args
         if self.teacher is None:
-            loss = classification_loss(outputs.logits, targets, a.label_smoothing_factor, self.class_weights)
+            loss = self.loss(outputs.logits, targets, a.label_smoothing_factor, self.class_weights)
         else:
             with torch.no_grad():  # the same images at the teacher's resolution and normalisation
                 teacher_logits = self.teacher(pixel_values=self.teacher_transform.finish(images, train=True)).logits
@@ -220,7 +239,7 @@ class ImageClassificationTrainer(Trainer):
             logits = model(pixel_values=pixel_values).logits
         if self.args.flip_tta:
             logits = (logits[:B] + logits[B:]) / 2  # (2B, K) -> (B, K)
-        loss = classification_loss(logits, labels).detach() if labels is not None else None
+        loss = self.loss(logits, labels).detach() if labels is not None else None
         return loss, None if prediction_loss_only else logits, labels
 
     def evaluate(self, *args, **kwargs):
@@ -323,5 +342,6 @@ class ImageClassificationTrainer(Trainer):
         if self.is_deepspeed_enabled or self.is_fsdp_enabled:
             return super()._load_best_model()
         checkpoint = self.state.best_model_checkpoint
-        logger.info(f"Loading the best model from {checkpoint} (accuracy {self.state.best_metric}).")
+        metric = self.args.metric_for_best_model
+        logger.info(f"Loading the best model from {checkpoint} ({metric} {self.state.best_metric}).")
         load_checkpoint_weights(self.accelerator.unwrap_model(self.model), checkpoint)

@@ -9,7 +9,8 @@ only its own rows. A second run with the same data skips decoding. Augmentation 
 device (`finetune/augment.py`).
 
 Sources (`DataArguments.dataset_name`, or `train_file` / `validation_file` / `test_file`): a Hub dataset id; `sklearn:
-digits`; a parquet, arrow or csv file (a csv holds image paths relative to it and labels), or a folder of them split by
+digits`; a parquet, arrow or csv file (a csv holds image paths relative to it and labels, several per image
+separated by `;` for multi-label data, as a list column elsewhere), or a folder of them split by
 file name (`train*`, `valid*`/`val*`, `test*`); a `save_to_disk` folder; an image folder with one subfolder per class,
 optionally under `train/`, `validation/` (`val/`), `test/`; a CIFAR-10 `cifar-10-batches-py` folder.
 
@@ -61,6 +62,11 @@ class ImageData:
     label_names: list[str]
     num_channels: int
     source: str
+
+    @property
+    def multi_label(self) -> bool:
+        """Whether images have several labels each (a list column, or a csv with `;`): labels are multi-hot rows."""
+        return self.train.labels.ndim == 2
 
     @property
     def id2label(self) -> dict[int, str]:

@@ -15,7 +15,8 @@ logger = logging.get_logger(__name__)
 
 class ImageSplit(torch.utils.data.Dataset):
     """One split: the `rows` (default: all) of uint8 `(M, C, H, W)` `pixel_values` (a tensor, or the decoded cache's
-    memory map) with one label per image, read lazily.
+    memory map) with one label per image (an int64 class id, or a multi-label dataset's float32 multi-hot row of K),
+    read lazily.
 
     A batch copies only its own rows: `__getitems__` serves a whole batch with one index (torch's `DataLoader` calls
     it instead of `__getitem__` per image; pair it with `collate_batch`), so a split over a memory-mapped cache never
@@ -35,10 +36,10 @@ class ImageSplit(torch.utils.data.Dataset):
         labels = torch.as_tensor(labels)
         rows = None if rows is None else np.asarray(rows, dtype=np.int64)
         count = len(pixel_values) if rows is None else len(rows)
-        if labels.ndim != 1 or len(labels) != count:
-            raise ValueError(f"`labels` must be 1-D with one label per image ({count}), got {tuple(labels.shape)}.")
+        if labels.ndim not in (1, 2) or len(labels) != count:
+            raise ValueError(f"`labels` must be (N,) or (N, K), N the images ({count}), got {tuple(labels.shape)}.")
         self._images, self._rows = pixel_values, rows
-        self.labels = labels.to(torch.int64)
+        self.labels = labels.to(torch.int64 if labels.ndim == 1 else torch.float32)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -91,8 +92,8 @@ def renumber_sparse_ids(
     """Integer label ids with gaps (0, 1 and 3000: a 3,001-way head of which 2,998 classes never occur) renumbered
     to consecutive ids, each class keeping its original id as its name. Only a label column of plain integers is
     renumbered; named classes (a `ClassLabel`, strings) keep their ids, even a class that has no images."""
-    if label_names != [str(i) for i in range(len(label_names))]:
-        return splits, label_names
+    if label_names != [str(i) for i in range(len(label_names))] or splits["train"].labels.ndim == 2:
+        return splits, label_names  # multi-label names are the labels that occur (`label_encoding`)
     present = torch.unique(torch.cat([split.labels for split in splits.values()]))
     if len(present) == len(label_names) or len(present) == 0 or present.min() < 0:
         return splits, label_names
@@ -109,7 +110,16 @@ def renumber_sparse_ids(
 
 
 def check_num_classes(train: ImageSplit, label_names: list[str]) -> None:
-    """A classifier needs two classes or more, and training images of at least two of them."""
+    """A classifier needs two classes or more, and training images of at least two of them; a multi-label one, a
+    training image of every label."""
+    if train.labels.ndim == 2:
+        absent = [name for name, count in zip(label_names, train.labels.sum(0).tolist()) if count == 0]
+        if absent:
+            raise ValueError(
+                f"No training image has the label(s) {absent[:5]}: each label is learnt from its training images. "
+                "Hold out fewer images (`validation_size`), or keep the other labels (`include_labels`)."
+            )
+        return
     present = torch.unique(train.labels).tolist()
     if len(label_names) < 2 or len(present) < 2:
         names = [label_names[i] for i in present]

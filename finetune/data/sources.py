@@ -181,13 +181,18 @@ def _open_split_files(files: dict[str, str | list[str]], data_args: DataArgument
 
 
 def _read_csv(path: str, image_column_name: str | None) -> tuple[datasets.Dataset, list[str]]:
-    """A csv of image paths (relative to the csv file) and labels, with the paths made absolute."""
+    """A csv of image paths (relative to the csv file) and labels, with the paths made absolute. A column whose cells
+    hold several labels separated by `;` (`cat;dog`) becomes a list column, a multi-label one (an empty cell: none of
+    the labels); class names of a single-label csv have no `;`."""
     import pandas as pd
 
     frame = pd.read_csv(path)
     column = _pick_column(list(frame.columns), image_column_name, IMAGE_COLUMNS, "image", path)
     base = os.path.dirname(os.path.abspath(path))
     frame[column] = [p if os.path.isabs(p) else os.path.join(base, p) for p in frame[column].astype(str)]
+    for other in frame.columns.drop(column):
+        if frame[other].map(lambda v: isinstance(v, str) and ";" in v).any():
+            frame[other] = [v.split(";") if isinstance(v, str) else [] for v in frame[other]]
     return datasets.Dataset.from_pandas(frame, preserve_index=False), list(frame[column])
 
 
@@ -291,8 +296,11 @@ def find_columns(dataset: datasets.Dataset, data_args: DataArguments, where: str
 
 
 def label_encoding(splits: dict[str, datasets.Dataset], label_column: str) -> tuple[list[str], Callable]:
-    """Label names and a function from a split's raw label column to int64 ids."""
+    """Label names and a function from a split's raw label column to int64 ids, or, for a list column (several labels
+    per image), to multi-hot float32 rows `(N, K)`."""
     feature = splits["train"].features[label_column]
+    if isinstance(feature, (datasets.List, datasets.LargeList)):
+        return _multi_label_encoding(splits, label_column, feature.feature)
     if isinstance(feature, datasets.ClassLabel):
         return list(feature.names), lambda values: np.asarray(values, dtype=np.int64)
     values = {name: read_column(ds, label_column) for name, ds in splits.items()}
@@ -309,6 +317,48 @@ def label_encoding(splits: dict[str, datasets.Dataset], label_column: str) -> tu
         f"The label column {label_column!r} must hold class names (str), class ids (int) or a ClassLabel; "
         f"got {feature}. Set `label_column_name` if another column holds the labels."
     )
+
+
+def _multi_label_encoding(splits: dict[str, datasets.Dataset], column: str, item) -> tuple[list[str], Callable]:
+    """The labels of a list column (of a ClassLabel, class names or int ids: those of the training images), and a
+    function from a split's label lists to multi-hot rows. An empty list is an image with none of the labels."""
+
+    def lists(values: list) -> list:  # a split saved with one label per image (a csv without `;`) has no lists
+        return [v if isinstance(v, list) or v is None else [v] for v in values]
+
+    values = {name: lists(read_column(dataset, column)) for name, dataset in splits.items()}
+    if isinstance(item, datasets.ClassLabel):
+        keys, names = list(range(item.num_classes)), list(item.names)
+    elif isinstance(item, datasets.Value) and (item.dtype in ("string", "large_string") or "int" in item.dtype):
+        keys = sorted({v for row in values["train"] for v in row or []})
+        names = [str(k) for k in keys]
+    else:
+        raise ValueError(
+            f"The label column {column!r} is a list of {item}; a multi-label column must list class names (str), "
+            "class ids (int) or ClassLabel ids."
+        )
+    index = {key: i for i, key in enumerate(keys)}
+    for split, rows in values.items():
+        empty = next((i for i, row in enumerate(rows) if row is None), None)
+        if empty is not None:
+            raise ValueError(
+                f"Image {empty} of the {split} split has no labels ({column!r} is missing): give every image the "
+                "list of its labels, an empty list for none."
+            )
+        unknown = sorted({str(v) for row in rows for v in row if v not in index})
+        if unknown:
+            raise ValueError(
+                f"The {split} split has the label(s) {unknown[:5]} that no training image has (training has "
+                f"{names[:10]}): a model cannot learn them. Fix the {split} labels, or add training images with them."
+            )
+
+    def multi_hot(column_values: list) -> np.ndarray:
+        hot = np.zeros((len(column_values), len(keys)), dtype=np.float32)  # (N, K)
+        for row, labels in enumerate(lists(column_values)):
+            hot[row, [index[v] for v in labels]] = 1.0
+        return hot
+
+    return names, multi_hot
 
 
 def read_column(dataset: datasets.Dataset, column: str) -> list:

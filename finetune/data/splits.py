@@ -23,7 +23,7 @@ class Rows:
 
     source: str
     positions: np.ndarray  # int64 positions in the source split
-    labels: np.ndarray  # int64, one per position
+    labels: np.ndarray  # int64 (N,), or multi-hot float32 (N, K) for a multi-label dataset
 
     def __len__(self) -> int:
         return len(self.positions)
@@ -46,9 +46,13 @@ def choose_rows(
     if "validation" in chosen:
         validation, how = chosen["validation"], "validation split of the source"
     else:
-        train_index, validation_index = stratified_split(train.labels, data_args.validation_size, seed)
+        # Images with several labels have no one class to stratify by: one class for all is a seeded random split.
+        multi_label = train.labels.ndim == 2
+        by = np.zeros(len(train), dtype=np.int64) if multi_label else train.labels
+        train_index, validation_index = stratified_split(by, data_args.validation_size, seed)
         train, validation = train.select(train_index), train.select(validation_index)
-        how = f"held out from train: validation_size={data_args.validation_size}, stratified, seed {seed}"
+        kind = "random" if multi_label else "stratified"
+        how = f"held out from train: validation_size={data_args.validation_size}, {kind}, seed {seed}"
     chosen = {
         "train": _subsample(train, data_args.max_train_samples, seed, salt=1),
         "validation": _subsample(validation, data_args.max_eval_samples, seed, salt=2),
@@ -61,7 +65,8 @@ def choose_rows(
 def _keep_classes(
     splits: dict[str, Rows], label_names: list[str], keep: list[str]
 ) -> tuple[dict[str, Rows], list[str]]:
-    """Only the images of the classes in `keep`, renumbered in the order of `keep`."""
+    """Only the images of the classes in `keep`, renumbered in the order of `keep`; a multi-label dataset keeps every
+    image, with only those labels."""
     unknown = [name for name in keep if name not in label_names]
     if unknown or len(set(keep)) != len(keep):
         problem = f"unknown label(s) {unknown}" if unknown else f"repeated labels in {keep}"
@@ -70,6 +75,9 @@ def _keep_classes(
     new_id[[label_names.index(name) for name in keep]] = np.arange(len(keep))
     kept = {}
     for name, split in splits.items():
+        if split.labels.ndim == 2:
+            kept[name] = Rows(split.source, split.positions, split.labels[:, [label_names.index(k) for k in keep]])
+            continue
         labels = new_id[split.labels]
         index = np.flatnonzero(labels >= 0)
         kept[name] = Rows(split.source, split.positions[index], labels[index])
@@ -115,11 +123,13 @@ def _subsample(split: Rows, max_samples: int | None, seed: int, salt: int) -> Ro
 
 
 def check_labels(splits: dict[str, Rows | ImageSplit], label_names: list[str]) -> None:
-    """Every split has images, and label ids within the classes."""
+    """Every split has images, and label ids within the classes (multi-hot rows have one column per label)."""
     for name, split in splits.items():
         if len(split) == 0:
             raise ValueError(f"The {name} split is empty (after dropping corrupt images).")
         labels = np.asarray(split.labels)
+        if labels.ndim == 2:
+            continue
         low, high = int(labels.min()), int(labels.max())
         if low < 0 or high >= len(label_names):
             raise ValueError(

@@ -13,8 +13,9 @@ from transformers import EvalPrediction
 
 
 METRICS_DIR = Path(__file__).resolve().parent
-# What an evaluation reports (`eval_accuracy`, `eval_loss`), and so what `metric_for_best_model` may name.
-EVAL_METRICS = {"accuracy": True, "loss": False}  # name -> whether greater is better
+# What an evaluation reports (`eval_accuracy`, `eval_loss`; `eval_map` for multi-label data), and so what
+# `metric_for_best_model` may name.
+EVAL_METRICS = {"accuracy": True, "loss": False, "map": True}  # name -> whether greater is better
 TOP_K = 5
 
 
@@ -34,10 +35,12 @@ def classification_scores(logits: np.ndarray, labels: np.ndarray, num_labels: in
 
 
 def compute_metrics(eval_pred: EvalPrediction) -> dict[str, float]:
-    """Accuracy, top-5 accuracy (with more than 5 classes) and macro F1; the Trainer prefixes them
-    (`eval_accuracy`, `test_top5_accuracy`, `eval_macro_f1`)."""
+    """Accuracy, top-5 accuracy (with more than 5 classes) and macro F1, or for multi-hot labels `multi_label_scores`;
+    the Trainer prefixes them (`eval_accuracy`, `test_top5_accuracy`, `eval_macro_f1`)."""
     logits, labels = eval_pred.predictions, eval_pred.label_ids
     logits = logits[0] if isinstance(logits, tuple) else logits
+    if labels.ndim == 2:
+        return multi_label_scores(logits, labels)
     scores = classification_scores(logits, labels, logits.shape[-1])
     metrics = {"accuracy": scores["accuracy"]}
     if logits.shape[-1] > TOP_K:
@@ -58,4 +61,54 @@ def confusion_report(logits: np.ndarray, labels: np.ndarray, label_names: list[s
         "confusion_matrix": scores["confusion_matrix"],
         "per_class_accuracy": by_name(scores["recall"]),
         **{f"per_class_{key}": by_name(scores[key]) for key in ("precision", "recall", "f1")},
+    }
+
+
+def multi_label_scores(logits: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    """Multi-label figures of `logits` against multi-hot `labels` `(N, K)`: `map`, the mean over the labels that have
+    a positive image of scikit-learn's average precision, and micro and macro F1 at probability 0.5."""
+    from sklearn.metrics import average_precision_score, f1_score
+
+    present = labels.sum(0) > 0
+    average_precision = average_precision_score(labels[:, present], logits[:, present], average=None)
+    predicted = logits > 0  # sigmoid(logits) > 0.5
+    return {
+        "map": float(np.mean(average_precision)),
+        "micro_f1": float(f1_score(labels, predicted, average="micro", zero_division=0)),
+        "macro_f1": float(f1_score(labels, predicted, average="macro", zero_division=0)),
+    }
+
+
+def multi_label_report(
+    logits: np.ndarray, labels: np.ndarray, label_names: list[str], validation_logits, validation_labels
+) -> dict:
+    """Per label, keyed by name: the probability threshold that maximises its F1 on the validation split (0.5 for a
+    label no validation image has), and at those thresholds the precision, recall, F1 and number of positive images
+    (support) of `logits` against multi-hot `labels`, with the average precision (None where undefined)."""
+    from scipy.special import expit
+    from sklearn.metrics import average_precision_score, precision_recall_curve, precision_recall_fscore_support
+
+    thresholds = []
+    validation_probabilities = expit(np.asarray(validation_logits, dtype=np.float64))
+    for scores, truth in zip(validation_probabilities.T, validation_labels.T):  # one label at a time
+        if not truth.any():
+            thresholds.append(0.5)
+            continue
+        precision, recall, cuts = precision_recall_curve(truth, scores)  # cuts: the distinct scores, increasing
+        f1 = 2 * precision * recall / np.maximum(precision + recall, 1e-12)  # (len(cuts) + 1,): the last is recall 0
+        best = np.argmax(f1[:-1])
+        # Midway to the next lower score: the same F1, and no image sits on the threshold, where rounding would decide.
+        thresholds.append(float((cuts[best] + (cuts[best - 1] if best > 0 else 0.0)) / 2))
+    predicted = expit(np.asarray(logits, dtype=np.float64)) >= np.asarray(thresholds)  # (N, K)
+    per_class = precision_recall_fscore_support(labels, predicted, zero_division=np.nan)
+    average_precision = [average_precision_score(t, s) if t.any() else np.nan for s, t in zip(logits.T, labels.T)]
+
+    def by_name(values):
+        return {name: (None if np.isnan(value) else float(value)) for name, value in zip(label_names, values)}
+
+    return {
+        "per_class_threshold": dict(zip(label_names, thresholds)),
+        **{f"per_class_{key}": by_name(values) for key, values in zip(("precision", "recall", "f1"), per_class)},
+        "per_class_support": {name: int(n) for name, n in zip(label_names, per_class[3])},
+        "per_class_average_precision": by_name(average_precision),
     }

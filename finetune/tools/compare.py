@@ -51,18 +51,22 @@ def _slug(name: str) -> str:
 
 def per_class_table(runs: Sequence[Results], names: Sequence[str]) -> str:
     """Markdown table of per-class accuracy (the recall): one row per class (in label order), one column per run,
-    followed by a precision and an F1 column for each run whose results hold them."""
+    followed by a precision and an F1 column for each run whose results hold them, and a multi-label run's threshold
+    and average precision per label."""
     classes: list[str] = []
     for run in runs:
         for label in list(run.label_names) + list(run.per_class_accuracy):
             if label not in classes:
                 classes.append(label)
     headers = ["Class"] + [f"{name} ({run.confusion_split or '?'})" for run, name in zip(runs, names)]
-    columns = [run.per_class_accuracy for run in runs]
+    columns = [run.per_class_recall if run.multi_label else run.per_class_accuracy for run in runs]
     for run, name in zip(runs, names):
         if run.per_class_precision:
             headers += [f"{name} precision", f"{name} F1"]
             columns += [run.per_class_precision, run.per_class_f1]
+        if run.multi_label:
+            headers += [f"{name} threshold", f"{name} AP"]
+            columns += [run.per_class_threshold, run.per_class_average_precision]
     rows = [[label] + [format_percent(column.get(label)) for column in columns] for label in classes]
     return markdown_table(headers, rows)
 
@@ -85,7 +89,7 @@ def write_comparison(run_dirs: Sequence[str | os.PathLike], output_dir: str | os
             confusion_files[name] = file_name = f"confusion_matrix_{_slug(name)}.png"
             title = f"{name}\n{run.confusion_split or 'evaluation'} split, normalized per true class"
             plot_confusion_matrix(run.confusion_matrix, run.label_names, title, output_dir / file_name)
-        else:
+        elif not run.multi_label:  # a multi-label run has none
             logger.warning(f"{run_dir} has no confusion matrix in results.json; no confusion plot for it.")
 
     title = "Comparison of " + (" and ".join(names) if len(names) <= 2 else f"{len(names)} runs")

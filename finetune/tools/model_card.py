@@ -100,6 +100,8 @@ def card_data(results: Results, model_name: str, adapter_base_model: str | None 
             (metrics.accuracy, "accuracy", None, f"{name} accuracy"),
             (metrics.top5_accuracy, "top_k_accuracy", {"k": 5}, f"{name} top-5 accuracy"),
             (metrics.macro_f1, "f1", {"average": "macro"}, f"{name} macro F1"),
+            (metrics.map, "mean_average_precision", None, f"{name} mAP"),  # multi-label runs
+            (metrics.micro_f1, "f1", {"average": "micro"}, f"{name} micro F1"),
         ):
             if value is not None:
                 eval_results.append(
@@ -164,6 +166,10 @@ processor = AutoImageProcessor.from_pretrained(repo)
 With this project's code, `python -m finetune.tools.predict MODEL_DIR image.jpg` loads the adapter folder as it is."""
     remote = ", trust_remote_code=True" if is_scratch(results) else ""
     mode = "L" if config.get("num_channels") == 1 else "RGB"
+    answer, printed = "print(model.config.id2label[logits.argmax(-1).item()])", "the top-5 classes"
+    if results.multi_label:  # the thresholds chosen on the validation split are in results.json
+        answer = "print([model.config.id2label[i] for i, p in enumerate(logits.sigmoid()[0]) if p >= 0.5])"
+        printed = "every label above its threshold (results.json's `per_class_threshold`)"
     return f"""```python
 import torch
 from PIL import Image
@@ -176,14 +182,14 @@ model = AutoModelForImageClassification.from_pretrained(repo{remote})
 inputs = processor(Image.open("image.jpg").convert("{mode}"), return_tensors="pt")
 with torch.no_grad():
     logits = model(**inputs).logits
-print(model.config.id2label[logits.argmax(-1).item()])
+{answer}
 
 # or, in one line:
 classifier = pipeline("image-classification", model=repo{remote})
 print(classifier("image.jpg"))
 ```
 
-With this project's code, `python -m finetune.tools.predict MODEL_DIR image.jpg` prints the top-5 classes, and \
+With this project's code, `python -m finetune.tools.predict MODEL_DIR image.jpg` prints {printed}, and \
 `python -m finetune.tools.attention MODEL_DIR image.jpg --output maps/` plots the attention maps.
 
 To serve without PyTorch, `vit-finetune export MODEL_DIR --format onnx` writes `MODEL_DIR/onnx/model.onnx` (its \
@@ -193,17 +199,31 @@ AutoImageProcessor.from_pretrained("onnx")(images, return_tensors="np")["pixel_v
 
 
 def _results_section(results: Results) -> list[str]:
+    multi = results.multi_label
     rows = [
-        [split, format_percent(m.accuracy), format_percent(m.top5_accuracy), format_number(m.macro_f1, 4)]
-        + [format_number(m.loss, 4), results.num_samples.get(split) or MISSING]
+        [split, *(format_percent(x) for x in ((m.map, m.micro_f1) if multi else (m.accuracy, m.top5_accuracy)))]
+        + [format_number(m.macro_f1, 4), format_number(m.loss, 4), results.num_samples.get(split) or MISSING]
         for split, m in (("validation", results.validation), ("test", results.test))
         if m
     ]
-    headers = ["Split", "Accuracy", "Top-5 accuracy", "Macro F1", "Loss", "Images"]
-    sections = ["## Results", markdown_table(headers, rows)]
+    scores = ["mAP", "Micro F1"] if multi else ["Accuracy", "Top-5 accuracy"]
+    sections = ["## Results", markdown_table(["Split", *scores, "Macro F1", "Loss", "Images"], rows)]
+    split = results.confusion_split or "evaluation"
+    if multi:
+        keys = ("threshold", "precision", "recall", "f1", "average_precision")
+        rows = [
+            [label, *(format_percent(getattr(results, f"per_class_{key}").get(label)) for key in keys)]
+            + [results.per_class_support.get(label, MISSING)]
+            for label in results.label_names
+        ]
+        headers = ["Label", "Threshold", "Precision", "Recall", "F1", "Average precision", "Images"]
+        return sections + [
+            f"Per label on the {split} split, at the probability threshold chosen on the validation split (the one "
+            "`predict` uses):",
+            markdown_table(headers, rows),
+        ]
     if not results.per_class_accuracy:
         return sections
-    split = results.confusion_split or "evaluation"
     headers, columns = ["Class", "Accuracy"], [results.per_class_accuracy]
     heading = f"Per-class accuracy on the {split} split:"
     if results.per_class_precision:  # results.json of schema version 3 and later

@@ -184,14 +184,33 @@ def needs_interpolation(model, image_size: int | None) -> bool:
 
 
 def class_probabilities(model, pixel_values: torch.Tensor, interpolate_pos_encoding: bool = False) -> torch.Tensor:
-    """Softmax over all classes of the model's logits, `(B, num_labels)`, in float32."""
+    """Softmax over all classes of the model's logits, `(B, num_labels)`, in float32; a multi-label model's sigmoid
+    of each label."""
     import torch
 
     device = next(model.parameters()).device
     kwargs = {"interpolate_pos_encoding": True} if interpolate_pos_encoding else {}
     with torch.no_grad():  # not inference_mode: cached model tensors stay usable for training (see export.py)
         logits = model(pixel_values=pixel_values.to(device), **kwargs).logits  # (B, num_labels)
-    return logits.float().softmax(dim=-1).cpu()
+    multi_label = getattr(model.config, "problem_type", None) == "multi_label_classification"
+    return (logits.float().sigmoid() if multi_label else logits.float().softmax(dim=-1)).cpu()
+
+
+def multi_label_lines(predictions: Sequence[Prediction], model, model_dir) -> list[str] | None:
+    """For a multi-label model, each image's line: every label whose probability reaches its threshold (chosen on the
+    validation split, from the run's results.json; 0.5 without one), with the probability, most probable first.
+    None for a single-label model."""
+    if getattr(model.config, "problem_type", None) != "multi_label_classification":
+        return None
+    results = Path(model_dir) / "results.json"
+    thresholds = json.loads(results.read_text()).get("per_class_threshold", {}) if results.is_file() else {}
+    names = [str(model.config.id2label[i]) for i in range(model.config.num_labels)]
+    lines = []
+    for p in predictions:
+        found = sorted(((q, n) for n, q in zip(names, p.probabilities) if q >= thresholds.get(n, 0.5)), reverse=True)
+        labels = ", ".join(f"{name} {q:.4f}" for q, name in found) or "no label above its threshold"
+        lines.append(f"{p.path}: {labels}")
+    return lines
 
 
 def predict_files(model, processor, paths: Sequence[str | os.PathLike], top_k=5, batch_size=32, image_size=None):
@@ -307,8 +326,9 @@ def main(argv: list[str] | None = None) -> list[Prediction]:
     model, processor = classifier_from_arguments(parser, args)
     predictions, skipped = predict_files(model, processor, paths, args.top_k, args.batch_size, args.image_size)
 
-    for p in predictions:
-        print(f"{p.path}: " + ", ".join(f"{label} {score:.4f}" for label, score in zip(p.labels, p.scores)))
+    lines = multi_label_lines(predictions, model, args.model_dir) or [None] * len(predictions)
+    for p, line in zip(predictions, lines):
+        print(line or f"{p.path}: " + ", ".join(f"{label} {score:.4f}" for label, score in zip(p.labels, p.scores)))
     if args.output:
         print(f"Wrote {len(predictions)} prediction(s) to {write_predictions(predictions, args.output, skipped)}")
     if skipped:

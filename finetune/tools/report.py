@@ -83,6 +83,9 @@ SUMMARY_COLUMNS = tuple(
     "Run|Architecture|Parameters|Initialisation|Dataset|Epochs|Training time|Images/s|Validation accuracy|"
     "Test accuracy|Top-5 accuracy|Macro F1".split("|")
 )
+# A multi-label run's figures in place of the accuracies (`summary_row`'s keys, the columns' names).
+ACCURACY_SCORES = ("validation_accuracy", "test_accuracy", "top5_accuracy")
+MULTI_LABEL_SCORES = {"validation_map": "Validation mAP", "test_map": "Test mAP", "micro_f1": "Micro F1"}
 # What the "Training time" and "Images/s" columns measure (`results.json`'s `train.seconds`).
 SUMMARY_NOTE = (
     "Training time is the training loop (optimizer steps with their data path), without the evaluations and "
@@ -95,7 +98,7 @@ SUMMARY_NOTE = (
 def summary_row(results: Results, name: str, run_dir: str) -> dict[str, Any]:
     """The raw values of one run's line in the summary table (also stored in `comparison.json`)."""
     final = results.test if results.test is not None else results.validation  # the split of the headline metrics
-    return {
+    row = {
         "run": name,
         "run_dir": run_dir,
         "architecture": results.architecture,
@@ -113,10 +116,15 @@ def summary_row(results: Results, name: str, run_dir: str) -> dict[str, Any]:
         "top5_accuracy": final.top5_accuracy if final else None,
         "macro_f1": final.macro_f1 if final else None,
     }
+    if results.multi_label:
+        test_map = results.test.map if results.test else None
+        row.update(multi_label=True, validation_map=results.validation.map, test_map=test_map, micro_f1=final.micro_f1)
+    return row
 
 
 def summary_table(rows: Sequence[dict]) -> str:
-    """The Markdown summary table of `summary_row` dicts, one line per run."""
+    """The Markdown summary table of `summary_row` dicts, one line per run (a multi-label run's mAP and micro F1 in the
+    accuracies' columns)."""
     cells = []
     for row in rows:
         if row.get("model_type") == "pretrained":
@@ -138,21 +146,29 @@ def summary_table(rows: Sequence[dict]) -> str:
                 format_number(row.get("epochs"), 1),
                 format_duration(row.get("train_seconds")),
                 format_number(row.get("train_images_per_second"), 1),
-                format_percent(row.get("validation_accuracy")),
-                format_percent(row.get("test_accuracy")),
-                format_percent(row.get("top5_accuracy")),
+                *(
+                    format_percent(row.get(key))
+                    for key in (MULTI_LABEL_SCORES if row.get("multi_label") else ACCURACY_SCORES)
+                ),
                 format_number(row.get("macro_f1"), 4),
             ]
         )
-    return markdown_table(SUMMARY_COLUMNS, cells)
+    kinds = {bool(row.get("multi_label")) for row in rows}
+    headers = list(SUMMARY_COLUMNS)
+    if True in kinds:
+        ours = zip(headers[8:11], MULTI_LABEL_SCORES.values())
+        headers[8:11] = [f"{theirs} / {mine}" if False in kinds else mine for theirs, mine in ours]
+    return markdown_table(headers, cells)
 
 
 def history_table(history: Sequence[HistoryRow], max_rows: int | None = None) -> str:
     """The per-evaluation history as a Markdown table, thinned to at most `max_rows` rows."""
     if max_rows:
         history = history[:: math.ceil(len(history) / max_rows)] if history else history
+    multi_label = any(h.eval_map is not None for h in history)
+    score, name = ("eval_map", "mAP") if multi_label else ("eval_accuracy", "accuracy")
     return markdown_table(
-        ["Epoch", "Step", "Minutes", "Training loss", "Validation loss", "Validation accuracy"],
+        ["Epoch", "Step", "Minutes", "Training loss", "Validation loss", f"Validation {name}"],
         [
             [
                 format_number(h.epoch, 2),
@@ -160,7 +176,7 @@ def history_table(history: Sequence[HistoryRow], max_rows: int | None = None) ->
                 format_number(h.elapsed_seconds / 60 if is_number(h.elapsed_seconds) else None, 1),
                 format_number(h.train_loss, 4),
                 format_number(h.eval_loss, 4),
-                format_percent(h.eval_accuracy),
+                format_percent(getattr(h, score)),
             ]
             for h in history
         ],
@@ -168,13 +184,28 @@ def history_table(history: Sequence[HistoryRow], max_rows: int | None = None) ->
 
 
 def write_predictions_csv(
-    path: str | os.PathLike, logits: np.ndarray, labels: np.ndarray, label_names: Sequence[str], top_k: int = 5
+    path: str | os.PathLike,
+    logits: np.ndarray,
+    labels: np.ndarray,
+    label_names: Sequence[str],
+    top_k: int = 5,
+    thresholds: Sequence[float] = (),
 ) -> Path:
     """Per-image predictions of a split as CSV: `index` (position in the split), `label`, `predicted`, and the
-    `top_k` classes by softmax probability (`top1`, `top1_probability`, `top2`, ...)."""
+    `top_k` classes by softmax probability (`top1`, `top1_probability`, `top2`, ...). Multi-hot `labels` (multi-label
+    data): `labels`, the labels `predicted` at their `thresholds`, each label's probability."""
     import numpy as np
 
     logits = np.asarray(logits, dtype=np.float64)
+    if labels.ndim == 2:
+        probabilities = 1 / (1 + np.exp(-logits))  # (N, K)
+        with open(path, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["index", "labels", "predicted", *(f"{name}_probability" for name in label_names)])
+            for index, (truth, p) in enumerate(zip(labels, probabilities)):
+                names = [";".join(n for n, on in zip(label_names, row) if on) for row in (truth, p >= thresholds)]
+                writer.writerow([index, *names, *(f"{q:.6f}" for q in p)])
+        return Path(path)
     probabilities = np.exp(logits - logits.max(axis=-1, keepdims=True))
     probabilities /= probabilities.sum(axis=-1, keepdims=True)
     k = min(top_k, probabilities.shape[-1])
@@ -207,11 +238,13 @@ def plot_learning_curves(runs: Sequence[Results], names: Sequence[str], path: st
             x, y = _series(run.history, "epoch", key)
             if x:
                 ax_loss.plot(x, y, linestyle=style, marker=marker, markersize=4, color=color, label=f"{name} {what}")
-        x, y = _series(run.history, "epoch", "eval_accuracy", scale=100)
+        x, y = _series(run.history, "epoch", "eval_map" if run.multi_label else "eval_accuracy", scale=100)
         if x:
             ax_acc.plot(x, y, marker="o", markersize=4, color=color, label=name)
+    kinds = {run.multi_label for run in runs}
+    score = "mAP" if kinds == {True} else "accuracy / mAP" if True in kinds else "accuracy"
     ax_loss.set(title="Loss", xlabel="Epoch", ylabel="Cross-entropy loss")
-    ax_acc.set(title="Validation accuracy", xlabel="Epoch", ylabel="Accuracy (%)")
+    ax_acc.set(title=f"Validation {score}", xlabel="Epoch", ylabel=f"{score.replace('accuracy', 'Accuracy')} (%)")
     for ax in (ax_loss, ax_acc):
         _finish_axes(ax)
     fig.suptitle("Learning curves")

@@ -1,0 +1,271 @@
+"""Multi-label classification through the real pipeline on scikit-learn's digits turned into tags of the digit
+("even", "big" for 5 and up, "round" for 0, 6, 8, 9): a list column in parquet files and `;`-separated labels in a
+csv, BCE training with MixUp/CutMix, mAP and per-label thresholds in results.json, predict's labels above them, and
+the one-line errors of bad labels."""
+
+import csv
+import json
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from sklearn.datasets import load_digits
+from sklearn.metrics import average_precision_score, f1_score
+from test_nonfinite import run_script
+from test_run import TINY_SCRATCH
+
+from finetune import run
+from finetune.arguments import parse_args
+from finetune.augment import MixUpCutMix
+from finetune.data import load_image_data
+from finetune.metrics import multi_label_report, multi_label_scores
+from finetune.models import build_model
+from finetune.tools import predict
+from finetune.tools.compare import write_comparison
+from finetune.tools.model_card import build_model_card
+from finetune.trainer import balanced_class_weights, multi_label_loss
+
+
+TAGS = {"even": lambda d: d % 2 == 0, "big": lambda d: d >= 5, "round": lambda d: d in (0, 6, 8, 9)}
+
+
+def tags(digit: int) -> list[str]:
+    return [tag for tag, has in TAGS.items() if has(digit)]
+
+
+def digit_images(start: int, stop: int) -> tuple[list[Image.Image], list[int]]:
+    digits = load_digits()
+    pixels = np.round(digits.images[start:stop] * (255.0 / 16.0)).astype(np.uint8)  # as `sklearn:digits` loads them
+    return [Image.fromarray(p) for p in pixels], digits.target[start:stop].tolist()
+
+
+def write_parquet(path: Path, images: list[Image.Image], labels: list, item=None) -> None:
+    """A parquet file with an image column and a list column of labels (items of the feature `item`, default str)."""
+    item = item or datasets.Value("string")
+    features = datasets.Features({"image": datasets.Image(), "labels": datasets.List(item)})
+    datasets.Dataset.from_dict({"image": images, "labels": labels}, features=features).to_parquet(path)
+
+
+def tagged(path: Path, start: int, stop: int) -> None:
+    images, digits = digit_images(start, stop)
+    write_parquet(path, images, [tags(d) for d in digits])
+
+
+def run_args(dataset: str, out: Path) -> list[str]:
+    """The tiny ScratchViT of the other run tests, without `sklearn:digits`' subsets, trained a little longer."""
+    drop = {"--dataset_name", "--max_train_samples", "--max_eval_samples", "--num_train_epochs", "--learning_rate"}
+    pairs = [TINY_SCRATCH[i : i + 2] for i in range(0, len(TINY_SCRATCH), 2)]
+    kept = [value for pair in pairs if pair[0] not in drop for value in pair]
+    return [*kept, "--dataset_name", dataset, "--output_dir", str(out), "--report_to", "none", "--disable_tqdm",
+            "true", "--num_train_epochs", "12", "--learning_rate", "3e-3", "--random_crop_padding", "0"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """One multi-label run with MixUp and CutMix: 600 digits to train and validate on, 200 to test."""
+    data = tmp_path_factory.mktemp("tags")
+    tagged(data / "train.parquet", 0, 600)
+    tagged(data / "test.parquet", 600, 800)
+    out = tmp_path_factory.mktemp("run") / "run"
+    results = run.main([*run_args(str(data), out), "--mixup_alpha", "0.2", "--cutmix_alpha", "1.0"])["scratch"]
+    return results, out, data
+
+
+def test_a_multi_label_run_learns_the_tags_and_saves_its_thresholds(trained):
+    results, out, _ = trained
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["multi_label"] is True and saved["label_names"] == ["big", "even", "round"]
+    assert json.loads((out / "config.json").read_text())["problem_type"] == "multi_label_classification"
+    assert saved["hyperparameters"]["mixup_alpha"] == 0.2 and saved["hyperparameters"]["cutmix_alpha"] == 1.0
+    # Chance mAP is each tag's share of the test images (a constant score ranks nothing): about 0.47 here.
+    chance = np.mean([n / 200 for n in saved["per_class_support"].values()])
+    assert saved["test"]["map"] > chance + 0.15, (saved["test"], chance)
+    assert saved["test"]["accuracy"] is None and saved["confusion_matrix"] == []
+    for split in ("validation", "test"):
+        assert 0 < saved[split]["micro_f1"] <= 1 and 0 < saved[split]["macro_f1"] <= 1
+    assert set(saved["per_class_threshold"]) == set(saved["label_names"])
+    assert all(0 < t < 1 for t in saved["per_class_threshold"].values())
+    assert saved["confusion_split"] == "test" and sum(saved["per_class_support"].values()) == sum(
+        len(tags(d)) for d in digit_images(600, 800)[1]
+    )
+    # The best checkpoint was chosen by mAP: the kept model's validation mAP is the best of the history.
+    assert saved["validation"]["map"] == pytest.approx(max(row["eval_map"] for row in saved["history"]))
+    assert "validation mAP" in run.summary({"scratch": results}, {"scratch": out}, None)
+
+
+def test_predict_prints_every_label_above_its_threshold(trained, tmp_path, capsys):
+    results, out, _ = trained
+    images, digits = digit_images(1500, 1540)
+    for i, (image, digit) in enumerate(zip(images, digits)):
+        image.save(tmp_path / f"{i:02d}_{digit}.png")
+    predict.main([str(out), str(tmp_path)])
+    lines = capsys.readouterr().out.splitlines()
+
+    # Independently: the model's sigmoid probabilities against the thresholds saved in results.json.
+    model, processor = predict.load_classifier(out, device="cpu")
+    paths = sorted(tmp_path.glob("*.png"))
+    with torch.no_grad():
+        logits = model(pixel_values=predict.preprocess([Image.open(p) for p in paths], model, processor)).logits
+    names = [model.config.id2label[i] for i in range(3)]
+    thresholds = torch.tensor([results.per_class_threshold[n] for n in names])
+    above = logits.sigmoid() >= thresholds  # (N, K)
+    assert len(lines) == len(paths)
+    right = 0
+    for path, line, row, digit in zip(paths, lines, above, [int(p.stem.split("_")[1]) for p in paths]):
+        printed = line.removeprefix(f"{path}: ")
+        expected = {n for n, on in zip(names, row.tolist()) if on}
+        if expected:
+            assert {part.split(" ")[0] for part in printed.split(", ")} == expected, line
+        else:
+            assert printed == "no label above its threshold"
+        right += expected == set(tags(digit))
+    assert right > 40 * 0.2  # a model guessing each of three tags at random gets 1 image in 8 exactly right
+
+
+def test_the_comparison_report_and_the_model_card_show_the_multi_label_figures(trained, tmp_path):
+    results, out, _ = trained
+    report = write_comparison([out], tmp_path / "comparison").read_text()
+    assert "| Validation mAP | Test mAP | Micro F1 | Macro F1 |" in report
+    assert f"| {100 * results.validation.map:.2f}% | {100 * results.test.map:.2f}% |" in report
+    assert "run threshold | run AP |" in report and "Confusion matrices" not in report
+    card = str(build_model_card(out))
+    assert "| Split | mAP | Micro F1 | Macro F1 | Loss | Images |" in card and "Validation mAP |" in card
+    big = [results.per_class_threshold["big"], results.per_class_precision["big"], results.per_class_recall["big"]]
+    assert "| big | " + " | ".join(f"{100 * v:.2f}%" for v in big) in card
+    assert "type: mean_average_precision" in card and f"value: {results.test.map}" in card
+
+
+def test_evaluating_the_saved_model_scores_it_again_and_writes_its_predictions(trained, tmp_path):
+    results, out, data = trained
+    args = [*run_args(str(data), tmp_path / "eval"), "--do_train", "false"]
+    again = run.main([*args, "--model_name_or_path", str(out)])["scratch"]
+    assert again.multi_label and again.test.map == pytest.approx(results.test.map, abs=1e-6)
+    assert again.per_class_threshold == pytest.approx(results.per_class_threshold, abs=1e-6)
+    rows = list(csv.DictReader(open(tmp_path / "eval" / "predictions_test.csv")))
+    assert len(rows) == 200 and rows[0]["labels"] == ";".join(
+        t for t in again.label_names if t in tags(digit_images(600, 601)[1][0])
+    )
+    for row in rows:
+        above = [n for n in again.label_names if float(row[f"{n}_probability"]) >= again.per_class_threshold[n]]
+        assert row["predicted"] == ";".join(above)
+    assert not (tmp_path / "eval" / "confusion_matrix.png").exists()
+
+
+def test_class_weights_weigh_positives_and_distillation_and_map_on_single_labels_are_refused(trained, tmp_path):
+    _, out, data_dir = trained
+    args = [*run_args(str(data_dir), tmp_path / "weighted"), "--class_weighting", "balanced"]
+    model_args, data_args, scratch_args, training_args = parse_args(args)
+    data = load_image_data(data_args, seed=training_args.seed, target_size=8)
+    model_args, _ = run.choose_attention("scratch", model_args, scratch_args, training_args)
+    model, processor, prep = build_model("scratch", model_args, scratch_args, data)
+    trainer = run.make_trainer(model, processor, prep, data_args, training_args, data)
+    positives = data.train.labels.sum(0)
+    torch.testing.assert_close(trainer.class_weights, (len(data.train) - positives) / positives)
+    assert trainer.loss is multi_label_loss and training_args.metric_for_best_model == "map"
+    single_label = parse_args(
+        [*TINY_SCRATCH, "--output_dir", str(tmp_path / "single"), "--metric_for_best_model", "map"]
+    )
+    digits = load_image_data(single_label[1], seed=0, target_size=8)
+    with pytest.raises(ValueError, match="`metric_for_best_model: map` is for data with several labels per image"):
+        run.make_trainer(model, processor, prep, single_label[1], single_label[3], digits)
+    training_args.teacher_model_name_or_path = str(out)  # a multi-label model of the same labels
+    with pytest.raises(ValueError, match="Distillation teaches one class per image"):
+        run.make_trainer(model, processor, prep, data_args, training_args, data)
+
+
+def test_csv_labels_separated_by_semicolons_and_a_label_unknown_to_train(tmp_path):
+    images, digits = digit_images(0, 120)
+    (tmp_path / "images").mkdir()
+    rows = ["image,labels"]
+    for i, (image, digit) in enumerate(zip(images, digits)):
+        image.save(tmp_path / "images" / f"{i}.png")
+        rows.append(f"images/{i}.png,{';'.join(tags(digit))}")  # an empty cell: none of the tags
+    (tmp_path / "train.csv").write_text("\n".join(rows[:101]) + "\n")
+    args = run_args("unused", tmp_path / "out")
+    model_args, data_args, _, training_args = parse_args([*args, "--train_file", str(tmp_path / "train.csv")])
+    data = load_image_data(data_args, seed=0, target_size=8)
+    assert data.multi_label and data.label_names == ["big", "even", "round"]
+    both = torch.cat([data.train.labels, data.validation.labels])
+    expected = torch.tensor([[t in tags(d) for t in data.label_names] for d in digits[:100]], dtype=torch.float32)
+    assert both.shape == (100, 3) and torch.equal(both.sum(0), expected.sum(0))
+    # `include_labels` keeps every image with only those labels, in its order.
+    data_args.include_labels = ["round", "even"]
+    kept = load_image_data(data_args, seed=0, target_size=8)
+    assert kept.label_names == ["round", "even"] and torch.equal(kept.train.labels, data.train.labels[:, [2, 1]])
+
+    # The validation file names a tag no training image has: one line naming it and the split, and a failed run.
+    (tmp_path / "validation.csv").write_text("\n".join([rows[0], *rows[101:], "images/0.png,even;odd"]) + "\n")
+    command = ["-m", "finetune.run", *args, "--train_file", str(tmp_path / "train.csv")]
+    command += ["--validation_file", str(tmp_path / "validation.csv")]
+    proc = run_script(command)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 1 and len(errors) == 1, proc.stderr[-2000:]
+    assert "The validation split has the label(s) ['odd'] that no training image has" in errors[0]
+    assert "Traceback" not in proc.stderr
+
+
+def test_an_image_without_labels_and_a_label_without_training_images_are_refused(tmp_path):
+    images, digits = digit_images(0, 40)
+    labels = [tags(d) for d in digits]
+    labels[3] = None
+    write_parquet(tmp_path / "a.parquet", images, labels)
+    _, data_args, _, _ = parse_args(run_args(str(tmp_path / "a.parquet"), tmp_path / "out"))
+    with pytest.raises(ValueError, match=r"Image 3 of the train split has no labels \('labels' is missing\)"):
+        load_image_data(data_args, seed=0, target_size=8)
+
+    # A ClassLabel names "rare", which no image has: nothing can learn it.
+    names = [*TAGS, "rare"]
+    labels = [[names.index(t) for t in tags(d)] for d in digits]
+    write_parquet(tmp_path / "b.parquet", images, labels, datasets.ClassLabel(names=names))
+    _, data_args, _, _ = parse_args(run_args(str(tmp_path / "b.parquet"), tmp_path / "out"))
+    with pytest.raises(ValueError, match=r"No training image has the label\(s\) \['rare'\]"):
+        load_image_data(data_args, seed=0, target_size=8)
+
+
+def test_each_threshold_maximises_its_labels_f1_and_map_is_scikit_learns():
+    rng = np.random.default_rng(0)
+    labels = (rng.random((80, 3)) < 0.4).astype(np.float32)
+    logits = 1.5 * labels + rng.normal(size=(80, 3))  # informative and noisy
+    report = multi_label_report(logits, labels, ["a", "b", "c"], logits, labels)
+    probabilities = 1 / (1 + np.exp(-logits))
+    for k, name in enumerate("abc"):
+        best = max(f1_score(labels[:, k], probabilities[:, k] >= t) for t in probabilities[:, k])  # every cut tried
+        assert f1_score(labels[:, k], probabilities[:, k] >= report["per_class_threshold"][name]) == pytest.approx(
+            best
+        )
+        assert (
+            report["per_class_f1"][name] == pytest.approx(best)
+            and report["per_class_support"][name] == labels[:, k].sum()
+        )
+    expected = average_precision_score(labels, logits, average="macro")
+    assert multi_label_scores(logits, labels)["map"] == pytest.approx(expected)
+
+
+def test_bce_loss_with_label_smoothing_and_balanced_positive_weights():
+    logits = torch.randn(6, 3)
+    targets = torch.tensor([[1, 0, 1], [0, 0, 0], [1, 1, 0], [0, 1, 0], [1, 0, 0], [0, 0, 1]], dtype=torch.float32)
+    smoothed = targets * 0.8 + 0.1
+    p = logits.sigmoid()
+    reference = -(smoothed * p.log() + (1 - smoothed) * (1 - p).log()).mean()
+    torch.testing.assert_close(multi_label_loss(logits, targets, label_smoothing=0.2), reference)
+
+    pos_weight = balanced_class_weights(targets, ["a", "b", "c"])
+    torch.testing.assert_close(pos_weight, torch.tensor([1.0, 2.0, 2.0]))  # negatives / positives per label
+    weighted = -(pos_weight * targets * p.log() + (1 - targets) * (1 - p).log()).mean()
+    torch.testing.assert_close(multi_label_loss(logits, targets, pos_weight=pos_weight), weighted)
+
+
+@pytest.mark.parametrize("mix", [{"mixup_alpha": 0.4}, {"cutmix_alpha": 1.0}])
+def test_mixup_and_cutmix_mix_multi_hot_labels_as_they_mix_the_images(mix):
+    torch.manual_seed(0)
+    labels = (torch.rand(8, 5) < 0.4).float()  # (B, K) multi-hot
+    # Images whose channel k is label k everywhere: the mean of a mixed image's channel is its label's mixed value,
+    # for MixUp's ratio and for CutMix's area-adjusted one alike.
+    images = labels[:, :, None, None].expand(-1, -1, 16, 16).clone()  # (B, K) -> (B, K, H, W)
+    mixed_images, targets = MixUpCutMix(5, **mix)(images, labels)
+    assert targets.shape == (8, 5)
+    torch.testing.assert_close(targets, mixed_images.mean(dim=(2, 3)))
+    assert not torch.equal(targets, labels)

@@ -243,7 +243,8 @@ def plot_learning_curves(runs: Sequence[Results], names: Sequence[str], path: st
             ax_acc.plot(x, y, marker="o", markersize=4, color=color, label=name)
     kinds = {run.multi_label for run in runs}
     score = "mAP" if kinds == {True} else "accuracy / mAP" if True in kinds else "accuracy"
-    ax_loss.set(title="Loss", xlabel="Epoch", ylabel="Cross-entropy loss")
+    loss = "Binary cross-entropy" if kinds == {True} else "Cross-entropy / BCE" if True in kinds else "Cross-entropy"
+    ax_loss.set(title="Loss", xlabel="Epoch", ylabel=f"{loss} loss")
     ax_acc.set(title=f"Validation {score}", xlabel="Epoch", ylabel=f"{score.replace('accuracy', 'Accuracy')} (%)")
     for ax in (ax_loss, ax_acc):
         _finish_axes(ax)

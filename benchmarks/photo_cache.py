@@ -121,9 +121,8 @@ def worker(args: argparse.Namespace) -> None:
     from transformers.utils import logging as transformers_logging
 
     from finetune.arguments import DataArguments
-    from finetune.augment import BatchTransform, use_random_resized_crop
+    from finetune.augment import CROP_MARGIN, BatchTransform, use_random_resized_crop
     from finetune.data import ImageSplit, load_image_data
-    from finetune.models import CROP_MARGIN
     from scratch_vit import ScratchViTConfig, ScratchViTForImageClassification
 
     transformers_logging.set_verbosity_error()

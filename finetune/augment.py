@@ -10,17 +10,17 @@ reproducible. Training augmentations are the uint8 -> uint8 modules in `BatchTra
 as `nn.Identity()`; random erasing runs after mixing and normalisation (`BatchTransform.erase`).
 """
 
+import logging
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchvision.transforms import v2
-from transformers.utils import logging
 
 
-logger = logging.get_logger(__name__)
+logger = logging.getLogger(__name__)
 
 # ITU-R BT.601 luma weights for R, G, B: the grayscale conversion PIL's convert("L") uses too.
 LUMA_WEIGHTS = (0.299, 0.587, 0.114)
@@ -330,12 +330,71 @@ class MixUpCutMix(nn.Module):
                 f"`mixup_alpha` and `cutmix_alpha` must be >= 0 with at least one > 0, got {mixup_alpha} and "
                 f"{cutmix_alpha}."
             )
+        from torchvision.transforms import v2  # imported here: torchvision's import costs seconds that predict skips
+
         mixes = [v2.MixUp(alpha=mixup_alpha, num_classes=num_labels)] if mixup_alpha > 0 else []
         mixes += [v2.CutMix(alpha=cutmix_alpha, num_classes=num_labels)] if cutmix_alpha > 0 else []
         self.mix = v2.RandomChoice(mixes)
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.mix(x, labels)
+
+
+@dataclass
+class Preprocessing:
+    """What the device-side batch transform needs to feed the model: resolution, channels and normalisation."""
+
+    image_size: tuple[int, int]
+    num_channels: int
+    image_mean: list[float]
+    image_std: list[float]
+    # The size evaluation resizes to before a center crop to `image_size`; `None` when the processor does not crop.
+    resize_size: tuple[int, int] | None = None
+
+
+# Photos are stored with this margin over the model's input, room for the crops of training and evaluation: a 224
+# model stores 256, the ratio of timm's `crop_pct` 0.875 and of the transformers example's resize 256 / crop 224.
+CROP_MARGIN = 256 / 224
+
+
+def photo_size(prep: Preprocessing) -> int:
+    """The square size photos are stored at for a model fed as `prep` says: its input times `CROP_MARGIN`, or the
+    processor's resize size when that is larger."""
+    return max(round(max(prep.image_size) * CROP_MARGIN), max(prep.resize_size or (0,)))
+
+
+def preprocessing_from(processor, config) -> Preprocessing:
+    """Resolution and normalisation of an image processor (`size` as height/width or shortest_edge), or of timm's."""
+    num_channels = int(getattr(config, "num_channels", 3))
+    data_config = getattr(processor, "data_config", None)
+    if data_config:  # timm's preprocessing (TimmWrapperImageProcessor): input size, crop_pct, mean, std
+        _, height, width = data_config["input_size"]
+        crop = data_config.get("crop_pct") or 1.0
+        image_size, resize_size = (height, width), (round(height / crop), round(width / crop))
+        mean, std = data_config["mean"], data_config["std"]
+    else:
+        image_size = resize_size = _height_width(processor.size) or (int(config.image_size),) * 2
+        if getattr(processor, "do_center_crop", False) and _height_width(getattr(processor, "crop_size", None)):
+            image_size = _height_width(processor.crop_size)
+        do_normalize = getattr(processor, "do_normalize", True)
+        mean = processor.image_mean if do_normalize else [0.0] * num_channels
+        std = processor.image_std if do_normalize else [1.0] * num_channels
+    mean, std = list(mean), list(std)
+    if len(mean) != num_channels:
+        mean, std = [sum(mean) / len(mean)] * num_channels, [sum(std) / len(std)] * num_channels
+    return Preprocessing(image_size, num_channels, mean, std, resize_size if resize_size != image_size else None)
+
+
+def _height_width(size) -> tuple[int, int] | None:
+    """`(height, width)` of an image processor's `size` (an int, a dict or a `SizeDict`; height/width or
+    shortest_edge), or None when it names neither."""
+    if size is None:
+        return None
+    if isinstance(size, int):
+        return (size, size)
+    if size.get("height") and size.get("width"):
+        return (int(size.get("height")), int(size.get("width")))
+    return (int(size.get("shortest_edge")),) * 2 if size.get("shortest_edge") else None
 
 
 class BatchTransform(nn.Module):
@@ -396,6 +455,8 @@ class BatchTransform(nn.Module):
         self.erase = RandomErasing(random_erasing) if random_erasing > 0 else nn.Identity()
         self.resize = Resize(self.image_size)
         if eval_resize_size is not None and tuple(eval_resize_size) != self.image_size:
+            from torchvision.transforms import v2
+
             self.eval_resize = nn.Sequential(Resize(tuple(eval_resize_size)), v2.CenterCrop(self.image_size))
         else:
             self.eval_resize = self.resize

@@ -10,7 +10,6 @@ import contextlib
 import json
 import os
 import re
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -27,7 +26,7 @@ from transformers.utils import logging
 from scratch_vit import ScratchViTConfig, ScratchViTForImageClassification
 
 from .arguments import ModelArguments, scratch_config_kwargs
-from .augment import LUMA_WEIGHTS, grayscale
+from .augment import CROP_MARGIN, LUMA_WEIGHTS, Preprocessing, grayscale, photo_size, preprocessing_from
 from .data import ImageData
 from .locations import looks_like_local_path, offline_switch
 
@@ -35,21 +34,6 @@ from .locations import looks_like_local_path, offline_switch
 logger = logging.get_logger(__name__)
 
 
-@dataclass
-class Preprocessing:
-    """What the device-side batch transform needs to feed the model: resolution, channels and normalisation."""
-
-    image_size: tuple[int, int]
-    num_channels: int
-    image_mean: list[float]
-    image_std: list[float]
-    # The size evaluation resizes to before a center crop to `image_size`; `None` when the processor does not crop.
-    resize_size: tuple[int, int] | None = None
-
-
-# Photos are stored with this margin over the model's input, room for the crops of training and evaluation: a 224
-# model stores 256, the ratio of timm's `crop_pct` 0.875 and of the transformers example's resize 256 / crop 224.
-CROP_MARGIN = 256 / 224
 # Query and value projections, where LoRA's authors put the adapters: transformers' ViT (5.x names, then the 4.x
 # layout) and ScratchViT's fused query-key-value projection, which the adapter updates as one matrix.
 LORA_DEFAULT_TARGETS = ("q_proj", "v_proj", "query", "value", "qkv")
@@ -61,12 +45,6 @@ WEIGHT_FILES = (
     "pytorch_model.bin",
     "pytorch_model.bin.index.json",
 )
-
-
-def photo_size(prep: Preprocessing) -> int:
-    """The square size photos are stored at for a model fed as `prep` says: its input times `CROP_MARGIN`, or the
-    processor's resize size when that is larger."""
-    return max(round(max(prep.image_size) * CROP_MARGIN), max(prep.resize_size or (0,)))
 
 
 def storage_size(model_type: str, model_args: ModelArguments, scratch_args) -> int:
@@ -462,40 +440,6 @@ def channel_statistics(pixel_values: torch.Tensor, num_channels: int) -> tuple[l
     mean = sample.mean(dim=(0, 2, 3))
     std = sample.std(dim=(0, 2, 3)).clamp_min(1e-3)  # a constant channel must not divide by zero
     return [round(v, 4) for v in mean.tolist()], [round(v, 4) for v in std.tolist()]
-
-
-def preprocessing_from(processor, config) -> Preprocessing:
-    """Resolution and normalisation of an image processor (`size` as height/width or shortest_edge), or of timm's."""
-    num_channels = int(getattr(config, "num_channels", 3))
-    data_config = getattr(processor, "data_config", None)
-    if data_config:  # timm's preprocessing (TimmWrapperImageProcessor): input size, crop_pct, mean, std
-        _, height, width = data_config["input_size"]
-        crop = data_config.get("crop_pct") or 1.0
-        image_size, resize_size = (height, width), (round(height / crop), round(width / crop))
-        mean, std = data_config["mean"], data_config["std"]
-    else:
-        image_size = resize_size = _height_width(processor.size) or (int(config.image_size),) * 2
-        if getattr(processor, "do_center_crop", False) and _height_width(getattr(processor, "crop_size", None)):
-            image_size = _height_width(processor.crop_size)
-        do_normalize = getattr(processor, "do_normalize", True)
-        mean = processor.image_mean if do_normalize else [0.0] * num_channels
-        std = processor.image_std if do_normalize else [1.0] * num_channels
-    mean, std = list(mean), list(std)
-    if len(mean) != num_channels:
-        mean, std = [sum(mean) / len(mean)] * num_channels, [sum(std) / len(std)] * num_channels
-    return Preprocessing(image_size, num_channels, mean, std, resize_size if resize_size != image_size else None)
-
-
-def _height_width(size) -> tuple[int, int] | None:
-    """`(height, width)` of an image processor's `size` (an int, a dict or a `SizeDict`; height/width or
-    shortest_edge), or None when it names neither."""
-    if size is None:
-        return None
-    if isinstance(size, int):
-        return (size, size)
-    if size.get("height") and size.get("width"):
-        return (int(size.get("height")), int(size.get("width")))
-    return (int(size.get("shortest_edge")),) * 2 if size.get("shortest_edge") else None
 
 
 def check_channels(data_channels: int, model_channels: int, convert: bool) -> None:

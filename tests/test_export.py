@@ -1,12 +1,12 @@
 """`export`: a trained run becomes an ONNX model whose onnxruntime logits equal PyTorch's on real images; the run's
 folder without weights, a missing extra and an unfaithful export each end in one line."""
 
+import json
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -14,11 +14,11 @@ import torch
 from PIL import Image
 from test_backbones import BACKBONES, case, checkpoint
 from test_run import TINY_SCRATCH, tiny_vit_checkpoint
-from transformers import AutoConfig, AutoImageProcessor, AutoModelForImageClassification
+from transformers import AutoModelForImageClassification
 
 from finetune import run
 from finetune.errors import run_command
-from finetune.tools import export, predict
+from finetune.tools import attention, export, predict
 
 
 pytest.importorskip("onnxruntime", reason='the export extra is missing: pip install -e ".[export]"')
@@ -58,17 +58,29 @@ def test_scratch_run_exports_and_serves_as_predict_classifies(scratch_run, tmp_p
     assert result.num_images == export.CHECK_IMAGES and result.max_abs_difference <= export.DEFAULT_ATOL
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert line.startswith(f"Checked on {export.CHECK_IMAGES} image(s) of the run's dataset") and "max abs" in line
-    # Served from the export folder alone: its processor and labels, onnxruntime's logits, predict's probabilities.
+    # Served from the export folder alone by `predict`: onnxruntime, the folder's processor and labels, the
+    # probabilities predict gives from the run's weights, and neither transformers nor torchvision imported.
     files = digit_files(tmp_path / "images")
     [expected] = predict.main([str(scratch_run), str(files[0])])
     assert not list(result.path.parent.glob("*.safetensors"))
-    served = SimpleNamespace(config=AutoConfig.from_pretrained(result.path.parent))  # preprocessing reads the config
-    processor = AutoImageProcessor.from_pretrained(result.path.parent)
-    images, _, _ = predict.load_images(files[:1], "L")
-    logits = export.onnx_logits(result.path, predict.preprocess(images, served, processor))
-    probabilities = torch.from_numpy(logits).softmax(-1)[0]
-    np.testing.assert_allclose(probabilities.numpy(), expected.probabilities, atol=1e-5)
-    assert served.config.id2label[int(probabilities.argmax())] == expected.labels[0]
+    code = (
+        "import json, sys\n"
+        "from finetune.tools import predict\n"
+        "[p] = predict.main(sys.argv[1:])\n"
+        "print(json.dumps([p.probabilities, sorted({m.split('.')[0] for m in sys.modules})]))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(result.path.parent), str(files[0])], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    probabilities, modules = json.loads(done.stdout.splitlines()[-1])
+    np.testing.assert_allclose(probabilities, expected.probabilities, atol=1e-5)
+    assert "onnxruntime" in modules and not {"transformers", "torchvision", "scratch_vit"} & set(modules)
+    # What needs the PyTorch model says so in one line.
+    assert run_command(attention.main, [str(result.path.parent), str(files[0]), "--output", str(tmp_path)]) == 1
+    [line] = capsys.readouterr().err.strip().splitlines()[-1:]
+    assert line.startswith("error: ") and "is an ONNX export" in line and "run's output directory" in line
 
 
 def test_vit_run_exports_to_the_output_checked_on_given_files(vit_run, tmp_path, capsys):

@@ -15,7 +15,8 @@ import torch
 from helpers_runs import make_images, make_run_dir, tiny_scratch_model, tiny_vit_model
 from PIL import Image
 
-from finetune.models import LORA_DEFAULT_TARGETS, photo_size
+from finetune.augment import photo_size
+from finetune.models import LORA_DEFAULT_TARGETS
 from finetune.tools import predict
 
 

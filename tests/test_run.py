@@ -19,9 +19,8 @@ from transformers import AutoModelForImageClassification, ViTConfig, ViTForImage
 
 from finetune import run
 from finetune.arguments import DataArguments
-from finetune.augment import BatchTransform
+from finetune.augment import BatchTransform, preprocessing_from
 from finetune.data import load_image_data
-from finetune.models import preprocessing_from
 
 
 ROOT = Path(__file__).resolve().parent.parent

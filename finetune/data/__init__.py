@@ -21,12 +21,12 @@ of each split from the labels, `cache.py` maps them from the decoded cache or ha
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from transformers.utils import logging
 
 from finetune.data.dataset import ImageSplit, check_num_classes, collate_batch, renumber_sparse_ids
 from finetune.data.decode import IMAGE_EXTENSIONS, center_fit, decode_image
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from finetune.arguments import DataArguments
     from finetune.data.sources import Source
 
-logger = logging.get_logger(__name__)
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "IMAGE_EXTENSIONS",

@@ -9,6 +9,7 @@ decoded images are file pages shared by all processes of a node, never a copy in
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -17,7 +18,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from huggingface_hub import constants as hub_constants
-from transformers.utils import logging
 
 from finetune.data.decode import DECODE_CHUNK, decode_images
 from finetune.data.sources import Source, content_hash, image_items
@@ -26,7 +26,7 @@ from finetune.data.sources import Source, content_hash, image_items
 if TYPE_CHECKING:
     from finetune.arguments import DataArguments
 
-logger = logging.get_logger(__name__)
+logger = logging.getLogger(__name__)
 
 # Bump when the layout of cached files or the decoding itself changes, so old caches are not reused.
 CACHE_FORMAT_VERSION = 3

@@ -3,14 +3,14 @@ labels that only hold after decoding (corrupt images dropped)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
-from transformers.utils import logging
 
 
-logger = logging.get_logger(__name__)
+logger = logging.getLogger(__name__)
 
 
 class ImageSplit(torch.utils.data.Dataset):

@@ -18,6 +18,7 @@ import collections
 import concurrent.futures
 import io
 import itertools
+import logging
 import multiprocessing
 import os
 from collections.abc import Callable, Iterator
@@ -25,10 +26,9 @@ from typing import BinaryIO
 
 import numpy as np
 from PIL import Image, ImageOps
-from transformers.utils import logging
 
 
-logger = logging.get_logger(__name__)
+logger = logging.getLogger(__name__)
 
 
 # The file extensions read as images when a folder is searched (training image folders, predict's folders).
@@ -196,7 +196,9 @@ def decode_images(
     pixels = np.lib.format.open_memmap(out_path, "w+", np.uint8, (int(readable.sum()), channels, size[1], size[0]))
     del pixels  # the file exists at full size; workers map it and write their rows
     failed = np.zeros(num_images, dtype=bool)
-    progress = logging.tqdm(total=num_images, desc="Decoding images", unit="img", leave=False)
+    from transformers.utils import logging as hf_logging  # its bar follows transformers' progress-bar switch
+
+    progress = hf_logging.tqdm(total=num_images, desc="Decoding images", unit="img", leave=False)
 
     def collect(indices: list[int], paths: list[str | None], failures: list[tuple[int, str]]) -> None:
         for j, error in failures:

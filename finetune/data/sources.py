@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import pickle
 import uuid
@@ -16,7 +17,6 @@ from typing import TYPE_CHECKING
 import datasets
 import numpy as np
 import pyarrow as pa
-from transformers.utils import logging
 
 from finetune.data.decode import IMAGE_EXTENSIONS
 from finetune.locations import looks_like_local_path, offline_switch
@@ -25,7 +25,7 @@ from finetune.locations import looks_like_local_path, offline_switch
 if TYPE_CHECKING:
     from finetune.arguments import DataArguments
 
-logger = logging.get_logger(__name__)
+logger = logging.getLogger(__name__)
 
 IMAGE_COLUMNS = ("img", "image")
 LABEL_COLUMNS = ("label", "labels")

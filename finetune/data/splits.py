@@ -3,18 +3,18 @@ work on labels and positions only, so only the images a run uses are decoded."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-from transformers.utils import logging
 
 
 if TYPE_CHECKING:
     from finetune.arguments import DataArguments
     from finetune.data.dataset import ImageSplit
 
-logger = logging.get_logger(__name__)
+logger = logging.getLogger(__name__)
 
 
 @dataclass

@@ -213,7 +213,7 @@ def write_attention_maps(
     into `output_dir`; returns the paths. Images that cannot be read are logged and skipped."""
     from PIL import Image
 
-    from finetune.models import photo_size
+    from finetune.augment import photo_size
     from finetune.tools.predict import load_images, model_preprocessing, model_view
 
     output_dir = Path(output_dir)

@@ -3,10 +3,11 @@
     python -m finetune.tools.export OUTPUT_DIR --format onnx [--output DIR] [--images PATH ...] [--atol 1e-4]
 
 Writes `model.onnx` (input `pixel_values`, float32 `(batch, C, H, W)`; output `logits`, `(batch, num_labels)`) into
-`--output` (default `OUTPUT_DIR/onnx`), with the run's `config.json` (the labels) and `preprocessor_config.json`
-(size, mean, std) beside it. Then onnxruntime's logits must equal PyTorch's within `--atol` on real images: the
-files given with `--images`, else the first validation images of the run's dataset, preprocessed as `predict`
-preprocesses them. The check prints one line with the largest difference; a mismatch fails the command.
+`--output` (default `OUTPUT_DIR/onnx`), with the run's `config.json` (the labels), `preprocessor_config.json` (size,
+mean, std) and `results.json` beside it: `predict` runs that folder with onnxruntime. Then onnxruntime's logits must
+equal PyTorch's within `--atol` on real images: the files given with `--images`, else the first validation images of
+the run's dataset, preprocessed as `predict` preprocesses them. The check prints one line with the largest
+difference; a mismatch fails the command.
 
 Every architecture, ScratchViT included, goes through `torch.onnx.export` (the dynamo exporter). optimum's ONNX
 exporter now lives in `optimum-onnx`, whose latest release (0.1.0) requires transformers < 4.58, so it cannot be
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,8 +125,8 @@ def run_images(run_dir: Path, model, processor, count: int = CHECK_IMAGES) -> li
     from PIL import Image
 
     from finetune.arguments import DataArguments
+    from finetune.augment import photo_size
     from finetune.data import load_image_data
-    from finetune.models import photo_size
     from finetune.tools.predict import image_mode, model_preprocessing
 
     results = run_dir / "results.json"
@@ -154,7 +156,7 @@ def run_images(run_dir: Path, model, processor, count: int = CHECK_IMAGES) -> li
 
 def file_images(paths: list[str], model, processor, count: int = CHECK_IMAGES) -> list[Image.Image]:
     """Up to `count` of the given image files or folders, found and decoded as `predict` does."""
-    from finetune.models import photo_size
+    from finetune.augment import photo_size
     from finetune.tools.predict import collect_image_paths, image_mode, load_images, model_preprocessing
 
     found = collect_image_paths(paths)
@@ -197,6 +199,8 @@ def main(argv: list[str] | None = None) -> ExportResult:
     path = export_onnx(model, pixel_values, output / "model.onnx")
     model.config.save_pretrained(output)
     processor.save_pretrained(output)
+    if (run_dir / "results.json").is_file():  # a multi-label run's thresholds, which predict reads from there
+        shutil.copyfile(run_dir / "results.json", output / "results.json")
     print(f"Wrote {path} (input pixel_values (batch, {', '.join(map(str, pixel_values.shape[1:]))}), output logits)")
     difference = check_onnx(path, model, pixel_values, args.atol)
     print(

@@ -10,7 +10,9 @@ and the arguments are built from concrete values and only checked.
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 
+import torch.distributed
 from transformers import HfArgumentParser, TrainingArguments
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 
@@ -211,6 +213,7 @@ def build_training_args(options: dict, settings: hardware.Settings) -> ImageClas
     then joins the existing group.
     """
     values = {**options, **settings.arguments}
-    if values["use_cpu"] and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        hardware.start_cpu_process_group(values.get("ddp_timeout", 1800), values.get("ddp_backend") or "gloo")
+    if values["use_cpu"] and int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.distributed.is_initialized():
+        timeout = timedelta(seconds=values.get("ddp_timeout", 1800))
+        torch.distributed.init_process_group(values.get("ddp_backend") or "gloo", timeout=timeout)
     return ImageClassificationTrainingArguments(**values)

@@ -36,6 +36,13 @@ def option(default: Any = dataclasses.MISSING, help: str = "", *, factory=datacl
     return field(default=default, default_factory=factory, metadata={"help": help, **metadata})
 
 
+def check_ranges(options, checks) -> None:
+    """Refuse a value out of range; `checks` holds (field name, whether a value is valid, what a valid one is)."""
+    for name, valid, expected in checks:
+        if not valid(getattr(options, name)):
+            raise ValueError(f"`{name}` must be {expected}, got {getattr(options, name)}.")
+
+
 @dataclass
 class ModelArguments:
     """Which model to train: a pretrained checkpoint, a ScratchViT built from its config fields, or both."""
@@ -636,9 +643,10 @@ def parse_args(argv: list[str] | None = None):
     return model_args, data_args, scratch_args, build_training_args(options, hardware.choose_settings(options))
 
 
-def check_choices(options) -> None:
-    """Refuse a value outside a field's `choices`, as the parser does, for dataclasses built in code."""
-    for f in dataclasses.fields(options):
+def check_choices(options, fields_of=None) -> None:
+    """Refuse a value outside a field's `choices` (of the fields of `fields_of`, else all), as the parser does, for
+    dataclasses built in code."""
+    for f in dataclasses.fields(fields_of or options):
         choices = f.metadata.get("choices")
         if choices and getattr(options, f.name) not in (*choices, None):  # None: unset
             raise ValueError(f"`{f.name}` must be one of {choices}, got {getattr(options, f.name)!r}.")

@@ -23,7 +23,6 @@ from finetune.hardware import CompileChoice
 
 logger = logging.get_logger(__name__)
 
-CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 T = TypeVar("T")
 
 
@@ -85,7 +84,7 @@ class TrainingCompiler(TrainerCallback):
             self.batch_size = batch_size
         if batch_size != self.batch_size:
             return model  # the smaller last batch of an epoch: eager, no recompilation
-        if self.choice.mode in CUDA_GRAPH_MODES or self.choice.backend == "cudagraphs":
+        if self.choice.cuda_graphs:
             # A new iteration: outputs of the previous step's CUDA graphs may be overwritten from here on.
             torch.compiler.cudagraph_mark_step_begin()
         key = id(model)

@@ -196,6 +196,10 @@ class CompileChoice:
     warnings: list[str] = field(default_factory=list)
 
     @property
+    def cuda_graphs(self) -> bool:
+        return self.mode in ("reduce-overhead", "max-autotune") or self.backend == "cudagraphs"
+
+    @property
     def summary(self) -> str:
         if not self.enabled:
             return f"eager; {self.reason}"
@@ -226,7 +230,7 @@ def choose_compile(
     accumulates = gradient_accumulation_steps > 1
     if requested is True:
         choice = CompileChoice(True, backend or "inductor", mode, reason="as given")
-        if accumulates and (mode in ("reduce-overhead", "max-autotune") or backend == "cudagraphs"):
+        if accumulates and choice.cuda_graphs:
             choice.warnings.append(
                 f"torch_compile with CUDA graphs ({backend or mode}) and gradient_accumulation_steps "
                 f"{gradient_accumulation_steps}: a graph replay overwrites the gradients accumulated between "

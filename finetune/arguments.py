@@ -60,8 +60,8 @@ class ModelArguments:
     token: str | None = option(None, "Hub token; prefer HF_TOKEN or `hf auth login`. Never saved.")
     attn_implementation: str = option(
         "auto",
-        "Attention kernel: `auto` takes the explicit path on a CPU under bf16 with heads of at most 32 dimensions "
-        "(where SDPA's CPU kernel is about 2.5x slower) and SDPA elsewhere; `sdpa` or `eager` force one. Not saved.",
+        "Attention kernel: `auto` is eager on a CPU under bf16 with heads <= 32 (2.5x faster there), else SDPA. "
+        "Not saved with the model.",
         choices=["auto", "sdpa", "eager"],
     )
     convert_channels: bool = option(
@@ -140,11 +140,7 @@ class DataArguments:
         "Store images as squares of this size (shorter side resized, centre kept). Default: images of one size as "
         "they are, of mixed sizes at the model's input plus a margin for crops (256 for 224).",
     )
-    decode_workers: int | None = option(
-        None,
-        "Processes that decode images (default: the CPU cores available). Only a node's first process decodes; the "
-        "others map its decoded cache.",
-    )
+    decode_workers: int | None = option(None, "Processes that decode images (default: the CPU cores available).")
     random_resized_crop: str = option(
         "auto",
         "Train on random boxes resized to the model's input (RandomResizedCrop) instead of the padded random crop. "
@@ -252,19 +248,12 @@ class TrainingLoopArguments:
 
     output_dir: str | None = option("outputs/run", "Where the model, checkpoints and results.json are written.")
     do_train: bool = option(
-        True,
-        "Train (the default). `false`: evaluate the saved model `model_name_or_path` on the validation and test "
-        "splits, writing results.json and predictions_<split>.csv.",
+        True, "`false`: evaluate the saved model `model_name_or_path` without training (results, predictions CSVs)."
     )
     overwrite_output_dir: bool = option(
         False, "Allow an `output_dir` that holds another run's checkpoints or results (replaced)."
     )
-    bf16: str = option(
-        "auto",
-        "bf16 autocast: `auto` uses it on GPUs that support it and on CPUs with native bf16 (AVX512-BF16 or AMX); "
-        "`true` or `false` force it.",
-        **SWITCH,
-    )
+    bf16: str = option("auto", "bf16 autocast: `auto` on GPUs with bf16 and CPUs with AVX512-BF16 or AMX.", **SWITCH)
     fp16: str = option("auto", "fp16 autocast with loss scaling: `auto` uses it on GPUs without bf16.", **SWITCH)
     tf32: str | None = option("auto", "TF32 matmuls: `auto` enables them on Ampere or newer GPUs.", **SWITCH)
     torch_compile: str = option(
@@ -302,9 +291,7 @@ class TrainingLoopArguments:
         choices=["none", "balanced"],
     )
     teacher_model_name_or_path: str | None = option(
-        None,
-        "Knowledge distillation from a trained classifier of the same labels (a run's output directory, a "
-        "checkpoint-* folder or a Hub id). It sees the same augmented images at its own resolution, in eval mode.",
+        None, "Distill from a trained classifier of the same labels (a run's folder, a checkpoint or a Hub id)."
     )
     distillation_type: str = option(
         "soft",
@@ -316,8 +303,7 @@ class TrainingLoopArguments:
     distillation_temperature: float = option(2.0, "The temperature T that softens both models' probabilities.")
     recipe_precision: str | None = option(
         None,
-        "The precision a config was tuned for; where the machine trains in another, the log names "
-        "`recipe_alternative`.",
+        "The precision a config was tuned for; where the machine trains in another, the log names the alternative.",
         choices=["bf16", "float32"],
     )
     recipe_alternative: str | None = option(None, "The config to use where the precision is not `recipe_precision`.")
@@ -432,11 +418,8 @@ def unset(text: str, hint) -> bool:
 
 
 def load_yaml_config(path: str | os.PathLike, options: dict[str, tuple[Any, list | None]] | None = None) -> dict:
-    """Read a flat YAML config, with its `base:` chain merged in; with `options` (`option_specs`), refuse an unknown
-    key with the closest names and a value of the wrong kind with the file and line.
-
-    The config's own keys override its base's; the base's path is relative to the config's folder.
-    """
+    """A flat YAML config with its `base:` chain merged in; with `options` (`option_specs`), an unknown key is refused
+    with the closest names, and a value of the wrong kind with the file and line."""
     values, chain = {}, []
     path = os.fspath(path)
     while path is not None:
@@ -522,11 +505,7 @@ def unknown_message(unknown: list[str], known, where: str, prefix: str = "") -> 
 
 def parse_options(argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, ScratchViTArguments, dict]:
     """Read `--config FILE.yaml` (optional) and the command line into the three pipeline dataclasses and the
-    `TrainingArguments` values as given, `auto` still unresolved (`finetune.hardware.choose_settings` resolves it).
-
-    A malformed command line (an unknown option, a value of the wrong type) raises `UsageError`; an unknown key or a
-    value of the wrong kind in a config raises `ValueError` naming the file and line.
-    """
+    `TrainingArguments` values as given, `auto` still unresolved. A malformed command line raises `UsageError`."""
     from finetune.training_args import option_parser  # transformers: imported once a command line is read
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -552,9 +531,8 @@ def parse_options(argv: list[str] | None = None) -> tuple[ModelArguments, DataAr
 
 
 def parse_args(argv: list[str] | None = None):
-    """`parse_options`, `hardware.choose_settings` and `build_training_args` in one call, as `finetune.run` takes
-    them: `(model_args, data_args, scratch_args, training_args)`, for tests and benchmarks (the run keeps the settings,
-    which also say why each was chosen)."""
+    """`(model_args, data_args, scratch_args, training_args)` as `finetune.run` builds them, for tests and benchmarks
+    (the run also keeps the settings, with why each was chosen)."""
     from finetune import hardware
     from finetune.training_args import build_training_args
 

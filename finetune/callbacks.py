@@ -209,12 +209,8 @@ class TrainingBudgetCallback(TrainerCallback):
 
 
 def set_schedule_length(lr_scheduler, num_training_steps: int) -> bool:
-    """Set `num_training_steps` of a transformers `LambdaLR` schedule (cosine, linear, ...) in place.
-
-    transformers builds those schedules as `functools.partial(lr_lambda, num_warmup_steps=...,
-    num_training_steps=...)`; replacing the keyword changes where the decay ends while keeping the warmup. Returns
-    False for schedules without a length (constant).
-    """
+    """Set `num_training_steps` of a transformers schedule (cosine, linear, ...) in place: transformers builds them as
+    `functools.partial(lr_lambda, num_warmup_steps=..., num_training_steps=...)`. False for one without a length."""
     lambdas = getattr(lr_scheduler, "lr_lambdas", None)
     if not lambdas or not all(
         isinstance(f, functools.partial) and "num_training_steps" in f.keywords for f in lambdas
@@ -263,12 +259,10 @@ def _averaged_tensors(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
 
 
 class EMACallback(TrainerCallback):
-    """Keeps `ema` up to date after every optimizer step, and has evaluations and checkpoints use it: the average is
-    swapped into the model when the Trainer is about to evaluate or save (this callback runs after the ones that
-    decide so) and swapped back before the next step (by `restorer`, registered before the others). Each checkpoint
-    also gets `ema_state.safetensors` (the training weights and the average), from which a resumed run continues
-    exactly. Training ends with the model holding the average (or the best checkpoint, which holds averaged
-    weights)."""
+    """Updates `ema` after every optimizer step and swaps the average into the model when the Trainer is about to
+    evaluate or save (registered last, after the callbacks that decide so); `restorer`, registered first, swaps it
+    back before the next step and writes `ema_state.safetensors` into each checkpoint, from which a resume continues
+    exactly. Training ends with the model holding the average."""
 
     STATE_NAME = "ema_state.safetensors"
 
@@ -306,8 +300,7 @@ class EMACallback(TrainerCallback):
     on_epoch_end = on_step_end
 
     def save_state(self, args, state) -> None:
-        """Write `ema_state.safetensors` into the checkpoint just saved (by `restorer`, before the callbacks that
-        may end training after a save)."""
+        """Write `ema_state.safetensors` into the checkpoint just saved."""
         if not args.should_save:
             return
         from safetensors.torch import save_file
@@ -328,9 +321,8 @@ class EMACallback(TrainerCallback):
 
 
 class EMARestorer(TrainerCallback):
-    """Swaps the EMA's training weights back before a step or an epoch starts, and saves the EMA's state with each
-    checkpoint; registered before the other callbacks (the non-finite guard keeps the buffers of each step from the
-    training weights, and the interrupt handler ends training right after a save)."""
+    """`EMACallback.restorer`: registered before the other callbacks (the non-finite guard keeps each step's buffers
+    from the training weights; the interrupt handler ends training right after a save)."""
 
     def __init__(self, ema_callback: EMACallback):
         self.ema_callback = ema_callback

@@ -319,13 +319,8 @@ def read_lock(path: Path) -> dict | None:
 
 
 def lock_output_dir(output_dir: str | os.PathLike, training_args: TrainingArguments) -> RunLock:
-    """Lock `output_dir` for this run until `release()` (`run.main` calls `release_output_dirs`); refuse, on every
-    process, if another run holds it.
-
-    One lock per run: only the process of global rank 0 takes it. Every node's local rank 0 would lock the same folder
-    twice where nodes share it (a cluster's shared disk, `torchrun --nnodes 2` on one machine); nodes with folders of
-    their own save nothing there unless `save_on_each_node`.
-    """
+    """Lock `output_dir` for this run (`run.main` releases it); refuse, on every process, if another run holds it.
+    Only global rank 0 locks: each node's local rank 0 would lock the same folder twice where nodes share it."""
     lock, refusal = RunLock(output_dir), [None]
     if training_args.process_index == 0:
         try:

@@ -214,14 +214,9 @@ def choose_compile(
     cuda_capability: tuple[int, int] = (0, 0),
     gradient_accumulation_steps: int = 1,
 ) -> CompileChoice:
-    """Resolve `torch_compile: auto`; `true` and `false` are kept, and a `torch_compile_mode` or
-    `torch_compile_backend` given with `auto` means `true` (as in transformers).
-
-    `auto` on CUDA (compute capability >= 7.0) compiles with inductor and CUDA graphs, verified against eager after
-    warm-up; without CUDA graphs under gradient accumulation, where a graph replay would overwrite the gradients
-    accumulated between micro-batches. Elsewhere eager: on the CPU recipes torch.compile gained nothing
-    (benchmarks/README.md), and its first step takes minutes of C++ compilation.
-    """
+    """Resolve `torch_compile: auto` (with a `torch_compile_mode` or `_backend` given, `true`, as in transformers):
+    on CUDA, inductor with CUDA graphs (without them under gradient accumulation), kept only if faster than eager.
+    Elsewhere eager: on the CPU recipes torch.compile gained nothing (benchmarks/README.md) and takes minutes."""
     requested = parse_switch(requested, "torch_compile")
     if requested == AUTO and (mode is not None or backend is not None):
         requested = True

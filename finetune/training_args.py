@@ -44,23 +44,17 @@ class ImageClassificationTrainingArguments(TrainingLoopArguments, TrainingArgume
     metric_for_best_model: str | None = option("accuracy", "The validation metric that picks the best checkpoint.")
     greater_is_better: bool | None = option(True, "Whether a larger `metric_for_best_model` is better.")
     save_total_limit: int | None = option(2, "Checkpoints kept (the best is always kept).")
-    remove_unused_columns: bool = option(
-        False, "Drop dataset columns the model's forward does not take (not needed here)."
-    )
+    remove_unused_columns: bool = option(False, "Drop dataset columns the model's forward does not take.")
     dataloader_num_workers: int = option(0, "Loader worker processes; 0 suits images already decoded in memory.")
     ddp_find_unused_parameters: bool | None = option(
         False, "Every parameter is used; searching for unused ones costs a graph walk per step."
     )
     logging_nan_inf_filter: bool = option(
-        False,
-        "The Trainer's own filter of non-finite losses in the logged loss, which waits for the device at every step. "
-        "Off: the pipeline skips and reports such steps itself (`max_nonfinite_steps`).",
+        False, "The Trainer's filter of non-finite logged losses, which waits for the device at every step."
     )
     max_nonfinite_steps: int = option(
         DEFAULT_MAX_CONSECUTIVE,
-        "Optimizer steps in a row with a non-finite (NaN or infinite) loss or gradient after which training stops "
-        "with an error; each such step is skipped, not applied, and logged. The checkpoints and evaluations made so "
-        "far are kept.",
+        "Optimizer steps in a row with a non-finite loss or gradient (each skipped and logged) that stop training.",
     )
 
     def __post_init__(self):
@@ -92,12 +86,16 @@ def check_training_arguments(args: ImageClassificationTrainingArguments) -> None
             ("max_train_minutes", lambda v: v is None or v > 0, "> 0"),
             ("ema_decay", lambda v: v is None or 0 < v < 1, "in (0, 1)"),
             ("early_stopping_patience", lambda v: v is None or v >= 1, ">= 1 evaluations"),
+            ("learning_rate", lambda v: v >= 0, ">= 0"),
+            ("weight_decay", lambda v: v >= 0, ">= 0"),
+            ("mixup_alpha", lambda v: v >= 0, ">= 0"),
+            ("cutmix_alpha", lambda v: v >= 0, ">= 0"),
+            ("distillation_alpha", lambda v: 0 <= v <= 1, "in [0, 1] (e.g. 0.5)"),
+            ("distillation_temperature", lambda v: v > 0, "> 0 (e.g. 2)"),
+            # A diverged run makes every step non-finite: the default stops it five steps in.
+            ("max_nonfinite_steps", lambda v: not isinstance(v, bool) and v >= 1, "an integer >= 1 (default 5)"),
         ],
     )
-    if args.learning_rate < 0 or args.weight_decay < 0:
-        raise ValueError(
-            f"`learning_rate` and `weight_decay` must be >= 0, got {args.learning_rate} and {args.weight_decay}."
-        )
     if args.push_to_hub and not args.hub_model_id:
         raise ValueError(
             "`push_to_hub: true` needs `hub_model_id` (e.g. `your-name/vit-cifar10`). Nothing was trained; set it, "
@@ -131,24 +129,10 @@ def check_training_arguments(args: ImageClassificationTrainingArguments) -> None
             )
     if args.budget_schedule and args.max_train_minutes is None:
         raise ValueError("`budget_schedule: true` needs `max_train_minutes`.")
-    if isinstance(args.max_nonfinite_steps, bool) or args.max_nonfinite_steps < 1:
-        raise ValueError(
-            f"`max_nonfinite_steps` must be an integer >= 1, got {args.max_nonfinite_steps}. A diverged run makes "
-            "every step non-finite; 5 (the default) stops it five steps in."
-        )
-    if args.mixup_alpha < 0 or args.cutmix_alpha < 0:
-        raise ValueError(
-            f"`mixup_alpha` and `cutmix_alpha` must be >= 0, got {args.mixup_alpha} and {args.cutmix_alpha}."
-        )
     if args.restore_callback_states_from_checkpoint:
         raise ValueError(
             "`restore_callback_states_from_checkpoint` would replace the pipeline's callbacks with new ones on "
             "resume; they restore their own state from the checkpoint already. Drop the option."
-        )
-    if not 0 <= args.distillation_alpha <= 1 or args.distillation_temperature <= 0:
-        raise ValueError(
-            f"`distillation_alpha` must be in [0, 1] and `distillation_temperature` > 0 (e.g. 0.5 and 2), got "
-            f"{args.distillation_alpha} and {args.distillation_temperature}."
         )
     if args.early_stopping_patience is not None and (
         not args.load_best_model_at_end or args.metric_for_best_model is None

@@ -137,28 +137,23 @@ def choose_precision(
     launcher = launcher_precision if launcher_precision in ("bf16", "fp16") else None
     if launcher and AUTO in (bf16, fp16):
         reasons.append(f"mixed precision {launcher} from `accelerate launch --mixed_precision`")
-        bf16 = False if bf16 == AUTO else bf16
-        fp16 = False if fp16 == AUTO else fp16
-    if bf16 is True and fp16 == AUTO:
-        fp16 = False
-    if fp16 is True and bf16 == AUTO:
-        bf16 = False
-    if bf16 == AUTO or fp16 == AUTO:
-        if device == "cuda":
-            auto_bf16, auto_fp16 = cuda_bf16, not cuda_bf16
-            reasons.append("auto: this GPU supports bf16" if cuda_bf16 else "auto: this GPU has no bf16, fp16 instead")
+    if launcher or True in (bf16, fp16):  # a precision chosen explicitly or by the launcher turns `auto` off
+        bf16, fp16 = (False if value == AUTO else value for value in (bf16, fp16))
+    if AUTO in (bf16, fp16):
+        if device == "cuda" and cuda_bf16:
+            auto, why = "bf16", "this GPU supports bf16"
+        elif device == "cuda":
+            auto, why = "fp16", "this GPU has no bf16, fp16 instead"
+        elif device == "cpu" and cpu_native_bf16:
+            auto, why = "bf16", "this CPU has native bf16 (AVX512-BF16/AMX)"
         elif device == "cpu":
-            auto_bf16, auto_fp16 = cpu_native_bf16, False
-            reasons.append(
-                "auto: this CPU has native bf16 (AVX512-BF16/AMX)"
-                if cpu_native_bf16
-                else f"auto: this CPU has no native bf16 (AVX512-BF16/AMX), where bf16 runs {CPU_BF16_SLOWDOWN} slower"
-            )
+            auto = None
+            why = f"this CPU has no native bf16 (AVX512-BF16/AMX), where bf16 runs {CPU_BF16_SLOWDOWN} slower"
         else:
-            auto_bf16 = auto_fp16 = False
-            reasons.append(f"auto: float32 on {device} (mixed precision there is not tested)")
-        bf16 = auto_bf16 if bf16 == AUTO else bf16
-        fp16 = (auto_fp16 and not bf16) if fp16 == AUTO else fp16
+            auto, why = None, f"float32 on {device} (mixed precision there is not tested)"
+        reasons.append(f"auto: {why}")
+        bf16 = auto == "bf16" if bf16 == AUTO else bf16
+        fp16 = auto == "fp16" and not bf16 if fp16 == AUTO else fp16
     else:
         reasons.append("as given")
     if device == "cpu" and (bf16 or launcher == "bf16") and not cpu_native_bf16:

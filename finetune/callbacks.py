@@ -20,6 +20,11 @@ from transformers.utils import logging
 logger = logging.get_logger(__name__)
 
 
+def total_batch_size(args) -> int:
+    """Images per optimizer step, over every process."""
+    return args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
+
+
 class RunClock(TrainerCallback, ExportableState):
     """The run's clock: stamps each log entry with `elapsed_seconds` since training began, and adds up the training
     loop's own time (evaluations and checkpoints left out), its optimizer steps and the sum of their losses. The totals
@@ -100,10 +105,10 @@ class RunClock(TrainerCallback, ExportableState):
             if "eval_accuracy" in entry:
                 # Logged before `on_evaluate`: the running epoch counts up to its last step.
                 seconds = self.train_seconds + self._running()
-                batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
                 entry["train_seconds"] = round(seconds, 3)
                 entry["train_steps"] = self.steps
-                entry["train_images_per_second"] = round(self.steps * batch / seconds, 1) if seconds > 0 else None
+                images = self.steps * total_batch_size(args)
+                entry["train_images_per_second"] = round(images / seconds, 1) if seconds > 0 else None
 
 
 class TrainingBudgetCallback(TrainerCallback):

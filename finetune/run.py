@@ -37,6 +37,7 @@ from transformers import TrainingArguments, set_seed  # noqa: E402
 from finetune import hardware  # noqa: E402
 from finetune.arguments import DataArguments, ModelArguments, parse_options  # noqa: E402
 from finetune.augment import BatchTransform, describe_augmentation, use_random_resized_crop  # noqa: E402
+from finetune.callbacks import total_batch_size  # noqa: E402
 from finetune.checkpoints import lock_output_dir, release_output_dirs, resolve_checkpoint  # noqa: E402
 from finetune.data import ImageData, collate_batch, load_image_data  # noqa: E402
 from finetune.errors import run_command  # noqa: E402
@@ -568,10 +569,6 @@ def hyperparameters(args, settings: hardware.Settings, model, model_type: str, m
     if model_args.layer_decay is not None:
         values["layer_decay"] = model_args.layer_decay
     return values
-
-
-def total_batch_size(args) -> int:
-    return args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
 
 
 def push_results(run_dirs, model_types, training_args, token) -> None:

@@ -1,15 +1,11 @@
 """The options of `finetune.run` and how they are read: command line, YAML config and the short `--help`.
 
-A run is described by four dataclasses: `ModelArguments`, `DataArguments`, `ScratchViTArguments` (the
-`ScratchViTConfig` fields) and `ImageClassificationTrainingArguments` (`finetune/training_args.py`: transformers'
-`TrainingArguments` with `TrainingLoopArguments`, the pipeline's own training options, defined here). This module
-imports neither torch nor transformers, so `--help` answers at once (importing them takes 6 s on a 2-core CPU);
-reading a command line imports transformers' `HfArgumentParser` when it is needed.
-
-A YAML config is a flat map onto their fields; values given on the command line override the file. A config may
-start from another with `base: other.yaml` (a path relative to the config's folder) and state only its differences:
-its keys override the base's, and bases may have bases of their own. `null` in a config, and `null` (or `none` where
-the option is not a string) on the command line, unsets an optional option: `--ema_decay none`.
+Four dataclasses describe a run: `ModelArguments`, `DataArguments`, `ScratchViTArguments` and
+`ImageClassificationTrainingArguments` (transformers' `TrainingArguments` with `TrainingLoopArguments`, defined here;
+finetune/training_args.py). A YAML config is a flat map onto their fields, overridden by the command line; it may
+start from another (`base: other.yaml`, relative to its folder) and state only its differences. `null` (or `none`
+where the option is not a string) unsets an optional option: `--ema_decay none`. This module imports neither torch
+nor transformers, so `--help` answers at once.
 """
 
 import argparse
@@ -31,9 +27,16 @@ from finetune.errors import ArgumentParser, UsageError
 
 
 def option(default: Any = dataclasses.MISSING, help: str = "", *, factory=dataclasses.MISSING, **metadata) -> Any:
-    """A dataclass field with its help text (and argparse settings such as `choices`), as transformers' `HfArg`
-    writes one (which would import transformers)."""
+    """A dataclass field with its help (and argparse settings such as `choices`), as transformers' `HfArg` writes one
+    (which would import transformers)."""
     return field(default=default, default_factory=factory, metadata={"help": help, **metadata})
+
+
+def check_ranges(options, checks) -> None:
+    """Refuse a value out of range; `checks` holds (field name, whether a value is valid, what a valid one is)."""
+    for name, valid, expected in checks:
+        if not valid(getattr(options, name)):
+            raise ValueError(f"`{name}` must be {expected}, got {getattr(options, name)}.")
 
 
 @dataclass
@@ -42,69 +45,45 @@ class ModelArguments:
 
     model_type: str = option(
         "pretrained",
-        "Which model to train: `pretrained` fine-tunes `model_name_or_path`; `scratch` trains a ScratchViT built "
-        "from the ScratchViTConfig fields given (image_size, patch_size, hidden_size, ...); `both` trains both on "
-        "the same data and split, then writes a comparison report.",
+        "`pretrained` fine-tunes `model_name_or_path`; `scratch` trains a ScratchViT built from the ScratchViTConfig "
+        "fields given; `both` trains both on the same data and split, then writes a comparison report.",
         choices=["pretrained", "scratch", "both"],
     )
     model_name_or_path: str = option(
-        "google/vit-base-patch16-224-in21k",
-        "Pretrained image-classification checkpoint: a Hub model id or a local directory.",
+        "google/vit-base-patch16-224-in21k", "Pretrained image classifier: a Hub model id or a local directory."
     )
     model_revision: str = option("main", "Branch, tag or commit of the Hub checkpoint.")
-    image_processor_name: str | None = option(
-        None, "Image processor to use, if not the one next to `model_name_or_path`."
-    )
-    ignore_mismatched_sizes: bool = option(
-        True, "Replace the checkpoint's classification head when its size differs from the dataset's."
-    )
-    trust_remote_code: bool = option(
-        False, "Allow checkpoints whose modeling code lives in the repository (e.g. a pushed ScratchViT)."
-    )
-    cache_dir: str | None = option(None, "Where to store checkpoints downloaded from the Hub.")
-    token: str | None = option(
-        None, "Hub token; prefer the HF_TOKEN environment variable or `hf auth login`. Never saved."
-    )
+    image_processor_name: str | None = option(None, "Image processor, if not the one of `model_name_or_path`.")
+    ignore_mismatched_sizes: bool = option(True, "Replace the checkpoint's head when its size differs.")
+    trust_remote_code: bool = option(False, "Allow modeling code from the repository (e.g. a pushed ScratchViT).")
+    cache_dir: str | None = option(None, "Where checkpoints downloaded from the Hub are stored.")
+    token: str | None = option(None, "Hub token; prefer HF_TOKEN or `hf auth login`. Never saved.")
     attn_implementation: str = option(
         "auto",
-        "Attention kernel of either model: `auto` (the default) takes the explicit path (softmax(QK^T/sqrt(d))V) on "
-        "a CPU under bf16 autocast with heads of at most 32 dimensions, where SDPA's CPU kernel has no fast bf16 "
-        "path (about 2.5x slower at head size 12-16), and `sdpa` (torch's fused scaled_dot_product_attention) "
-        "elsewhere; `sdpa` or `eager` force one. Not saved with the model.",
+        "Attention kernel: `auto` is eager on a CPU under bf16 with heads <= 32 (2.5x faster there), else SDPA. "
+        "Not saved with the model.",
         choices=["auto", "sdpa", "eager"],
     )
     convert_channels: bool = option(
-        True,
-        "Feed grayscale data to an RGB model (repeat the channel) and RGB data to a grayscale model (luma). When "
-        "false, a channel mismatch is an error.",
+        True, "Feed grayscale data to an RGB model (repeated) and RGB to a grayscale one (luma); false: an error."
     )
-
     finetune_method: str = option(
         "full",
-        "How the pretrained model is fine-tuned: `full` (every weight), `linear_probe` (only the new classification "
-        "head; the rest stays frozen) or `lora` (low-rank adapters on the attention projections through peft, plus "
-        "the head). A saved ScratchViT fine-tunes the same way as `model_type: pretrained`; under `model_type: both` "
-        "the scratch model trains fully.",
+        "`full` (every weight), `linear_probe` (the new head only) or `lora` (peft adapters on the attention "
+        "projections, plus the head). Under `model_type: both` the scratch model trains fully.",
         choices=["full", "linear_probe", "lora"],
     )
-    lora_r: int = option(8, "LoRA rank r of the update B A (`finetune_method: lora`).")
+    lora_r: int = option(8, "LoRA rank r of the update B A.")
     lora_alpha: float = option(16, "LoRA scaling: the update is multiplied by alpha / r.")
     lora_dropout: float = option(0.1, "Dropout on the input of the LoRA update.")
     lora_target_modules: list[str] | None = option(
-        None,
-        "Names of the linear layers that get adapters. Default: the query and value projections of transformers' ViT "
-        "(`q_proj`, `v_proj`; `query`, `value` in older layouts) and ScratchViT's fused `qkv` projection.",
+        None, "Linear layers that get adapters. Default: the query and value projections (ScratchViT: `qkv`)."
     )
-    merge_lora: bool = option(
-        False,
-        "Also save the model with the adapters merged into its weights to OUTPUT/merged: a plain transformers model "
-        "that loads without peft.",
-    )
+    merge_lora: bool = option(False, "Also save the model with the adapters merged to OUTPUT/merged (no peft needed).")
     layer_decay: float | None = option(
         None,
-        "Layer-wise learning-rate decay (BEiT, MAE, timm's --layer-decay), e.g. 0.65-0.75: block i of L trains at "
-        "learning_rate * decay^(L - i), the embeddings at decay^(L + 1), the head at the full rate. Either model "
-        "type.",
+        "Layer-wise learning-rate decay (BEiT, timm's --layer-decay), e.g. 0.65-0.75: block i of L trains at "
+        "learning_rate * decay^(L - i), the embeddings at decay^(L + 1), the head at the full rate.",
     )
 
     def __post_init__(self):
@@ -122,8 +101,7 @@ class ModelArguments:
             )
         if self.merge_lora and self.finetune_method != "lora":
             raise ValueError("`merge_lora: true` merges LoRA adapters: it needs `finetune_method: lora`.")
-        if self.layer_decay is not None and not 0 < self.layer_decay <= 1:
-            raise ValueError(f"`layer_decay` must be in (0, 1] (e.g. 0.75), got {self.layer_decay}.")
+        check_ranges(self, [("layer_decay", lambda v: v is None or 0 < v <= 1, "in (0, 1] (e.g. 0.75)")])
 
 
 @dataclass
@@ -132,9 +110,8 @@ class DataArguments:
 
     dataset_name: str = option(
         "uoft-cs/cifar10",
-        "A Hub dataset id (`uoft-cs/cifar10`, `ylecun/mnist`), `sklearn:digits` (shipped with scikit-learn), or a "
-        "local path: a parquet/arrow/csv file, a folder of such files, an image folder (one subfolder per class, "
-        "optionally under train/ validation/ test/), or `cifar-10-batches-py`.",
+        "A Hub dataset id, `sklearn:digits`, or a local path: a parquet/arrow/csv file or a folder of them, an image "
+        "folder (one subfolder per class, optionally under train/ validation/ test/), or `cifar-10-batches-py`.",
     )
     dataset_config_name: str | None = option(None, "Configuration of the Hub dataset.")
     train_file: str | None = option(None, "A local parquet/arrow/csv file for training.")
@@ -144,68 +121,45 @@ class DataArguments:
     label_column_name: str | None = option(None, "Column holding the labels; found automatically (`label`, `labels`).")
     validation_size: float = option(
         0.1,
-        "Without a validation split, this much of train is held out (stratified by label, seeded by `data_seed` or "
-        "`seed`): a fraction below 1, or a number of images (5000 for CIFAR-10).",
+        "Without a validation split, this much of train is held out (stratified, seeded): a fraction below 1, or a "
+        "number of images.",
     )
     include_labels: list[str] | None = option(
-        None,
-        "Keep only images of these classes (label names), renumbered in this order; e.g. a source task for transfer "
-        "learning. Default: all classes.",
+        None, "Keep only images of these classes (label names), renumbered in this order. Default: all."
     )
     max_train_samples: int | None = option(None, "Keep only this many training images.")
     max_eval_samples: int | None = option(None, "Keep only this many validation (and test) images.")
     corrupt_images: str = option(
-        "skip",
-        "`skip` drops images that cannot be decoded and logs their count and indices; `error` stops.",
-        choices=["skip", "error"],
+        "skip", "`skip` drops undecodable images and logs them; `error` stops.", choices=["skip", "error"]
     )
     decoded_cache_dir: str | None = option(
-        None,
-        "Where decoded uint8 images are cached so a second run skips decoding (default: "
-        "$HF_HOME/vit-finetune/decoded). Set to `none` to disable the cache.",
+        None, "Cache of decoded uint8 images (default: $HF_HOME/vit-finetune/decoded); `none` disables it."
     )
     decode_size: int | None = option(
         None,
-        "Store images as squares of this size (shorter side resized, centre kept) when decoding. Default: images of "
-        "one size are stored as they are; images of mixed sizes at the model's input size plus a margin for crops "
-        "(256 for a 224 model).",
+        "Store images as squares of this size (shorter side resized, centre kept). Default: images of one size as "
+        "they are, of mixed sizes at the model's input plus a margin for crops (256 for 224).",
     )
-    decode_workers: int | None = option(
-        None,
-        "Processes that decode images in parallel (default: the CPU cores available). Only the first process of a "
-        "node decodes; the others map its decoded cache (keep `decoded_cache_dir` on for that).",
-    )
+    decode_workers: int | None = option(None, "Processes that decode images (default: the CPU cores available).")
     random_resized_crop: str = option(
         "auto",
-        "Train on random boxes of each image resized to the model's input (RandomResizedCrop, as the transformers "
-        "example and timm do for photos) instead of the padded random crop. `auto`: on for images stored larger than "
-        "the model's input (photos), off for small native images (CIFAR-10, MNIST).",
+        "Train on random boxes resized to the model's input (RandomResizedCrop) instead of the padded random crop. "
+        "`auto`: on for images stored larger than the model's input (photos), off for small ones (CIFAR-10).",
         choices=["auto", "true", "false"],
     )
     crop_scale: list[float] = option(
         help="RandomResizedCrop: range of the box's share of the image area (low high).", factory=lambda: [0.08, 1.0]
     )
     crop_ratio: list[float] = option(
-        help="RandomResizedCrop: range of the box's aspect ratio, width / height (low high).",
-        factory=lambda: [3 / 4, 4 / 3],
+        help="RandomResizedCrop: range of the box's aspect ratio (low high).", factory=lambda: [3 / 4, 4 / 3]
     )
-    random_crop_padding: int = option(
-        4,
-        "Random crop with this much zero padding (in source pixels); 0 disables it. Used when `random_resized_crop` "
-        "is off.",
-    )
+    random_crop_padding: int = option(4, "Random crop with this much zero padding (source pixels); 0 disables it.")
     horizontal_flip: bool = option(True, "Random horizontal flips of training images.")
     rand_augment_ops: int = option(
-        0,
-        "Random photometric/geometric ops per training image, on the device: 0 off, 1 TrivialAugment, N > 1 "
-        "RandAugment-style (N ops in a row, random magnitudes).",
+        0, "Random ops per training image on the device: 0 off, 1 TrivialAugment, N > 1 RandAugment-style."
     )
-    rand_augment_magnitude: float = option(
-        1.0, "Largest magnitude of `rand_augment_ops`, as a share of each op's range."
-    )
-    random_erasing: float = option(
-        0.0, "Probability of erasing a random box of each training image (timm's `--reprob`); 0 disables it."
-    )
+    rand_augment_magnitude: float = option(1.0, "Largest magnitude of `rand_augment_ops`, a share of each op's range.")
+    random_erasing: float = option(0.0, "Probability of erasing a random box of a training image (timm's --reprob).")
 
     def __post_init__(self):
         self.random_resized_crop = str(self.random_resized_crop).lower()  # YAML reads `true` as a bool
@@ -225,36 +179,35 @@ class DataArguments:
                     f"{f' <= {high_bound}' if high_bound != float('inf') else ''}, got {getattr(self, name)}."
                 )
             setattr(self, name, value)
-        if self.decode_workers is not None and self.decode_workers < 1:
-            raise ValueError(f"`decode_workers` must be >= 1, got {self.decode_workers}.")
         if isinstance(self.include_labels, str):
             raise ValueError(
                 f"`include_labels` must be a list of label names, e.g. `include_labels: [{self.include_labels}, ...]`"
                 f"; got the string {self.include_labels!r}."
             )
-        if self.include_labels is not None:
-            # One class is refused once the data is loaded (`_check_num_classes`), after its name is checked.
-            repeated = sorted({n for n in self.include_labels if self.include_labels.count(n) > 1})
-            if repeated:
-                raise ValueError(f"`include_labels` names {repeated} more than once; name each class once.")
-        for name in ("max_train_samples", "max_eval_samples", "decode_size"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"`{name}` must be >= 1 (or unset), got {getattr(self, name)}.")
-        if self.random_crop_padding < 0:
-            raise ValueError(f"`random_crop_padding` must be >= 0, got {self.random_crop_padding}.")
-        if self.rand_augment_ops < 0:
-            raise ValueError(f"`rand_augment_ops` must be >= 0, got {self.rand_augment_ops}.")
-        if not 0 < self.rand_augment_magnitude <= 1:
-            raise ValueError(f"`rand_augment_magnitude` must be in (0, 1], got {self.rand_augment_magnitude}.")
-        if not 0 <= self.random_erasing <= 1:
-            raise ValueError(f"`random_erasing` must be a probability in [0, 1], got {self.random_erasing}.")
+        # One class is refused once the data is loaded, after its name is checked.
+        repeated = sorted({n for n in self.include_labels or [] if self.include_labels.count(n) > 1})
+        if repeated:
+            raise ValueError(f"`include_labels` names {repeated} more than once; name each class once.")
+        check_ranges(
+            self,
+            [
+                ("decode_workers", lambda v: v is None or v >= 1, ">= 1"),
+                ("max_train_samples", lambda v: v is None or v >= 1, ">= 1 (or unset)"),
+                ("max_eval_samples", lambda v: v is None or v >= 1, ">= 1 (or unset)"),
+                ("decode_size", lambda v: v is None or v >= 1, ">= 1 (or unset)"),
+                ("random_crop_padding", lambda v: v >= 0, ">= 0"),
+                ("rand_augment_ops", lambda v: v >= 0, ">= 0"),
+                ("rand_augment_magnitude", lambda v: 0 < v <= 1, "in (0, 1]"),
+                ("random_erasing", lambda v: 0 <= v <= 1, "a probability in [0, 1]"),
+            ],
+        )
 
 
 @dataclass
 class ScratchViTArguments:
-    """The `ScratchViTConfig` fields of the scratch model (`model_type: scratch` or `both`); unset fields keep the
-    config's defaults, documented in scratch_vit/configuration_scratch_vit.py. Written out rather than read from the
-    config so that `--help` needs no transformers; tests/test_configs.py keeps the two the same."""
+    """The `ScratchViTConfig` fields of the scratch model; unset ones keep the config's defaults
+    (scratch_vit/configuration_scratch_vit.py). Written out so that `--help` needs no transformers;
+    tests/test_configs.py keeps the two the same."""
 
     image_size: int | None = None
     patch_size: int | None = None
@@ -290,111 +243,70 @@ SWITCH = {"nargs": "?", "const": "true"}  # `--bf16` alone means true, as when t
 
 @dataclass
 class TrainingLoopArguments:
-    """The pipeline's own training options, and the machine-dependent ones it chooses itself where they say `auto`
-    (or are unset): `finetune.hardware.choose_settings` turns those into values before the `TrainingArguments` are
-    built. Every other `TrainingArguments` option keeps transformers' meaning."""
+    """The pipeline's own training options, and the machine-dependent ones that `finetune.hardware.choose_settings`
+    answers where they say `auto` (or are unset). Other `TrainingArguments` options keep transformers' meaning."""
 
     output_dir: str | None = option("outputs/run", "Where the model, checkpoints and results.json are written.")
     do_train: bool = option(
-        True,
-        "Train (the default). `false`: evaluate the saved model `model_name_or_path` on the validation and test "
-        "splits without training, writing results.json and predictions_<split>.csv.",
+        True, "`false`: evaluate the saved model `model_name_or_path` without training (results, predictions CSVs)."
     )
     overwrite_output_dir: bool = option(
-        False,
-        "Allow training into an `output_dir` that already holds checkpoints or results of another run. Without it "
-        "such a run stops before touching them (use `resume_from_checkpoint` to continue one).",
+        False, "Allow an `output_dir` that holds another run's checkpoints or results (replaced)."
     )
-    bf16: str = option(
-        "auto",
-        "bf16 autocast: `auto` (the default) uses it on GPUs that support it and on CPUs with native bf16 "
-        "(AVX512-BF16 or AMX), where it is fast; `true` or `false` force it.",
-        **SWITCH,
-    )
-    fp16: str = option(
-        "auto",
-        "fp16 autocast with loss scaling: `auto` uses it on GPUs without bf16; `true`/`false` force it.",
-        **SWITCH,
-    )
-    tf32: str | None = option(
-        "auto", "TF32 matmuls: `auto` enables them on Ampere or newer GPUs; `true`/`false` force them.", **SWITCH
-    )
+    bf16: str = option("auto", "bf16 autocast: `auto` on GPUs with bf16 and CPUs with AVX512-BF16 or AMX.", **SWITCH)
+    fp16: str = option("auto", "fp16 autocast with loss scaling: `auto` uses it on GPUs without bf16.", **SWITCH)
+    tf32: str | None = option("auto", "TF32 matmuls: `auto` enables them on Ampere or newer GPUs.", **SWITCH)
     torch_compile: str = option(
         "auto",
-        "torch.compile the training forward pass: `auto` (the default) compiles on CUDA GPUs with CUDA graphs "
-        "(`torch_compile_mode: reduce-overhead`) and keeps it only if a timed comparison after warm-up finds it "
-        "faster than eager; eager elsewhere. `true` compiles (with `torch_compile_backend` / `torch_compile_mode`), "
-        "`false` never. A compiler error falls back to eager with a warning.",
+        "torch.compile the training forward: `auto` compiles on CUDA GPUs with CUDA graphs and keeps it only if a "
+        "timed comparison finds it faster, eager elsewhere; `true` compiles (`torch_compile_backend` / "
+        "`torch_compile_mode`), `false` never. A compiler error falls back to eager with a warning.",
         **SWITCH,
     )
     use_cpu: bool | None = option(None, "Train on the CPU (default: where torch sees no accelerator).")
-    dataloader_pin_memory: bool | None = option(
-        None, "Pin batches in page-locked memory (default: where CUDA is available)."
-    )
+    dataloader_pin_memory: bool | None = option(None, "Pin batches in page-locked memory (default: with CUDA).")
     max_train_minutes: float | None = option(
-        None,
-        "Stop training after this many minutes of wall-clock time (evaluations included); the best model is then "
-        "evaluated, tested and saved as usual. Default: no budget.",
+        None, "Stop training after this many minutes of wall-clock time; the best model is then kept as usual."
     )
     budget_schedule: bool = option(
-        False,
-        "With `max_train_minutes`: measure the time per step early on and re-plan the learning-rate schedule "
-        "(cosine, linear, ...) to end exactly at the budget; `num_train_epochs` is then only an upper bound.",
+        False, "With `max_train_minutes`: re-plan the learning-rate schedule to end exactly at the budget."
     )
     ema_decay: float | None = option(
         None,
-        "Keep an exponential moving average of the weights with this decay (e.g. 0.999, warmed up as min(decay, (1 + "
-        "t) / (10 + t))); evaluations, checkpoints and the final model use it. Default: off.",
+        "Exponential moving average of the weights with this decay (e.g. 0.999, warmed up as min(decay, (1 + t) / "
+        "(10 + t))), which evaluations, checkpoints and the final model use. Default: off.",
     )
     flip_tta: bool = option(False, "At evaluation, average the logits of each image and its mirror image.")
     mixup_alpha: float = option(0.0, "MixUp of training batches with ratio ~ Beta(alpha, alpha); 0 disables it.")
     cutmix_alpha: float = option(
-        0.0,
-        "CutMix of training batches with ratio ~ Beta(alpha, alpha); 0 disables it. With MixUp also on, each batch "
-        "uses one of the two at random.",
+        0.0, "CutMix with ratio ~ Beta(alpha, alpha); 0 disables it. With MixUp on too, one of the two per batch."
     )
     early_stopping_patience: int | None = option(
-        None,
-        "Stop training after this many evaluations in a row without an improvement of `metric_for_best_model` "
-        "(transformers' EarlyStoppingCallback); the best model is kept. Default: off.",
+        None, "Stop after this many evaluations without an improvement of `metric_for_best_model`. Default: off."
     )
-    early_stopping_threshold: float = option(
-        0.0, "With `early_stopping_patience`: the least improvement of the metric that counts as one."
-    )
+    early_stopping_threshold: float = option(0.0, "The least improvement of the metric that counts as one.")
     class_weighting: str = option(
         "none",
-        "`balanced`: weight each class's loss by images / (classes x the class's images) (scikit-learn's "
-        "`compute_class_weight`), against class imbalance; `none`: unweighted.",
+        "`balanced`: weight each class's loss by images / (classes x its images), against class imbalance.",
         choices=["none", "balanced"],
     )
     teacher_model_name_or_path: str | None = option(
-        None,
-        "Knowledge distillation: a trained classifier of the same labels (a run's output directory, a checkpoint-* "
-        "folder or a Hub id) that teaches the model trained. It sees the same augmented and mixed images at its own "
-        "resolution and normalisation, in eval mode, and is neither trained nor saved. Default: no teacher.",
+        None, "Distill from a trained classifier of the same labels (a run's folder, a checkpoint or a Hub id)."
     )
     distillation_type: str = option(
         "soft",
-        "With a teacher: `soft` matches the teacher's class probabilities softened by `distillation_temperature` "
-        "(KL divergence x T^2, Hinton et al., timm's `--kd-*`); `hard` trains on the teacher's top class as a "
-        "label (DeiT's hard distillation).",
+        "`soft` matches the teacher's probabilities at `distillation_temperature` (KL x T^2, Hinton et al.); `hard` "
+        "trains on the teacher's top class (DeiT).",
         choices=["soft", "hard"],
     )
-    distillation_alpha: float = option(
-        0.5, "With a teacher: the weight of the distillation loss; the loss on the true labels gets 1 - alpha."
-    )
-    distillation_temperature: float = option(
-        2.0, "With `distillation_type: soft`: the temperature T that softens both models' probabilities."
-    )
+    distillation_alpha: float = option(0.5, "The weight of the distillation loss; the true labels' gets 1 - alpha.")
+    distillation_temperature: float = option(2.0, "The temperature T that softens both models' probabilities.")
     recipe_precision: str | None = option(
         None,
-        "The precision a recipe (config) was tuned for, `bf16` or `float32`. Where the machine trains in another "
-        "(`bf16: auto` chose otherwise), the log warns and names `recipe_alternative`.",
+        "The precision a config was tuned for; where the machine trains in another, the log names the alternative.",
         choices=["bf16", "float32"],
     )
-    recipe_alternative: str | None = option(
-        None, "The config to use instead where the precision chosen is not `recipe_precision`."
-    )
+    recipe_alternative: str | None = option(None, "The config to use where the precision is not `recipe_precision`.")
     hub_commit_message: str = option("Upload fine-tuned model", "Commit message of the push to the Hub.")
 
 
@@ -506,11 +418,8 @@ def unset(text: str, hint) -> bool:
 
 
 def load_yaml_config(path: str | os.PathLike, options: dict[str, tuple[Any, list | None]] | None = None) -> dict:
-    """Read a flat YAML config, with its `base:` chain merged in; with `options` (`option_specs`), refuse an unknown
-    key with the closest names and a value of the wrong kind with the file and line.
-
-    The config's own keys override its base's; the base's path is relative to the config's folder.
-    """
+    """A flat YAML config with its `base:` chain merged in; with `options` (`option_specs`), an unknown key is refused
+    with the closest names, and a value of the wrong kind with the file and line."""
     values, chain = {}, []
     path = os.fspath(path)
     while path is not None:
@@ -596,11 +505,7 @@ def unknown_message(unknown: list[str], known, where: str, prefix: str = "") -> 
 
 def parse_options(argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, ScratchViTArguments, dict]:
     """Read `--config FILE.yaml` (optional) and the command line into the three pipeline dataclasses and the
-    `TrainingArguments` values as given, `auto` still unresolved (`finetune.hardware.choose_settings` resolves it).
-
-    A malformed command line (an unknown option, a value of the wrong type) raises `UsageError`; an unknown key or a
-    value of the wrong kind in a config raises `ValueError` naming the file and line.
-    """
+    `TrainingArguments` values as given, `auto` still unresolved. A malformed command line raises `UsageError`."""
     from finetune.training_args import option_parser  # transformers: imported once a command line is read
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -626,9 +531,8 @@ def parse_options(argv: list[str] | None = None) -> tuple[ModelArguments, DataAr
 
 
 def parse_args(argv: list[str] | None = None):
-    """`parse_options`, `hardware.choose_settings` and `build_training_args` in one call, as `finetune.run` takes
-    them: `(model_args, data_args, scratch_args, training_args)`, for tests and benchmarks (the run keeps the settings,
-    which also say why each was chosen)."""
+    """`(model_args, data_args, scratch_args, training_args)` as `finetune.run` builds them, for tests and benchmarks
+    (the run also keeps the settings, with why each was chosen)."""
     from finetune import hardware
     from finetune.training_args import build_training_args
 
@@ -636,9 +540,10 @@ def parse_args(argv: list[str] | None = None):
     return model_args, data_args, scratch_args, build_training_args(options, hardware.choose_settings(options))
 
 
-def check_choices(options) -> None:
-    """Refuse a value outside a field's `choices`, as the parser does, for dataclasses built in code."""
-    for f in dataclasses.fields(options):
+def check_choices(options, fields_of=None) -> None:
+    """Refuse a value outside a field's `choices` (of the fields of `fields_of`, else all), as the parser does, for
+    dataclasses built in code."""
+    for f in dataclasses.fields(fields_of or options):
         choices = f.metadata.get("choices")
         if choices and getattr(options, f.name) not in (*choices, None):  # None: unset
             raise ValueError(f"`{f.name}` must be one of {choices}, got {getattr(options, f.name)!r}.")

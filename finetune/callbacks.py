@@ -1,17 +1,6 @@
-"""Trainer callbacks: the run's one clock, a wall-clock budget (with a schedule that ends at it), an exponential moving
-average (EMA) of the weights evaluated and saved in place of the weights, and a stop on SIGTERM/SIGINT that saves a
-checkpoint first. `ImageClassificationTrainer` builds them from its arguments.
-
-- `RunClock` stamps each log entry with `elapsed_seconds` since training began, adds up the training loop's own time
-  (`train_seconds`, evaluations and checkpoints left out), its optimizer steps and the sum of the step losses. Its
-  totals are saved with every checkpoint (`TrainerState.stateful_callbacks`) and taken up again on resume, so
-  `results.json` covers the whole run, not only its resumed part.
-- `TrainingBudgetCallback` stops training once `max_train_minutes` of wall-clock time are spent; with
-  `fit_schedule=True` it also re-plans the learning-rate schedule to end exactly at the budget.
-- `EMACallback` updates a `ModelEMA` after every optimizer step, and swaps the average into the model for each
-  evaluation and checkpoint.
-- `InterruptCallback`: the first SIGTERM or SIGINT finishes the running optimizer step, saves a checkpoint and stops
-  training (every process at the same step); a second one ends the process at once.
+"""Trainer callbacks that `ImageClassificationTrainer` builds from its arguments: the run's one clock (`RunClock`), a
+wall-clock budget with a schedule that ends at it, an exponential moving average (EMA) of the weights evaluated and
+saved in place of the weights, a stop on SIGTERM/SIGINT that saves a checkpoint first, and quieter progress bars.
 """
 
 import functools
@@ -31,13 +20,16 @@ from transformers.utils import logging
 logger = logging.get_logger(__name__)
 
 
-class RunClock(TrainerCallback, ExportableState):
-    """The run's clock: time since training began, the training loop's own time, its steps and the sum of their
-    losses; across resumes.
+def total_batch_size(args) -> int:
+    """Images per optimizer step, over every process."""
+    return args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
 
-    Args:
-        time_fn: a function returning seconds (`time.perf_counter`); tests pass a fake one.
-    """
+
+class RunClock(TrainerCallback, ExportableState):
+    """The run's clock: stamps each log entry with `elapsed_seconds` since training began, and adds up the training
+    loop's own time (evaluations and checkpoints left out), its optimizer steps and the sum of their losses. The totals
+    are saved with every checkpoint (`TrainerState.stateful_callbacks`) and taken up again on resume, so
+    `results.json` covers the whole run. `time_fn` returns seconds; tests pass a fake one."""
 
     def __init__(self, time_fn: Callable[[], float] = time.perf_counter):
         self.time_fn = time_fn
@@ -89,17 +81,13 @@ class RunClock(TrainerCallback, ExportableState):
         self._mark = self.time_fn()
 
     def on_evaluate(self, args, state, control, **kwargs):
-        self._pause()
-
-    def on_save(self, args, state, control, **kwargs):
-        self._pause()
-
-    def _pause(self) -> None:
         # An evaluation or checkpoint inside an epoch (`eval_strategy: steps`) is not training time.
         if self._epoch_start is not None and self._mark is not None:
             now = self.time_fn()
             self._paused += now - self._mark
             self._mark = now
+
+    on_save = on_evaluate
 
     def on_epoch_end(self, args, state, control, **kwargs):
         # Called before the end-of-epoch evaluation and checkpoint, so those are not counted.
@@ -108,9 +96,7 @@ class RunClock(TrainerCallback, ExportableState):
             self.train_seconds += self._running()
             self._epoch_start = None
 
-    def on_train_end(self, args, state, control, **kwargs):
-        # A budget or `max_steps` can end training inside an epoch, with no `on_epoch_end` after it.
-        self.on_epoch_end(args, state, control)
+    on_train_end = on_epoch_end  # a budget or `max_steps` can end training inside an epoch, with no `on_epoch_end`
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if self.train_start is not None and state.log_history:
@@ -119,21 +105,16 @@ class RunClock(TrainerCallback, ExportableState):
             if "eval_accuracy" in entry or "eval_map" in entry:
                 # Logged before `on_evaluate`: the running epoch counts up to its last step.
                 seconds = self.train_seconds + self._running()
-                batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
                 entry["train_seconds"] = round(seconds, 3)
                 entry["train_steps"] = self.steps
-                entry["train_images_per_second"] = round(self.steps * batch / seconds, 1) if seconds > 0 else None
+                images = self.steps * total_batch_size(args)
+                entry["train_images_per_second"] = round(images / seconds, 1) if seconds > 0 else None
 
 
 class TrainingBudgetCallback(TrainerCallback):
-    """Stop training when `max_minutes` of wall-clock time have passed since training began.
-
-    Args:
-        max_minutes: the budget, in minutes of wall-clock time from `on_train_begin`.
-        clock: the run's `RunClock`, registered with the Trainer before this callback.
-        fit_schedule: re-plan the learning-rate schedule's length so that it ends at the budget.
-        calibration_fraction: share of the budget after which the seconds per step are first measured.
-    """
+    """Stop training when `max_minutes` of wall-clock time have passed since training began (by `clock`, registered
+    before this callback); with `fit_schedule`, re-plan the learning-rate schedule to end at the budget, from the
+    seconds per step measured after `calibration_fraction` of it."""
 
     def __init__(
         self,
@@ -143,8 +124,6 @@ class TrainingBudgetCallback(TrainerCallback):
         calibration_fraction: float = 0.02,
         guard=None,
     ):
-        if max_minutes <= 0:
-            raise ValueError(f"`max_minutes` must be > 0, got {max_minutes}.")
         self.budget_seconds = 60.0 * max_minutes
         self.clock = clock
         self.fit_schedule = fit_schedule
@@ -154,9 +133,6 @@ class TrainingBudgetCallback(TrainerCallback):
         self.guard = guard
         self.planned_steps = None
         self.stopped_at = None
-        self.reference = None
-
-    def on_train_begin(self, args, state, control, **kwargs):
         self.reference = None
 
     def on_step_end(self, args, state, control, lr_scheduler=None, **kwargs):
@@ -238,12 +214,8 @@ class TrainingBudgetCallback(TrainerCallback):
 
 
 def set_schedule_length(lr_scheduler, num_training_steps: int) -> bool:
-    """Set `num_training_steps` of a transformers `LambdaLR` schedule (cosine, linear, ...) in place.
-
-    transformers builds those schedules as `functools.partial(lr_lambda, num_warmup_steps=...,
-    num_training_steps=...)`; replacing the keyword changes where the decay ends while keeping the warmup. Returns
-    False for schedules without a length (constant).
-    """
+    """Set `num_training_steps` of a transformers schedule (cosine, linear, ...) in place: transformers builds them as
+    `functools.partial(lr_lambda, num_warmup_steps=..., num_training_steps=...)`. False for one without a length."""
     lambdas = getattr(lr_scheduler, "lr_lambdas", None)
     if not lambdas or not all(
         isinstance(f, functools.partial) and "num_training_steps" in f.keywords for f in lambdas
@@ -265,8 +237,6 @@ class ModelEMA:
     """
 
     def __init__(self, model: nn.Module, decay: float, warmup: bool = True):
-        if not 0.0 < decay < 1.0:
-            raise ValueError(f"`decay` must be in (0, 1), got {decay}.")
         self.decay, self.warmup, self.num_updates = decay, warmup, 0
         self.shadow = {name: t.detach().float().clone() for name, t in _averaged_tensors(model)}
 
@@ -294,12 +264,10 @@ def _averaged_tensors(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
 
 
 class EMACallback(TrainerCallback):
-    """Keeps `ema` up to date after every optimizer step, and has evaluations and checkpoints use it: the average is
-    swapped into the model when the Trainer is about to evaluate or save (this callback runs after the ones that
-    decide so) and swapped back before the next step (by `restorer`, registered before the others). Each checkpoint
-    also gets `ema_state.safetensors` (the training weights and the average), from which a resumed run continues
-    exactly. Training ends with the model holding the average (or the best checkpoint, which holds averaged
-    weights)."""
+    """Updates `ema` after every optimizer step and swaps the average into the model when the Trainer is about to
+    evaluate or save (registered last, after the callbacks that decide so); `restorer`, registered first, swaps it
+    back before the next step and writes `ema_state.safetensors` into each checkpoint, from which a resume continues
+    exactly. Training ends with the model holding the average."""
 
     STATE_NAME = "ema_state.safetensors"
 
@@ -324,25 +292,20 @@ class EMACallback(TrainerCallback):
     def on_optimizer_step(self, args, state, control, **kwargs):
         self.ema.update(self.model)
 
-    def _swap_in_if_needed(self, control) -> None:
-        if (control.should_evaluate or control.should_save) and not self.swapped:
-            self.ema.swap(self.model)
-            self.swapped = True
-
     def swap_back(self) -> None:
         if self.swapped:
             self.ema.swap(self.model)
             self.swapped = False
 
     def on_step_end(self, args, state, control, **kwargs):
-        self._swap_in_if_needed(control)
+        if (control.should_evaluate or control.should_save) and not self.swapped:
+            self.ema.swap(self.model)
+            self.swapped = True
 
-    def on_epoch_end(self, args, state, control, **kwargs):
-        self._swap_in_if_needed(control)
+    on_epoch_end = on_step_end
 
     def save_state(self, args, state) -> None:
-        """Write `ema_state.safetensors` into the checkpoint just saved (by `restorer`, before the callbacks that
-        may end training after a save)."""
+        """Write `ema_state.safetensors` into the checkpoint just saved."""
         if not args.should_save:
             return
         from safetensors.torch import save_file
@@ -363,9 +326,8 @@ class EMACallback(TrainerCallback):
 
 
 class EMARestorer(TrainerCallback):
-    """Swaps the EMA's training weights back before a step or an epoch starts, and saves the EMA's state with each
-    checkpoint; registered before the other callbacks (the non-finite guard keeps the buffers of each step from the
-    training weights, and the interrupt handler ends training right after a save)."""
+    """`EMACallback.restorer`: registered before the other callbacks (the non-finite guard keeps each step's buffers
+    from the training weights; the interrupt handler ends training right after a save)."""
 
     def __init__(self, ema_callback: EMACallback):
         self.ema_callback = ema_callback
@@ -373,8 +335,7 @@ class EMARestorer(TrainerCallback):
     def on_step_begin(self, args, state, control, **kwargs):
         self.ema_callback.swap_back()
 
-    def on_epoch_begin(self, args, state, control, **kwargs):
-        self.ema_callback.swap_back()
+    on_epoch_begin = on_step_begin
 
     def on_save(self, args, state, control, **kwargs):
         self.ema_callback.save_state(args, state)
@@ -427,10 +388,7 @@ class InterruptCallback(TrainerCallback):
         if self.guard.stop_agreed:
             control.should_save, control.should_training_stop, control.should_evaluate = True, True, False
 
-    def on_epoch_end(self, args, state, control, **kwargs):
-        # On a GPU the agreement arrives two steps late, possibly only with the epoch's last flags.
-        if self.guard.stop_agreed:
-            control.should_save, control.should_training_stop, control.should_evaluate = True, True, False
+    on_epoch_end = on_step_end  # on a GPU the agreement arrives two steps late, possibly with the epoch's last flags
 
     def on_save(self, args, state, control, **kwargs):
         signum = self.guard.stop_agreed  # the same in every process, signalled or not

@@ -26,17 +26,21 @@ LATEST = ("true", "last", "latest")
 LOCK_NAME = ".run.lock"
 
 
+def numbered_checkpoints(run_dir: Path) -> list[Path]:
+    """The `checkpoint-N` folders of `run_dir`, newest first."""
+    numbered = [p for p in run_dir.glob("checkpoint-*") if p.is_dir() and p.name.split("-", 1)[1].isdigit()]
+    return sorted(numbered, key=lambda p: int(p.name.split("-", 1)[1]), reverse=True)
+
+
 def resolve_checkpoint(run_dir: Path, training_args: TrainingArguments) -> str | None:
     """The checkpoint to resume from, and a guard that never trains over an earlier run's work by accident."""
     remove_partial_checkpoints(run_dir, training_args)
     resume = training_args.resume_from_checkpoint
-    if resume is not None and str(resume).lower() == "auto":
-        # Preemptible machines restart the same command: resume where there is a checkpoint, else start.
-        if any(p.name.split("-", 1)[1].isdigit() for p in run_dir.glob("checkpoint-*") if p.is_dir()):
-            return newest_whole_checkpoint(run_dir, training_args)
-    if resume is not None and str(resume).lower() in LATEST:
+    text = "" if resume is None else str(resume).lower()
+    # `auto`: preemptible machines restart the same command; resume where there is a checkpoint, else start.
+    if text in LATEST or (text == "auto" and numbered_checkpoints(run_dir)):
         return newest_whole_checkpoint(run_dir, training_args)
-    if resume is not None and str(resume).lower() not in ("false", "none", "", "auto"):
+    if text not in ("false", "none", "", "auto"):
         if not os.path.isdir(resume):
             raise FileNotFoundError(f"`resume_from_checkpoint` {resume!r} is not a checkpoint folder.")
         problem = checkpoint_problem(Path(resume), training_args)
@@ -45,9 +49,8 @@ def resolve_checkpoint(run_dir: Path, training_args: TrainingArguments) -> str |
                 f"`resume_from_checkpoint` {resume!r} cannot be resumed: {problem}. {fix_for(problem, resume)}"
             )
         return resume
-    earlier = sorted(p.name for p in run_dir.glob("checkpoint-*")) + [
-        p.name for p in (run_dir / "results.json",) if p.exists()
-    ]
+    earlier = sorted(p.name for p in run_dir.glob("checkpoint-*"))
+    earlier += ["results.json"] if (run_dir / "results.json").exists() else []
     if earlier and not training_args.overwrite_output_dir:
         raise FileExistsError(
             f"{run_dir} already holds an earlier run ({', '.join(earlier[:3])}). Nothing was changed. Fix: "
@@ -66,13 +69,12 @@ def resolve_checkpoint(run_dir: Path, training_args: TrainingArguments) -> str |
 def newest_whole_checkpoint(run_dir: Path, training_args: TrainingArguments) -> str:
     """The newest `checkpoint-N` of `run_dir` that can be resumed exactly. A damaged one (cut short, a file deleted)
     is skipped, with a warning, for the one before; it is left in place."""
-    numbered = [p for p in run_dir.glob("checkpoint-*") if p.is_dir() and p.name.split("-", 1)[1].isdigit()]
+    numbered = numbered_checkpoints(run_dir)
     if not numbered:
         raise FileNotFoundError(
             f"`resume_from_checkpoint: {training_args.resume_from_checkpoint}` but {run_dir} holds no complete "
             "checkpoint-* folder. Train without it first, or pass the path of a checkpoint folder."
         )
-    numbered.sort(key=lambda p: int(p.name.split("-", 1)[1]), reverse=True)
     problems = []
     for checkpoint in numbered:
         problems.append(checkpoint_problem(checkpoint, training_args))
@@ -148,7 +150,8 @@ def weight_files(checkpoint: Path, files: list[str]) -> list[tuple[str, Callable
             )
         except (ValueError, KeyError, TypeError):
             shards = []  # the index itself is damaged: reported when read below
-        return [("model.safetensors.index.json", read_index)] + [(name, read_weights) for name in shards]
+        index = ("model.safetensors.index.json", lambda path: json.loads(path.read_text())["weight_map"].values())
+        return [index] + [(name, read_weights) for name in shards]
     if "model.safetensors" not in files and "pytorch_model.bin" in files:
         return [("pytorch_model.bin", read_weights)]
     return [("model.safetensors", read_weights)]
@@ -168,10 +171,6 @@ def rng_state_files(files: list[str], world_size: int) -> list[str]:
 def read_trainer_state(path: Path) -> None:
     if not isinstance(json.loads(path.read_text()).get("global_step"), int):
         raise ValueError("no global_step")
-
-
-def read_index(path: Path) -> None:
-    json.loads(path.read_text())["weight_map"].values()
 
 
 def read_weights(path: Path) -> None:
@@ -205,10 +204,9 @@ def remove_partial_checkpoints(run_dir: Path, training_args: TrainingArguments) 
 class RunLock:
     """`output_dir/.run.lock`, holding `{pid, host, started}` of the one run that uses the folder.
 
-    A file created atomically (`O_CREAT | O_EXCL`, atomic on local disks and NFS v3+), not `fcntl.flock`: flock is
-    per host, and on NFS either local to the client or unsupported, so two machines sharing the folder would both
-    get it. A lock whose process is gone from this host (`kill -9` leaves it behind) is stale and taken over; whether
-    a process of another host lives cannot be checked, so its lock is reported with the fix.
+    A file created atomically (`O_CREAT | O_EXCL`, also on NFS v3+), not `fcntl.flock`, which is per host (two machines
+    sharing the folder would both get it). A lock whose process is gone from this host (`kill -9`) is stale and taken
+    over; whether a process of another host lives cannot be checked, so its lock is reported with the fix.
     """
 
     def __init__(self, output_dir: str | os.PathLike):
@@ -261,7 +259,7 @@ class RunLock:
         except ProcessLookupError:
             return True
         except PermissionError:
-            return False  # alive, another user's
+            pass  # alive, another user's
         return False
 
     def take_over(self, holder: dict) -> None:
@@ -321,13 +319,8 @@ def read_lock(path: Path) -> dict | None:
 
 
 def lock_output_dir(output_dir: str | os.PathLike, training_args: TrainingArguments) -> RunLock:
-    """Lock `output_dir` for this run until `release()` (`run.main` calls `release_output_dirs`); refuse, on every
-    process, if another run holds it.
-
-    One lock per run: only the process of global rank 0 takes it. Every node's local rank 0 would lock the same folder
-    twice where nodes share it (a cluster's shared disk, `torchrun --nnodes 2` on one machine); nodes with folders of
-    their own save nothing there unless `save_on_each_node`.
-    """
+    """Lock `output_dir` for this run (`run.main` releases it); refuse, on every process, if another run holds it.
+    Only global rank 0 locks: each node's local rank 0 would lock the same folder twice where nodes share it."""
     lock, refusal = RunLock(output_dir), [None]
     if training_args.process_index == 0:
         try:

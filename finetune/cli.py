@@ -1,19 +1,7 @@
-"""`vit-finetune`: one command for the pipeline, with a subcommand per task (as `accelerate` and `hf` have).
-
-    vit-finetune train --config configs/quickstart.yaml [--key value ...]    finetune/run.py
-    vit-finetune quickstart                                                   the offline quickstart
-    vit-finetune compare RUN_DIR [RUN_DIR ...] --output DIR                   the comparison report
-    vit-finetune predict MODEL_DIR PATH [PATH ...] [--top_k 3]                classify image files
-    vit-finetune attention MODEL_DIR IMAGE [IMAGE ...] --output DIR           attention maps
-    vit-finetune push OUTPUT_DIR --repo_id you/name                           push a run to the Hub
-    vit-finetune card OUTPUT_DIR [--repo_id ID]                               write the model card
-    vit-finetune export RUN_DIR --format onnx [--output DIR]                  ONNX for serving, checked
-
-Each subcommand is also a module (`python -m finetune.run`, `python -m finetune.tools.compare`, ...;
-`accelerate launch -m finetune.run` for several processes). Flags are snake_case, as
-transformers' `HfArgumentParser` writes them;
-kebab-case spellings (`--top-k`) are accepted too. An error ends as one line `error: ...` with exit status 1 (2
-for a malformed command line); `--debug` (or `LOG_LEVEL=debug`) shows its traceback.
+"""`vit-finetune COMMAND`: one command for the pipeline, with a subcommand per task (as `accelerate` and `hf` have).
+Each subcommand is also a module (`python -m finetune.run`, `accelerate launch -m finetune.run`, ...). Flags are
+snake_case as transformers' `HfArgumentParser` writes them (`--top-k` is accepted too); errors end as one line
+(finetune/errors.py).
 """
 
 import importlib
@@ -40,8 +28,7 @@ def usage() -> str:
     width = max(map(len, COMMANDS))
     lines = ["usage: vit-finetune COMMAND [ARGS ...]", "", "commands:"]
     lines += [f"  {name:<{width}}  {help_text}" for name, (_, help_text) in COMMANDS.items()]
-    lines += ["", "`vit-finetune COMMAND --help` lists a command's arguments."]
-    return "\n".join(lines)
+    return "\n".join([*lines, "", "`vit-finetune COMMAND --help` lists a command's arguments."])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,9 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     if command == "train":
         answer_help(rest)  # the short help needs neither torch nor transformers: answered before importing them
     module = importlib.import_module(COMMANDS[command][0])
-    if command == "push":
-        rest = ["push", *rest]
-    # Each `main` returns what it made (results, paths) and raises on errors: one line `error: ...` and status 1.
+    rest = ["push", *rest] if command == "push" else rest
     return run_command(module.main, rest, keep_debug=command == "push")
 
 

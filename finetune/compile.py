@@ -1,17 +1,12 @@
 """torch.compile of the training forward pass that is never fatal and, under `auto`, never slower than eager.
 
-`TrainingCompiler` owns compilation instead of the Trainer (which would compile the model for evaluation too and end
-the run on a compiler error):
-
-- Only training steps run compiled, and only at the batch size of the first one: the smaller last batch of an epoch
-  runs eagerly instead of triggering a recompilation, and evaluation runs eagerly (CUDA graphs would overwrite the
-  logits the evaluation loop keeps from batch to batch).
-- A step that fails in the compiled model is run again eagerly and training goes on eagerly, with a warning that
-  names the error (`ImageClassificationTrainer.training_step`).
-- With `verify` (`torch_compile: auto`), after `warmup` compiled steps the compiled and the eager step are each timed
-  over `window` steps (waiting for the device at each step's end in these steps only; evaluations and checkpoints in
-  between are left out); the faster is kept and the log says which, with both times. In a multi-process run the times
-  are summed over the processes, and a compiler error in any one turns all of them eager, so all decide alike.
+`TrainingCompiler` compiles instead of the Trainer, which would compile evaluation too and end the run on a compiler
+error. Only training steps at the first step's batch size run compiled (an epoch's smaller last batch and evaluation
+run eagerly: no recompilation, and CUDA graphs would overwrite the logits the evaluation loop keeps). A step that fails
+compiled runs again eagerly and training goes on eagerly, with a warning. Under `auto` (`verify`), after `warmup`
+compiled steps the compiled and the eager step are each timed over `window` steps (evaluations and checkpoints left
+out) and the faster is kept; with several processes the times are summed over them and a compiler error in one turns
+all eager, so all decide alike.
 """
 
 import time
@@ -28,12 +23,10 @@ from finetune.hardware import CompileChoice
 
 logger = logging.get_logger(__name__)
 
-CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 T = TypeVar("T")
 
 
 def synchronize(device: torch.device) -> None:
-    """Wait for the device's queued work (a no-op on a CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -46,17 +39,7 @@ def one_line(error: BaseException, limit: int = 300) -> str:
 
 
 class TrainingCompiler(TrainerCallback):
-    """Which module runs a training step's forward pass: the compiled one or the model itself; as a callback, it
-    times the check of `auto` over the Trainer's steps.
-
-    Args:
-        choice: the resolved `torch_compile` (`finetune.hardware.choose_compile`).
-        device: the training device (for synchronisation around the timed windows).
-        world_size: processes of the run; above 1 the timings are summed over them before deciding.
-        warmup: compiled steps before timing (compilation, CUDA-graph recording).
-        window: steps timed in each mode.
-        time_fn: a function returning seconds (`time.perf_counter`); tests pass a fake one.
-    """
+    """Which module runs a training step's forward pass; as a callback, it times the check of `auto`."""
 
     def __init__(
         self,
@@ -67,11 +50,7 @@ class TrainingCompiler(TrainerCallback):
         window: int = 10,
         time_fn: Callable[[], float] = time.perf_counter,
     ):
-        self.choice = choice
-        self.time_fn = time_fn
-        self.device = device
-        self.world_size = world_size
-        self.warmup, self.window = warmup, window
+        self.choice, self.device, self.world_size, self.time_fn = choice, device, world_size, time_fn
         self.active = choice.enabled
         self.batch_size: int | None = None
         self.used = False  # the step now running uses the compiled module
@@ -79,9 +58,8 @@ class TrainingCompiler(TrainerCallback):
         self.outcome = "compiled" if choice.enabled else "eager"
         self._compiled: dict[int, nn.Module] = {}
         self.failed = False
-        # The check: phases of (name, steps), each timed over its steps only (evaluations and checkpoints between them
-        # are left out). `auto` compares the compiled and the eager step; in a multi-process run every choice also has
-        # an agreement point after warm-up, so that a compiler error in one process turns every process eager.
+        # The check: phases of (name, steps). In a multi-process run every compiled choice has an agreement point
+        # after warm-up, so that a compiler error in one process turns every process eager.
         if choice.enabled and choice.verify:
             self._phases = [("warmup", warmup), ("compiled", window), ("eager warmup", 2), ("eager", window)]
         elif choice.enabled and world_size > 1:
@@ -92,8 +70,6 @@ class TrainingCompiler(TrainerCallback):
         self._phase, self._phase_steps, self._phase_seconds = 0, 0, 0.0
         self._segment_start = self._last_end = None
         self._times: dict[str, float] = {}
-
-    # ---- Which module runs the forward pass.
 
     @property
     def _trying_eager(self) -> bool:
@@ -108,7 +84,7 @@ class TrainingCompiler(TrainerCallback):
             self.batch_size = batch_size
         if batch_size != self.batch_size:
             return model  # the smaller last batch of an epoch: eager, no recompilation
-        if self.choice.mode in CUDA_GRAPH_MODES or self.choice.backend == "cudagraphs":
+        if self.choice.cuda_graphs:
             # A new iteration: outputs of the previous step's CUDA graphs may be overwritten from here on.
             torch.compiler.cudagraph_mark_step_begin()
         key = id(model)
@@ -120,10 +96,9 @@ class TrainingCompiler(TrainerCallback):
         return self._compiled[key]
 
     def run(self, step: Callable[[], T], on_fallback: Callable[[], None] = lambda: None) -> T:
-        """`step()` (a training step that takes its module from `module_for`); if it fails in the compiled module, it
-        runs again eagerly, and only if that succeeds is the compiler at fault: training goes on eagerly, and
-        `on_fallback()` is called (the Trainer skips the optimizer step, whose gradients a compiled backward that
-        failed halfway may have partly accumulated twice). The first compiled step's time is logged."""
+        """`step()`, which takes its module from `module_for`; if it fails compiled, it runs again eagerly, and only
+        if that succeeds is the compiler at fault: training goes on eagerly and `on_fallback()` is called (the Trainer
+        skips that optimizer step, whose gradients a compiled backward that failed halfway may hold twice)."""
         first = self.active and self.compile_seconds is None
         start = self.time_fn()
         try:
@@ -143,8 +118,7 @@ class TrainingCompiler(TrainerCallback):
         return result
 
     def fall_back(self, error: BaseException) -> None:
-        """After a failure in the compiled step: eager from now on, with a warning. In a multi-process run the others
-        follow at the next agreement point."""
+        """Eager from now on, with a warning; in a multi-process run the others follow at the agreement point."""
         self.active, self.failed = False, True
         if self.world_size == 1:
             self._checking = False
@@ -153,8 +127,6 @@ class TrainingCompiler(TrainerCallback):
             f"torch.compile failed ({one_line(error)}); training goes on without compilation. Set "
             "`torch_compile: false` to skip the attempt, or `--debug` for the traceback of a run that fails for good."
         )
-
-    # ---- The check, one call per optimizer step.
 
     def on_step_begin(self, *args, **kwargs) -> None:
         if self._checking and self._segment_start is None:
@@ -218,7 +190,5 @@ class TrainingCompiler(TrainerCallback):
         """What the run trained with, for results.json."""
         if not self.choice.enabled:
             return self.choice.summary
-        text = self.outcome
-        if self.compile_seconds is not None:
-            text += f"; first compiled step {self.compile_seconds:.1f} s"
-        return f"{text}; {self.choice.summary}"
+        first = f"; first compiled step {self.compile_seconds:.1f} s" if self.compile_seconds is not None else ""
+        return f"{self.outcome}{first}; {self.choice.summary}"

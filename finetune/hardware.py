@@ -1,32 +1,43 @@
 """What a run runs on: the machine recorded in `results.json` (so that every figure names its machine), and the
-settings chosen from it where the arguments say `auto`: precision, TF32, compilation, CPU or GPU, pinned memory
-(`choose_settings`, a step of its own in `finetune.run`), and the attention kernel."""
+settings `choose_settings` picks for it where the arguments say `auto` (precision, TF32, compilation, CPU or GPU,
+pinned memory), a step of its own in `finetune.run`; and the attention kernel."""
 
 import os
 import platform
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
 
 
+AUTO = "auto"
+# CPU flags of native bf16 arithmetic; without them PyTorch runs bf16 autocast through slow conversion paths.
+NATIVE_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+# oneDNN instruction-set caps (`ONEDNN_MAX_CPU_ISA`) below AVX512_CORE_BF16: with one set, oneDNN (PyTorch's CPU
+# bf16 matmuls) runs as on a CPU without native bf16, which is how benchmarks/precision.py emulates such a CPU.
+ONEDNN_ISAS_WITHOUT_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
+# bf16 autocast against float32 on a CPU without native bf16, training step of the CPU recipe's model
+# (benchmarks/README.md, "Precision on CPUs without native bf16").
+CPU_BF16_SLOWDOWN = "about 13x"
+# Largest attention head size for which SDPA's CPU kernel under bf16 is slower than the explicit path (measured at
+# head sizes 12 and 16: 2.5-3x slower; benchmarks/README.md, "model_speed"). Head size 64 (ViT-B) keeps SDPA.
+SMALL_HEAD_SIZE = 32
+# Compute capability Triton (inductor's GPU code generator) needs.
+TRITON_MIN_CAPABILITY = (7, 0)
+# What `auto` compiles with on a CUDA GPU: CUDA graphs replay a whole forward or backward pass as one launch, which
+# removes the per-kernel launch cost that bounds small-batch steps (a ViT-B/16 step launches several hundred kernels).
+AUTO_CUDA_COMPILE = {"backend": "inductor", "mode": "reduce-overhead"}
+
+
 def cpuinfo_field(key: str) -> str | None:
     """The value of the first `key` line of `/proc/cpuinfo`; `None` where there is none (e.g. macOS)."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(key):
-                return line.split(":", 1)[1].strip()
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        pass
-    return None
-
-
-def cpu_name() -> str:
-    """The CPU's model name (`/proc/cpuinfo` on Linux, else what `platform` knows)."""
-    return cpuinfo_field("model name") or platform.processor() or platform.machine()
+        return None
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith(key)), None)
 
 
 def describe(device: torch.device | str | None = None) -> dict[str, Any]:
@@ -34,7 +45,7 @@ def describe(device: torch.device | str | None = None) -> dict[str, Any]:
     device = torch.device(device) if device is not None else None
     info: dict[str, Any] = {
         "device": device.type if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"),
-        "cpu": cpu_name(),
+        "cpu": cpuinfo_field("model name") or platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
@@ -57,38 +68,11 @@ def short_name(hardware: dict[str, Any] | None) -> str | None:
     return f"CPU {hardware.get('cpu', '?')}, {hardware.get('torch_threads', '?')} threads"
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Precision and attention kernels chosen from the machine (`auto`, the default of `bf16`, `fp16`, `tf32` and
-# `attn_implementation`).
-
-# CPU flags of native bf16 arithmetic; without them PyTorch runs bf16 autocast through slow conversion paths.
-NATIVE_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
-# bf16 autocast against float32 on a CPU without native bf16, training step of the CPU recipe's model
-# (benchmarks/README.md, "Precision on CPUs without native bf16").
-CPU_BF16_SLOWDOWN = "about 13x"
-# Largest attention head size for which SDPA's CPU kernel under bf16 is slower than the explicit path (measured at
-# head sizes 12 and 16: 2.5-3x slower; benchmarks/README.md, "model_speed"). Head size 64 (ViT-B) keeps SDPA.
-SMALL_HEAD_SIZE = 32
-AUTO = "auto"
-
-
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags (`/proc/cpuinfo`; empty where there is none, e.g. macOS)."""
-    return set((cpuinfo_field("flags") or "").split())
-
-
-# oneDNN instruction-set caps (`ONEDNN_MAX_CPU_ISA`) below AVX512_CORE_BF16: with one set, oneDNN (PyTorch's CPU
-# bf16 matmuls) runs as on a CPU without native bf16, which is how benchmarks/precision.py emulates such a CPU.
-ONEDNN_ISAS_WITHOUT_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
-
-
 def cpu_has_native_bf16(flags: set[str] | None = None, max_isa: str | None = None) -> bool:
     """Whether the CPU computes in bf16 natively (AVX512-BF16 or AMX) and oneDNN may use it."""
-    flags = cpu_flags() if flags is None else flags
+    flags = set((cpuinfo_field("flags") or "").split()) if flags is None else flags
     max_isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "") if max_isa is None else max_isa
-    if max_isa.upper() in ONEDNN_ISAS_WITHOUT_BF16:
-        return False
-    return any(flag in flags for flag in NATIVE_BF16_CPU_FLAGS)
+    return max_isa.upper() not in ONEDNN_ISAS_WITHOUT_BF16 and any(flag in flags for flag in NATIVE_BF16_CPU_FLAGS)
 
 
 def accelerator_type(use_cpu: bool) -> str:
@@ -106,15 +90,11 @@ def accelerator_type(use_cpu: bool) -> str:
 
 def parse_switch(value: Any, name: str) -> bool | str:
     """`true`/`false` (bool or string, as YAML and the command line give them) or `auto`."""
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text == AUTO:
-        return AUTO
-    if text in ("true", "1", "yes"):
-        return True
-    if text in ("false", "0", "no", "none"):
-        return False
+    text = value if isinstance(value, bool) else str(value).strip().lower()
+    if text in (True, False, AUTO):
+        return text
+    if text in ("true", "1", "yes", "false", "0", "no", "none"):
+        return text in ("true", "1", "yes")
     raise ValueError(f"`{name}` must be auto, true or false, got {value!r}.")
 
 
@@ -145,47 +125,38 @@ def choose_precision(
     cpu_native_bf16: bool = False,
     launcher_precision: str | None = None,
 ) -> PrecisionChoice:
-    """Resolve `auto` for mixed precision and TF32 from the device; an explicit value is kept.
+    """Resolve `auto` for mixed precision and TF32 from the device; an explicit value is kept, and so is a precision
+    given to `accelerate launch --mixed_precision` (`launcher_precision`).
 
-    - CUDA: bf16 where the GPU supports it, else fp16 (the Trainer scales the loss); TF32 matmuls on compute
-      capability 8.0 (Ampere) or newer.
-    - CPU: bf16 only with native bf16 (AVX512-BF16 or AMX), float32 otherwise. An explicit bf16 on a CPU without it
-      is kept, with a warning naming the expected slowdown.
-    - Apple MPS and other accelerators: float32. torch's MPS autocast exists, but the Trainer's mixed-precision path
-      on MPS could not be tested here; choose `--fp16 true` or `--bf16 true` there to try it.
-    - A precision given to `accelerate launch --mixed_precision` counts as explicit: `auto` then leaves it alone.
+    CUDA: bf16 where the GPU supports it, else fp16; TF32 from compute capability 8.0 (Ampere). CPU: bf16 only with
+    native bf16 (an explicit bf16 without it warns). MPS and others: float32 (the Trainer's mixed precision there
+    is untested; `--bf16 true` or `--fp16 true` try it).
     """
     bf16, fp16, tf32 = parse_switch(bf16, "bf16"), parse_switch(fp16, "fp16"), parse_switch(tf32, "tf32")
     reasons, warnings = [], []
     launcher = launcher_precision if launcher_precision in ("bf16", "fp16") else None
     if launcher and AUTO in (bf16, fp16):
         reasons.append(f"mixed precision {launcher} from `accelerate launch --mixed_precision`")
-        bf16 = False if bf16 == AUTO else bf16
-        fp16 = False if fp16 == AUTO else fp16
-    if bf16 is True and fp16 == AUTO:
-        fp16 = False
-    if fp16 is True and bf16 == AUTO:
-        bf16 = False
-    if bf16 == AUTO or fp16 == AUTO:
-        if device == "cuda":
-            auto_bf16, auto_fp16 = cuda_bf16, not cuda_bf16
-            reasons.append("auto: this GPU supports bf16" if cuda_bf16 else "auto: this GPU has no bf16, fp16 instead")
+    if launcher or True in (bf16, fp16):  # a precision chosen explicitly or by the launcher turns `auto` off
+        bf16, fp16 = (False if value == AUTO else value for value in (bf16, fp16))
+    if AUTO in (bf16, fp16):
+        if device == "cuda" and cuda_bf16:
+            auto, why = "bf16", "this GPU supports bf16"
+        elif device == "cuda":
+            auto, why = "fp16", "this GPU has no bf16, fp16 instead"
+        elif device == "cpu" and cpu_native_bf16:
+            auto, why = "bf16", "this CPU has native bf16 (AVX512-BF16/AMX)"
         elif device == "cpu":
-            auto_bf16, auto_fp16 = cpu_native_bf16, False
-            reasons.append(
-                "auto: this CPU has native bf16 (AVX512-BF16/AMX)"
-                if cpu_native_bf16
-                else f"auto: this CPU has no native bf16 (AVX512-BF16/AMX), where bf16 runs {CPU_BF16_SLOWDOWN} slower"
-            )
+            auto = None
+            why = f"this CPU has no native bf16 (AVX512-BF16/AMX), where bf16 runs {CPU_BF16_SLOWDOWN} slower"
         else:
-            auto_bf16 = auto_fp16 = False
-            reasons.append(f"auto: float32 on {device} (mixed precision there is not tested)")
-        bf16 = auto_bf16 if bf16 == AUTO else bf16
-        fp16 = (auto_fp16 and not bf16) if fp16 == AUTO else fp16
+            auto, why = None, f"float32 on {device} (mixed precision there is not tested)"
+        reasons.append(f"auto: {why}")
+        bf16 = auto == "bf16" if bf16 == AUTO else bf16
+        fp16 = auto == "fp16" and not bf16 if fp16 == AUTO else fp16
     else:
         reasons.append("as given")
-    uses_bf16 = bf16 or launcher == "bf16"
-    if device == "cpu" and uses_bf16 and not cpu_native_bf16:
+    if device == "cpu" and (bf16 or launcher == "bf16") and not cpu_native_bf16:
         warnings.append(
             f"bf16 autocast on a CPU without native bf16 (no AVX512-BF16/AMX) runs {CPU_BF16_SLOWDOWN} slower than "
             "float32. Fix: `--bf16 auto` (or false) unless this is what you want to measure."
@@ -209,8 +180,8 @@ def choose_attention(requested: str | None, device: str, bf16: bool, head_size: 
 
 @dataclass
 class CompileChoice:
-    """The resolved `torch_compile` switch: whether, how (`backend`, `mode`), whether the compiled training step must
-    prove itself faster than eager (`verify`, for `auto`), and why."""
+    """The resolved `torch_compile`: whether, how (`backend`, `mode`), whether the compiled step must prove itself
+    faster than eager (`verify`, for `auto`), and why."""
 
     enabled: bool
     backend: str | None = None
@@ -220,18 +191,14 @@ class CompileChoice:
     warnings: list[str] = field(default_factory=list)
 
     @property
+    def cuda_graphs(self) -> bool:
+        return self.mode in ("reduce-overhead", "max-autotune") or self.backend == "cudagraphs"
+
+    @property
     def summary(self) -> str:
         if not self.enabled:
             return f"eager; {self.reason}"
-        how = f"{self.backend}" + (f", mode {self.mode}" if self.mode else "")
-        return f"torch.compile ({how}); {self.reason}"
-
-
-# Compute capability Triton (inductor's GPU code generator) needs.
-TRITON_MIN_CAPABILITY = (7, 0)
-# What `auto` compiles with on a CUDA GPU: CUDA graphs replay a whole forward or backward pass as one launch, which
-# removes the per-kernel launch cost that bounds small-batch steps (a ViT-B/16 step launches several hundred kernels).
-AUTO_CUDA_COMPILE = {"backend": "inductor", "mode": "reduce-overhead"}
+        return f"torch.compile ({self.backend}{f', mode {self.mode}' if self.mode else ''}); {self.reason}"
 
 
 def choose_compile(
@@ -242,57 +209,34 @@ def choose_compile(
     cuda_capability: tuple[int, int] = (0, 0),
     gradient_accumulation_steps: int = 1,
 ) -> CompileChoice:
-    """Resolve `torch_compile: auto`; `true` and `false` are kept, and a `torch_compile_mode` or
-    `torch_compile_backend` given with `auto` means `true` (as in transformers).
-
-    - CUDA (compute capability >= 7.0): inductor with CUDA graphs (`reduce-overhead`), verified: after warm-up the
-      compiled step is timed against the eager one and kept only if it is not slower. With gradient accumulation,
-      inductor without CUDA graphs: a graph replay would overwrite the gradients accumulated between micro-batches.
-    - CPU, MPS and others: eager. On the CPU recipes torch.compile gained nothing (benchmarks/README.md), and its first
-      step takes minutes of C++ compilation.
-    """
+    """Resolve `torch_compile: auto` (with a `torch_compile_mode` or `_backend` given, `true`, as in transformers):
+    on CUDA, inductor with CUDA graphs (without them under gradient accumulation), kept only if faster than eager.
+    Elsewhere eager: on the CPU recipes torch.compile gained nothing (benchmarks/README.md) and takes minutes."""
     requested = parse_switch(requested, "torch_compile")
     if requested == AUTO and (mode is not None or backend is not None):
         requested = True
     if requested is False:
         return CompileChoice(False, reason="as given")
+    accumulates = gradient_accumulation_steps > 1
     if requested is True:
-        choice = CompileChoice(True, backend or "inductor", mode, verify=False, reason="as given")
-        if gradient_accumulation_steps > 1 and (
-            mode in ("reduce-overhead", "max-autotune") or backend == "cudagraphs"
-        ):
+        choice = CompileChoice(True, backend or "inductor", mode, reason="as given")
+        if accumulates and choice.cuda_graphs:
             choice.warnings.append(
                 f"torch_compile with CUDA graphs ({backend or mode}) and gradient_accumulation_steps "
                 f"{gradient_accumulation_steps}: a graph replay overwrites the gradients accumulated between "
                 "micro-batches. Fix: `torch_compile_mode: default`, or `torch_compile: auto`."
             )
         return choice
-    if device == "cuda" and cuda_capability >= TRITON_MIN_CAPABILITY and gradient_accumulation_steps > 1:
-        return CompileChoice(
-            True,
-            backend="inductor",
-            verify=True,
-            reason="auto: inductor without CUDA graphs, which would overwrite gradients accumulated between "
-            "micro-batches; kept only if measured faster than eager after warm-up",
-        )
-    if device == "cuda" and cuda_capability >= TRITON_MIN_CAPABILITY:
-        return CompileChoice(
-            True,
-            verify=True,
-            reason="auto: CUDA graphs remove the kernel-launch cost of each step; kept only if measured faster than "
-            "eager after warm-up",
-            **AUTO_CUDA_COMPILE,
-        )
-    if device == "cuda":
+    if device == "cuda" and cuda_capability < TRITON_MIN_CAPABILITY:
         return CompileChoice(False, reason=f"auto: compute capability {cuda_capability} is below Triton's 7.0")
-    return CompileChoice(False, reason=f"auto: eager on {device}, where torch.compile gained nothing here")
-
-
-def probe(device: str) -> dict[str, Any]:
-    """What `choose_precision` needs to know about this machine's `device`."""
-    if device == "cuda" and torch.cuda.is_available():
-        return {"cuda_bf16": torch.cuda.is_bf16_supported(), "cuda_capability": torch.cuda.get_device_capability()}
-    return {"cpu_native_bf16": cpu_has_native_bf16()} if device == "cpu" else {}
+    if device != "cuda":
+        return CompileChoice(False, reason=f"auto: eager on {device}, where torch.compile gained nothing here")
+    verified = "kept only if measured faster than eager after warm-up"
+    if accumulates:
+        why = "inductor without CUDA graphs, which would overwrite gradients accumulated between micro-batches"
+        return CompileChoice(True, "inductor", verify=True, reason=f"auto: {why}; {verified}")
+    why = "CUDA graphs remove the kernel-launch cost of each step"
+    return CompileChoice(True, verify=True, reason=f"auto: {why}; {verified}", **AUTO_CUDA_COMPILE)
 
 
 @dataclass
@@ -312,15 +256,19 @@ class Settings:
 
 def choose_settings(options: Mapping[str, Any]) -> Settings:
     """Answer each `auto` (and each unset machine-dependent option) of `options`, the `TrainingArguments` values as
-    given: `use_cpu` where torch sees no accelerator (without it, processes started by `accelerate launch` or
-    `torchrun` on a machine with no GPU each train alone instead of joining one gloo process group), pinned memory
-    with non-blocking copies where CUDA is used, precision (`choose_precision`) and compilation (`choose_compile`)."""
+    given: `use_cpu` where torch sees no accelerator (else processes that `accelerate launch` starts on a machine with
+    no GPU would each train alone), pinned memory with non-blocking copies where CUDA is used, precision and
+    compilation."""
     use_cpu = options.get("use_cpu")
     use_cpu = accelerator_type(use_cpu=False) == "cpu" if use_cpu is None else use_cpu
     pin_memory = options.get("dataloader_pin_memory")
     pin_memory = torch.cuda.is_available() and not use_cpu if pin_memory is None else pin_memory
     device = accelerator_type(use_cpu)
-    machine = probe(device)
+    machine = {}
+    if device == "cuda" and torch.cuda.is_available():
+        machine = {"cuda_bf16": torch.cuda.is_bf16_supported(), "cuda_capability": torch.cuda.get_device_capability()}
+    elif device == "cpu":
+        machine = {"cpu_native_bf16": cpu_has_native_bf16()}
     compile_choice = choose_compile(
         options.get("torch_compile", AUTO),
         device,
@@ -352,20 +300,10 @@ def choose_settings(options: Mapping[str, Any]) -> Settings:
         arguments["accelerator_config"] = {"non_blocking": True}
     warnings = [*compile_choice.warnings, *precision.warnings]
     chosen = "bf16" if precision.bf16 else "fp16" if precision.fp16 else "float32"
-    recipe = options.get("recipe_precision")
+    recipe, alternative = options.get("recipe_precision"), options.get("recipe_alternative")
     if recipe is not None and chosen != recipe:
-        alternative = options.get("recipe_alternative")
         warnings.append(
             f"This recipe is tuned for training in {recipe}; this machine trains in {chosen} "
             f"({'; '.join(precision.reasons)}).{f' Use {alternative}, the recipe for it.' if alternative else ''}"
         )
     return Settings(precision, compile_choice, arguments, warnings)
-
-
-def start_cpu_process_group(timeout_seconds: float, backend: str = "gloo") -> None:
-    """Start the process group of a multi-process CPU run (`WORLD_SIZE`, `RANK`, `MASTER_ADDR` from the launcher)
-    with this timeout, which transformers does not pass on for the CPU; accelerate then joins this group."""
-    import torch.distributed
-
-    if not torch.distributed.is_initialized():
-        torch.distributed.init_process_group(backend, timeout=timedelta(seconds=timeout_seconds))

@@ -1,19 +1,13 @@
 """No optimizer step on a non-finite loss or gradient, and a loud stop when training has diverged.
 
-`NonFiniteGuard` is a `TrainerCallback` that watches every optimizer step, through the Trainer's public hooks:
-
-- `on_step_begin`: a new optimizer step; the buffers its forward passes may update (BatchNorm statistics) are kept.
-- `observe_loss(loss)` (from the trainer's `training_step`): a micro-batch's loss is checked, on the device.
-- `on_pre_optimizer_step`: the gradients are checked too. In a multi-process run the flags are max-reduced over the
-  processes (together with the requests every process must act on at the same step: a signal's to stop, a spent time
-  budget), so every process decides alike at the same step. A fused optimizer (the default) receives the flag as
-  `found_inf` and skips the update on the device, as under fp16 loss scaling; another optimizer has its gradients
-  cleared (`torch.optim` skips a parameter without a gradient), which reads the flag on the host. Under fp16 the loss
-  scaler already skips every step with a non-finite gradient.
-- `on_optimizer_step`: the buffers of a skipped step are restored and its flags queued for the host, read `lag` steps
-  later on CUDA (so the host never waits for the device) and at once elsewhere. Each bad step is logged and added to
-  the log history; `max_consecutive` in a row raise `TrainingDiverged`: skipped steps leave the weights as they were,
-  so the run cannot recover.
+`NonFiniteGuard`, a `TrainerCallback`, keeps the buffers (BatchNorm statistics) at each step's begin; flags a
+non-finite loss (`observe_loss`, from `training_step`) and gradient (`on_pre_optimizer_step`) on the device,
+max-reduced over the processes together with the requests every process must act on at the same step (a signal's stop,
+a spent time budget); skips the update (fused optimizers take the flag as `found_inf`, as under fp16 loss scaling;
+others have their gradients cleared; under fp16 the scaler skips it already); and after the step restores the buffers
+of a skipped step and reads the flags `lag` steps later on CUDA, so the host never waits for the device.
+`max_consecutive` bad steps in a row raise `TrainingDiverged`: skipped steps leave the weights as they were, so the run
+cannot recover.
 """
 
 from collections import deque
@@ -41,19 +35,10 @@ class TrainingDiverged(RuntimeError):
 
 
 class NonFiniteGuard(TrainerCallback):
-    """Skips optimizer steps with a non-finite loss or gradient; raises `TrainingDiverged` after too many in a row.
-
-    Args:
-        model: the model being trained (its buffers are restored after a bad step).
-        max_consecutive: bad steps in a row that end training (`max_nonfinite_steps`).
-        world_size: processes of the run; above 1 the flags are max-reduced over them.
-        scaler: the fp16 `GradScaler`, where there is one.
-        lag: steps a flag stays in flight on CUDA before it is read.
-    """
+    """Skips optimizer steps with a non-finite loss or gradient; raises `TrainingDiverged` after `max_consecutive`
+    in a row (`max_nonfinite_steps`). `scaler` is the fp16 `GradScaler`, where there is one."""
 
     def __init__(self, model, max_consecutive=DEFAULT_MAX_CONSECUTIVE, world_size=1, scaler=None, lag=DEFAULT_LAG):
-        if isinstance(max_consecutive, bool) or max_consecutive < 1:
-            raise ValueError(f"`max_nonfinite_steps` must be an integer >= 1, got {max_consecutive}.")
         self.model, self.max_consecutive, self.world_size, self.lag = model, max_consecutive, world_size, lag
         self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
         self.bad_steps = 0  # bad steps read back so far
@@ -65,10 +50,6 @@ class NonFiniteGuard(TrainerCallback):
         self._skip = False
         self._consecutive = None  # (,) int32 on the device
         self._pending = deque()
-
-    @property
-    def requested(self) -> tuple[int, int]:
-        return self.stop_requested, self.budget_requested
 
     def skip_step(self) -> None:
         """Skip the running optimizer step without counting it as non-finite (a compiled step that failed)."""
@@ -98,9 +79,9 @@ class NonFiniteGuard(TrainerCallback):
             grads_bad = grads_bad & (self.scaler.get_scale() < 1.0)
         loss_bad = self._loss_bad.to(device) if self._loss_bad is not None else torch.zeros_like(grads_bad)
         # `torch.full` on the device, not `torch.tensor` of a list: a copy from the host would wait for the device.
-        skip = torch.full((), int(self._skip), dtype=torch.int32, device=device)
-        requests = [torch.full((), value, dtype=torch.int32, device=device) for value in self.requested]
-        flags = torch.stack([(loss_bad | grads_bad).int(), loss_bad.int(), skip, *requests])
+        scalars = (int(self._skip), self.stop_requested, self.budget_requested)
+        skip, stop, budget = (torch.full((), value, dtype=torch.int32, device=device) for value in scalars)
+        flags = torch.stack([(loss_bad | grads_bad).int(), loss_bad.int(), skip, stop, budget])
         if self.world_size > 1 and torch.distributed.is_initialized():
             torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
         self._flags = flags
@@ -141,8 +122,7 @@ class NonFiniteGuard(TrainerCallback):
     def on_epoch_end(self, args, state, control, **kwargs):
         self.poll(state, wait_all=True)  # before the epoch's evaluation: a divergence is reported first
 
-    def on_train_end(self, args, state, control, **kwargs):
-        self.poll(state, wait_all=True)
+    on_train_end = on_epoch_end
 
     def poll(self, state, wait_all: bool = False) -> None:
         """Read the flags that are due: at once off CUDA; on CUDA those more than `lag` steps old (the same steps in

@@ -3,10 +3,8 @@
     accelerate launch -m finetune.run --config configs/cifar10_vit_b16.yaml [--key value ...]
     python -m finetune.run --config configs/quickstart.yaml        (or `python finetune/run.py`, `vit-finetune train`)
 
-The YAML config is a flat map onto the argument dataclasses of `finetune/arguments.py` and
-`ImageClassificationTrainingArguments` (`finetune/training_args.py`); command-line values override it. Stages, as in
-transformers' example scripts: arguments and logging, data, model, Trainer, training, evaluation, results,
-publishing.
+`main` runs the stages of transformers' example scripts: arguments, settings and logging, data, model, Trainer,
+training, evaluation, results, publishing. The options are described in finetune/arguments.py.
 """
 
 import contextlib
@@ -39,6 +37,7 @@ from transformers import TrainingArguments, set_seed  # noqa: E402
 from finetune import hardware  # noqa: E402
 from finetune.arguments import DataArguments, ModelArguments, parse_options  # noqa: E402
 from finetune.augment import BatchTransform, describe_augmentation, use_random_resized_crop  # noqa: E402
+from finetune.callbacks import total_batch_size  # noqa: E402
 from finetune.checkpoints import lock_output_dir, release_output_dirs, resolve_checkpoint  # noqa: E402
 from finetune.data import ImageData, collate_batch, load_image_data  # noqa: E402
 from finetune.errors import run_command  # noqa: E402
@@ -59,8 +58,7 @@ logger = logging.getLogger(__name__)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Results]:
-    """Run the pipeline; returns the results of each trained (or, with `do_train: false`, evaluated) model keyed by
-    model type."""
+    """Run the pipeline; returns the results of each trained (or evaluated) model keyed by model type."""
     import torch.distributed
 
     try:
@@ -114,13 +112,12 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
             # A copy, not `dataclasses.replace`: the arguments are already resolved (`auto` precision and its reason).
             args = copy.copy(training_args)
             args.output_dir = str(run_dirs[model_type])
-            args.push_to_hub, args.hub_token = False, None
-            if not training_args.do_train:
+            if training_args.do_train:
+                results[model_type] = train_and_evaluate(
+                    model_type, model_args, data_args, scratch_args, args, settings, data, checkpoints[model_type]
+                )
+            else:
                 results[model_type] = evaluate_only(model_type, model_args, data_args, args, settings, data)
-                continue
-            results[model_type] = train_and_evaluate(
-                model_type, model_args, data_args, scratch_args, args, settings, data, checkpoints[model_type]
-            )
 
         is_main = training_args.process_index == 0
         report = None
@@ -271,37 +268,21 @@ def train_and_evaluate(
     # ---- Evaluation of the kept model: validation, then the test split (used only here), with a confusion matrix.
     validation = trainer.evaluate(data.validation, metric_key_prefix="eval")
     warn_if_at_chance(validation.get("eval_accuracy"), data, train_result.metrics.get("train_loss"))
-    test = None
-    if data.test is not None:
-        prediction = trainer.predict(data.test, metric_key_prefix="test")
-        test = prediction.metrics
-        confusion_split = "test"
-    else:
-        prediction = trainer.predict(data.validation, metric_key_prefix="eval")
-        confusion_split = "validation"
+    confusion_split, prefix = ("test", "test") if data.test is not None else ("validation", "eval")
+    prediction = trainer.predict(getattr(data, confusion_split), metric_key_prefix=prefix)
     # Multi-label thresholds are chosen on the validation split, whatever split the report is on.
     on_validation = trainer.predict(data.validation) if data.multi_label and data.test is not None else prediction
 
     # ---- Results: every figure once, the timings from the run's one clock.
-    clock = trainer.clock
-    total_batch_size = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
+    clock, batch_size = trainer.clock, total_batch_size(args)
+    chosen = {"attention_choice": attention_why, "torch_compile": trainer.compiler.summary()}
     results = Results(
         model_type=model_type,
         model_name_or_path=model_args.model_name_or_path if model_type == "pretrained" else None,
         **evaluated_model_fields(args, model, prep, data, prediction, confusion_split, start, on_validation),
-        num_samples={
-            "train": len(data.train),
-            "validation": len(data.validation),
-            "test": len(data.test) if data.test is not None else None,
-        },
         epochs=float(train_result.metrics.get("epoch", args.num_train_epochs)),
         num_trainable_parameters=count_parameters(model, trainable=True),
-        hyperparameters={
-            **hyperparameters(args, settings, model, total_batch_size),
-            "attention_choice": attention_why,
-            "torch_compile": trainer.compiler.summary(),
-            **method_settings(model_type, model_args),
-        },
+        hyperparameters=hyperparameters(args, settings, model, model_type, model_args, chosen),
         train=TrainMetrics(
             loss=clock.mean_loss,
             seconds=clock.train_seconds,
@@ -309,10 +290,10 @@ def train_and_evaluate(
             nonfinite_steps=trainer.guard.bad_steps,
             stopped_by=trainer.stopped_by,
             # Steps x batch size overcounts the last, partial batch of each epoch by less than one batch.
-            images_per_second=clock.steps * total_batch_size / clock.train_seconds if clock.train_seconds else None,
+            images_per_second=clock.steps * batch_size / clock.train_seconds if clock.train_seconds else None,
         ),
         validation=EvalMetrics.from_trainer(validation, "eval"),
-        test=EvalMetrics.from_trainer(test, "test"),
+        test=EvalMetrics.from_trainer(prediction.metrics if data.test is not None else None, "test"),
         history=history,
     )
     if trainer.is_world_process_zero():
@@ -358,8 +339,18 @@ def evaluated_model_fields(
         **report,
         "multi_label": data.multi_label,
         "confusion_split": confusion_split,
+        "num_samples": {
+            **({"train": len(data.train)} if args.do_train else {}),
+            "validation": len(data.validation),
+            "test": len(data.test) if data.test is not None else None,
+        },
         "wall_seconds": time.perf_counter() - start,
     }
+
+
+# The `DataArguments` that `BatchTransform` takes as they are.
+AUGMENTATION_OPTIONS = ("random_crop_padding", "horizontal_flip", "rand_augment_ops", "rand_augment_magnitude",
+                        "random_erasing", "crop_scale", "crop_ratio")  # fmt: skip
 
 
 def make_trainer(
@@ -381,20 +372,9 @@ def make_trainer(
         logger.info("Multi-label data: the best model is the one of the highest validation mAP.")
     elif not data.multi_label and metric == "map":
         raise ValueError("`metric_for_best_model: map` is for data with several labels per image; use `accuracy`.")
-    batch_transform = BatchTransform.for_model(
-        prep,
-        data.num_channels,
-        random_crop_padding=data_args.random_crop_padding,
-        horizontal_flip=data_args.horizontal_flip,
-        rand_augment_ops=data_args.rand_augment_ops,
-        rand_augment_magnitude=data_args.rand_augment_magnitude,
-        random_erasing=data_args.random_erasing,
-        random_resized_crop=use_random_resized_crop(
-            data_args.random_resized_crop, data.train.image_size, prep.image_size
-        ),
-        crop_scale=data_args.crop_scale,
-        crop_ratio=data_args.crop_ratio,
-    )
+    augmentation = {name: getattr(data_args, name) for name in AUGMENTATION_OPTIONS}
+    crop = use_random_resized_crop(data_args.random_resized_crop, data.train.image_size, prep.image_size)
+    batch_transform = BatchTransform.for_model(prep, data.num_channels, random_resized_crop=crop, **augmentation)
     logger.info(describe_augmentation(batch_transform))
     weighted = getattr(args, "class_weighting", "none") == "balanced" and args.do_train
     class_weights = balanced_class_weights(data.train.labels, data.label_names) if weighted else None
@@ -495,15 +475,10 @@ def evaluate_only(
     settings: hardware.Settings,
     data: ImageData,
 ) -> Results:
-    """Score the saved model `model_name_or_path` on the validation and test splits without training it.
-
-    Writes into `output_dir`: `results.json` (metrics of both splits, per-class figures and the confusion matrix on
-    the test split, else validation), `confusion_matrix.png`, and `predictions_<split>.csv` per split: one row per
-    image, in the split's order (`index`), with its `label`, the `predicted` label, and the top-k classes with their
-    softmax probabilities (`top1`, `top1_probability`, ... up to k = 5 or the number of classes); for multi-label
-    data, its `labels`, the labels `predicted` at the thresholds chosen on the validation split, and each label's
-    probability, and no confusion matrix.
-    """
+    """Score the saved model `model_name_or_path` on the validation and test splits without training it: writes
+    `results.json` (the confusion matrix of the test split, else validation), `confusion_matrix.png`, and
+    `predictions_<split>.csv` per split (finetune/tools/report.py); multi-label data has no confusion matrix, and
+    its CSVs name the labels predicted at the thresholds chosen on the validation split."""
     from finetune.models import load_trained_model
     from finetune.tools.report import plot_confusion_matrix, write_predictions_csv
 
@@ -515,13 +490,8 @@ def evaluate_only(
     trainer = make_trainer(model, processor, prep, data_args, args, data, compile_choice=settings.compile)
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    splits = {"validation": (data.validation, "eval")}
-    if data.test is not None:
-        splits["test"] = (data.test, "test")
-    predictions, metrics = {}, {}
-    for split, (images, prefix) in splits.items():
-        predictions[split] = trainer.predict(images, metric_key_prefix=prefix)
-        metrics[split] = predictions[split].metrics
+    splits = {"validation": "eval", **({"test": "test"} if data.test is not None else {})}
+    predictions = {split: trainer.predict(getattr(data, split), metric_key_prefix=p) for split, p in splits.items()}
     confusion_split = "test" if data.test is not None else "validation"
     is_scratch = getattr(model.config, "model_type", "") == "scratch_vit"
     results = Results(
@@ -530,7 +500,6 @@ def evaluate_only(
         **evaluated_model_fields(
             args, model, prep, data, predictions[confusion_split], confusion_split, start, predictions["validation"]
         ),
-        num_samples={"validation": len(data.validation), "test": len(data.test) if data.test is not None else None},
         hyperparameters={
             "evaluation_only": True,
             "per_device_eval_batch_size": args.per_device_eval_batch_size,
@@ -540,8 +509,8 @@ def evaluate_only(
             "world_size": args.world_size,
             **({"flip_tta": True} if args.flip_tta else {}),
         },
-        validation=EvalMetrics.from_trainer(metrics["validation"], "eval"),
-        test=EvalMetrics.from_trainer(metrics.get("test"), "test"),
+        validation=EvalMetrics.from_trainer(predictions["validation"].metrics, "eval"),
+        test=EvalMetrics.from_trainer(predictions["test"].metrics if "test" in predictions else None, "test"),
     )
     if trainer.is_world_process_zero():
         for split, prediction in predictions.items():
@@ -581,14 +550,23 @@ def choose_attention(
     return dataclasses.replace(model_args, attn_implementation=attention), attention_why
 
 
-def hyperparameters(
-    args: ImageClassificationTrainingArguments, settings: hardware.Settings, model, total_batch_size: int
-) -> dict:
-    """The training settings a reader of the results needs to reproduce them."""
-    return {
+# Recorded only where they are on (not None, False, 0 or `none`); the distillation settings only with a teacher.
+OPTIONAL_SETTINGS = ("max_train_minutes", "ema_decay", "mixup_alpha", "cutmix_alpha", "flip_tta",
+                     "early_stopping_patience", "early_stopping_threshold", "class_weighting")  # fmt: skip
+DISTILLATION_SETTINGS = (
+    "teacher_model_name_or_path", "distillation_type", "distillation_alpha", "distillation_temperature"
+)  # fmt: skip
+OFF = (None, False, 0, "none")
+
+
+def hyperparameters(args, settings: hardware.Settings, model, model_type: str, model_args: ModelArguments, chosen):
+    """The settings a reader of the results needs to reproduce them, with the attention and compilation `chosen` and
+    the fine-tuning method's (LoRA's only for LoRA, layer decay only when set)."""
+    method = model_args.finetune_method if model_type == "pretrained" else "full"
+    values = {
         "learning_rate": args.learning_rate,
         "per_device_train_batch_size": args.per_device_train_batch_size,
-        "total_train_batch_size": total_batch_size,
+        "total_train_batch_size": total_batch_size(args),
         "num_train_epochs": args.num_train_epochs,
         "optim": str(getattr(args.optim, "value", args.optim)),
         "lr_scheduler_type": str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)),
@@ -601,47 +579,21 @@ def hyperparameters(
         "precision_choice": settings.precision.summary,
         "attn_implementation": model.config._attn_implementation,
         "world_size": args.world_size,
-        **{
-            name: getattr(args, name)
-            for name in (
-                "max_train_minutes",
-                "ema_decay",
-                "mixup_alpha",
-                "cutmix_alpha",
-                "flip_tta",
-                "early_stopping_patience",
-                "early_stopping_threshold",
-                "class_weighting",
-            )  # fmt: skip
-            if getattr(args, name) not in (None, False, 0.0, "none")
-        },
-        **{
-            name: getattr(args, name)
-            for name in (
-                "teacher_model_name_or_path",
-                "distillation_type",
-                "distillation_alpha",
-                "distillation_temperature",
-            )  # fmt: skip
-            if args.teacher_model_name_or_path
-        },
+        **{name: getattr(args, name) for name in OPTIONAL_SETTINGS if getattr(args, name) not in OFF},
+        **{name: getattr(args, name) for name in DISTILLATION_SETTINGS if args.teacher_model_name_or_path},
+        **chosen,
+        "finetune_method": method,
     }
-
-
-def method_settings(model_type: str, model_args: ModelArguments) -> dict:
-    """The fine-tuning method of the run and its settings (LoRA's only for LoRA, layer decay only when set)."""
-    method = model_args.finetune_method if model_type == "pretrained" else "full"
-    settings = {"finetune_method": method}
     if method == "lora":
-        settings.update(
+        values.update(
             lora_r=model_args.lora_r,
             lora_alpha=model_args.lora_alpha,
             lora_dropout=model_args.lora_dropout,
             lora_target_modules=model_args.lora_target_modules or "default (query and value projections)",
         )
     if model_args.layer_decay is not None:
-        settings["layer_decay"] = model_args.layer_decay
-    return settings
+        values["layer_decay"] = model_args.layer_decay
+    return values
 
 
 def push_results(run_dirs, model_types, training_args, token) -> None:

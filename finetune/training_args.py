@@ -1,16 +1,15 @@
-"""`ImageClassificationTrainingArguments`: transformers' `TrainingArguments` with this pipeline's defaults and its
-training-loop options (`finetune.arguments.TrainingLoopArguments`), read by `ImageClassificationTrainer`; the parser
-of the command line; and `build_training_args`, which builds the arguments once the settings are chosen.
+"""`ImageClassificationTrainingArguments`: transformers' `TrainingArguments` with the pipeline's defaults and its
+training-loop options (`finetune.arguments.TrainingLoopArguments`); the command-line parser; and `build_training_args`.
 
-Why the settings are a step of their own: `auto` (precision, TF32, compilation) and the unset machine-dependent options
-(CPU or GPU, pinned memory) depend on the machine. Probing it while building the arguments made them change under
-the reader and forbade building them anywhere else; `finetune.hardware.choose_settings` now decides, with its reasons,
-and the arguments are built from concrete values and only checked.
+The arguments are built from concrete values once `finetune.hardware.choose_settings` has answered each `auto`
+(precision, compilation, CPU or GPU): probing the machine while building them made them change under the reader.
 """
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 
+import torch.distributed
 from transformers import HfArgumentParser, TrainingArguments
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 
@@ -20,6 +19,8 @@ from finetune.arguments import (
     ModelArguments,
     ScratchViTArguments,
     TrainingLoopArguments,
+    check_choices,
+    check_ranges,
     command_name,
     option,
     option_specs,
@@ -32,15 +33,9 @@ from finetune.nonfinite import DEFAULT_MAX_CONSECUTIVE
 
 @dataclass
 class ImageClassificationTrainingArguments(TrainingLoopArguments, TrainingArguments):
-    """`TrainingArguments` for image classification with the pipeline's defaults and training-loop options.
-
-    Built by `build_training_args` once `hardware.choose_settings` has replaced each `auto`; built in code, pass
-    `bf16`, `fp16`, `tf32` and `torch_compile` as booleans.
-
-    Defaults that differ from the Trainer's: evaluate and save every epoch and keep the best model by validation
-    accuracy (the one saved and tested), at most two checkpoints, no loader workers and no column pruning (the images
-    are already decoded in memory).
-    """
+    """`TrainingArguments` with the pipeline's training-loop options and defaults: evaluate and save every epoch and
+    keep the best model by validation accuracy, at most two checkpoints, no loader workers and no column pruning (the
+    images are decoded in memory). Built in code, pass `bf16`, `fp16`, `tf32` and `torch_compile` as booleans."""
 
     eval_strategy: IntervalStrategy | str = option("epoch", "When to evaluate: `no`, `steps` or `epoch`.")
     save_strategy: SaveStrategy | str = option("epoch", "When to checkpoint: `no`, `steps`, `epoch`, `best`.")
@@ -49,23 +44,17 @@ class ImageClassificationTrainingArguments(TrainingLoopArguments, TrainingArgume
     metric_for_best_model: str | None = option("accuracy", "The validation metric that picks the best checkpoint.")
     greater_is_better: bool | None = option(True, "Whether a larger `metric_for_best_model` is better.")
     save_total_limit: int | None = option(2, "Checkpoints kept (the best is always kept).")
-    remove_unused_columns: bool = option(
-        False, "Drop dataset columns the model's forward does not take (not needed here)."
-    )
+    remove_unused_columns: bool = option(False, "Drop dataset columns the model's forward does not take.")
     dataloader_num_workers: int = option(0, "Loader worker processes; 0 suits images already decoded in memory.")
     ddp_find_unused_parameters: bool | None = option(
         False, "Every parameter is used; searching for unused ones costs a graph walk per step."
     )
     logging_nan_inf_filter: bool = option(
-        False,
-        "The Trainer's own filter of non-finite losses in the logged loss, which waits for the device at every step. "
-        "Off: the pipeline skips and reports such steps itself (`max_nonfinite_steps`).",
+        False, "The Trainer's filter of non-finite logged losses, which waits for the device at every step."
     )
     max_nonfinite_steps: int = option(
         DEFAULT_MAX_CONSECUTIVE,
-        "Optimizer steps in a row with a non-finite (NaN or infinite) loss or gradient after which training stops "
-        "with an error; each such step is skipped, not applied, and logged. The checkpoints and evaluations made so "
-        "far are kept.",
+        "Optimizer steps in a row with a non-finite loss or gradient (each skipped and logged) that stop training.",
     )
 
     def __post_init__(self):
@@ -86,24 +75,32 @@ def check_training_arguments(args: ImageClassificationTrainingArguments) -> None
             f"Nothing to train: `num_train_epochs` is {args.num_train_epochs} and `max_steps` {args.max_steps}. "
             "Set `num_train_epochs` > 0, or `max_steps` > 0."
         )
-    for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"`{name}` must be an integer >= 1, got {getattr(args, name)}.")
-    if not 0 <= args.label_smoothing_factor < 1:
-        raise ValueError(
-            f"`label_smoothing_factor` must be in [0, 1) (e.g. 0.1; 0 is off), got {args.label_smoothing_factor}."
-        )
-    if args.learning_rate < 0 or args.weight_decay < 0:
-        raise ValueError(
-            f"`learning_rate` and `weight_decay` must be >= 0, got {args.learning_rate} and {args.weight_decay}."
-        )
+    check_choices(args, TrainingLoopArguments)
+    check_ranges(
+        args,
+        [
+            ("per_device_train_batch_size", lambda v: v >= 1, "an integer >= 1"),
+            ("per_device_eval_batch_size", lambda v: v >= 1, "an integer >= 1"),
+            ("gradient_accumulation_steps", lambda v: v >= 1, "an integer >= 1"),
+            ("label_smoothing_factor", lambda v: 0 <= v < 1, "in [0, 1) (e.g. 0.1; 0 is off)"),
+            ("max_train_minutes", lambda v: v is None or v > 0, "> 0"),
+            ("ema_decay", lambda v: v is None or 0 < v < 1, "in (0, 1)"),
+            ("early_stopping_patience", lambda v: v is None or v >= 1, ">= 1 evaluations"),
+            ("learning_rate", lambda v: v >= 0, ">= 0"),
+            ("weight_decay", lambda v: v >= 0, ">= 0"),
+            ("mixup_alpha", lambda v: v >= 0, ">= 0"),
+            ("cutmix_alpha", lambda v: v >= 0, ">= 0"),
+            ("distillation_alpha", lambda v: 0 <= v <= 1, "in [0, 1] (e.g. 0.5)"),
+            ("distillation_temperature", lambda v: v > 0, "> 0 (e.g. 2)"),
+            # A diverged run makes every step non-finite: the default stops it five steps in.
+            ("max_nonfinite_steps", lambda v: not isinstance(v, bool) and v >= 1, "an integer >= 1 (default 5)"),
+        ],
+    )
     if args.push_to_hub and not args.hub_model_id:
         raise ValueError(
             "`push_to_hub: true` needs `hub_model_id` (e.g. `your-name/vit-cifar10`). Nothing was trained; set it, "
             "or push later with `python -m finetune.tools.hub push OUTPUT_DIR --repo_id ID`."
         )
-    if args.recipe_precision not in (None, "bf16", "float32"):
-        raise ValueError(f"`recipe_precision` must be `bf16` or `float32`, got {args.recipe_precision!r}.")
     metric = args.metric_for_best_model
     if metric is not None:
         name = metric.removeprefix("eval_")
@@ -130,48 +127,25 @@ def check_training_arguments(args: ImageClassificationTrainingArguments) -> None
                 f"`load_best_model_at_end` needs a checkpoint at every evaluation: `save_strategy` ({save}) must "
                 f"equal `eval_strategy` ({evaluate}), with `save_steps` a multiple of `eval_steps`, or be `best`."
             )
-    if args.max_train_minutes is not None and args.max_train_minutes <= 0:
-        raise ValueError(f"`max_train_minutes` must be > 0, got {args.max_train_minutes}.")
     if args.budget_schedule and args.max_train_minutes is None:
         raise ValueError("`budget_schedule: true` needs `max_train_minutes`.")
-    if args.ema_decay is not None and not 0 < args.ema_decay < 1:
-        raise ValueError(f"`ema_decay` must be in (0, 1), got {args.ema_decay}.")
-    if isinstance(args.max_nonfinite_steps, bool) or args.max_nonfinite_steps < 1:
-        raise ValueError(
-            f"`max_nonfinite_steps` must be an integer >= 1, got {args.max_nonfinite_steps}. A diverged run makes "
-            "every step non-finite; 5 (the default) stops it five steps in."
-        )
-    if args.mixup_alpha < 0 or args.cutmix_alpha < 0:
-        raise ValueError(
-            f"`mixup_alpha` and `cutmix_alpha` must be >= 0, got {args.mixup_alpha} and {args.cutmix_alpha}."
-        )
     if args.restore_callback_states_from_checkpoint:
         raise ValueError(
             "`restore_callback_states_from_checkpoint` would replace the pipeline's callbacks with new ones on "
             "resume; they restore their own state from the checkpoint already. Drop the option."
         )
-    if not 0 <= args.distillation_alpha <= 1 or args.distillation_temperature <= 0:
+    if args.early_stopping_patience is not None and (
+        not args.load_best_model_at_end or args.metric_for_best_model is None
+    ):
         raise ValueError(
-            f"`distillation_alpha` must be in [0, 1] and `distillation_temperature` > 0 (e.g. 0.5 and 2), got "
-            f"{args.distillation_alpha} and {args.distillation_temperature}."
+            "`early_stopping_patience` keeps the best model, so it needs `load_best_model_at_end: true` and a "
+            "`metric_for_best_model` (the defaults): drop the setting that turned them off."
         )
-    if args.distillation_type not in ("soft", "hard"):
-        raise ValueError(f"`distillation_type` must be `soft` or `hard`, got {args.distillation_type!r}.")
-    if args.early_stopping_patience is not None:
-        if args.early_stopping_patience < 1:
-            raise ValueError(
-                f"`early_stopping_patience` must be >= 1 evaluations, got {args.early_stopping_patience}."
-            )
-        if not args.load_best_model_at_end or args.metric_for_best_model is None:
-            raise ValueError(
-                "`early_stopping_patience` keeps the best model, so it needs `load_best_model_at_end: true` and a "
-                "`metric_for_best_model` (the defaults): drop the setting that turned them off."
-            )
 
 
 class OptionParser(ArgumentParser, HfArgumentParser):
-    """`HfArgumentParser` with one-line errors (`finetune.errors.ArgumentParser`) where `--OPTION null` (or `none`
-    for an option that is not a string) unsets an optional option, as `null` does in a YAML config."""
+    """`HfArgumentParser` with one-line errors where `--OPTION null` (or `none` for an option that is not a string)
+    unsets an optional option, as `null` does in a YAML config."""
 
     def __init__(self, dataclass_types, **kwargs):
         self.options = option_specs(dataclass_types)  # name -> (type hint, choices), read by `parse_options`
@@ -204,13 +178,11 @@ def option_parser(prog: str | None = None) -> OptionParser:
 
 
 def build_training_args(options: dict, settings: hardware.Settings) -> ImageClassificationTrainingArguments:
-    """The run's `TrainingArguments`: the options as given, with the settings chosen for this machine.
-
-    On the CPU with several processes the gloo process group starts here, with `ddp_timeout`: transformers gives
-    accelerate no timeout when `use_cpu` is set, so a frozen peer would block the others for 30 minutes; accelerate
-    then joins the existing group.
-    """
+    """The run's `TrainingArguments`: the options as given, with the settings chosen for this machine. On the CPU
+    with several processes the gloo group starts here with `ddp_timeout`, which transformers does not pass on there
+    (a frozen peer would block the others for 30 minutes); accelerate then joins this group."""
     values = {**options, **settings.arguments}
-    if values["use_cpu"] and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        hardware.start_cpu_process_group(values.get("ddp_timeout", 1800), values.get("ddp_backend") or "gloo")
+    if values["use_cpu"] and int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.distributed.is_initialized():
+        timeout = timedelta(seconds=values.get("ddp_timeout", 1800))
+        torch.distributed.init_process_group(values.get("ddp_backend") or "gloo", timeout=timeout)
     return ImageClassificationTrainingArguments(**values)

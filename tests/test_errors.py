@@ -120,7 +120,7 @@ def test_invalid_scratch_config_names_the_field(tmp_path):
         (["--gradient_accumulation_steps", "0"], r"`gradient_accumulation_steps` must be an integer >= 1"),
         (["--label_smoothing_factor", "2"], r"`label_smoothing_factor` must be in \[0, 1\)"),
         (["--label_smoothing_factor", "-0.1"], r"`label_smoothing_factor` must be in \[0, 1\)"),
-        (["--learning_rate", "-1"], r"`learning_rate` and `weight_decay` must be >= 0"),
+        (["--learning_rate", "-1"], r"`learning_rate` must be >= 0, got -1.0"),
         (["--validation_size", "1.0"], r"`validation_size` must be a fraction in \(0, 1\).*whole number"),
         (["--validation_size", "2.5"], r"`validation_size` must be a fraction"),
         (["--validation_size", "0"], r"`validation_size` must be a fraction"),

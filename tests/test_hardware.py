@@ -134,7 +134,7 @@ def test_a_recipe_for_the_other_precision_names_the_one_to_use(tmp_path, monkeyp
             assert warned == []
         else:
             assert len(warned) == 1 and f"Use {options['recipe_alternative']}, the recipe for it." in warned[0]
-    with pytest.raises(ValueError, match="`recipe_precision` must be `bf16` or `float32`"):
+    with pytest.raises(ValueError, match=r"`recipe_precision` must be one of \['bf16', 'float32'\], got 'fp8'"):
         build_training_args({"output_dir": str(tmp_path), "recipe_precision": "fp8"}, hardware.choose_settings({}))
 
 

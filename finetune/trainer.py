@@ -96,7 +96,8 @@ def distillation_loss(
 
 def balanced_class_weights(labels: torch.Tensor, label_names: list[str]) -> torch.Tensor:
     """scikit-learn's `compute_class_weight("balanced")`: images / (classes x the class's images), per class; for
-    multi-hot `labels` (N, K), `multi_label_loss`'s `pos_weight`: each label's negative / positive images."""
+    multi-hot `labels` (N, K), `multi_label_loss`'s `pos_weight`: each label's negative / positive images, at least
+    1 / positive images (a label every image has keeps a gradient)."""
     from sklearn.utils.class_weight import compute_class_weight
 
     counts = labels.sum(0) if labels.ndim == 2 else torch.bincount(labels, minlength=len(label_names))
@@ -107,7 +108,7 @@ def balanced_class_weights(labels: torch.Tensor, label_names: list[str]) -> torc
             "none. Keep only the classes with images (`include_labels`), or set `class_weighting: none`."
         )
     if labels.ndim == 2:
-        return (len(labels) - counts) / counts
+        return (len(labels) - counts).clamp(min=1) / counts
     weights = compute_class_weight("balanced", classes=np.arange(len(label_names)), y=labels.numpy())
     return torch.tensor(weights, dtype=torch.float32)
 

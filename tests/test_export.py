@@ -77,6 +77,20 @@ def test_scratch_run_exports_and_serves_as_predict_classifies(scratch_run, tmp_p
     probabilities, modules = json.loads(done.stdout.splitlines()[-1])
     np.testing.assert_allclose(probabilities, expected.probabilities, atol=1e-5)
     assert "onnxruntime" in modules and not {"transformers", "torchvision", "scratch_vit"} & set(modules)
+    # The export runs at its resolution only, in one line; without onnxruntime the line names the install command.
+    assert run_command(predict.main, [str(result.path.parent), str(files[0]), "--image_size", "16"]) == 1
+    assert "runs at the resolution it was exported at (8x8)" in capsys.readouterr().err
+    code = (
+        "import sys\nsys.modules['onnxruntime'] = None  # as if the extra were not installed\n"
+        "from finetune.errors import run_command\nfrom finetune.tools import predict\n"
+        "sys.exit(run_command(predict.main))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(result.path.parent), str(files[0])], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 1 and done.stderr.strip().splitlines()[-1] == (
+        f'error: {result.path.parent} is an ONNX export; running it needs onnxruntime: pip install -e ".[export]"'
+    )
     # What needs the PyTorch model says so in one line.
     assert run_command(attention.main, [str(result.path.parent), str(files[0]), "--output", str(tmp_path)]) == 1
     [line] = capsys.readouterr().err.strip().splitlines()[-1:]

@@ -5,6 +5,7 @@ the one-line errors of bad labels."""
 
 import csv
 import json
+import shutil
 from pathlib import Path
 
 import datasets
@@ -101,8 +102,20 @@ def test_predict_prints_every_label_above_its_threshold(trained, tmp_path, capsy
     images, digits = digit_images(1500, 1540)
     for i, (image, digit) in enumerate(zip(images, digits)):
         image.save(tmp_path / f"{i:02d}_{digit}.png")
-    predict.main([str(out), str(tmp_path)])
-    lines = capsys.readouterr().out.splitlines()
+    predict.main([str(out), str(tmp_path), "--output", str(tmp_path / "predictions.json")])
+    lines = capsys.readouterr().out.splitlines()[:-1]  # the last says where the file went
+    # The saved predictions hold the printed labels, and so does a copy of the model inside the run folder (as
+    # merged/ or checkpoint-* are), which reads the run's thresholds from the folder around it.
+    saved = json.loads((tmp_path / "predictions.json").read_text())["predictions"]
+    assert [f"{p['path']}: " + (", ".join(f"{t['label']} {t['score']:.4f}" for t in p["top_k"]) or
+            "no label above its threshold") for p in saved] == lines  # fmt: skip
+    inner = tmp_path / "run" / "copy"
+    shutil.copytree(out, inner, ignore=shutil.ignore_patterns("checkpoint-*", "results.json"))
+    shutil.copy(out / "results.json", inner.parent)
+    assert [p.labels for p in predict.main([str(inner), *map(str, sorted(tmp_path.glob("*.png")))])] == [
+        [t["label"] for t in p["top_k"]] for p in saved
+    ]
+    capsys.readouterr()
 
     # Independently: the model's sigmoid probabilities against the thresholds saved in results.json.
     model, processor = predict.load_classifier(out, device="cpu")
@@ -242,6 +255,9 @@ def test_each_threshold_maximises_its_labels_f1_and_map_is_scikit_learns():
         )
     expected = average_precision_score(labels, logits, average="macro")
     assert multi_label_scores(logits, labels)["map"] == pytest.approx(expected)
+    # A label no image has counts in neither mAP nor macro F1: every prediction right scores 1, not 0.5.
+    scores = multi_label_scores(np.array([[2.0, -1.0], [-1.0, -2.0], [1.0, -3.0]]), np.array([[1, 0], [0, 0], [1, 0]]))
+    assert scores == {"map": 1.0, "micro_f1": 1.0, "macro_f1": 1.0}
 
 
 def test_bce_loss_with_label_smoothing_and_balanced_positive_weights():
@@ -256,6 +272,9 @@ def test_bce_loss_with_label_smoothing_and_balanced_positive_weights():
     torch.testing.assert_close(pos_weight, torch.tensor([1.0, 2.0, 2.0]))  # negatives / positives per label
     weighted = -(pos_weight * targets * p.log() + (1 - targets) * (1 - p).log()).mean()
     torch.testing.assert_close(multi_label_loss(logits, targets, pos_weight=pos_weight), weighted)
+    # A label every image has still learns: its weight is 1 / positives, not 0.
+    everywhere = torch.tensor([[1, 1, 0], [1, 0, 1], [1, 1, 1], [1, 0, 0]], dtype=torch.float32)
+    torch.testing.assert_close(balanced_class_weights(everywhere, ["a", "b", "c"]), torch.tensor([0.25, 1.0, 1.0]))
 
 
 @pytest.mark.parametrize("mix", [{"mixup_alpha": 0.4}, {"cutmix_alpha": 1.0}])

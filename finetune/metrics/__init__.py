@@ -66,16 +66,19 @@ def confusion_report(logits: np.ndarray, labels: np.ndarray, label_names: list[s
 
 def multi_label_scores(logits: np.ndarray, labels: np.ndarray) -> dict[str, float]:
     """Multi-label figures of `logits` against multi-hot `labels` `(N, K)`: `map`, the mean over the labels that have
-    a positive image of scikit-learn's average precision, and micro and macro F1 at probability 0.5."""
+    a positive image of scikit-learn's average precision, and micro and macro F1 at probability 0.5 (macro over the
+    same labels as `map`: a label no image has has no F1). NaN where no label has a positive image."""
     from sklearn.metrics import average_precision_score, f1_score
 
-    present = labels.sum(0) > 0
-    average_precision = average_precision_score(labels[:, present], logits[:, present], average=None)
+    present = np.flatnonzero(labels.sum(0) > 0)
     predicted = logits > 0  # sigmoid(logits) > 0.5
+    if not len(present):
+        return {"map": float("nan"), "micro_f1": float("nan"), "macro_f1": float("nan")}
+    average_precision = average_precision_score(labels[:, present], logits[:, present], average=None)
     return {
         "map": float(np.mean(average_precision)),
         "micro_f1": float(f1_score(labels, predicted, average="micro", zero_division=0)),
-        "macro_f1": float(f1_score(labels, predicted, average="macro", zero_division=0)),
+        "macro_f1": float(f1_score(labels, predicted, labels=present, average="macro", zero_division=0)),
     }
 
 

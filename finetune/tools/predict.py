@@ -36,7 +36,8 @@ ONNX_NAME = "model.onnx"  # what `vit-finetune export` writes
 
 @dataclass
 class Prediction:
-    """The top-k classes of one image, best first, and the probabilities of all classes."""
+    """The top-k classes of one image (a multi-label model: the labels above their thresholds), best first, and the
+    probabilities of all classes."""
 
     path: str
     labels: list[str]
@@ -45,7 +46,8 @@ class Prediction:
 
     def to_dict(self) -> dict:
         top_k = [{"label": label, "score": score} for label, score in zip(self.labels, self.scores)]
-        return {"path": self.path, "label": self.labels[0], "score": self.scores[0], "top_k": top_k}
+        best = (self.labels[0], self.scores[0]) if self.labels else (None, None)  # multi-label: maybe none
+        return {"path": self.path, "label": best[0], "score": best[1], "top_k": top_k}
 
 
 class OnnxClassifier:
@@ -56,7 +58,12 @@ class OnnxClassifier:
     device = "cpu"
 
     def __init__(self, folder: str | os.PathLike):
-        import onnxruntime
+        try:
+            import onnxruntime
+        except ImportError as error:
+            from finetune.tools.export import INSTALL
+
+            raise RuntimeError(f"{folder} is an ONNX export; running it needs onnxruntime: {INSTALL}") from error
 
         config = json.loads((Path(folder) / "config.json").read_text())
         config["id2label"] = {int(i): name for i, name in config["id2label"].items()}
@@ -66,8 +73,12 @@ class OnnxClassifier:
     def __call__(self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool = False) -> argparse.Namespace:
         import torch
 
-        if interpolate_pos_encoding:
-            raise ValueError("An ONNX export runs at the resolution it was exported at: drop `--image_size`.")
+        exported = tuple(self.session.get_inputs()[0].shape[2:])
+        if interpolate_pos_encoding or tuple(pixel_values.shape[2:]) != exported:
+            raise ValueError(
+                f"An ONNX export runs at the resolution it was exported at ({'x'.join(map(str, exported))}): drop "
+                "`--image_size`."
+            )
         [logits] = self.session.run(["logits"], {"pixel_values": pixel_values.numpy()})
         return argparse.Namespace(logits=torch.from_numpy(logits))
 
@@ -87,6 +98,8 @@ def load_classifier(model_dir, trust_remote_code: bool = False, attn_implementat
                 f"{model_dir} is an ONNX export: this command needs the PyTorch weights; pass the run's output "
                 "directory instead."
             )
+        if device not in (None, "cpu"):
+            logger.warning(f"{model_dir} is an ONNX export: it runs on the CPU (onnxruntime), not on {device}.")
         processor = json.loads((Path(model_dir) / "preprocessor_config.json").read_text())
         return OnnxClassifier(model_dir), argparse.Namespace(**processor)
     import torch
@@ -233,26 +246,28 @@ def class_probabilities(model, pixel_values: torch.Tensor, interpolate_pos_encod
     return (logits.float().sigmoid() if multi_label else logits.float().softmax(dim=-1)).cpu()
 
 
-def multi_label_lines(predictions: Sequence[Prediction], model, model_dir) -> list[str] | None:
-    """For a multi-label model, each image's line: every label whose probability reaches its threshold (chosen on the
-    validation split, from the run's results.json; 0.5 without one), with the probability, most probable first.
-    None for a single-label model."""
+def label_thresholds(model, model_dir) -> list[float] | None:
+    """A multi-label model's probability threshold per label, as chosen on the validation split: from the run's
+    results.json in `model_dir`, or in the run folder around it (checkpoint-*, merged/, onnx/); 0.5 for labels it
+    lacks, with a warning when there is none. None for a single-label model."""
     if getattr(model.config, "problem_type", None) != "multi_label_classification":
         return None
-    results = Path(model_dir) / "results.json"
-    thresholds = json.loads(results.read_text()).get("per_class_threshold", {}) if results.is_file() else {}
-    names = [str(model.config.id2label[i]) for i in range(model.config.num_labels)]
-    lines = []
-    for p in predictions:
-        found = sorted(((q, n) for n, q in zip(names, p.probabilities) if q >= thresholds.get(n, 0.5)), reverse=True)
-        labels = ", ".join(f"{name} {q:.4f}" for q, name in found) or "no label above its threshold"
-        lines.append(f"{p.path}: {labels}")
-    return lines
+    found = [p / "results.json" for p in (Path(model_dir), Path(model_dir).parent) if (p / "results.json").is_file()]
+    thresholds = json.loads(found[0].read_text()).get("per_class_threshold", {}) if found else {}
+    if not thresholds:
+        logger.warning(f"No per-label thresholds in or around {model_dir} (results.json): 0.5 for every label.")
+    return [thresholds.get(str(model.config.id2label[i]), 0.5) for i in range(model.config.num_labels)]
 
 
-def predict_files(model, processor, paths: Sequence[str | os.PathLike], top_k=5, batch_size=32, image_size=None):
+def predict_files(
+    model, processor, paths: Sequence[str | os.PathLike], top_k=5, batch_size=32, image_size=None, thresholds=None
+):
     """Classify image files in batches. Returns the predictions (in the order of `paths`) and the files skipped
-    because they could not be read, as `(path, reason)` pairs (each also logged as a warning)."""
+    because they could not be read, as `(path, reason)` pairs (each also logged as a warning). With `thresholds` (a
+    multi-label model's, `label_thresholds`), a prediction's labels are those at or above their threshold, most
+    probable first, instead of the top k."""
+    import torch
+
     from finetune.augment import photo_size
 
     if top_k < 1:
@@ -271,10 +286,11 @@ def predict_files(model, processor, paths: Sequence[str | os.PathLike], top_k=5,
         if not images:
             continue
         probabilities = class_probabilities(model, preprocess(images, model, processor, image_size), interpolate)
-        scores, indices = probabilities.topk(top_k, dim=-1)  # (B, k)
-        for name, row, top_scores, top_indices in zip(names, probabilities, scores, indices):
-            labels = [str(id2label[int(i)]) for i in top_indices]
-            predictions.append(Prediction(name, labels, top_scores.tolist(), row.tolist()))
+        for name, row in zip(names, probabilities):
+            top_scores, top_indices = row.sort(descending=True)
+            keep = top_scores >= torch.tensor(thresholds)[top_indices] if thresholds else slice(top_k)
+            labels = [str(id2label[int(i)]) for i in top_indices[keep]]
+            predictions.append(Prediction(name, labels, top_scores[keep].tolist(), row.tolist()))
     return predictions, skipped
 
 
@@ -344,7 +360,11 @@ def main(argv: list[str] | None = None) -> list[Prediction]:
     add_model_arguments(parser)
     parser.add_argument("paths", nargs="+", metavar="PATH", help="Image files, or folders searched recursively.")
     parser.add_argument(
-        "--top_k", "--top-k", type=int, default=5, help="How many classes to report per image (default 5)."
+        "--top_k",
+        "--top-k",
+        type=int,
+        default=5,
+        help="How many classes to report per image (default 5); a multi-label model reports those above threshold.",
     )
     parser.add_argument("--output", metavar="FILE", help="Also write the predictions to a .csv or .json file.")
     parser.add_argument(
@@ -358,11 +378,13 @@ def main(argv: list[str] | None = None) -> list[Prediction]:
     except FileNotFoundError as error:
         parser.error(str(error))
     model, processor = classifier_from_arguments(parser, args)
-    predictions, skipped = predict_files(model, processor, paths, args.top_k, args.batch_size, args.image_size)
-
-    lines = multi_label_lines(predictions, model, args.model_dir) or [None] * len(predictions)
-    for p, line in zip(predictions, lines):
-        print(line or f"{p.path}: " + ", ".join(f"{label} {score:.4f}" for label, score in zip(p.labels, p.scores)))
+    thresholds = label_thresholds(model, args.model_dir)
+    predictions, skipped = predict_files(
+        model, processor, paths, args.top_k, args.batch_size, args.image_size, thresholds
+    )
+    for p in predictions:
+        labels = ", ".join(f"{label} {score:.4f}" for label, score in zip(p.labels, p.scores))
+        print(f"{p.path}: {labels or 'no label above its threshold'}")
     if args.output:
         print(f"Wrote {len(predictions)} prediction(s) to {write_predictions(predictions, args.output, skipped)}")
     if skipped:

@@ -149,6 +149,8 @@ def test_the_comparison_report_and_the_model_card_show_the_multi_label_figures(t
     big = [results.per_class_threshold["big"], results.per_class_precision["big"], results.per_class_recall["big"]]
     assert "| big | " + " | ".join(f"{100 * v:.2f}%" for v in big) in card
     assert "type: mean_average_precision" in card and f"value: {results.test.map}" in card
+    thresholds = [round(results.per_class_threshold[name], 4) for name in results.label_names]
+    assert f"thresholds = {thresholds}" in card and "p >= thresholds[i]" in card  # the card's code uses them
 
 
 def test_evaluating_the_saved_model_scores_it_again_and_writes_its_predictions(trained, tmp_path):

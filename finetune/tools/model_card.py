@@ -168,7 +168,11 @@ With this project's code, `python -m finetune.tools.predict MODEL_DIR image.jpg`
     mode = "L" if config.get("num_channels") == 1 else "RGB"
     answer, printed = "print(model.config.id2label[logits.argmax(-1).item()])", "the top-5 classes"
     if results.multi_label:  # the thresholds chosen on the validation split are in results.json
-        answer = "print([model.config.id2label[i] for i, p in enumerate(logits.sigmoid()[0]) if p >= 0.5])"
+        thresholds = [round(results.per_class_threshold.get(name, 0.5), 4) for name in results.label_names]
+        answer = (
+            f"thresholds = {thresholds}  # per label, chosen on the validation split\n"
+            "print([model.config.id2label[i] for i, p in enumerate(logits.sigmoid()[0]) if p >= thresholds[i]])"
+        )
         printed = "every label above its threshold (results.json's `per_class_threshold`)"
     return f"""```python
 import torch

@@ -21,6 +21,7 @@ from finetune import run
 from finetune.arguments import parse_args
 from finetune.augment import MixUpCutMix
 from finetune.data import load_image_data
+from finetune.data.sources import open_source
 from finetune.metrics import multi_label_report, multi_label_scores
 from finetune.models import build_model
 from finetune.tools import predict
@@ -269,3 +270,48 @@ def test_mixup_and_cutmix_mix_multi_hot_labels_as_they_mix_the_images(mix):
     assert targets.shape == (8, 5)
     torch.testing.assert_close(targets, mixed_images.mean(dim=(2, 3)))
     assert not torch.equal(targets, labels)
+
+
+def csv_split(path: Path, cells: list, images: Path) -> Path:
+    """A csv of the digit images `images/{i}.png` (written once) with the given label cells."""
+    digits, _ = digit_images(0, len(cells))
+    images.mkdir(exist_ok=True)
+    rows = ["image,labels"]
+    for i, (image, cell) in enumerate(zip(digits, cells)):
+        image.save(images / f"{i}.png")
+        rows.append(f"{images.name}/{i}.png,{cell}")
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def csv_data(tmp_path: Path, train: list, validation: list | None = None, **more):
+    images = tmp_path / "images"
+    files = {"train_file": str(csv_split(tmp_path / "train.csv", train, images))}
+    if validation is not None:
+        files["validation_file"] = str(csv_split(tmp_path / "validation.csv", validation, images))
+    _, data_args, _, _ = parse_args(
+        [*run_args("unused", tmp_path / "out"), *sum(([f"--{k}", v] for k, v in files.items()), [])]
+    )
+    for key, value in more.items():
+        setattr(data_args, key, value)
+    return load_image_data(data_args, seed=0, target_size=8)
+
+
+def test_csv_label_cells_are_stripped_and_only_the_label_column_is_split(tmp_path, caplog):
+    # "cat; dog" is cat and dog, "cat;" only cat, an empty cell none of them.
+    cells = ["cat; dog", "dog", "cat;", ""] * 5
+    with caplog.at_level("INFO", logger="finetune.data.sources"):
+        data = csv_data(tmp_path, cells, validation_size=0.2)
+    assert data.label_names == ["cat", "dog"]
+    both = torch.cat([data.train.labels, data.validation.labels])
+    assert torch.equal(both.sum(0), torch.tensor([10.0, 10.0]))
+    assert any("'labels'" in r.getMessage() and "several labels" in r.getMessage() for r in caplog.records)
+    # A notes column with `;` stays text: only the label column is split.
+    path = tmp_path / "notes.csv"
+    path.write_text(
+        "image,label,notes\n" + "".join(f"images/{i}.png,{'cat' if i % 2 else 'dog'},a;b\n" for i in range(20))
+    )
+    _, data_args, _, _ = parse_args([*run_args("unused", tmp_path / "out"), "--train_file", str(path)])
+    assert open_source(data_args).encoded["train"]["notes"][:2] == ["a;b", "a;b"]
+    notes = load_image_data(data_args, seed=0, target_size=8)
+    assert not notes.multi_label and notes.label_names == ["cat", "dog"]

@@ -168,7 +168,7 @@ def _open_split_files(files: dict[str, str | list[str]], data_args: DataArgument
                     f"`dataset_name` accepts {ACCEPTED_SOURCES}."
                 )
             if extension == ".csv":
-                dataset, image_paths = _read_csv(path, data_args.image_column_name)
+                dataset, image_paths = _read_csv(path, data_args)
                 fingerprint_paths += image_paths
             else:
                 dataset = datasets.load_dataset(TABLE_EXTENSIONS[extension], data_files=path, split="train")
@@ -180,19 +180,26 @@ def _open_split_files(files: dict[str, str | list[str]], data_args: DataArgument
     return Source(str(description), _files_fingerprint(fingerprint_paths), encoded=splits)
 
 
-def _read_csv(path: str, image_column_name: str | None) -> tuple[datasets.Dataset, list[str]]:
-    """A csv of image paths (relative to the csv file) and labels, with the paths made absolute. A column whose cells
-    hold several labels separated by `;` (`cat;dog`) becomes a list column, a multi-label one (an empty cell: none of
-    the labels); class names of a single-label csv have no `;`."""
+def _read_csv(path: str, data_args: DataArguments) -> tuple[datasets.Dataset, list[str]]:
+    """A csv of image paths (relative to the csv file) and labels, with the paths made absolute. A label column whose
+    cells hold several labels separated by `;` (`cat; dog`) becomes a list column, a multi-label one (an empty cell:
+    none of the labels); class names of a single-label csv have no `;`."""
     import pandas as pd
 
     frame = pd.read_csv(path)
-    column = _pick_column(list(frame.columns), image_column_name, IMAGE_COLUMNS, "image", path)
+    column = _pick_column(list(frame.columns), data_args.image_column_name, IMAGE_COLUMNS, "image", path)
     base = os.path.dirname(os.path.abspath(path))
     frame[column] = [p if os.path.isabs(p) else os.path.join(base, p) for p in frame[column].astype(str)]
-    for other in frame.columns.drop(column):
-        if frame[other].map(lambda v: isinstance(v, str) and ";" in v).any():
-            frame[other] = [v.split(";") if isinstance(v, str) else [] for v in frame[other]]
+    label = _pick_column(list(frame.columns), data_args.label_column_name, LABEL_COLUMNS, "label", path)
+    several = frame[label].map(lambda v: isinstance(v, str) and ";" in v)
+    if several.any():
+        logger.info(
+            f"{path}: the column {label!r} holds several labels per image separated by `;` (e.g. "
+            f"{frame[label][several].iloc[0]!r}); read as multi-label data."
+        )
+        frame[label] = [
+            [s.strip() for s in v.split(";") if s.strip()] if isinstance(v, str) else [] for v in frame[label]
+        ]
     return datasets.Dataset.from_pandas(frame, preserve_index=False), list(frame[column])
 
 

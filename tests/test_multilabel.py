@@ -315,3 +315,14 @@ def test_csv_label_cells_are_stripped_and_only_the_label_column_is_split(tmp_pat
     assert open_source(data_args).encoded["train"]["notes"][:2] == ["a;b", "a;b"]
     notes = load_image_data(data_args, seed=0, target_size=8)
     assert not notes.multi_label and notes.label_names == ["cat", "dog"]
+
+
+def test_a_split_without_semicolons_is_multi_label_when_another_split_is(tmp_path):
+    # Train cells hold one label each, validation cells several: every split is read as label lists.
+    data = csv_data(tmp_path, ["cat", "dog"] * 10, ["cat;dog", "dog"] * 3)
+    assert data.multi_label and data.label_names == ["cat", "dog"]
+    assert torch.equal(data.validation.labels[:2], torch.tensor([[1.0, 1.0], [0.0, 1.0]]))
+    # Train "1;3" / "2;3" (strings) and validation cells 2 / 3 (read as ints) name the same labels.
+    data = csv_data(tmp_path, ["1;3", "2;3"] * 10, [2, 3] * 3)
+    assert data.label_names == ["1", "2", "3"]
+    assert torch.equal(data.validation.labels[:2], torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]))

@@ -326,3 +326,13 @@ def test_a_split_without_semicolons_is_multi_label_when_another_split_is(tmp_pat
     data = csv_data(tmp_path, ["1;3", "2;3"] * 10, [2, 3] * 3)
     assert data.label_names == ["1", "2", "3"]
     assert torch.equal(data.validation.labels[:2], torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]))
+
+
+def test_multi_label_data_of_one_label_is_refused(tmp_path):
+    images, digits = digit_images(0, 40)
+    write_parquet(tmp_path / "a.parquet", images, [["cat"] if d % 2 else [] for d in digits])
+    _, data_args, _, _ = parse_args(run_args(str(tmp_path / "a.parquet"), tmp_path / "out"))
+    with pytest.raises(
+        ValueError, match=r"Multi-label data needs at least 2 labels, got 1 \(cat\): .* `cat` or `none`"
+    ):
+        load_image_data(data_args, seed=0, target_size=8)

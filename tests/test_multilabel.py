@@ -336,3 +336,19 @@ def test_multi_label_data_of_one_label_is_refused(tmp_path):
         ValueError, match=r"Multi-label data needs at least 2 labels, got 1 \(cat\): .* `cat` or `none`"
     ):
         load_image_data(data_args, seed=0, target_size=8)
+
+
+def test_a_multi_label_run_with_a_rare_label_exports_without_images(tmp_path):
+    pytest.importorskip("onnxruntime", reason='the export extra is missing: pip install -e ".[export]"')
+    from finetune.tools import export
+
+    # "rare" tags two of 60 training images, neither among the 8 (of seed 0) that the export loads beside validation.
+    images, digits = digit_images(0, 80)
+    labels = [tags(d) + (["rare"] if i in (1, 2) else []) for i, d in enumerate(digits)]
+    (tmp_path / "data").mkdir()
+    write_parquet(tmp_path / "data" / "train.parquet", images[:60], labels[:60])
+    write_parquet(tmp_path / "data" / "validation.parquet", images[60:], labels[60:])
+    out = tmp_path / "run"
+    run.main([*run_args(str(tmp_path / "data"), out), "--max_steps", "2"])
+    result = export.main([str(out), "--format", "onnx"])
+    assert result.num_images == export.CHECK_IMAGES and result.max_abs_difference <= export.DEFAULT_ATOL

@@ -22,6 +22,7 @@ from finetune import run
 from finetune.arguments import parse_args
 from finetune.augment import MixUpCutMix
 from finetune.data import load_image_data
+from finetune.data.sources import open_source
 from finetune.metrics import multi_label_report, multi_label_scores
 from finetune.models import build_model
 from finetune.tools import predict
@@ -290,3 +291,85 @@ def test_mixup_and_cutmix_mix_multi_hot_labels_as_they_mix_the_images(mix):
     assert targets.shape == (8, 5)
     torch.testing.assert_close(targets, mixed_images.mean(dim=(2, 3)))
     assert not torch.equal(targets, labels)
+
+
+def csv_split(path: Path, cells: list, images: Path) -> Path:
+    """A csv of the digit images `images/{i}.png` (written once) with the given label cells."""
+    digits, _ = digit_images(0, len(cells))
+    images.mkdir(exist_ok=True)
+    rows = ["image,labels"]
+    for i, (image, cell) in enumerate(zip(digits, cells)):
+        image.save(images / f"{i}.png")
+        rows.append(f"{images.name}/{i}.png,{cell}")
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def csv_data(tmp_path: Path, train: list, validation: list | None = None, **more):
+    images = tmp_path / "images"
+    files = {"train_file": str(csv_split(tmp_path / "train.csv", train, images))}
+    if validation is not None:
+        files["validation_file"] = str(csv_split(tmp_path / "validation.csv", validation, images))
+    _, data_args, _, _ = parse_args(
+        [*run_args("unused", tmp_path / "out"), *sum(([f"--{k}", v] for k, v in files.items()), [])]
+    )
+    for key, value in more.items():
+        setattr(data_args, key, value)
+    return load_image_data(data_args, seed=0, target_size=8)
+
+
+def test_csv_label_cells_are_stripped_and_only_the_label_column_is_split(tmp_path, caplog):
+    # "cat; dog" is cat and dog, "cat;" only cat, an empty cell none of them.
+    cells = ["cat; dog", "dog", "cat;", ""] * 5
+    with caplog.at_level("INFO", logger="finetune.data.sources"):
+        data = csv_data(tmp_path, cells, validation_size=0.2)
+    assert data.label_names == ["cat", "dog"]
+    both = torch.cat([data.train.labels, data.validation.labels])
+    assert torch.equal(both.sum(0), torch.tensor([10.0, 10.0]))
+    assert any("'labels'" in r.getMessage() and "several labels" in r.getMessage() for r in caplog.records)
+    # A notes column with `;` stays text: only the label column is split.
+    path = tmp_path / "notes.csv"
+    path.write_text(
+        "image,label,notes\n" + "".join(f"images/{i}.png,{'cat' if i % 2 else 'dog'},a;b\n" for i in range(20))
+    )
+    _, data_args, _, _ = parse_args([*run_args("unused", tmp_path / "out"), "--train_file", str(path)])
+    assert open_source(data_args).encoded["train"]["notes"][:2] == ["a;b", "a;b"]
+    notes = load_image_data(data_args, seed=0, target_size=8)
+    assert not notes.multi_label and notes.label_names == ["cat", "dog"]
+
+
+def test_a_split_without_semicolons_is_multi_label_when_another_split_is(tmp_path):
+    # Train cells hold one label each, validation cells several: every split is read as label lists.
+    data = csv_data(tmp_path, ["cat", "dog"] * 10, ["cat;dog", "dog"] * 3)
+    assert data.multi_label and data.label_names == ["cat", "dog"]
+    assert torch.equal(data.validation.labels[:2], torch.tensor([[1.0, 1.0], [0.0, 1.0]]))
+    # Train "1;3" / "2;3" (strings) and validation cells 2 / 3 (read as ints) name the same labels.
+    data = csv_data(tmp_path, ["1;3", "2;3"] * 10, [2, 3] * 3)
+    assert data.label_names == ["1", "2", "3"]
+    assert torch.equal(data.validation.labels[:2], torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]))
+
+
+def test_multi_label_data_of_one_label_is_refused(tmp_path):
+    images, digits = digit_images(0, 40)
+    write_parquet(tmp_path / "a.parquet", images, [["cat"] if d % 2 else [] for d in digits])
+    _, data_args, _, _ = parse_args(run_args(str(tmp_path / "a.parquet"), tmp_path / "out"))
+    with pytest.raises(
+        ValueError, match=r"Multi-label data needs at least 2 labels, got 1 \(cat\): .* `cat` or `none`"
+    ):
+        load_image_data(data_args, seed=0, target_size=8)
+
+
+def test_a_multi_label_run_with_a_rare_label_exports_without_images(tmp_path):
+    pytest.importorskip("onnxruntime", reason='the export extra is missing: pip install -e ".[export]"')
+    from finetune.tools import export
+
+    # "rare" tags two of 60 training images, neither among the 8 (of seed 0) that the export loads beside validation.
+    images, digits = digit_images(0, 80)
+    labels = [tags(d) + (["rare"] if i in (1, 2) else []) for i, d in enumerate(digits)]
+    (tmp_path / "data").mkdir()
+    write_parquet(tmp_path / "data" / "train.parquet", images[:60], labels[:60])
+    write_parquet(tmp_path / "data" / "validation.parquet", images[60:], labels[60:])
+    out = tmp_path / "run"
+    run.main([*run_args(str(tmp_path / "data"), out), "--max_steps", "2"])
+    result = export.main([str(out), "--format", "onnx"])
+    assert result.num_images == export.CHECK_IMAGES and result.max_abs_difference <= export.DEFAULT_ATOL

@@ -77,7 +77,9 @@ class ImageData:
         return {name: i for i, name in enumerate(self.label_names)}
 
 
-def load_image_data(data_args: DataArguments, seed: int, target_size: int | None = None) -> ImageData:
+def load_image_data(
+    data_args: DataArguments, seed: int, target_size: int | None = None, check_classes: bool = True
+) -> ImageData:
     """Load, decode (or map from the decoded cache) and split the dataset that `data_args` describes.
 
     Args:
@@ -85,6 +87,8 @@ def load_image_data(data_args: DataArguments, seed: int, target_size: int | None
         seed: seeds the validation split carved from train and the `max_*_samples` subsets.
         target_size: the square size to store images of mixed sizes at when `decode_size` is unset (the run passes
             `finetune.models.storage_size`: the model's input plus a margin for crops).
+        check_classes: refuse training images of too few classes to learn (`check_num_classes`); off for a trained
+            model's images (export loads only a few training images).
 
     Returns:
         `ImageData` with uint8 `(N, C, H, W)` splits; grayscale sources keep 1 channel (`BatchTransform` converts
@@ -120,7 +124,8 @@ def load_image_data(data_args: DataArguments, seed: int, target_size: int | None
             splits[name] = ImageSplit(split.pixel_values.expand(-1, num_channels, -1, -1).contiguous(), split.labels)
     splits, label_names = renumber_sparse_ids(splits, label_names)
     check_labels(splits, label_names)
-    check_num_classes(splits["train"], label_names)
+    if check_classes:
+        check_num_classes(splits["train"], label_names)
     train, validation, test = splits["train"], splits["validation"], splits.get("test")
 
     sizes = {name: s.image_size for name, s in splits.items()}

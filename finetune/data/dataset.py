@@ -111,8 +111,14 @@ def renumber_sparse_ids(
 
 def check_num_classes(train: ImageSplit, label_names: list[str]) -> None:
     """A classifier needs two classes or more, and training images of at least two of them; a multi-label one, a
-    training image of every label."""
+    training image of every label, and two labels or more (scikit-learn's metrics read one column as binary)."""
     if train.labels.ndim == 2:
+        if len(label_names) < 2:
+            named, tag = (f" ({label_names[0]})", label_names[0]) if label_names else ("", "TAG")
+            raise ValueError(
+                f"Multi-label data needs at least 2 labels, got {len(label_names)}{named}: for one tag, label each "
+                f"image `{tag}` or `none` (single-label)."
+            )
         absent = [name for name, count in zip(label_names, train.labels.sum(0).tolist()) if count == 0]
         if absent:
             raise ValueError(

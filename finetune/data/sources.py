@@ -168,7 +168,7 @@ def _open_split_files(files: dict[str, str | list[str]], data_args: DataArgument
                     f"`dataset_name` accepts {ACCEPTED_SOURCES}."
                 )
             if extension == ".csv":
-                dataset, image_paths = _read_csv(path, data_args.image_column_name)
+                dataset, image_paths = _read_csv(path, data_args)
                 fingerprint_paths += image_paths
             else:
                 dataset = datasets.load_dataset(TABLE_EXTENSIONS[extension], data_files=path, split="train")
@@ -180,19 +180,26 @@ def _open_split_files(files: dict[str, str | list[str]], data_args: DataArgument
     return Source(str(description), _files_fingerprint(fingerprint_paths), encoded=splits)
 
 
-def _read_csv(path: str, image_column_name: str | None) -> tuple[datasets.Dataset, list[str]]:
-    """A csv of image paths (relative to the csv file) and labels, with the paths made absolute. A column whose cells
-    hold several labels separated by `;` (`cat;dog`) becomes a list column, a multi-label one (an empty cell: none of
-    the labels); class names of a single-label csv have no `;`."""
+def _read_csv(path: str, data_args: DataArguments) -> tuple[datasets.Dataset, list[str]]:
+    """A csv of image paths (relative to the csv file) and labels, with the paths made absolute. A label column whose
+    cells hold several labels separated by `;` (`cat; dog`) becomes a list column, a multi-label one (an empty cell:
+    none of the labels); class names of a single-label csv have no `;`."""
     import pandas as pd
 
     frame = pd.read_csv(path)
-    column = _pick_column(list(frame.columns), image_column_name, IMAGE_COLUMNS, "image", path)
+    column = _pick_column(list(frame.columns), data_args.image_column_name, IMAGE_COLUMNS, "image", path)
     base = os.path.dirname(os.path.abspath(path))
     frame[column] = [p if os.path.isabs(p) else os.path.join(base, p) for p in frame[column].astype(str)]
-    for other in frame.columns.drop(column):
-        if frame[other].map(lambda v: isinstance(v, str) and ";" in v).any():
-            frame[other] = [v.split(";") if isinstance(v, str) else [] for v in frame[other]]
+    label = _pick_column(list(frame.columns), data_args.label_column_name, LABEL_COLUMNS, "label", path)
+    several = frame[label].map(lambda v: isinstance(v, str) and ";" in v)
+    if several.any():
+        logger.info(
+            f"{path}: the column {label!r} holds several labels per image separated by `;` (e.g. "
+            f"{frame[label][several].iloc[0]!r}); read as multi-label data."
+        )
+        frame[label] = [
+            [s.strip() for s in v.split(";") if s.strip()] if isinstance(v, str) else [] for v in frame[label]
+        ]
     return datasets.Dataset.from_pandas(frame, preserve_index=False), list(frame[column])
 
 
@@ -299,8 +306,10 @@ def label_encoding(splits: dict[str, datasets.Dataset], label_column: str) -> tu
     """Label names and a function from a split's raw label column to int64 ids, or, for a list column (several labels
     per image), to multi-hot float32 rows `(N, K)`."""
     feature = splits["train"].features[label_column]
-    if isinstance(feature, (datasets.List, datasets.LargeList)):
-        return _multi_label_encoding(splits, label_column, feature.feature)
+    # A csv split without `;` holds scalars: the data is multi-label when any split holds lists.
+    if any(isinstance(ds.features[label_column], (datasets.List, datasets.LargeList)) for ds in splits.values()):
+        item = feature.feature if isinstance(feature, (datasets.List, datasets.LargeList)) else feature
+        return _multi_label_encoding(splits, label_column, item)
     if isinstance(feature, datasets.ClassLabel):
         return list(feature.names), lambda values: np.asarray(values, dtype=np.int64)
     values = {name: read_column(ds, label_column) for name, ds in splits.items()}
@@ -337,7 +346,8 @@ def _multi_label_encoding(splits: dict[str, datasets.Dataset], column: str, item
             f"The label column {column!r} is a list of {item}; a multi-label column must list class names (str), "
             "class ids (int) or ClassLabel ids."
         )
-    index = {key: i for i, key in enumerate(keys)}
+    # Keyed by text: a split's cells may be read as ints (`2`) where another split's are strings (`1;3`).
+    index = {str(key): i for i, key in enumerate(keys)}
     for split, rows in values.items():
         empty = next((i for i, row in enumerate(rows) if row is None), None)
         if empty is not None:
@@ -345,7 +355,7 @@ def _multi_label_encoding(splits: dict[str, datasets.Dataset], column: str, item
                 f"Image {empty} of the {split} split has no labels ({column!r} is missing): give every image the "
                 "list of its labels, an empty list for none."
             )
-        unknown = sorted({str(v) for row in rows for v in row if v not in index})
+        unknown = sorted({str(v) for row in rows for v in row if str(v) not in index})
         if unknown:
             raise ValueError(
                 f"The {split} split has the label(s) {unknown[:5]} that no training image has (training has "
@@ -355,7 +365,7 @@ def _multi_label_encoding(splits: dict[str, datasets.Dataset], column: str, item
     def multi_hot(column_values: list) -> np.ndarray:
         hot = np.zeros((len(column_values), len(keys)), dtype=np.float32)  # (N, K)
         for row, labels in enumerate(lists(column_values)):
-            hot[row, [index[v] for v in labels]] = 1.0
+            hot[row, [index[str(v)] for v in labels]] = 1.0
         return hot
 
     return names, multi_hot

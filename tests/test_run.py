@@ -272,3 +272,17 @@ def test_quickstart_runs_offline_end_to_end(tmp_path, monkeypatch):
     assert set(results) == {"pretrained", "scratch"}
     assert (tmp_path / "outputs/quickstart/comparison/report.md").is_file()
     assert all(0 < r.validation.accuracy <= 1 for r in results.values())
+
+
+def test_the_quickstart_source_model_starts_from_the_same_weights_every_time(tmp_path):
+    """The README's quickstart figures are reproducible only if its "pretrained" model starts from fixed weights."""
+    from safetensors.torch import load_file
+
+    from finetune.tools.quickstart import make_source_init
+
+    torch.manual_seed(123)  # whatever the state of the generator before
+    make_source_init(tmp_path / "a")
+    torch.rand(7)
+    make_source_init(tmp_path / "b")
+    a, b = load_file(tmp_path / "a/model.safetensors"), load_file(tmp_path / "b/model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

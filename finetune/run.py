@@ -267,7 +267,7 @@ def train_and_evaluate(
 
     # ---- Evaluation of the kept model: validation, then the test split (used only here), with a confusion matrix.
     validation = trainer.evaluate(data.validation, metric_key_prefix="eval")
-    warn_if_at_chance(validation.get("eval_accuracy"), data, train_result.metrics.get("train_loss"))
+    warn_if_at_chance(validation, data, train_result.metrics.get("train_loss"))
     confusion_split, prefix = ("test", "test") if data.test is not None else ("validation", "eval")
     prediction = trainer.predict(getattr(data, confusion_split), metric_key_prefix=prefix)
     # Multi-label thresholds are chosen on the validation split, whatever split the report is on.
@@ -301,17 +301,22 @@ def train_and_evaluate(
     return results
 
 
-def warn_if_at_chance(accuracy: float | None, data: ImageData, train_loss: float | None) -> None:
-    """Say so loudly when the kept model is no better than always answering the validation split's largest class:
-    a run that diverged with a finite loss (or learned nothing) must not pass for a result."""
+def warn_if_at_chance(metrics: dict, data: ImageData, train_loss: float | None) -> None:
+    """Say so loudly when the kept model is no better than always answering the validation split's largest class
+    (multi-label data: than one constant score, whose mAP is the share of positive images): a run that diverged with
+    a finite loss (or learned nothing) must not pass for a result."""
     labels = data.validation.labels
-    if accuracy is None or not len(labels):
-        return
-    chance = float(labels.bincount().max()) / len(labels)
-    if accuracy <= chance + 0.01:
+    if data.multi_label:
+        name, score, baseline = "mAP", metrics.get("eval_map"), "a constant score"
+        shares = labels.float().mean(0)  # (K,) the mAP of a constant score, per label with positives
+        chance = float(shares[shares > 0].mean()) if bool((shares > 0).any()) else 1.0
+    else:
+        name, score, baseline = "accuracy", metrics.get("eval_accuracy"), "always the largest class"
+        chance = float(labels.bincount().max()) / len(labels) if len(labels) else 1.0
+    if score is not None and score <= chance + 0.01:
         logger.warning(
-            f"Validation accuracy {accuracy:.2%} is at chance level ({chance:.2%}, always the largest class; training "
-            f"loss {train_loss if train_loss is None else f'{train_loss:.4g}'}): the model learned nothing. Check the "
+            f"Validation {name} {score:.2%} is at chance level ({chance:.2%}, {baseline}; training loss "
+            f"{train_loss if train_loss is None else f'{train_loss:.4g}'}): the model learned nothing. Check the "
             "learning rate (a diverged run can keep a finite loss), the labels and the epochs."
         )
 

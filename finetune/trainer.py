@@ -315,11 +315,13 @@ class ImageClassificationTrainer(Trainer):
         last = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
         if last:
             kept.append(f"the last checkpoint {last}")
-        evaluations = [e for e in self.state.log_history if "eval_accuracy" in e]
+        key = "eval_map" if self.loss is multi_label_loss else "eval_accuracy"
+        evaluations = [e for e in self.state.log_history if key in e]
         if evaluations:
             kept.append(
-                f"the evaluations in {os.path.join(output_dir, TRAINER_STATE_NAME)} (last: validation accuracy "
-                f"{evaluations[-1]['eval_accuracy']:.2%} at epoch {evaluations[-1].get('epoch', 0):.2f})"
+                f"the evaluations in {os.path.join(output_dir, TRAINER_STATE_NAME)} (last: validation "
+                f"{'mAP' if key == 'eval_map' else 'accuracy'} {evaluations[-1][key]:.2%} at epoch "
+                f"{evaluations[-1].get('epoch', 0):.2f})"
             )
         text = f"Kept: {'; '.join(kept)}." if kept else "No checkpoint or evaluation had been made yet."
         tries = []

@@ -5,6 +5,7 @@ the one-line errors of bad labels."""
 
 import csv
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -373,3 +374,18 @@ def test_a_multi_label_run_with_a_rare_label_exports_without_images(tmp_path):
     run.main([*run_args(str(tmp_path / "data"), out), "--max_steps", "2"])
     result = export.main([str(out), "--format", "onnx"])
     assert result.num_images == export.CHECK_IMAGES and result.max_abs_difference <= export.DEFAULT_ATOL
+
+
+def test_a_multi_label_model_at_chance_level_is_named(caplog):
+    """A constant score ranks nothing: its mAP is each label's share of positive images; at that level the run warns
+    that its model learned nothing, above it not."""
+    from types import SimpleNamespace
+
+    labels = torch.tensor([[1, 0, 1], [0, 0, 1], [1, 1, 1], [0, 0, 1]], dtype=torch.float32)  # shares 0.5, 0.25, 1
+    data = SimpleNamespace(multi_label=True, validation=SimpleNamespace(labels=labels))
+    with caplog.at_level(logging.WARNING, logger="finetune.run"):
+        run.warn_if_at_chance({"eval_map": 0.58}, data, 0.69)
+        assert "Validation mAP 58.00% is at chance level (58.33%, a constant score" in caplog.text
+        caplog.clear()
+        run.warn_if_at_chance({"eval_map": 0.8}, data, 0.3)
+        assert not caplog.text

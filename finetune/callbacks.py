@@ -368,9 +368,12 @@ class InterruptCallback(TrainerCallback):
             self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
 
     def _handle(self, signum, frame) -> None:
-        if self.signal is not None:
+        if self.signal is not None:  # the second one: as if no handler were set (SIGINT: KeyboardInterrupt)
+            previous = self._previous.get(signum)
             self._restore()
-            signal.raise_signal(signum)  # the second one: as if no handler were set (SIGINT: KeyboardInterrupt)
+            if not callable(previous):  # also where it was ignored when the run started (a background job's SIGINT)
+                signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
+            signal.raise_signal(signum)
             return
         self.signal = signum
         self.guard.stop_requested = int(signum)

@@ -83,14 +83,17 @@ run.main(argv)
 """
 
 
-def test_two_sigints_during_a_save_stop_at_once_and_resume_skips_the_cut_checkpoint(tmp_path, caplog):
+@pytest.mark.parametrize("ignored", [False, True], ids=["foreground", "background job"])
+def test_two_sigints_during_a_save_stop_at_once_and_resume_skips_the_cut_checkpoint(tmp_path, caplog, ignored):
     """The first SIGINT asks for a checkpoint after the running step; a second one ends the run at once, here in the
-    middle of writing checkpoint-16, which the resume then skips."""
+    middle of writing checkpoint-16, which the resume then skips. Also where SIGINT was ignored when the run started,
+    as a shell does for the background jobs of a script."""
     out, marker = tmp_path / "out", tmp_path / "saving"
     args = [*TINY, "--num_train_epochs", "2", "--output_dir", str(out)]
     process = subprocess.Popen(
         [sys.executable, "-c", PAUSE_IN_SECOND_SAVE, str(marker), *args],
         env=subprocess_env(),
+        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignored else None,
         cwd=tmp_path,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

@@ -27,7 +27,7 @@ from scratch_vit import ScratchViTConfig, ScratchViTForImageClassification
 
 from .arguments import ModelArguments, scratch_config_kwargs
 from .augment import CROP_MARGIN, LUMA_WEIGHTS, Preprocessing, grayscale, photo_size, preprocessing_from
-from .data import ImageData
+from .data import MULTI_LABEL, ImageData, is_multi_label
 from .locations import looks_like_local_path, offline_switch
 
 
@@ -87,8 +87,8 @@ def build_model(
         model, processor = _build_scratch(scratch_args, data, model_args.attn_implementation)
     else:
         raise ValueError(f"`model_type` must be `pretrained` or `scratch` here, got {model_type!r}.")
-    if data.multi_label:  # saved in config.json: the loss, the metrics and predict read it there
-        model.config.problem_type = "multi_label_classification"
+    if data.multi_label:
+        model.config.problem_type = MULTI_LABEL
     prep = preprocessing_from(processor, model.config)
     check_channels(data.num_channels, prep.num_channels, model_args.convert_channels)
     logger.info(
@@ -122,7 +122,7 @@ def load_trained_model(
     except OSError as error:
         raise OSError(_unreachable_message("model", path, error)) from error
     check_labels(model.config, data.label_names, path)
-    if (model.config.problem_type == "multi_label_classification") != data.multi_label:
+    if is_multi_label(model.config) != data.multi_label:
         raise ValueError(
             f"The dataset has {'several labels' if data.multi_label else 'one label'} per image, but the model at "
             f"{path!r} was trained for {'one' if data.multi_label else 'several'} (`problem_type` "

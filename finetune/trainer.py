@@ -48,6 +48,7 @@ from finetune.callbacks import (
     TrainingBudgetCallback,
 )
 from finetune.compile import TrainingCompiler
+from finetune.data import is_multi_label
 from finetune.hardware import CompileChoice
 from finetune.models import load_checkpoint_weights, parameter_groups
 from finetune.nonfinite import NonFiniteGuard, TrainingDiverged
@@ -139,7 +140,7 @@ class ImageClassificationTrainer(Trainer):
         # Not an attribute of the model: the Trainer neither trains, wraps nor saves it.
         self.teacher = teacher.to(self.args.device).eval().requires_grad_(False) if teacher is not None else None
         self.teacher_transform = teacher_transform.to(self.args.device) if teacher is not None else None
-        multi_label = getattr(self.model.config, "problem_type", None) == "multi_label_classification"
+        multi_label = is_multi_label(self.model.config)
         if multi_label and teacher is not None:
             raise ValueError(
                 "Distillation teaches one class per image, and this dataset has several labels per image: drop "

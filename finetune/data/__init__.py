@@ -41,14 +41,26 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "IMAGE_EXTENSIONS",
+    "MULTI_LABEL",
     "ImageData",
     "ImageSplit",
     "center_fit",
     "collate_batch",
     "decode_image",
+    "is_multi_label",
     "load_image_data",
     "stratified_split",
 ]
+
+
+# The `problem_type` a model trained on multi-label data saves in its config.json; the loss, the metrics and predict
+# read it there.
+MULTI_LABEL = "multi_label_classification"
+
+
+def is_multi_label(config) -> bool:
+    """Whether a model's config (a transformers config, or an exported folder's config.json) is multi-label's."""
+    return getattr(config, "problem_type", None) == MULTI_LABEL
 
 
 @dataclass

@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> ExportResult:
     parser.add_argument("--trust_remote_code", "--trust-remote-code", action="store_true", help=trust_help)
     args = parser.parse_args(argv)
     require_extras()
-    from finetune.tools.predict import load_classifier, preprocess
+    from finetune.tools.predict import ONNX_NAME, load_classifier, preprocess
 
     run_dir = Path(args.run_dir)
     # Eager attention exports for every architecture (SDPA's graph does not decompose for BEiT); onnxruntime fuses
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> ExportResult:
     pixel_values = preprocess(images, model, processor)  # (N, C, H, W), as predict feeds the model
 
     output = Path(args.output) if args.output else run_dir / "onnx"
-    path = export_onnx(model, pixel_values, output / "model.onnx")
+    path = export_onnx(model, pixel_values, output / ONNX_NAME)
     model.config.save_pretrained(output)
     processor.save_pretrained(output)
     if (run_dir / "results.json").is_file():  # a multi-label run's thresholds, which predict reads from there

@@ -69,15 +69,15 @@ class OnnxClassifier:
         config["id2label"] = {int(i): name for i, name in config["id2label"].items()}
         self.config = argparse.Namespace(**{"num_labels": len(config["id2label"]), **config})
         self.session = onnxruntime.InferenceSession(str(Path(folder) / ONNX_NAME), providers=["CPUExecutionProvider"])
+        self.input_size = tuple(self.session.get_inputs()[0].shape[2:])  # (H, W) it was exported at
 
     def __call__(self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool = False) -> argparse.Namespace:
         import torch
 
-        exported = tuple(self.session.get_inputs()[0].shape[2:])
-        if interpolate_pos_encoding or tuple(pixel_values.shape[2:]) != exported:
+        if interpolate_pos_encoding or tuple(pixel_values.shape[2:]) != self.input_size:
             raise ValueError(
-                f"An ONNX export runs at the resolution it was exported at ({'x'.join(map(str, exported))}): drop "
-                "`--image_size`."
+                f"An ONNX export runs at the resolution it was exported at ({'x'.join(map(str, self.input_size))}): "
+                "drop `--image_size`."
             )
         [logits] = self.session.run(["logits"], {"pixel_values": pixel_values.numpy()})
         return argparse.Namespace(logits=torch.from_numpy(logits))
@@ -242,15 +242,19 @@ def class_probabilities(model, pixel_values: torch.Tensor, interpolate_pos_encod
     kwargs = {"interpolate_pos_encoding": True} if interpolate_pos_encoding else {}
     with torch.no_grad():  # not inference_mode: cached model tensors stay usable for training (see export.py)
         logits = model(pixel_values=pixel_values.to(device), **kwargs).logits  # (B, num_labels)
-    multi_label = getattr(model.config, "problem_type", None) == "multi_label_classification"
-    return (logits.float().sigmoid() if multi_label else logits.float().softmax(dim=-1)).cpu()
+    from finetune.data import is_multi_label
+
+    logits = logits.float()
+    return (logits.sigmoid() if is_multi_label(model.config) else logits.softmax(dim=-1)).cpu()
 
 
 def label_thresholds(model, model_dir) -> list[float] | None:
     """A multi-label model's probability threshold per label, as chosen on the validation split: from the run's
     results.json in `model_dir`, or in the run folder around it (checkpoint-*, merged/, onnx/); 0.5 for labels it
     lacks, with a warning when there is none. None for a single-label model."""
-    if getattr(model.config, "problem_type", None) != "multi_label_classification":
+    from finetune.data import is_multi_label
+
+    if not is_multi_label(model.config):
         return None
     found = [p / "results.json" for p in (Path(model_dir), Path(model_dir).parent) if (p / "results.json").is_file()]
     thresholds = json.loads(found[0].read_text()).get("per_class_threshold", {}) if found else {}
@@ -277,6 +281,7 @@ def predict_files(
     check_image_size(model, image_size)
     id2label, top_k = model.config.id2label, min(top_k, model.config.num_labels)
     interpolate = needs_interpolation(model, image_size)
+    cuts = torch.tensor(thresholds) if thresholds else None  # (K,) a multi-label model's thresholds
     size = photo_size(model_preprocessing(model, processor, image_size))
     predictions: list[Prediction] = []
     skipped: list[tuple[str, str]] = []
@@ -288,7 +293,7 @@ def predict_files(
         probabilities = class_probabilities(model, preprocess(images, model, processor, image_size), interpolate)
         for name, row in zip(names, probabilities):
             top_scores, top_indices = row.sort(descending=True)
-            keep = top_scores >= torch.tensor(thresholds)[top_indices] if thresholds else slice(top_k)
+            keep = top_scores >= cuts[top_indices] if cuts is not None else slice(top_k)
             labels = [str(id2label[int(i)]) for i in top_indices[keep]]
             predictions.append(Prediction(name, labels, top_scores[keep].tolist(), row.tolist()))
     return predictions, skipped

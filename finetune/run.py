@@ -265,13 +265,13 @@ def train_and_evaluate(
     trainer.save_metrics("train", train_result.metrics)
     trainer.save_state()
 
-    # ---- Evaluation of the kept model: validation, then the test split (used only here), with a confusion matrix.
-    validation = trainer.evaluate(data.validation, metric_key_prefix="eval")
+    # ---- Evaluation of the kept model: validation, then the test split (used only here), each scored once; the
+    # confusion matrix is of the test split where there is one (multi-label thresholds: chosen on validation).
+    on_validation = trainer.predict(data.validation, metric_key_prefix="eval")
+    validation = on_validation.metrics
     warn_if_at_chance(validation, data, train_result.metrics.get("train_loss"))
-    confusion_split, prefix = ("test", "test") if data.test is not None else ("validation", "eval")
-    prediction = trainer.predict(getattr(data, confusion_split), metric_key_prefix=prefix)
-    # Multi-label thresholds are chosen on the validation split, whatever split the report is on.
-    on_validation = trainer.predict(data.validation) if data.multi_label and data.test is not None else prediction
+    confusion_split = "test" if data.test is not None else "validation"
+    prediction = trainer.predict(data.test, metric_key_prefix="test") if data.test is not None else on_validation
 
     # ---- Results: every figure once, the timings from the run's one clock.
     clock, batch_size = trainer.clock, total_batch_size(args)

@@ -2,12 +2,9 @@
 
 uint8 batches from `ImageSplit` in, the model's float32 normalized `pixel_values` out. Every op works on the whole
 batch with per-image randomness drawn as tensors (airbench style): no PIL, no Python loop over images. torchvision
-v2's crop, flip and RandAugment draw one set of parameters per call, so on a batch every image would get the same
+v2's crop, flip and RandAugment draw one set of parameters per call, so every image of a batch would get the same
 crop and op; ours draw them per image. Mixing (`MixUpCutMix`) is torchvision's, which mixes whole batches anyway.
-
-Randomness comes from torch's global generator, so `torch.manual_seed` (the Trainer's `seed`) makes a run
-reproducible. Training augmentations are the uint8 -> uint8 modules in `BatchTransform.augment`, each switched off
-as `nn.Identity()`; random erasing runs after mixing and normalisation (`BatchTransform.erase`).
+Randomness comes from torch's global generator, so the Trainer's `seed` makes a run reproducible.
 """
 
 import logging
@@ -56,12 +53,13 @@ class RandomResizedCrop(nn.Module):
     boxes are resized in one bilinear `grid_sample`. Unlike torchvision a box larger than `size` is not low-pass
     filtered first; photos are stored at most 256/224 larger than the model's input, so aliasing stays small."""
 
+    ATTEMPTS = 10
+
     def __init__(
         self,
         size: tuple[int, int] | int,
         scale: Sequence[float] = (0.08, 1.0),
         ratio: Sequence[float] = (3 / 4, 4 / 3),
-        attempts: int = 10,
     ):
         super().__init__()
         if not 0 < scale[0] <= scale[1] <= 1:
@@ -69,7 +67,7 @@ class RandomResizedCrop(nn.Module):
         if not 0 < ratio[0] <= ratio[1]:
             raise ValueError(f"`ratio` must be (low, high) with 0 < low <= high, got {tuple(ratio)}.")
         self.size = (size, size) if isinstance(size, int) else tuple(size)
-        self.scale, self.ratio, self.attempts = tuple(scale), tuple(ratio), attempts
+        self.scale, self.ratio = tuple(scale), tuple(ratio)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return resized_crop(x, self.sample_boxes(x.shape[0], x.shape[-2], x.shape[-1], x.device), self.size)
@@ -77,8 +75,8 @@ class RandomResizedCrop(nn.Module):
     def sample_boxes(self, B: int, H: int, W: int, device: torch.device, fallback: bool = True) -> torch.Tensor:
         """`(B, 4)` int64 boxes `(top, left, height, width)`, drawn as `RandomResizedCrop.get_params` draws one.
         Where no try fits, torchvision's fallback box, or with `fallback=False` an empty one."""
-        area = H * W * torch.empty(B, self.attempts, device=device).uniform_(*self.scale)  # (B, tries)
-        log_ratio = torch.empty(B, self.attempts, device=device).uniform_(*map(math.log, self.ratio))
+        area = H * W * torch.empty(B, self.ATTEMPTS, device=device).uniform_(*self.scale)  # (B, tries)
+        log_ratio = torch.empty(B, self.ATTEMPTS, device=device).uniform_(*map(math.log, self.ratio))
         aspect = torch.exp(log_ratio)
         w = torch.sqrt(area * aspect).round().long()
         h = torch.sqrt(area / aspect).round().long()
@@ -464,9 +462,9 @@ class BatchTransform(nn.Module):
         self.normalize = Normalize(mean, std)
 
     @classmethod
-    def for_model(cls, prep, in_channels: int, **augmentation) -> "BatchTransform":
-        """The transform that feeds a model as its `finetune.models.Preprocessing` says, from images of
-        `in_channels` channels; training adds its `augmentation` options, predict and attention use evaluation's."""
+    def for_model(cls, prep: Preprocessing, in_channels: int, **augmentation) -> "BatchTransform":
+        """The transform that feeds a model as `prep` says, from images of `in_channels` channels; training adds its
+        `augmentation` options, predict and attention use evaluation's."""
         return cls(
             prep.image_size,
             prep.image_mean,

@@ -47,8 +47,8 @@ class EvalMetrics:
 
 @dataclass
 class TrainMetrics:
-    """The training of the whole run (a resumed run's before and after the resume): mean loss of its steps, seconds of
-    its training loop, steps; `data_seconds` only from benchmarks/timed_run.py."""
+    """The training of the whole run (a resumed run's before and after the resume); `data_seconds` only from
+    benchmarks/timed_run.py."""
 
     loss: float | None = None
     seconds: float | None = None

@@ -8,15 +8,9 @@ Every image is decoded a single time (`decode_image`, the decoding predict and a
 only its own rows. A second run with the same data skips decoding. Augmentation happens later, on whole batches on the
 device (`finetune/augment.py`).
 
-Sources (`DataArguments.dataset_name`, or `train_file` / `validation_file` / `test_file`): a Hub dataset id; `sklearn:
-digits`; a parquet, arrow or csv file (a csv holds image paths relative to it and labels, several per image
-separated by `;` for multi-label data, as a list column elsewhere), or a folder of them split by
-file name (`train*`, `valid*`/`val*`, `test*`); a `save_to_disk` folder; an image folder with one subfolder per class,
-optionally under `train/`, `validation/` (`val/`), `test/`; a CIFAR-10 `cifar-10-batches-py` folder.
-
-A split walks the modules in order: `sources.py` opens the source and reads its labels, `splits.py` chooses the images
-of each split from the labels, `cache.py` maps them from the decoded cache or has `decode.py` decode them, and
-`dataset.py`'s `ImageSplit` serves them in batches (`collate_batch`).
+A split walks the modules in order: `sources.py` opens the source (`ACCEPTED_SOURCES` lists the kinds) and reads its
+labels, `splits.py` chooses the images of each split from the labels, `cache.py` maps them from the decoded cache or
+has `decode.py` decode them, and `dataset.py`'s `ImageSplit` serves them in batches (`collate_batch`).
 """
 
 from __future__ import annotations

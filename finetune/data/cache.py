@@ -1,10 +1,7 @@
 """The decoded cache: each decoded split as `.npy` files under a key of its source, columns, decoding and chosen
-images, so a second run with the same data skips decoding.
-
-An entry is a folder with `pixel_values.npy` (uint8 `(N, C, H, W)`), `labels.npy` and `meta.json`, decoded inside a
-temporary folder renamed to the key when complete (a crash leaves no half-written entry). Every reader maps it: the
-decoded images are file pages shared by all processes of a node, never a copy in each process.
-"""
+images, so a second run with the same data skips decoding. An entry is a folder with `pixel_values.npy` (uint8
+`(N, C, H, W)`, memory-mapped by every reader), `labels.npy` and `meta.json`, decoded inside a temporary folder renamed
+to the key when complete (a crash leaves no half-written entry)."""
 
 from __future__ import annotations
 
@@ -62,12 +59,11 @@ def decoded_split(
     else:
         decode_modes = ["native"] + ([f"fallback:{target_size}"] if target_size is not None else [])
     root = _cache_root(data_args)
-    paths = {
-        mode: os.path.join(root, content_hash({**key_fields, "decode": mode})) if root is not None else None
-        for mode in decode_modes
-    }
+    paths = [
+        os.path.join(root, content_hash({**key_fields, "decode": mode})) if root else None for mode in decode_modes
+    ]
     row_of = np.full(len(dataset), -1, dtype=np.int64)
-    for path in paths.values():
+    for path in paths:
         cached = _load_entry(path, where) if path is not None else None
         if cached is not None:
             pixels, meta = cached
@@ -77,7 +73,7 @@ def decoded_split(
     selected = dataset.select(needed) if subset else dataset
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     workers = data_args.decode_workers or cores
-    tmp = _start_entry(paths[decode_modes[0]])
+    tmp = _start_entry(paths[0])
     start = time.perf_counter()
     pixels, kept, rows, skipped, used_fallback = decode_images(
         lambda: image_items(selected, columns[0]),
@@ -103,7 +99,7 @@ def decoded_split(
         "positions": positions.tolist(),
         "rows": rows.tolist(),
     }
-    _finish_entry(tmp, paths[decode_modes[-1] if used_fallback else decode_modes[0]], labels[positions], meta)
+    _finish_entry(tmp, paths[-1] if used_fallback else paths[0], labels[positions], meta)
     return pixels, row_of
 
 

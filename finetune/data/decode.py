@@ -6,12 +6,11 @@ viewers show it (the colour under a transparent pixel is arbitrary, often black)
 (Pillow's own conversion clips every value above 255 to white); palette, CMYK and other modes become RGB, 1-bit and
 float images grayscale; RGB asked for as `"L"` takes Pillow's ITU-R 601 luma (`finetune.augment.LUMA_WEIGHTS`).
 
-`decode_images` decodes a whole split with it, in parallel, into one uint8 `(N, C, H, W)` `.npy` file written chunk
-by chunk (`finetune.data.cache` keeps it). Images of one size are stored as they are; images of mixed sizes (photos)
-as centre squares at the run's storage size (`finetune.models.storage_size`, the model's input plus a margin for
-crops; `decode_size` overrides). A square rather than padding: every row has one shape, so a batch is one index into
-one array and the device ops run on whole batches; padding would store empty pixels (a third of a 640x480 photo); and
-the edges it drops are what center-crop evaluation and RandomResizedCrop rarely reach anyway.
+`decode_images` decodes a whole split with it, in parallel, into one uint8 `(N, C, H, W)` `.npy` file. Images of one
+size are stored as they are; images of mixed sizes (photos) as centre squares at the run's storage size
+(`finetune.models.storage_size`; `decode_size` overrides). A square rather than padding: a batch is one index into one
+array, padding would store empty pixels (a third of a 640x480 photo), and the edges it drops are what center-crop
+evaluation and RandomResizedCrop rarely reach anyway.
 """
 
 import collections
@@ -39,8 +38,6 @@ IMAGE_EXTENSIONS = frozenset(
 SIXTEEN_BIT_MODES = frozenset({"I", "I;16", "I;16L", "I;16B", "I;16N"})
 # Alpha modes, premultiplied ones included, and the mode of their colour part.
 ALPHA_MODES = {"RGBA": "RGB", "RGBa": "RGB", "LA": "L", "La": "L", "PA": "RGB"}
-# The background transparent pixels are composited onto; see the module docstring for why white.
-BACKGROUND = 255
 MAX_LISTED_CORRUPT = 10  # corrupt images named in the warning of a split
 
 
@@ -84,7 +81,7 @@ def _to_8_bit(image: Image.Image) -> Image.Image:
     if image.mode in ALPHA_MODES:
         colour_mode = ALPHA_MODES[image.mode]
         image = image.convert(colour_mode + "A")  # un-premultiplies RGBa / La, expands PA
-        background = Image.new(colour_mode, image.size, (BACKGROUND,) * len(colour_mode))
+        background = Image.new(colour_mode, image.size, (255,) * len(colour_mode))  # white: see the module docstring
         background.paste(image.convert(colour_mode), mask=image.getchannel("A"))
         return background
     return image.convert("RGB")
@@ -92,11 +89,6 @@ def _to_8_bit(image: Image.Image) -> Image.Image:
 
 # Images per task of the decoding pool: large enough to amortize the hand-over, small enough to spread a split.
 DECODE_CHUNK = 128
-
-
-def _decoded_mode(mode: str) -> str:
-    grayscale = mode in ("L", "1", "F") or mode in SIXTEEN_BIT_MODES or ALPHA_MODES.get(mode) == "L"
-    return "L" if grayscale else "RGB"
 
 
 def _probe(data: bytes | None, path: str | None) -> tuple[str, tuple[int, int]]:
@@ -107,7 +99,9 @@ def _probe(data: bytes | None, path: str | None) -> tuple[str, tuple[int, int]]:
         width, height = image.size
         if image.getexif().get(0x0112) in (5, 6, 7, 8):  # EXIF orientations that turn the image by 90 degrees
             width, height = height, width
-        return _decoded_mode(image.mode), (width, height)
+        mode = image.mode
+    grayscale = mode in ("L", "1", "F") or mode in SIXTEEN_BIT_MODES or ALPHA_MODES.get(mode) == "L"
+    return "L" if grayscale else "RGB", (width, height)
 
 
 def _decode_chunk(path: str, first_row: int, items: list, mode: str, size: tuple[int, int]) -> list[tuple[int, str]]:
@@ -136,8 +130,8 @@ def decode_images(
     corrupt_images: str,
     where: str,
     out_path: str,
-    workers: int = 1,
-    positions: np.ndarray | None = None,
+    workers: int,
+    positions: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str], bool]:
     """Decode every image once into a uint8 `(N, C, H, W)` `.npy` file at `out_path`, written chunk by chunk.
 
@@ -149,7 +143,7 @@ def decode_images(
     """
 
     def name(i: int, path: str | None) -> str:
-        return f"index {i if positions is None else int(positions[i])}" + (f" ({path})" if path else "")
+        return f"index {int(positions[i])}" + (f" ({path})" if path else "")
 
     def corrupt(i: int, path: str | None, error: str) -> None:
         if corrupt_images == "error":

@@ -292,7 +292,6 @@ def find_columns(dataset: datasets.Dataset, data_args: DataArguments, where: str
     `Image` / `ClassLabel` feature type."""
     columns = list(dataset.column_names)
     features = dataset.features
-    # Beyond the usual names, a column is found by its type when it is the only one of that type.
     images = [c for c in columns if isinstance(features[c], datasets.Image)]
     labels = [c for c in columns if isinstance(features[c], datasets.ClassLabel)]
     image_candidates = IMAGE_COLUMNS + (tuple(images) if len(images) == 1 else ())

@@ -53,15 +53,15 @@ def confusion_report(logits: np.ndarray, labels: np.ndarray, label_names: list[s
     """Confusion matrix (`[true][predicted]` counts) and per-class accuracy (the recall), precision, recall and F1
     keyed by label name (None where undefined)."""
     scores = classification_scores(logits, labels, len(label_names))
-
-    def by_name(values):
-        return {name: (None if np.isnan(value) else value) for name, value in zip(label_names, values)}
-
     return {
         "confusion_matrix": scores["confusion_matrix"],
-        "per_class_accuracy": by_name(scores["recall"]),
-        **{f"per_class_{key}": by_name(scores[key]) for key in ("precision", "recall", "f1")},
+        "per_class_accuracy": _by_name(label_names, scores["recall"]),
+        **{f"per_class_{key}": _by_name(label_names, scores[key]) for key in ("precision", "recall", "f1")},
     }
+
+
+def _by_name(label_names: list[str], values) -> dict[str, float | None]:
+    return {name: (None if np.isnan(value) else float(value)) for name, value in zip(label_names, values)}
 
 
 def multi_label_scores(logits: np.ndarray, labels: np.ndarray) -> dict[str, float]:
@@ -105,13 +105,12 @@ def multi_label_report(
     predicted = expit(np.asarray(logits, dtype=np.float64)) >= np.asarray(thresholds)  # (N, K)
     per_class = precision_recall_fscore_support(labels, predicted, zero_division=np.nan)
     average_precision = [average_precision_score(t, s) if t.any() else np.nan for s, t in zip(logits.T, labels.T)]
-
-    def by_name(values):
-        return {name: (None if np.isnan(value) else float(value)) for name, value in zip(label_names, values)}
-
     return {
         "per_class_threshold": dict(zip(label_names, thresholds)),
-        **{f"per_class_{key}": by_name(values) for key, values in zip(("precision", "recall", "f1"), per_class)},
+        **{
+            f"per_class_{key}": _by_name(label_names, values)
+            for key, values in zip(("precision", "recall", "f1"), per_class)
+        },
         "per_class_support": {name: int(n) for name, n in zip(label_names, per_class[3])},
-        "per_class_average_precision": by_name(average_precision),
+        "per_class_average_precision": _by_name(label_names, average_precision),
     }

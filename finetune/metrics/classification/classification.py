@@ -7,7 +7,6 @@ import numpy as np
 from sklearn.metrics import accuracy_score, confusion_matrix, precision_recall_fscore_support
 
 
-_DESCRIPTION = "Precision TP / (TP + FP), recall TP / (TP + FN) and F1 2 TP / (2 TP + FP + FN), per class and macro."
 _KWARGS_DESCRIPTION = """
 Args:
     predictions (`list` of `int`), references (`list` of `int`): predicted and true labels.
@@ -26,7 +25,7 @@ Returns:
 class Classification(evaluate.Metric):
     def _info(self):
         return evaluate.MetricInfo(
-            description=_DESCRIPTION,
+            description=__doc__,
             citation="",
             inputs_description=_KWARGS_DESCRIPTION,
             features=datasets.Features(

@@ -6,7 +6,6 @@ import evaluate
 import numpy as np
 
 
-_DESCRIPTION = "The fraction of samples whose label is among the k highest-scored classes."
 _KWARGS_DESCRIPTION = """
 Args:
     predictions (`list` of `list` of `float`): per-class scores (logits or probabilities), one row per sample.
@@ -20,7 +19,7 @@ Returns:
 class TopKAccuracy(evaluate.Metric):
     def _info(self):
         return evaluate.MetricInfo(
-            description=_DESCRIPTION,
+            description=__doc__,
             citation="",
             inputs_description=_KWARGS_DESCRIPTION,
             features=datasets.Features(

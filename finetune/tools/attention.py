@@ -107,9 +107,8 @@ def display_image(image: Image.Image, min_side: int = 224) -> Image.Image:
 
     image = image.convert("RGB")
     scale = min_side / max(image.size)
-    if scale > 1:
-        image = image.resize((round(image.width * scale), round(image.height * scale)), Image.Resampling.BICUBIC)
-    return image
+    size = (round(image.width * scale), round(image.height * scale))
+    return image.resize(size, Image.Resampling.BICUBIC) if scale > 1 else image
 
 
 @dataclass
@@ -140,9 +139,8 @@ def compute_attention_maps(model, processor, image: Image.Image, image_size: int
     check_image_size(model, image_size)
     pixel_values = preprocess([image.convert(image_mode(model))], model, processor, image_size)  # (1, C, H, W)
     kwargs = {"interpolate_pos_encoding": True} if needs_interpolation(model, image_size) else {}
-    device = next(model.parameters()).device
     with torch.no_grad():  # not inference_mode: cached model tensors stay usable for training (see export.py)
-        outputs = model(pixel_values=pixel_values.to(device), output_attentions=True, **kwargs)
+        outputs = model(pixel_values=pixel_values.to(model.device), output_attentions=True, **kwargs)
     if not hasattr(outputs, "attentions"):
         raise no_attention
     if not outputs.attentions:

@@ -45,10 +45,6 @@ def _unique_names(runs: Sequence[Results], run_dirs: Sequence[Path]) -> list[str
     ]
 
 
-def _slug(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "run"
-
-
 def per_class_table(runs: Sequence[Results], names: Sequence[str]) -> str:
     """Markdown table of per-class accuracy (the recall): one row per class (in label order), one column per run,
     followed by a precision and an F1 column for each run whose results hold them, and a multi-label run's threshold
@@ -86,7 +82,8 @@ def write_comparison(run_dirs: Sequence[str | os.PathLike], output_dir: str | os
     confusion_files = {}
     for run, name, run_dir in zip(runs, names, run_dirs):
         if run.confusion_matrix:
-            confusion_files[name] = file_name = f"confusion_matrix_{_slug(name)}.png"
+            slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "run"  # a file name from the run's name
+            confusion_files[name] = file_name = f"confusion_matrix_{slug}.png"
             title = f"{name}\n{run.confusion_split or 'evaluation'} split, normalized per true class"
             plot_confusion_matrix(run.confusion_matrix, run.label_names, title, output_dir / file_name)
         elif not run.multi_label:  # a multi-label run has none

@@ -17,7 +17,6 @@ installed beside the transformers 5 this project needs.
 from __future__ import annotations
 
 import importlib.util
-import json
 import shutil
 import sys
 from dataclasses import dataclass
@@ -52,12 +51,6 @@ class ExportResult:
     num_images: int
     max_abs_difference: float
     atol: float
-
-
-def require_extras() -> None:
-    missing = [name for name in EXTRA_MODULES if importlib.util.find_spec(name) is None]
-    if missing:
-        raise RuntimeError(f"Exporting needs {', '.join(missing)} (the `export` extra): {INSTALL}")
 
 
 def export_onnx(model: torch.nn.Module, example: torch.Tensor, path: str | Path) -> Path:
@@ -127,10 +120,10 @@ def run_images(run_dir: Path, model, processor, count: int = CHECK_IMAGES) -> li
     from finetune.arguments import DataArguments
     from finetune.augment import photo_size
     from finetune.data import load_image_data
+    from finetune.results import RESULTS_NAME, Results
     from finetune.tools.predict import image_mode, model_preprocessing
 
-    results = run_dir / "results.json"
-    dataset = json.loads(results.read_text()).get("dataset") if results.is_file() else None
+    dataset = Results.load(run_dir).dataset if (run_dir / RESULTS_NAME).is_file() else None
     if not dataset:
         raise FileNotFoundError(
             f"{run_dir} has no results.json naming the dataset it trained on, to check the export with. Pass "
@@ -182,7 +175,9 @@ def main(argv: list[str] | None = None) -> ExportResult:
     trust_help = "Use the code files saved next to the weights."
     parser.add_argument("--trust_remote_code", "--trust-remote-code", action="store_true", help=trust_help)
     args = parser.parse_args(argv)
-    require_extras()
+    missing = [name for name in EXTRA_MODULES if importlib.util.find_spec(name) is None]
+    if missing:
+        raise RuntimeError(f"Exporting needs {', '.join(missing)} (the `export` extra): {INSTALL}")
     from finetune.tools.predict import ONNX_NAME, load_classifier, preprocess
 
     run_dir = Path(args.run_dir)

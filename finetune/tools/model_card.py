@@ -56,10 +56,9 @@ def find_comparison_dir(output_dir: str | os.PathLike) -> Path | None:
     sibling = output_dir.resolve().parent / COMPARISON_DIR_NAME
     if not (sibling / REPORT_NAME).is_file():
         return None
-    summary = _read_json(sibling / SUMMARY_NAME)
-    if summary is None:
-        return sibling
-    return sibling if output_dir.resolve().name in {row.get("run_dir") for row in summary.get("runs", [])} else None
+    summary = _read_json(sibling / SUMMARY_NAME)  # without one, the sibling report is taken as covering this run
+    listed = summary is None or output_dir.resolve().name in {row.get("run_dir") for row in summary.get("runs", [])}
+    return sibling if listed else None
 
 
 def _read_json(path: Path) -> Any:

@@ -119,17 +119,15 @@ def load_classifier(model_dir, trust_remote_code: bool = False, attn_implementat
                 "OUTPUT/pretrained or OUTPUT/scratch) or a checkpoint-* folder."
             )
         check_local_checkpoint(model_dir, trust_remote_code)
-    kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    kwargs = {"trust_remote_code": trust_remote_code, "attn_implementation": attn_implementation}
     if is_adapter_dir(model_dir):
         # The base model loads with the run's labels, so transformers reports its classifier as MISMATCH / Reinit
         # although the adapter's saved head replaces it right after: a table that tells the user nothing. Errors
         # still raise.
         with transformers_errors_only():
-            model = load_adapter_model(model_dir, trust_remote_code=trust_remote_code, **kwargs)
+            model = load_adapter_model(model_dir, **kwargs)
     else:
-        model = AutoModelForImageClassification.from_pretrained(
-            model_dir, trust_remote_code=trust_remote_code, **kwargs
-        )
+        model = AutoModelForImageClassification.from_pretrained(model_dir, **kwargs)
     processor = AutoImageProcessor.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     return model.to(device).eval(), processor
@@ -253,11 +251,12 @@ def label_thresholds(model, model_dir) -> list[float] | None:
     results.json in `model_dir`, or in the run folder around it (checkpoint-*, merged/, onnx/); 0.5 for labels it
     lacks, with a warning when there is none. None for a single-label model."""
     from finetune.data import is_multi_label
+    from finetune.results import RESULTS_NAME, Results
 
     if not is_multi_label(model.config):
         return None
-    found = [p / "results.json" for p in (Path(model_dir), Path(model_dir).parent) if (p / "results.json").is_file()]
-    thresholds = json.loads(found[0].read_text()).get("per_class_threshold", {}) if found else {}
+    run_dir = next((p for p in (Path(model_dir), Path(model_dir).parent) if (p / RESULTS_NAME).is_file()), None)
+    thresholds = Results.load(run_dir).per_class_threshold if run_dir else {}
     if not thresholds:
         logger.warning(f"No per-label thresholds in or around {model_dir} (results.json): 0.5 for every label.")
     return [thresholds.get(str(model.config.id2label[i]), 0.5) for i in range(model.config.num_labels)]

@@ -195,28 +195,23 @@ def write_predictions_csv(
     `top_k` classes by softmax probability (`top1`, `top1_probability`, `top2`, ...). Multi-hot `labels` (multi-label
     data): `labels`, the labels `predicted` at their `thresholds`, each label's probability."""
     import numpy as np
+    import torch
 
-    logits = np.asarray(logits, dtype=np.float64)
-    if labels.ndim == 2:
-        probabilities = 1 / (1 + np.exp(-logits))  # (N, K)
-        with open(path, "w", newline="") as f:
-            writer = csv.writer(f)
+    logits = torch.as_tensor(np.asarray(logits), dtype=torch.float64)  # (N, K)
+    probabilities = (logits.sigmoid() if labels.ndim == 2 else logits.softmax(dim=-1)).numpy()
+    path = Path(path)
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        if labels.ndim == 2:
             writer.writerow(["index", "labels", "predicted", *(f"{name}_probability" for name in label_names)])
             for index, (truth, p) in enumerate(zip(labels, probabilities)):
                 names = [";".join(n for n, on in zip(label_names, row) if on) for row in (truth, p >= thresholds)]
                 writer.writerow([index, *names, *(f"{q:.6f}" for q in p)])
-        return Path(path)
-    probabilities = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    probabilities /= probabilities.sum(axis=-1, keepdims=True)
-    k = min(top_k, probabilities.shape[-1])
-    ranked = np.argsort(-probabilities, axis=-1, kind="stable")[:, :k]  # (N, K) -> (N, k)
-    header = ["index", "label", "predicted"] + [
-        f"top{i}{end}" for i in range(1, k + 1) for end in ("", "_probability")
-    ]
-    path = Path(path)
-    with open(path, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(header)
+            return path
+        k = min(top_k, probabilities.shape[-1])
+        ranked = np.argsort(-probabilities, axis=-1, kind="stable")[:, :k]  # (N, K) -> (N, k)
+        ranks = [f"top{i}{end}" for i in range(1, k + 1) for end in ("", "_probability")]
+        writer.writerow(["index", "label", "predicted", *ranks])
         for index, (label, order) in enumerate(zip(labels, ranked)):
             row = [index, label_names[int(label)], label_names[int(order[0])]]
             for j in order:

@@ -184,11 +184,9 @@ def bounded_hub_requests(endpoint: str, timeout: float, retries: int):
 
 def resolve_timeout(timeout: float | str | None) -> float:
     """`timeout`, else `FINETUNE_HUB_TIMEOUT`, else `DEFAULT_TIMEOUT`: a positive number of seconds."""
-    source = "timeout"
-    if timeout is None and os.environ.get(TIMEOUT_ENV):
-        timeout, source = os.environ[TIMEOUT_ENV], TIMEOUT_ENV
+    source = "timeout" if timeout is not None else TIMEOUT_ENV
     if timeout is None:
-        return DEFAULT_TIMEOUT
+        timeout = os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT
     try:
         value = float(timeout)
     except (TypeError, ValueError):

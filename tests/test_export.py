@@ -121,6 +121,10 @@ def test_every_backbone_exports_faithfully(name, tmp_path):
     base = checkpoint(tmp_path, name)
     result = export.main([str(base), "--format", "onnx", "--images", *map(str, files)])
     assert result.path.is_file() and result.num_images == 2 and result.max_abs_difference <= 1e-4
+    # `predict` serves the export (its labels read from the exported config) as it serves the model's folder.
+    served, expected = (predict.main([str(folder), *map(str, files)]) for folder in (result.path.parent, base))
+    assert [p.labels for p in served] == [p.labels for p in expected]
+    assert [p.probabilities for p in served] == [pytest.approx(p.probabilities, abs=1e-4) for p in expected]
 
 
 def test_an_export_that_computes_other_logits_fails_the_check(scratch_run):

@@ -17,6 +17,7 @@ installed beside the transformers 5 this project needs.
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 import sys
 from dataclasses import dataclass
@@ -193,7 +194,10 @@ def main(argv: list[str] | None = None) -> ExportResult:
     output = Path(args.output) if args.output else run_dir / "onnx"
     path = export_onnx(model, pixel_values, output / ONNX_NAME)
     model.config.save_pretrained(output)
-    processor.save_pretrained(output)
+    if getattr(processor, "data_config", None):  # timm's processor saves nothing: its settings, for predict
+        (output / "preprocessor_config.json").write_text(json.dumps({"data_config": processor.data_config}, indent=2))
+    else:
+        processor.save_pretrained(output)
     if (run_dir / "results.json").is_file():  # a multi-label run's thresholds, which predict reads from there
         shutil.copyfile(run_dir / "results.json", output / "results.json")
     print(f"Wrote {path} (input pixel_values (batch, {', '.join(map(str, pixel_values.shape[1:]))}), output logits)")

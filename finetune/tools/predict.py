@@ -66,7 +66,9 @@ class OnnxClassifier:
             raise RuntimeError(f"{folder} is an ONNX export; running it needs onnxruntime: {INSTALL}") from error
 
         config = json.loads((Path(folder) / "config.json").read_text())
-        config["id2label"] = {int(i): name for i, name in config["id2label"].items()}
+        # A timm checkpoint's config.json names its classes in `label_names` instead of `id2label`.
+        labels = config.get("id2label") or dict(enumerate(config["label_names"]))
+        config["id2label"] = {int(i): name for i, name in labels.items()}
         self.config = argparse.Namespace(**{"num_labels": len(config["id2label"]), **config})
         self.session = onnxruntime.InferenceSession(str(Path(folder) / ONNX_NAME), providers=["CPUExecutionProvider"])
         self.input_size = tuple(self.session.get_inputs()[0].shape[2:])  # (H, W) it was exported at

@@ -323,6 +323,7 @@ GROUPS = {
 BASE_KEY = "base"
 NULL_WORDS = ("null", "Null", "NULL", "~")  # YAML's spellings of null
 NONE_WORDS = ("none", "None")  # also null, except for a string option, where `none` may be a value (`report_to`)
+CONFIG_HELP = "YAML config (configs/); options given here override it"
 
 
 def command_name() -> str:
@@ -336,15 +337,15 @@ class FullHelp(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None):
         from finetune.training_args import option_parser
 
-        option_parser(parser.prog).print_help()
+        option_parser().print_help()
         parser.exit()
 
 
-def help_parser(prog: str | None = None) -> argparse.ArgumentParser:
+def help_parser() -> argparse.ArgumentParser:
     """The short `--help`, built from the dataclasses alone: `--config`, then the pipeline's options by group. Parsing
     a command line with it reads `--config` and answers `--help` / `--help_all`; the other options pass through."""
     parser = ArgumentParser(
-        prog=prog or command_name(),
+        prog=command_name(),
         allow_abbrev=False,
         usage="%(prog)s [--config FILE.yaml] [--OPTION VALUE ...]",
         description="Fine-tune a pretrained ViT or train a ScratchViT (or both, then compare). Options come from "
@@ -354,7 +355,7 @@ def help_parser(prog: str | None = None) -> argparse.ArgumentParser:
         "save_strategy, ...): --help_all lists them all. `--OPTION null` unsets an optional option (`none` too, "
         "where the option is not a string), as `null` does in a config.",
     )
-    parser.add_argument("--config", metavar="FILE.yaml", help="YAML config (configs/); options given here override it")
+    parser.add_argument("--config", metavar="FILE.yaml", help=CONFIG_HELP)
     parser.add_argument("--help_all", nargs=0, action=FullHelp, help="every option in full, transformers' included")
     for title, options in GROUPS.items():
         group = parser.add_argument_group(f"{title} options", first_sentence(" ".join(options.__doc__.split())))

@@ -15,7 +15,8 @@ from transformers import TrainingArguments
 from transformers.trainer_pt_utils import safe_globals
 from transformers.utils import logging
 
-from finetune.models import ADAPTER_CONFIG_NAME
+from finetune.errors import one_line
+from finetune.locations import ADAPTER_CONFIG_NAME
 
 
 logger = logging.get_logger(__name__)
@@ -133,8 +134,7 @@ def checkpoint_problem(checkpoint: Path, training_args: TrainingArguments) -> st
         try:
             read(path)
         except Exception as error:
-            reason = (str(error).strip().splitlines() or [""])[0].split(". ")[0]  # torch adds advice on loading
-            return f"{name} is unreadable ({type(error).__name__}: {reason})"
+            return f"{name} is unreadable ({one_line(error).split('. ')[0]})"  # torch adds advice on loading
     return None
 
 

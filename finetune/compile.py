@@ -18,6 +18,7 @@ from torch import nn
 from transformers import TrainerCallback
 from transformers.utils import logging
 
+from finetune.errors import one_line
 from finetune.hardware import CompileChoice
 
 
@@ -29,13 +30,6 @@ T = TypeVar("T")
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def one_line(error: BaseException, limit: int = 300) -> str:
-    """An exception as one short line: its type and the first line of its message."""
-    text = str(error).strip().splitlines()
-    line = f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
-    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 class TrainingCompiler(TrainerCallback):

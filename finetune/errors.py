@@ -38,6 +38,13 @@ def wants_traceback(argv: Sequence[str]) -> bool:
     return bool(debug_flags(argv)) or "debug" in log_level or environment == "debug"
 
 
+def one_line(error: BaseException, limit: int = 300) -> str:
+    """An exception as one short line, for a message that explains it: its type and the first line of its message."""
+    text = str(error).strip().splitlines()
+    line = f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
 def error_line(error: BaseException) -> str:
     """The exception as one line: its message with the line breaks folded, prefixed by its type when unexpected."""
     message = " ".join(line.strip() for line in str(error).splitlines() if line.strip())

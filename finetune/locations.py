@@ -10,6 +10,7 @@ from huggingface_hub import constants as hub_constants
 
 
 TRUE_VALUES = ("1", "ON", "YES", "TRUE")  # as huggingface_hub parses its boolean environment variables
+ADAPTER_CONFIG_NAME = "adapter_config.json"  # peft's: a folder with one holds a LoRA run's adapters
 
 
 def looks_like_local_path(name: str) -> bool:

@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import re
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -27,8 +28,10 @@ from scratch_vit import ScratchViTConfig, ScratchViTForImageClassification
 
 from .arguments import ModelArguments, scratch_config_kwargs
 from .augment import CROP_MARGIN, LUMA_WEIGHTS, Preprocessing, grayscale, photo_size, preprocessing_from
+from .checkpoints import read_weights
 from .data import MULTI_LABEL, ImageData, is_multi_label
-from .locations import looks_like_local_path, offline_switch
+from .errors import one_line
+from .locations import ADAPTER_CONFIG_NAME, looks_like_local_path, offline_switch
 
 
 logger = logging.get_logger(__name__)
@@ -38,7 +41,6 @@ logger = logging.get_logger(__name__)
 # layout) and ScratchViT's fused query-key-value projection, which the adapter updates as one matrix.
 LORA_DEFAULT_TARGETS = ("q_proj", "v_proj", "query", "value", "qkv")
 HEAD_NAME = "classifier"
-ADAPTER_CONFIG_NAME = "adapter_config.json"
 WEIGHT_FILES = (
     "model.safetensors",
     "model.safetensors.index.json",
@@ -107,7 +109,7 @@ def load_trained_model(
     path = model_args.model_name_or_path
     _check_model_path(path)
     try:
-        attention = model_args.attn_implementation  # None: the model's default
+        attention = model_args.attn_implementation
         if is_adapter_dir(path):
             model = load_adapter_model(
                 path, trust_remote_code=model_args.trust_remote_code, attn_implementation=attention
@@ -211,7 +213,7 @@ def load_adapter_model(path: str | os.PathLike, merge: bool = True, **kwargs) ->
     except OSError as error:
         raise OSError(
             f"The adapter in {path} was trained on the base model {base!r}, which could not be loaded "
-            f"({_first_line(error)}). Fix: make it reachable (download it, or edit "
+            f"({one_line(error)}). Fix: make it reachable (download it, or edit "
             f"`base_model_name_or_path` in {ADAPTER_CONFIG_NAME} to its local folder), or load the merged model "
             "(`merge_lora: true` saves it to OUTPUT/merged)."
         ) from error
@@ -378,15 +380,12 @@ def check_local_checkpoint(path: str | os.PathLike, trust_remote_code: bool = Fa
             "Pass a complete model folder (a finished run's output directory or a checkpoint-* folder)."
         )
     if present[0] == "model.safetensors":
-        from safetensors import safe_open
-
         weights = os.path.join(path, "model.safetensors")
         try:
-            with safe_open(weights, framework="pt") as f:
-                f.keys()
+            read_weights(Path(weights))
         except Exception as error:
             raise OSError(
-                f"{weights} is damaged or incomplete ({_first_line(error)}). Save the model again, copy it again, or "
+                f"{weights} is damaged or incomplete ({one_line(error)}). Save the model again, copy it again, or "
                 "use another checkpoint-* folder of the run."
             ) from None
     from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES as NAMES
@@ -401,15 +400,11 @@ def check_local_checkpoint(path: str | os.PathLike, trust_remote_code: bool = Fa
         )
 
 
-def _first_line(error: BaseException) -> str:
-    return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-
-
 def _unreachable_message(what: str, path: str, error: Exception) -> str:
     offline = offline_switch()
     reason = f"the Hub is switched off ({offline}=1)" if offline else "the Hub could not be reached or refused"
     return (
-        f"Could not load the {what} {path!r}: {reason} ({_first_line(error)}). Fix: connect to the Hub (and "
+        f"Could not load the {what} {path!r}: {reason} ({one_line(error)}). Fix: connect to the Hub (and "
         "`hf auth login` for gated or private repos), or download it once and pass the local directory as "
         "`model_name_or_path`."
     )
@@ -458,9 +453,7 @@ def check_channels(data_channels: int, model_channels: int, convert: bool) -> No
     how = "repeating the gray channel"
     if data_channels != 1:
         how = "taking the luma ({} R + {} G + {} B)".format(*LUMA_WEIGHTS)
-    logger.warning(
-        f"Converting {data_channels}-channel images to {model_channels} channels by {how.format(*LUMA_WEIGHTS)}."
-    )
+    logger.warning(f"Converting {data_channels}-channel images to {model_channels} channels by {how}.")
 
 
 def load_checkpoint_weights(model: PreTrainedModel, checkpoint: str) -> None:
@@ -480,7 +473,7 @@ def load_checkpoint_weights(model: PreTrainedModel, checkpoint: str) -> None:
         model.load_state_dict(loaded.state_dict(), strict=True)
     except (RuntimeError, ValueError) as error:
         raise ValueError(
-            f"The checkpoint {checkpoint} does not fit this model ({_first_line(error)}): it was saved by a run with "
+            f"The checkpoint {checkpoint} does not fit this model ({one_line(error)}): it was saved by a run with "
             "other model settings or data. Resume with that run's settings, or train anew into another `output_dir`."
         ) from error
 

@@ -1,13 +1,12 @@
 """No optimizer step on a non-finite loss or gradient, and a loud stop when training has diverged.
 
-`NonFiniteGuard`, a `TrainerCallback`, keeps the buffers (BatchNorm statistics) at each step's begin; flags a
-non-finite loss (`observe_loss`, from `training_step`) and gradient (`on_pre_optimizer_step`) on the device,
-max-reduced over the processes together with the requests every process must act on at the same step (a signal's stop,
-a spent time budget); skips the update (fused optimizers take the flag as `found_inf`, as under fp16 loss scaling;
-others have their gradients cleared; under fp16 the scaler skips it already); and after the step restores the buffers
-of a skipped step and reads the flags `lag` steps later on CUDA, so the host never waits for the device.
-`max_consecutive` bad steps in a row raise `TrainingDiverged`: skipped steps leave the weights as they were, so the run
-cannot recover.
+`NonFiniteGuard` keeps the buffers (BatchNorm statistics) at each step's begin; flags a non-finite loss
+(`observe_loss`, from `training_step`) and gradient (`on_pre_optimizer_step`) on the device, max-reduced over the
+processes with the requests every process must act on at the same step (a signal's stop, a spent time budget); skips
+the update (fused optimizers take the flag as `found_inf`; others have their gradients cleared; under fp16 the scaler
+skips it already); restores the buffers of a skipped step; and reads the flags `LAG` steps later on CUDA, so the host
+never waits for the device. Skipped steps leave the weights as they were, so a run whose steps are all bad cannot
+recover: `max_consecutive` in a row raise `TrainingDiverged`.
 """
 
 from collections import deque
@@ -22,7 +21,7 @@ logger = logging.get_logger(__name__)
 # A corrupt batch or one overflow makes one or two bad steps; a diverged model makes every step bad.
 DEFAULT_MAX_CONSECUTIVE = 5
 # Steps a flag stays in flight on CUDA before it is read: the device still has the next step queued meanwhile.
-DEFAULT_LAG = 2
+LAG = 2
 LOGGED_STEPS = 20  # bad steps logged one by one; beyond that, every 100th
 
 
@@ -38,8 +37,8 @@ class NonFiniteGuard(TrainerCallback):
     """Skips optimizer steps with a non-finite loss or gradient; raises `TrainingDiverged` after `max_consecutive`
     in a row (`max_nonfinite_steps`). `scaler` is the fp16 `GradScaler`, where there is one."""
 
-    def __init__(self, model, max_consecutive=DEFAULT_MAX_CONSECUTIVE, world_size=1, scaler=None, lag=DEFAULT_LAG):
-        self.model, self.max_consecutive, self.world_size, self.lag = model, max_consecutive, world_size, lag
+    def __init__(self, model, max_consecutive=DEFAULT_MAX_CONSECUTIVE, world_size=1, scaler=None):
+        self.model, self.max_consecutive, self.world_size = model, max_consecutive, world_size
         self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
         self.bad_steps = 0  # bad steps read back so far
         # Requests that every process must act on at the same step, max-reduced with the flags and read back with
@@ -125,12 +124,12 @@ class NonFiniteGuard(TrainerCallback):
     on_train_end = on_epoch_end
 
     def poll(self, state, wait_all: bool = False) -> None:
-        """Read the flags that are due: at once off CUDA; on CUDA those more than `lag` steps old (the same steps in
+        """Read the flags that are due: at once off CUDA; on CUDA those more than `LAG` steps old (the same steps in
         every process)."""
         while self._pending:
             step, learning_rate, host, event = self._pending[0]
             if event is not None:
-                if not wait_all and len(self._pending) <= self.lag:
+                if not wait_all and len(self._pending) <= LAG:
                     return
                 event.synchronize()
             self._pending.popleft()

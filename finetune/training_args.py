@@ -15,6 +15,7 @@ from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 
 from finetune import hardware
 from finetune.arguments import (
+    CONFIG_HELP,
     DataArguments,
     ModelArguments,
     ScratchViTArguments,
@@ -166,13 +167,13 @@ class OptionParser(ArgumentParser, HfArgumentParser):
         return super().add_argument(*names, **kwargs)
 
 
-def option_parser(prog: str | None = None) -> OptionParser:
+def option_parser() -> OptionParser:
     """The parser of the whole command line: every option of the four dataclasses, `--config` and `--help_all`."""
     parser = OptionParser(
         (ModelArguments, DataArguments, ScratchViTArguments, ImageClassificationTrainingArguments),
-        prog=prog or command_name(),
+        prog=command_name(),
     )
-    parser.add_argument("--config", metavar="FILE.yaml", help="YAML config (configs/); options given here override it")
+    parser.add_argument("--config", metavar="FILE.yaml", help=CONFIG_HELP)
     parser.add_argument("--help_all", action="store_true", help="Show this help (`--help` is the short one).")
     return parser
 

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import ProgressCallback, TrainerCallback
 from transformers.trainer_callback import ExportableState
@@ -280,8 +281,6 @@ class EMACallback(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         if self.resume_from is None:
             return
-        from safetensors.torch import load_file
-
         saved = load_file(os.path.join(self.resume_from, self.STATE_NAME))
         with torch.no_grad():
             for name, tensor in _averaged_tensors(self.model):
@@ -308,8 +307,6 @@ class EMACallback(TrainerCallback):
         """Write `ema_state.safetensors` into the checkpoint just saved."""
         if not args.should_save:
             return
-        from safetensors.torch import save_file
-
         current = dict(_averaged_tensors(self.model))
         training, average = (self.ema.shadow, current) if self.swapped else (current, self.ema.shadow)
         tensors = {f"training.{n}": t.detach().float().contiguous().cpu() for n, t in training.items()}

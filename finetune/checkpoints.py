@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from transformers import TrainingArguments
 from transformers.trainer_pt_utils import safe_globals
 from transformers.utils import logging
@@ -175,8 +176,6 @@ def read_trainer_state(path: Path) -> None:
 
 def read_weights(path: Path) -> None:
     if path.suffix == ".safetensors":
-        from safetensors import safe_open
-
         with safe_open(path, framework="pt") as f:
             f.keys()
     else:

@@ -54,7 +54,6 @@ def storage_size(model_type: str, model_args: ModelArguments, scratch_args) -> i
     read from the config and image processor without the weights."""
     sizes = []
     if model_type in ("pretrained", "both"):
-        _check_model_path(model_args.model_name_or_path)
         config = _load_config(model_args)
         sizes.append(photo_size(preprocessing_from(_load_processor(model_args), config)))
     if model_type in ("scratch", "both"):
@@ -108,21 +107,15 @@ def load_trained_model(
     an evaluation-only run. Its head must classify the dataset's labels: nothing is replaced."""
     path = model_args.model_name_or_path
     _check_model_path(path)
+    attention = {"attn_implementation": model_args.attn_implementation}
     try:
-        attention = model_args.attn_implementation
         if is_adapter_dir(path):
-            model = load_adapter_model(
-                path, trust_remote_code=model_args.trust_remote_code, attn_implementation=attention
-            )
+            model = load_adapter_model(path, trust_remote_code=model_args.trust_remote_code, **attention)
         else:
-            model = AutoModelForImageClassification.from_pretrained(
-                path, **_load_kwargs(model_args), attn_implementation=attention
-            )
-        processor = AutoImageProcessor.from_pretrained(
-            model_args.image_processor_name or path, **_load_kwargs(model_args)
-        )
+            model = AutoModelForImageClassification.from_pretrained(path, **_load_kwargs(model_args), **attention)
     except OSError as error:
         raise OSError(_unreachable_message("model", path, error)) from error
+    processor = _load_processor(model_args)
     check_labels(model.config, data.label_names, path)
     if is_multi_label(model.config) != data.multi_label:
         raise ValueError(
@@ -232,6 +225,7 @@ def _load_kwargs(model_args: ModelArguments) -> dict:
 
 
 def _load_config(model_args: ModelArguments):
+    _check_model_path(model_args.model_name_or_path)
     try:
         return AutoConfig.from_pretrained(model_args.model_name_or_path, **_load_kwargs(model_args))
     except OSError as error:
@@ -254,7 +248,6 @@ def transformers_errors_only():
 
 def _load_pretrained(model_args: ModelArguments, data: ImageData, drop_path_rate: float | None = None):
     path = model_args.model_name_or_path
-    _check_model_path(path)
     if os.path.isdir(os.path.expanduser(path)):
         check_local_checkpoint(os.path.expanduser(path), model_args.trust_remote_code)
     original = _load_config(model_args)

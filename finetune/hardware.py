@@ -51,8 +51,7 @@ def describe(device: torch.device | str | None = None) -> dict[str, Any]:
         "torch": torch.__version__,
     }
     if info["device"] == "cuda" and torch.cuda.is_available():
-        index = device.index if device is not None and device.index is not None else torch.cuda.current_device()
-        info["accelerator"] = torch.cuda.get_device_name(index)
+        info["accelerator"] = torch.cuda.get_device_name(device)  # None or no index: the current device
         info["cuda"] = torch.version.cuda
     elif info["device"] == "mps":
         info["accelerator"] = "Apple MPS"
@@ -81,7 +80,7 @@ def accelerator_type(use_cpu: bool) -> str:
         return "cpu"
     if torch.cuda.is_available():
         return "cuda"
-    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+    if torch.backends.mps.is_available():
         return "mps"
     accelerator = getattr(torch, "accelerator", None)
     current = accelerator.current_accelerator() if accelerator is not None and accelerator.is_available() else None

@@ -59,89 +59,86 @@ class ImageClassificationTrainingArguments(TrainingLoopArguments, TrainingArgume
     )
 
     def __post_init__(self):
-        check_training_arguments(self)  # before the Trainer's own checks, whose messages name no fix
+        """Refuse values and combinations that would crash inside the Trainer or train something other than asked,
+        before the Trainer's own checks, whose messages name no fix."""
+        for name in ("bf16", "fp16", "tf32", "torch_compile"):
+            if isinstance(getattr(self, name), str):
+                raise ValueError(
+                    f"`{name}: {getattr(self, name)}` is not chosen yet: build the arguments with "
+                    f"`build_training_args` after `hardware.choose_settings`, or pass `{name}` as true or false."
+                )
+        if self.max_steps == 0 or (self.max_steps < 0 and self.num_train_epochs <= 0):
+            raise ValueError(
+                f"Nothing to train: `num_train_epochs` is {self.num_train_epochs} and `max_steps` {self.max_steps}. "
+                "Set `num_train_epochs` > 0, or `max_steps` > 0."
+            )
+        check_choices(self, TrainingLoopArguments)
+        check_ranges(
+            self,
+            [
+                ("per_device_train_batch_size", lambda v: v >= 1, "an integer >= 1"),
+                ("per_device_eval_batch_size", lambda v: v >= 1, "an integer >= 1"),
+                ("gradient_accumulation_steps", lambda v: v >= 1, "an integer >= 1"),
+                ("label_smoothing_factor", lambda v: 0 <= v < 1, "in [0, 1) (e.g. 0.1; 0 is off)"),
+                ("max_train_minutes", lambda v: v is None or v > 0, "> 0"),
+                ("ema_decay", lambda v: v is None or 0 < v < 1, "in (0, 1)"),
+                ("early_stopping_patience", lambda v: v is None or v >= 1, ">= 1 evaluations"),
+                ("learning_rate", lambda v: v >= 0, ">= 0"),
+                ("weight_decay", lambda v: v >= 0, ">= 0"),
+                ("mixup_alpha", lambda v: v >= 0, ">= 0"),
+                ("cutmix_alpha", lambda v: v >= 0, ">= 0"),
+                ("distillation_alpha", lambda v: 0 <= v <= 1, "in [0, 1] (e.g. 0.5)"),
+                ("distillation_temperature", lambda v: v > 0, "> 0 (e.g. 2)"),
+                # A diverged run makes every step non-finite: the default stops it five steps in.
+                ("max_nonfinite_steps", lambda v: not isinstance(v, bool) and v >= 1, "an integer >= 1 (default 5)"),
+            ],
+        )
+        if self.push_to_hub and not self.hub_model_id:
+            raise ValueError(
+                "`push_to_hub: true` needs `hub_model_id` (e.g. `your-name/vit-cifar10`). Nothing was trained; set "
+                "it, or push later with `python -m finetune.tools.hub push OUTPUT_DIR --repo_id ID`."
+            )
+        metric = self.metric_for_best_model
+        if metric is not None:
+            name = metric.removeprefix("eval_")
+            if name not in EVAL_METRICS:
+                raise ValueError(
+                    f"`metric_for_best_model: {metric}` names no metric of the evaluation; it reports "
+                    f"{', '.join(EVAL_METRICS)}."
+                )
+            if self.greater_is_better is not None and self.greater_is_better != EVAL_METRICS[name]:
+                raise ValueError(
+                    f"`metric_for_best_model: {metric}` with `greater_is_better: {self.greater_is_better}` would keep "
+                    f"the worst checkpoint. Set `greater_is_better: {str(EVAL_METRICS[name]).lower()}`."
+                )
+        if self.load_best_model_at_end:
+            evaluate, save = (str(getattr(s, "value", s)) for s in (self.eval_strategy, self.save_strategy))
+            if evaluate == "no" or save == "no":
+                raise ValueError(
+                    f"`eval_strategy: {evaluate}` and `save_strategy: {save}` cannot keep a best model, which the "
+                    "pipeline does by default (`load_best_model_at_end: true`). Set `load_best_model_at_end: false`, "
+                    "or evaluate and save (`eval_strategy: epoch`, `save_strategy: epoch`)."
+                )
+            if save not in (evaluate, "best"):
+                raise ValueError(
+                    f"`load_best_model_at_end` needs a checkpoint at every evaluation: `save_strategy` ({save}) must "
+                    f"equal `eval_strategy` ({evaluate}), with `save_steps` a multiple of `eval_steps`, or be `best`."
+                )
+        if self.budget_schedule and self.max_train_minutes is None:
+            raise ValueError("`budget_schedule: true` needs `max_train_minutes`.")
+        if self.restore_callback_states_from_checkpoint:
+            raise ValueError(
+                "`restore_callback_states_from_checkpoint` would replace the pipeline's callbacks with new ones on "
+                "resume; they restore their own state from the checkpoint already. Drop the option."
+            )
+        if self.early_stopping_patience is not None and (
+            not self.load_best_model_at_end or self.metric_for_best_model is None
+        ):
+            raise ValueError(
+                "`early_stopping_patience` keeps the best model, so it needs `load_best_model_at_end: true` and a "
+                "`metric_for_best_model` (the defaults): drop the setting that turned them off."
+            )
         super().__post_init__()
-
-
-def check_training_arguments(args: ImageClassificationTrainingArguments) -> None:
-    """Refuse values and combinations that would crash inside the Trainer or train something other than asked."""
-    for name in ("bf16", "fp16", "tf32", "torch_compile"):
-        if isinstance(getattr(args, name), str):
-            raise ValueError(
-                f"`{name}: {getattr(args, name)}` is not chosen yet: build the arguments with `build_training_args` "
-                f"after `hardware.choose_settings`, or pass `{name}` as true or false."
-            )
-    if args.max_steps == 0 or (args.max_steps < 0 and args.num_train_epochs <= 0):
-        raise ValueError(
-            f"Nothing to train: `num_train_epochs` is {args.num_train_epochs} and `max_steps` {args.max_steps}. "
-            "Set `num_train_epochs` > 0, or `max_steps` > 0."
-        )
-    check_choices(args, TrainingLoopArguments)
-    check_ranges(
-        args,
-        [
-            ("per_device_train_batch_size", lambda v: v >= 1, "an integer >= 1"),
-            ("per_device_eval_batch_size", lambda v: v >= 1, "an integer >= 1"),
-            ("gradient_accumulation_steps", lambda v: v >= 1, "an integer >= 1"),
-            ("label_smoothing_factor", lambda v: 0 <= v < 1, "in [0, 1) (e.g. 0.1; 0 is off)"),
-            ("max_train_minutes", lambda v: v is None or v > 0, "> 0"),
-            ("ema_decay", lambda v: v is None or 0 < v < 1, "in (0, 1)"),
-            ("early_stopping_patience", lambda v: v is None or v >= 1, ">= 1 evaluations"),
-            ("learning_rate", lambda v: v >= 0, ">= 0"),
-            ("weight_decay", lambda v: v >= 0, ">= 0"),
-            ("mixup_alpha", lambda v: v >= 0, ">= 0"),
-            ("cutmix_alpha", lambda v: v >= 0, ">= 0"),
-            ("distillation_alpha", lambda v: 0 <= v <= 1, "in [0, 1] (e.g. 0.5)"),
-            ("distillation_temperature", lambda v: v > 0, "> 0 (e.g. 2)"),
-            # A diverged run makes every step non-finite: the default stops it five steps in.
-            ("max_nonfinite_steps", lambda v: not isinstance(v, bool) and v >= 1, "an integer >= 1 (default 5)"),
-        ],
-    )
-    if args.push_to_hub and not args.hub_model_id:
-        raise ValueError(
-            "`push_to_hub: true` needs `hub_model_id` (e.g. `your-name/vit-cifar10`). Nothing was trained; set it, "
-            "or push later with `python -m finetune.tools.hub push OUTPUT_DIR --repo_id ID`."
-        )
-    metric = args.metric_for_best_model
-    if metric is not None:
-        name = metric.removeprefix("eval_")
-        if name not in EVAL_METRICS:
-            raise ValueError(
-                f"`metric_for_best_model: {metric}` names no metric of the evaluation; it reports "
-                f"{', '.join(EVAL_METRICS)}."
-            )
-        if args.greater_is_better is not None and args.greater_is_better != EVAL_METRICS[name]:
-            raise ValueError(
-                f"`metric_for_best_model: {metric}` with `greater_is_better: {args.greater_is_better}` would keep the "
-                f"worst checkpoint. Set `greater_is_better: {str(EVAL_METRICS[name]).lower()}`."
-            )
-    if args.load_best_model_at_end:
-        evaluate, save = (str(getattr(s, "value", s)) for s in (args.eval_strategy, args.save_strategy))
-        if evaluate == "no" or save == "no":
-            raise ValueError(
-                f"`eval_strategy: {evaluate}` and `save_strategy: {save}` cannot keep a best model, which the "
-                "pipeline does by default (`load_best_model_at_end: true`). Set `load_best_model_at_end: false`, or "
-                "evaluate and save (`eval_strategy: epoch`, `save_strategy: epoch`)."
-            )
-        if save not in (evaluate, "best"):
-            raise ValueError(
-                f"`load_best_model_at_end` needs a checkpoint at every evaluation: `save_strategy` ({save}) must "
-                f"equal `eval_strategy` ({evaluate}), with `save_steps` a multiple of `eval_steps`, or be `best`."
-            )
-    if args.budget_schedule and args.max_train_minutes is None:
-        raise ValueError("`budget_schedule: true` needs `max_train_minutes`.")
-    if args.restore_callback_states_from_checkpoint:
-        raise ValueError(
-            "`restore_callback_states_from_checkpoint` would replace the pipeline's callbacks with new ones on "
-            "resume; they restore their own state from the checkpoint already. Drop the option."
-        )
-    if args.early_stopping_patience is not None and (
-        not args.load_best_model_at_end or args.metric_for_best_model is None
-    ):
-        raise ValueError(
-            "`early_stopping_patience` keeps the best model, so it needs `load_best_model_at_end: true` and a "
-            "`metric_for_best_model` (the defaults): drop the setting that turned them off."
-        )
 
 
 class OptionParser(ArgumentParser, HfArgumentParser):

@@ -288,8 +288,7 @@ def choose_settings(options: Mapping[str, Any]) -> Settings:
         "bf16": precision.bf16,
         "fp16": precision.fp16,
         "tf32": precision.tf32,
-        # The pipeline compiles the training forward itself (`finetune/compile.py`); the Trainer and accelerate, which
-        # would also compile evaluation and stop the run on a compiler error, are told not to.
+        # The pipeline compiles the training forward itself; finetune/compile.py says why the Trainer must not.
         "torch_compile": False,
         "torch_compile_mode": None,
         "torch_compile_backend": None,

@@ -40,7 +40,7 @@ from finetune.augment import BatchTransform, describe_augmentation, use_random_r
 from finetune.callbacks import total_batch_size  # noqa: E402
 from finetune.checkpoints import lock_output_dir, release_output_dirs, resolve_checkpoint  # noqa: E402
 from finetune.data import ImageData, collate_batch, load_image_data  # noqa: E402
-from finetune.errors import run_command  # noqa: E402
+from finetune.errors import one_line, run_command  # noqa: E402
 from finetune.metrics import compute_metrics, confusion_report, multi_label_report  # noqa: E402
 from finetune.models import (  # noqa: E402
     attention_head_size,
@@ -147,12 +147,11 @@ def peers_answering(training_args: TrainingArguments):
         transport = isinstance(error, torch.distributed.DistError) or re.search(r"gloo|NCCL|[Cc]onnection", str(error))
         if training_args.world_size == 1 or not transport:
             raise
-        first = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
         raise RuntimeError(
             f"Another process of this run stopped answering: it froze, was stopped or died (waited at most "
-            f"`ddp_timeout` = {training_args.ddp_timeout:g} s; {first[:200]}). The checkpoints saved so far are "
-            "kept: resume with `--resume_from_checkpoint true`. Raise `ddp_timeout` only where a process legitimately "
-            "works alone that long (the first decode of a large dataset)."
+            f"`ddp_timeout` = {training_args.ddp_timeout:g} s; {one_line(error, 200)}). The checkpoints saved so far "
+            "are kept: resume with `--resume_from_checkpoint true`. Raise `ddp_timeout` only where a process "
+            "legitimately works alone that long (the first decode of a large dataset)."
         ) from error
 
 
@@ -419,7 +418,7 @@ def load_teacher(path: str, student, data: ImageData):
     except OSError as error:
         raise OSError(
             f"`teacher_model_name_or_path` {path!r} is no trained classifier that can be read here "
-            f"({str(error).strip().splitlines()[0][:200]}). Pass a run's output directory, a checkpoint-* folder or "
+            f"({one_line(error, 200)}). Pass a run's output directory, a checkpoint-* folder or "
             "a Hub id."
         ) from error
     teacher_labels, student_labels = config_label_names(config), config_label_names(student.config)

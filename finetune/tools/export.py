@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from finetune.errors import ArgumentParser, run_command
+from finetune.errors import ArgumentParser, one_line, run_command
 
 
 if TYPE_CHECKING:
@@ -140,8 +140,8 @@ def run_images(run_dir: Path, model, processor, count: int = CHECK_IMAGES) -> li
         split = load_image_data(data_args, seed=0, target_size=size, check_classes=False).validation
     except (OSError, ValueError) as error:
         raise OSError(
-            f"Could not load the run's dataset {dataset!r} to check the export ({type(error).__name__}: "
-            f"{str(error).splitlines()[0]}). Pass images to check it on: `--images FILE_OR_FOLDER ...`."
+            f"Could not load the run's dataset {dataset!r} to check the export ({one_line(error)}). Pass images to "
+            "check it on: `--images FILE_OR_FOLDER ...`."
         ) from error
     pixels = split.take(np.arange(min(count, len(split)))).numpy()  # (N, C, H, W) uint8
     images = [Image.fromarray(p[0] if p.shape[0] == 1 else p.transpose(1, 2, 0)) for p in pixels]

@@ -16,6 +16,7 @@ from typing import Any
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from finetune.errors import ArgumentParser, run_command
+from finetune.locations import ADAPTER_CONFIG_NAME
 from finetune.results import Results
 from finetune.tools.compare import REPORT_NAME, SUMMARY_NAME
 from finetune.tools.report import (
@@ -36,7 +37,6 @@ logger = logging.getLogger(__name__)
 
 CARD_NAME = "README.md"
 COMPARISON_DIR_NAME = "comparison"
-ADAPTER_CONFIG_NAME = "adapter_config.json"  # peft's adapter file, as `finetune.models` (torch-heavy) names it
 # Licenses of base checkpoints this project fine-tunes; a fine-tuned model inherits its base's license.
 KNOWN_BASE_LICENSES = {"google/vit-": "apache-2.0", "facebook/deit-": "apache-2.0"}
 HISTORY_ROWS = 30

@@ -149,6 +149,46 @@ def test_explicit_train_validation_test_files(tmp_path):
     _assert_covers(data, images, labels)
 
 
+def test_splits_made_separately_are_matched_by_class_name(tmp_path):
+    # Each folder or file read on its own gets its own ClassLabel: a validation folder without "dog" numbers "frog" 1.
+    images, labels = _images(24), _labels(24)
+    _write_png_folder(tmp_path / "train", images[:12], labels[:12])
+    keep = [i for i in range(12, 24) if NAMES[labels[i]] != "dog"]
+    _write_png_folder(tmp_path / "val", images[keep], [labels[i] for i in keep])
+    data = load_image_data(_args(train_file=str(tmp_path / "train"), validation_file=str(tmp_path / "val")), seed=0)
+    assert data.label_names == NAMES
+    assert _assert_split_matches(data.validation, images, labels) == set(keep)
+    # The same with parquet files whose ClassLabels name the classes in another order, and with a csv of names.
+    _dataset(images[12:], [NAMES.index(NAMES[y]) for y in labels[12:]], names=NAMES).to_parquet(tmp_path / "v.parquet")
+    reordered = ["frog", "cat", "dog"]
+    _dataset(images[:12], [reordered.index(NAMES[y]) for y in labels[:12]], names=reordered).to_parquet(
+        tmp_path / "t.parquet"
+    )
+    data = load_image_data(
+        _args(train_file=str(tmp_path / "t.parquet"), validation_file=str(tmp_path / "v.parquet")), 0
+    )
+    assert data.label_names == reordered
+    _assert_split_matches(data.validation, images, [reordered.index(NAMES[y]) for y in labels])
+    paths = _write_png_folder(tmp_path / "csv_images", images[12:], labels[12:])
+    (tmp_path / "val.csv").write_text(
+        "image,label\n" + "".join(f"{p},{NAMES[y]}\n" for p, y in zip(paths, labels[12:]))
+    )
+    data = load_image_data(_args(train_file=str(tmp_path / "train"), validation_file=str(tmp_path / "val.csv")), 0)
+    assert data.label_names == NAMES
+    assert _assert_split_matches(data.validation, images, labels) == set(range(12, 24))
+
+
+def test_a_class_without_training_images_is_kept_and_named(tmp_path, caplog):
+    images, labels = _images(24), _labels(24)
+    train = [i for i in range(12) if NAMES[labels[i]] != "frog"]
+    _write_png_folder(tmp_path / "train", images[train], [labels[i] for i in train])
+    _write_png_folder(tmp_path / "val", images[12:], labels[12:])
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        data = load_image_data(_args(train_file=str(tmp_path / "train"), validation_file=str(tmp_path / "val")), 0)
+    assert data.label_names == NAMES and len(data.validation) == 12
+    assert "No training image is of the class(es) ['frog']" in caplog.text
+
+
 def test_csv_with_relative_image_paths_and_string_labels(tmp_path):
     images, labels = _images(15), _labels(15)
     paths = _write_png_folder(tmp_path / "pictures", images, labels)

@@ -101,7 +101,7 @@ def load_image_data(
         channels for the model on the device).
     """
     # `datasets` (0.6 s to import) is imported only here: predict and attention use `decode_image` without it.
-    from finetune.data.sources import find_columns, label_encoding, open_source, read_column
+    from finetune.data.sources import encode_labels, find_columns, open_source
 
     source = open_source(data_args)
     columns = None
@@ -114,8 +114,7 @@ def load_image_data(
                     f"The {name} split of {source.description} lacks column(s) {missing}; its columns are "
                     f"{dataset.column_names}."
                 )
-        label_names, encode_labels = label_encoding(source.encoded, columns[1])
-        labels = {name: encode_labels(read_column(dataset, columns[1])) for name, dataset in source.encoded.items()}
+        label_names, labels = encode_labels(source.encoded, columns[1])
     else:
         label_names = source.label_names
         labels = {name: np.asarray(y, dtype=np.int64) for name, (_, y) in source.decoded.items()}

@@ -93,7 +93,7 @@ def renumber_sparse_ids(
     to consecutive ids, each class keeping its original id as its name. Only a label column of plain integers is
     renumbered; named classes (a `ClassLabel`, strings) keep their ids, even a class that has no images."""
     if label_names != [str(i) for i in range(len(label_names))] or splits["train"].labels.ndim == 2:
-        return splits, label_names  # multi-label names are the labels that occur (`label_encoding`)
+        return splits, label_names  # multi-label names are the labels that occur (`encode_labels`)
     present = torch.unique(torch.cat([split.labels for split in splits.values()]))
     if len(present) == len(label_names) or len(present) == 0 or present.min() < 0:
         return splits, label_names
@@ -132,6 +132,13 @@ def check_num_classes(train: ImageSplit, label_names: list[str]) -> None:
         raise ValueError(
             f"The training images are of {len(present)} class ({names}): a classifier needs at least 2. Use a "
             "dataset (or `include_labels`) with two or more classes."
+        )
+    absent = [name for i, name in enumerate(label_names) if i not in present]
+    if absent:
+        logger.warning(
+            f"No training image is of the class(es) {absent[:5]}{' ...' if len(absent) > 5 else ''}: the model cannot "
+            "learn them, and their validation and test images count as errors. Add training images of them, or keep "
+            "the other classes (`include_labels`)."
         )
 
 

@@ -10,7 +10,7 @@ import logging
 import os
 import pickle
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -301,35 +301,44 @@ def find_columns(dataset: datasets.Dataset, data_args: DataArguments, where: str
     return image_column, label_column
 
 
-def label_encoding(splits: dict[str, datasets.Dataset], label_column: str) -> tuple[list[str], Callable]:
-    """Label names and a function from a split's raw label column to int64 ids, or, for a list column (several labels
-    per image), to multi-hot float32 rows `(N, K)`."""
+def encode_labels(splits: dict[str, datasets.Dataset], label_column: str) -> tuple[list[str], dict[str, np.ndarray]]:
+    """Label names and each split's labels: int64 ids, or, for a list column (several labels per image), multi-hot
+    float32 rows `(N, K)`. Splits made separately (a folder or file per split, each with its own `ClassLabel`) are
+    matched by class name; a class no training image has keeps its name (`check_num_classes` warns)."""
     feature = splits["train"].features[label_column]
     # A csv split without `;` holds scalars: the data is multi-label when any split holds lists.
     if any(isinstance(ds.features[label_column], (datasets.List, datasets.LargeList)) for ds in splits.values()):
         item = feature.feature if isinstance(feature, (datasets.List, datasets.LargeList)) else feature
         return _multi_label_encoding(splits, label_column, item)
-    if isinstance(feature, datasets.ClassLabel):
-        return list(feature.names), lambda values: np.asarray(values, dtype=np.int64)
+    features = {name: ds.features[label_column] for name, ds in splits.items()}
     values = {name: read_column(ds, label_column) for name, ds in splits.items()}
+    if all(isinstance(f, datasets.ClassLabel) and f.names == feature.names for f in features.values()):
+        return list(feature.names), {name: np.asarray(v, dtype=np.int64) for name, v in values.items()}
+    if any(isinstance(f, datasets.ClassLabel) for f in features.values()):  # read every split's labels as names
+        values = {
+            name: f.int2str(v) if isinstance(f, datasets.ClassLabel) else [x if x is None else str(x) for x in v]
+            for (name, v), f in zip(values.items(), features.values())
+        }
     if any(v is None for vs in values.values() for v in vs):
         raise ValueError(f"The label column {label_column!r} has missing values; every image needs a label.")
     if all(isinstance(v, str) for vs in values.values() for v in vs):
-        names = sorted({v for vs in values.values() for v in vs})
+        names = list(feature.names) if isinstance(feature, datasets.ClassLabel) else []  # training's order first
+        names += sorted({v for vs in values.values() for v in vs} - set(names))
         ids = {name: i for i, name in enumerate(names)}
-        return names, lambda column: np.asarray([ids[v] for v in column], dtype=np.int64)
+        return names, {name: np.asarray([ids[v] for v in vs], dtype=np.int64) for name, vs in values.items()}
     if all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for vs in values.values() for v in vs):
         largest = max((max(vs) for vs in values.values() if vs), default=0)
-        return [str(i) for i in range(largest + 1)], lambda column: np.asarray(column, dtype=np.int64)
+        names = [str(i) for i in range(largest + 1)]
+        return names, {name: np.asarray(vs, dtype=np.int64) for name, vs in values.items()}
     raise ValueError(
         f"The label column {label_column!r} must hold class names (str), class ids (int) or a ClassLabel; "
         f"got {feature}. Set `label_column_name` if another column holds the labels."
     )
 
 
-def _multi_label_encoding(splits: dict[str, datasets.Dataset], column: str, item) -> tuple[list[str], Callable]:
-    """The labels of a list column (of a ClassLabel, class names or int ids: those of the training images), and a
-    function from a split's label lists to multi-hot rows. An empty list is an image with none of the labels."""
+def _multi_label_encoding(splits: dict[str, datasets.Dataset], column: str, item) -> tuple[list[str], dict]:
+    """The labels of a list column (of a ClassLabel, class names or int ids: those of the training images), and each
+    split's multi-hot rows. An empty list is an image with none of the labels."""
 
     def lists(values: list) -> list:  # a split saved with one label per image (a csv without `;`) has no lists
         return [v if isinstance(v, list) or v is None else [v] for v in values]
@@ -361,13 +370,13 @@ def _multi_label_encoding(splits: dict[str, datasets.Dataset], column: str, item
                 f"{names[:10]}): a model cannot learn them. Fix the {split} labels, or add training images with them."
             )
 
-    def multi_hot(column_values: list) -> np.ndarray:
-        hot = np.zeros((len(column_values), len(keys)), dtype=np.float32)  # (N, K)
-        for row, labels in enumerate(lists(column_values)):
-            hot[row, [index[str(v)] for v in labels]] = 1.0
+    def multi_hot(rows: list) -> np.ndarray:
+        hot = np.zeros((len(rows), len(keys)), dtype=np.float32)  # (N, K)
+        for i, labels in enumerate(rows):
+            hot[i, [index[str(v)] for v in labels]] = 1.0
         return hot
 
-    return names, multi_hot
+    return names, {split: multi_hot(rows) for split, rows in values.items()}
 
 
 def read_column(dataset: datasets.Dataset, column: str) -> list:

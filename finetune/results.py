@@ -83,6 +83,9 @@ class Results:
     dataset: str | None = None
     label_names: list[str] = field(default_factory=list)
     image_size: int | None = None
+    # (H, W) the training images were stored at: not square only where all had that one size; predict then resizes
+    # whole images as evaluation did, where it otherwise takes the centre square of a photo (finetune/data/decode.py).
+    stored_image_size: list[int] | None = None
     num_parameters: int | None = None
     num_trainable_parameters: int | None = None  # those the fine-tuning method trains (LoRA: adapters and head)
     num_samples: dict[str, int | None] = field(default_factory=dict)

@@ -337,6 +337,7 @@ def evaluated_model_fields(
         "dataset": data.source,
         "label_names": list(data.label_names),
         "image_size": prep.image_size[0],
+        "stored_image_size": list(data.train.image_size),
         "num_parameters": count_parameters(model),
         "hardware": {**hardware.describe(args.device), "world_size": args.world_size},
         # confusion_matrix and the per-class figures, named as Results' fields

@@ -168,3 +168,36 @@ def test_predict_gives_each_photo_the_probabilities_evaluation_gives(tmp_path):
     squeezed = predict.class_probabilities(model, squeezed).sort(dim=-1, descending=True).values.numpy()
     not_square = [i for i, image in enumerate(images) if image.width != image.height]
     assert np.abs(squeezed[not_square] - evaluation[not_square]).max() > 1e-4
+
+
+def test_predict_resizes_whole_images_where_training_stored_them_whole(tmp_path):
+    """Images that all have one size that is not square are stored whole and resized by evaluation, edges included:
+    predict reads that from the run's results.json and does the same (a centre square would drop the edges)."""
+    rng = np.random.default_rng(2)
+    for k, name in enumerate(CLASSES):
+        (tmp_path / "wide" / name).mkdir(parents=True)
+        for i in range(3):
+            image = rng.integers(0, 256, (16, 48, 3), dtype=np.uint8)
+            image[:, :8, k] = 255  # each class marked at the left edge only
+            Image.fromarray(image).save(tmp_path / "wide" / name / f"{i}.png")
+    paths = sorted((tmp_path / "wide").rglob("*.png"))
+    index = tmp_path / "index.csv"
+    index.write_text("image,label\n" + "".join(f"{path},{path.parent.name}\n" for path in paths))
+    processor = ViTImageProcessor(size={"height": 16, "width": 16})
+    model_dir = tiny_vit_checkpoint(tmp_path / "checkpoint", processor, labels=CLASSES)
+    run.main(
+        ["--do_train", "false", "--model_name_or_path", model_dir, "--train_file", str(index),
+         "--validation_file", str(index), "--decoded_cache_dir", "none", "--bf16", "false",
+         "--output_dir", str(tmp_path / "evaluation"), "--report_to", "none"]
+    )  # fmt: skip
+    assert json.loads((tmp_path / "evaluation" / "results.json").read_text())["stored_image_size"] == [16, 48]
+    with open(tmp_path / "evaluation" / "predictions_validation.csv") as f:
+        evaluation = np.array([[float(row[f"top{k}_probability"]) for k in (1, 2, 3)] for row in csv.DictReader(f)])
+
+    (tmp_path / "checkpoint" / "results.json").write_text((tmp_path / "evaluation" / "results.json").read_text())
+    predictions = predict.main([model_dir, str(tmp_path / "wide"), "--top_k", "3"])
+    assert [p.path for p in predictions] == [str(path) for path in paths]
+    np.testing.assert_allclose(np.array([p.scores for p in predictions]), evaluation, atol=2e-6)
+    model, processor = predict.load_classifier(model_dir, device="cpu")
+    cropped, _ = predict.predict_files(model, processor, paths, top_k=3)  # no run's results: centre squares
+    assert np.abs(np.array([p.scores for p in cropped]) - evaluation).max() > 1e-4

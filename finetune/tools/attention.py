@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from finetune.errors import ArgumentParser, run_command
-from finetune.tools.predict import add_model_arguments, classifier_from_arguments
+from finetune.tools.predict import add_model_arguments, classifier_from_arguments, run_results, stored_frame
 
 
 if TYPE_CHECKING:
@@ -122,9 +122,12 @@ class AttentionMaps:
     score: float
 
 
-def compute_attention_maps(model, processor, image: Image.Image, image_size: int | None = None) -> AttentionMaps:
-    """Run one image through the model with `output_attentions=True` and reduce the attentions to maps. Load
-    transformers' ViT with `attn_implementation="eager"`: SDPA returns no attention probabilities."""
+def compute_attention_maps(
+    model, processor, image: Image.Image, image_size: int | None = None, whole: bool = False
+) -> AttentionMaps:
+    """Run one image through the model with `output_attentions=True` and reduce the attentions to maps (`whole` as in
+    `finetune.tools.predict.model_view`). Load transformers' ViT with `attn_implementation="eager"`: SDPA returns no
+    attention probabilities."""
     import torch
 
     from finetune.tools.predict import check_image_size, image_mode, needs_interpolation, preprocess
@@ -137,7 +140,7 @@ def compute_attention_maps(model, processor, image: Image.Image, image_size: int
     if getattr(model.config, "patch_size", None) is None or getattr(model.config, "window_size", None):
         raise no_attention
     check_image_size(model, image_size)
-    pixel_values = preprocess([image.convert(image_mode(model))], model, processor, image_size)  # (1, C, H, W)
+    pixel_values = preprocess([image.convert(image_mode(model))], model, processor, image_size, whole)  # (1, C, H, W)
     kwargs = {"interpolate_pos_encoding": True} if needs_interpolation(model, image_size) else {}
     with torch.no_grad():  # not inference_mode: cached model tensors stay usable for training (see export.py)
         outputs = model(pixel_values=pixel_values.to(model.device), output_attentions=True, **kwargs)
@@ -205,10 +208,11 @@ def plot_attention_figure(
 
 
 def write_attention_maps(
-    model, processor, image_paths: Sequence, output_dir, image_size: int | None = None
+    model, processor, image_paths: Sequence, output_dir, image_size: int | None = None, whole: bool = False
 ) -> list[Path]:
     """Write `<name>_attention.png` and `<name>_rollout.png` (the rollout alone, enlarged if tiny) for every image
-    into `output_dir`; returns the paths. Images that cannot be read are logged and skipped."""
+    into `output_dir`; returns the paths. Images that cannot be read are logged and skipped. `whole` as in
+    `finetune.tools.predict.model_view`."""
     from PIL import Image
 
     from finetune.augment import photo_size
@@ -223,13 +227,13 @@ def write_attention_maps(
         if not images:
             continue
         # The maps cover what the model sees: a photo that is not square is framed as its centre square.
-        image = model_view(images[0], prep)
+        image = model_view(images[0], prep, whole)
         name, n = image_path.stem, 1
         while name in used_names:
             n += 1
             name = f"{image_path.stem}_{n}"
         used_names.add(name)
-        maps = compute_attention_maps(model, processor, image, image_size)
+        maps = compute_attention_maps(model, processor, image, image_size, whole)
         title = f"{image_path.name}, {type(model).__name__}"
         written.append(plot_attention_figure(image, maps, output_dir / f"{name}_attention.png", title))
         written.append(output_dir / f"{name}_rollout.png")
@@ -250,7 +254,8 @@ def main(argv: list[str] | None = None) -> list[Path]:
     if missing:
         parser.error(f"Not found: {', '.join(missing)}")
     model, processor = classifier_from_arguments(parser, args, attn_implementation="eager")
-    written = write_attention_maps(model, processor, args.images, args.output, args.image_size)
+    whole = stored_frame(run_results(args.model_dir))
+    written = write_attention_maps(model, processor, args.images, args.output, args.image_size, whole)
     if not written:
         names = ", ".join(args.images)
         raise ValueError(f"None of {names} could be read as an image; nothing was written. Pass PNG, JPEG, ... files.")

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from PIL import Image
 
     from finetune.augment import Preprocessing
+    from finetune.results import Results
 
 logger = logging.getLogger(__name__)
 ONNX_NAME = "model.onnx"  # what `vit-finetune export` writes
@@ -185,18 +186,22 @@ def model_preprocessing(model, processor, image_size: int | None = None) -> Prep
     return prep if image_size is None else replace(prep, image_size=(image_size, image_size), resize_size=None)
 
 
-def model_view(image: Image.Image, prep: Preprocessing) -> Image.Image:
+def model_view(image: Image.Image, prep: Preprocessing, whole: bool = False) -> Image.Image:
     """The part of a decoded image the model sees, framed as training stores it: an image that is not square, or is
     larger than the storage size (`finetune.models.photo_size`), becomes the centre square at that size; a smaller
-    square (CIFAR-10's 32 px) stays as it is."""
+    square (CIFAR-10's 32 px) stays as it is. With `whole` (a run whose images all had one size that is not square,
+    `stored_frame`), the whole image, which evaluation resized as it was."""
     from finetune.augment import photo_size
     from finetune.data import center_fit
 
     size = photo_size(prep)
-    return center_fit(image, (size, size)) if image.width != image.height or image.width > size else image
+    crop = not whole and (image.width != image.height or image.width > size)
+    return center_fit(image, (size, size)) if crop else image
 
 
-def preprocess(images: Sequence[Image.Image], model, processor, image_size: int | None = None) -> torch.Tensor:
+def preprocess(
+    images: Sequence[Image.Image], model, processor, image_size: int | None = None, whole: bool = False
+) -> torch.Tensor:
     """Pixel values as training's evaluation makes them, `(B, C, H, W)` float32: each image (in the model's mode,
     `image_mode`) framed by `model_view`, then resized (center cropped where the processor asks for it) and
     normalized by `finetune.augment.BatchTransform`; with `image_size`, resized to that instead."""
@@ -209,7 +214,7 @@ def preprocess(images: Sequence[Image.Image], model, processor, image_size: int 
     transform = BatchTransform.for_model(prep, prep.num_channels)  # images already in the model's mode
     batches = []
     for image in images:  # one at a time: framed images of different sizes do not stack
-        array = np.array(model_view(image, prep))  # a writable copy: torch warns about read-only arrays
+        array = np.array(model_view(image, prep, whole))  # a writable copy: torch warns about read-only arrays
         array = array[None] if array.ndim == 2 else np.ascontiguousarray(array.transpose(2, 0, 1))  # (C, h, w)
         batches.append(transform(torch.from_numpy(array)[None], train=False))  # (1, C, h, w) -> (1, C, H, W)
     return torch.cat(batches)
@@ -248,29 +253,49 @@ def class_probabilities(model, pixel_values: torch.Tensor, interpolate_pos_encod
     return (logits.sigmoid() if is_multi_label(model.config) else logits.softmax(dim=-1)).cpu()
 
 
-def label_thresholds(model, model_dir) -> list[float] | None:
-    """A multi-label model's probability threshold per label, as chosen on the validation split: from the run's
-    results.json in `model_dir`, or in the run folder around it (checkpoint-*, merged/, onnx/); 0.5 for labels it
-    lacks, with a warning when there is none. None for a single-label model."""
-    from finetune.data import is_multi_label
+def run_results(model_dir) -> Results | None:
+    """The results.json of the run `model_dir` belongs to: in it, or in the run folder around it (checkpoint-*,
+    merged/, onnx/); None for a model that no run of this project wrote."""
     from finetune.results import RESULTS_NAME, Results
+
+    run_dir = next((p for p in (Path(model_dir), Path(model_dir).parent) if (p / RESULTS_NAME).is_file()), None)
+    return Results.load(run_dir) if run_dir else None
+
+
+def stored_frame(results: Results | None) -> bool:
+    """Whether the run stored its training images whole at one size that is not square (`model_view`'s `whole`)."""
+    size = results.stored_image_size if results is not None else None
+    return bool(size) and size[0] != size[1]
+
+
+def label_thresholds(model, results: Results | None, model_dir) -> list[float] | None:
+    """A multi-label model's probability threshold per label, as chosen on the validation split, from its run's
+    `results` (`run_results`); 0.5 for labels they lack, with a warning when there are none. None for a single-label
+    model."""
+    from finetune.data import is_multi_label
 
     if not is_multi_label(model.config):
         return None
-    run_dir = next((p for p in (Path(model_dir), Path(model_dir).parent) if (p / RESULTS_NAME).is_file()), None)
-    thresholds = Results.load(run_dir).per_class_threshold if run_dir else {}
+    thresholds = results.per_class_threshold if results is not None else {}
     if not thresholds:
         logger.warning(f"No per-label thresholds in or around {model_dir} (results.json): 0.5 for every label.")
     return [thresholds.get(str(model.config.id2label[i]), 0.5) for i in range(model.config.num_labels)]
 
 
 def predict_files(
-    model, processor, paths: Sequence[str | os.PathLike], top_k=5, batch_size=32, image_size=None, thresholds=None
+    model,
+    processor,
+    paths: Sequence[str | os.PathLike],
+    top_k=5,
+    batch_size=32,
+    image_size=None,
+    thresholds=None,
+    whole: bool = False,
 ):
     """Classify image files in batches. Returns the predictions (in the order of `paths`) and the files skipped
     because they could not be read, as `(path, reason)` pairs (each also logged as a warning). With `thresholds` (a
     multi-label model's, `label_thresholds`), a prediction's labels are those at or above their threshold, most
-    probable first, instead of the top k."""
+    probable first, instead of the top k; `whole` as in `model_view`."""
     import torch
 
     from finetune.augment import photo_size
@@ -291,7 +316,8 @@ def predict_files(
         skipped.extend(unreadable)
         if not images:
             continue
-        probabilities = class_probabilities(model, preprocess(images, model, processor, image_size), interpolate)
+        pixel_values = preprocess(images, model, processor, image_size, whole)
+        probabilities = class_probabilities(model, pixel_values, interpolate)
         for name, row in zip(names, probabilities):
             top_scores, top_indices = row.sort(descending=True)
             keep = top_scores >= cuts[top_indices] if cuts is not None else slice(top_k)
@@ -384,9 +410,10 @@ def main(argv: list[str] | None = None) -> list[Prediction]:
     except FileNotFoundError as error:
         parser.error(str(error))
     model, processor = classifier_from_arguments(parser, args)
-    thresholds = label_thresholds(model, args.model_dir)
+    results = run_results(args.model_dir)
+    thresholds = label_thresholds(model, results, args.model_dir)
     predictions, skipped = predict_files(
-        model, processor, paths, args.top_k, args.batch_size, args.image_size, thresholds
+        model, processor, paths, args.top_k, args.batch_size, args.image_size, thresholds, stored_frame(results)
     )
     for p in predictions:
         labels = ", ".join(f"{label} {score:.4f}" for label, score in zip(p.labels, p.scores))

@@ -136,14 +136,9 @@ def test_two_processes_share_one_decoded_cache(tmp_path):
     assert len([entry for entry in os.listdir(cache) if not entry.startswith(".")]) == 1
 
 
-def test_predict_gives_each_photo_the_probabilities_evaluation_gives(tmp_path):
-    """Predict frames, resizes and normalizes a photo as training's evaluation does: its probabilities for a folder of
-    mixed-size photos equal those in an evaluation-only run's predictions CSV, where the processor's own resize
-    (which squeezes a photo that is not square into the model's square) gives other ones."""
-    photos = write_photo_folder(tmp_path / "photos")
-    large = np.random.default_rng(1).integers(0, 256, (200, 300, 3), dtype=np.uint8)
-    Image.fromarray(large).save(photos / "pods" / "large.jpg")  # decoded at 1/8 scale by both paths (JPEG draft)
-    paths = sorted(photos.rglob("*.jpg"))
+def evaluate_files(tmp_path, paths):
+    """An evaluation-only run of a tiny ViT (16 px) on `paths` (labelled by their folder) into tmp_path/evaluation:
+    the model's folder, the rows of its predictions CSV and their top-3 probabilities (N, 3)."""
     index = tmp_path / "index.csv"
     index.write_text("image,label\n" + "".join(f"{path},{path.parent.name}\n" for path in paths))
     processor = ViTImageProcessor(size={"height": 16, "width": 16})
@@ -155,7 +150,18 @@ def test_predict_gives_each_photo_the_probabilities_evaluation_gives(tmp_path):
     )  # fmt: skip
     with open(tmp_path / "evaluation" / "predictions_validation.csv") as f:
         rows = list(csv.DictReader(f))
-    evaluation = np.array([[float(row[f"top{k}_probability"]) for k in (1, 2, 3)] for row in rows])  # (N, 3)
+    return model_dir, rows, np.array([[float(row[f"top{k}_probability"]) for k in (1, 2, 3)] for row in rows])
+
+
+def test_predict_gives_each_photo_the_probabilities_evaluation_gives(tmp_path):
+    """Predict frames, resizes and normalizes a photo as training's evaluation does: its probabilities for a folder of
+    mixed-size photos equal those in an evaluation-only run's predictions CSV, where the processor's own resize
+    (which squeezes a photo that is not square into the model's square) gives other ones."""
+    photos = write_photo_folder(tmp_path / "photos")
+    large = np.random.default_rng(1).integers(0, 256, (200, 300, 3), dtype=np.uint8)
+    Image.fromarray(large).save(photos / "pods" / "large.jpg")  # decoded at 1/8 scale by both paths (JPEG draft)
+    paths = sorted(photos.rglob("*.jpg"))
+    model_dir, rows, evaluation = evaluate_files(tmp_path, paths)
 
     model, processor = predict.load_classifier(model_dir, device="cpu")
     predictions, skipped = predict.predict_files(model, processor, paths, top_k=3)
@@ -181,18 +187,8 @@ def test_predict_resizes_whole_images_where_training_stored_them_whole(tmp_path)
             image[:, :8, k] = 255  # each class marked at the left edge only
             Image.fromarray(image).save(tmp_path / "wide" / name / f"{i}.png")
     paths = sorted((tmp_path / "wide").rglob("*.png"))
-    index = tmp_path / "index.csv"
-    index.write_text("image,label\n" + "".join(f"{path},{path.parent.name}\n" for path in paths))
-    processor = ViTImageProcessor(size={"height": 16, "width": 16})
-    model_dir = tiny_vit_checkpoint(tmp_path / "checkpoint", processor, labels=CLASSES)
-    run.main(
-        ["--do_train", "false", "--model_name_or_path", model_dir, "--train_file", str(index),
-         "--validation_file", str(index), "--decoded_cache_dir", "none", "--bf16", "false",
-         "--output_dir", str(tmp_path / "evaluation"), "--report_to", "none"]
-    )  # fmt: skip
+    model_dir, _, evaluation = evaluate_files(tmp_path, paths)
     assert json.loads((tmp_path / "evaluation" / "results.json").read_text())["stored_image_size"] == [16, 48]
-    with open(tmp_path / "evaluation" / "predictions_validation.csv") as f:
-        evaluation = np.array([[float(row[f"top{k}_probability"]) for k in (1, 2, 3)] for row in csv.DictReader(f)])
 
     (tmp_path / "checkpoint" / "results.json").write_text((tmp_path / "evaluation" / "results.json").read_text())
     predictions = predict.main([model_dir, str(tmp_path / "wide"), "--top_k", "3"])

@@ -539,6 +539,24 @@ def test_cache_key_follows_decode_size_and_source_changes(tmp_path, monkeypatch)
     assert len(calls) == 3 and len(os.listdir(tmp_path / "cache")) == 3
 
 
+def test_cache_follows_the_image_files_a_parquet_names(tmp_path, monkeypatch):
+    # `datasets` writes an image folder to parquet with the files' paths in place of their bytes.
+    images, labels = _images(9), _labels(9)
+    paths = _write_png_folder(tmp_path / "pets", images, labels)
+    path = tmp_path / "train.parquet"
+    datasets.load_dataset("imagefolder", data_dir=str(tmp_path / "pets"), split="train").to_parquet(path)
+    args = _args(dataset_name=str(path), validation_size=3, decoded_cache_dir=str(tmp_path / "cache"))
+    calls = _count_decodes(monkeypatch)
+    load_image_data(args, seed=0)
+    load_image_data(args, seed=0)
+    assert len(calls) == 1
+    Image.fromarray(images[0][::-1].copy()).save(paths[0])  # an image edited, the parquet file unchanged
+    data = load_image_data(args, seed=0)
+    assert len(calls) == 2
+    pixels = torch.cat([data.train.pixel_values, data.validation.pixel_values])
+    assert any(torch.equal(image, torch.from_numpy(_chw(images[:1][:, ::-1].copy())[0])) for image in pixels)
+
+
 def test_failed_cache_write_leaves_no_cache_entry(tmp_path, monkeypatch):
     images, labels = _images(6), _labels(6)
     path = tmp_path / "train.parquet"

@@ -172,12 +172,23 @@ def _open_split_files(files: dict[str, str | list[str]], data_args: DataArgument
                 fingerprint_paths += image_paths
             else:
                 dataset = datasets.load_dataset(TABLE_EXTENSIONS[extension], data_files=path, split="train")
+                fingerprint_paths += _image_files(dataset, data_args, path)
             parts.append(dataset)
             fingerprint_paths.append(path)
         splits[split] = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
     if not description:
         description = ", ".join(f"{split}: {p}" for split, p in files.items()) if len(files) > 1 else files["train"]
     return Source(str(description), _files_fingerprint(fingerprint_paths), encoded=splits)
+
+
+def _image_files(dataset: datasets.Dataset, data_args: DataArguments, where: str) -> list[str]:
+    """The image files a table names instead of holding their bytes (a path string, or an `Image` without bytes, as
+    `datasets` writes an image folder to parquet): editing them must invalidate the decoded cache, as for a csv."""
+    try:
+        column = find_columns(dataset, data_args, where)[0]
+    except ValueError:
+        return []  # reported with the columns of every split by `load_image_data`
+    return [path for data, path in image_items(dataset, column) if data is None and path]
 
 
 def _read_csv(path: str, data_args: DataArguments) -> tuple[datasets.Dataset, list[str]]:

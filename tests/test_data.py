@@ -241,6 +241,18 @@ def test_image_folder_with_split_subfolders(tmp_path):
     assert _assert_split_matches(data.test, images, labels) == set(range(18, 24))
 
 
+def test_split_folders_are_found_whatever_their_case(tmp_path):
+    images, labels = _images(18), _labels(18)
+    _write_png_folder(tmp_path / "pets" / "Train", images[:12], labels[:12])
+    _write_png_folder(tmp_path / "pets" / "Test", images[12:], labels[12:])
+    data = load_image_data(_args(dataset_name=str(tmp_path / "pets"), validation_size=3), seed=0)
+    assert data.label_names == NAMES and len(data.train) + len(data.validation) == 12
+    assert _assert_split_matches(data.test, images, labels) == set(range(12, 18))
+    _write_png_folder(tmp_path / "pets" / "train", images[:3], labels[:3])
+    with pytest.raises(ValueError, match=r"has two train folders \(\['Test', 'Train', 'train'\]\); keep one"):
+        load_image_data(_args(dataset_name=str(tmp_path / "pets")), seed=0)
+
+
 def _write_cifar_batches(root, per_batch=6):
     """The real format: pickled dicts with b"data" uint8 (N, 3072) in CHW row-major order and b"labels"."""
     os.makedirs(root)

@@ -122,8 +122,17 @@ def _open_local(path: str, data_args: DataArguments) -> Source:
         loaded = datasets.load_from_disk(path)
         loaded = dict(loaded) if isinstance(loaded, datasets.DatasetDict) else {"train": loaded}
         return Source(path, _files_fingerprint([path]), encoded=_named_splits(loaded, path))
+    # `datasets` finds split folders by their lower-case names only: `Train/` and `Test/` would be one pooled split.
+    split_dirs = [d for d in sorted(os.listdir(path)) if d.lower() in SPLIT_ALIASES and os.path.isdir(f"{path}/{d}")]
+    split_patterns = None
+    if any(d != d.lower() for d in split_dirs):
+        split_patterns = {}
+        for d in split_dirs:
+            if SPLIT_ALIASES[d.lower()] in split_patterns:
+                raise ValueError(f"{path} has two {SPLIT_ALIASES[d.lower()]} folders ({split_dirs}); keep one.")
+            split_patterns[SPLIT_ALIASES[d.lower()]] = [f"{d}/**"]
     try:
-        patterns = datasets.data_files.get_data_patterns(path)
+        patterns = split_patterns or datasets.data_files.get_data_patterns(path)
         resolved = datasets.data_files.DataFilesDict.from_patterns(patterns, base_path=path)
     except FileNotFoundError as error:  # EmptyDatasetError and friends
         raise FileNotFoundError(
@@ -137,7 +146,7 @@ def _open_local(path: str, data_args: DataArguments) -> Source:
         raise FileNotFoundError(
             f"{path!r} holds neither parquet/arrow/csv files nor images. `dataset_name` accepts {ACCEPTED_SOURCES}."
         )
-    loaded = datasets.load_dataset("imagefolder", data_dir=path)
+    loaded = datasets.load_dataset("imagefolder", data_dir=path, data_files=split_patterns)
     return Source(path, _files_fingerprint([path]), encoded=_named_splits(dict(loaded), path))
 
 

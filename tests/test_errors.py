@@ -1,5 +1,6 @@
 """Bad input stops `finetune/run.py` early with an error that names the problem and the fix."""
 
+import dataclasses
 import io
 
 import pytest
@@ -280,6 +281,13 @@ def test_sparse_label_ids_are_renumbered_and_keep_their_names(tmp_path, caplog):
     assert data.label_names == ["0", "1", "3000"]
     assert sorted(set(data.train.labels.tolist()) | set(data.validation.labels.tolist())) == [0, 1, 2]
     assert "not consecutive" in caplog.text and "renumbered 0..2" in caplog.text
+    # `include_labels` chooses among the ids that occur, by their names, and lists those (not 0..3000) when refused.
+    kept = load_image_data(dataclasses.replace(data_args, include_labels=["3000", "0"]), seed=0)
+    assert kept.label_names == ["3000", "0"] and len(kept.train) + len(kept.validation) == 12
+    with pytest.raises(
+        ValueError, match=r"`include_labels` has .*'5'.*; the dataset's labels are \['0', '1', '3000'\]\.$"
+    ):
+        load_image_data(dataclasses.replace(data_args, include_labels=["0", "5"]), seed=0)
 
 
 def test_output_dir_that_is_a_file(tmp_path):

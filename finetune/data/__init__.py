@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from finetune.data.dataset import ImageSplit, check_num_classes, collate_batch, renumber_sparse_ids
+from finetune.data.dataset import ImageSplit, check_num_classes, collate_batch
 from finetune.data.decode import IMAGE_EXTENSIONS, center_fit, decode_image
 from finetune.data.splits import Rows, check_labels, choose_rows, stratified_split
 
@@ -127,7 +127,6 @@ def load_image_data(
             # A grayscale split next to RGB ones (e.g. a test set saved differently): store all splits alike.
             logger.info(f"Repeating the 1-channel {name} images to {num_channels} channels to match the other splits.")
             splits[name] = ImageSplit(split.pixel_values.expand(-1, num_channels, -1, -1).contiguous(), split.labels)
-    splits, label_names = renumber_sparse_ids(splits, label_names)
     check_labels(splits, label_names)
     if check_classes:
         check_num_classes(splits["train"], label_names)

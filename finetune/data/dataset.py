@@ -59,10 +59,6 @@ class ImageSplit(torch.utils.data.Dataset):
             return self._images[torch.from_numpy(rows)]
         return torch.from_numpy(np.ascontiguousarray(self._images[rows]))  # a memory map copies the rows it reads
 
-    def with_labels(self, labels: torch.Tensor) -> ImageSplit:
-        """The same images (the same array or memory map, nothing copied) with other labels."""
-        return ImageSplit(self._images, labels, self._rows)
-
     @property
     def pixel_values(self) -> torch.Tensor:
         """All images of the split as one tensor; copies a memory-mapped split whole, so meant for small splits."""
@@ -84,29 +80,6 @@ class ImageSplit(torch.utils.data.Dataset):
         index = np.asarray(indices, dtype=np.int64)
         rows = index if self._rows is None else self._rows[index]
         return ImageSplit(self._images, self.labels[torch.from_numpy(index)], rows)
-
-
-def renumber_sparse_ids(
-    splits: dict[str, ImageSplit], label_names: list[str]
-) -> tuple[dict[str, ImageSplit], list[str]]:
-    """Integer label ids with gaps (0, 1 and 3000: a 3,001-way head of which 2,998 classes never occur) renumbered
-    to consecutive ids, each class keeping its original id as its name. Only a label column of plain integers is
-    renumbered; named classes (a `ClassLabel`, strings) keep their ids, even a class that has no images."""
-    if label_names != [str(i) for i in range(len(label_names))] or splits["train"].labels.ndim == 2:
-        return splits, label_names  # multi-label names are the labels that occur (`encode_labels`)
-    present = torch.unique(torch.cat([split.labels for split in splits.values()]))
-    if len(present) == len(label_names) or len(present) == 0 or present.min() < 0:
-        return splits, label_names
-    new_id = torch.full((len(label_names),), -1, dtype=torch.int64)
-    new_id[present] = torch.arange(len(present))
-    names = [label_names[i] for i in present.tolist()]
-    shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
-    logger.warning(
-        f"The label ids are not consecutive: {len(names)} distinct ids between {names[0]} and {names[-1]} ({shown}). "
-        f"They are renumbered 0..{len(names) - 1} for training; each class keeps its original id as its name "
-        "(id2label), which predictions and results report."
-    )
-    return {name: split.with_labels(new_id[split.labels]) for name, split in splits.items()}, names
 
 
 def check_num_classes(train: ImageSplit, label_names: list[str]) -> None:

@@ -347,9 +347,21 @@ def encode_labels(splits: dict[str, datasets.Dataset], label_column: str) -> tup
         ids = {name: i for i, name in enumerate(names)}
         return names, {name: np.asarray([ids[v] for v in vs], dtype=np.int64) for name, vs in values.items()}
     if all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for vs in values.values() for v in vs):
-        largest = max((max(vs) for vs in values.values() if vs), default=0)
-        names = [str(i) for i in range(largest + 1)]
-        return names, {name: np.asarray(vs, dtype=np.int64) for name, vs in values.items()}
+        ids = sorted({int(v) for vs in values.values() for v in vs})
+        if ids and ids[0] < 0:  # `check_labels` names the split with ids out of range
+            names = [str(i) for i in range(ids[-1] + 1)]
+            return names, {name: np.asarray(vs, dtype=np.int64) for name, vs in values.items()}
+        if ids != list(range(len(ids))):
+            shown = ", ".join(map(str, ids[:5])) + (", ..." if len(ids) > 5 else "")
+            logger.warning(
+                f"The label ids are not consecutive: {len(ids)} distinct ids between {ids[0]} and {ids[-1]} "
+                f"({shown}). They are renumbered 0..{len(ids) - 1} for training; each class keeps its original id as "
+                "its name (id2label), which `include_labels`, predictions and results use."
+            )
+        index = {v: i for i, v in enumerate(ids)}  # a 3,001-way head for ids 0, 1 and 3000 would learn 2,998 ghosts
+        return [str(v) for v in ids], {
+            name: np.asarray([index[int(v)] for v in vs], dtype=np.int64) for name, vs in values.items()
+        }
     raise ValueError(
         f"The label column {label_column!r} must hold class names (str), class ids (int) or a ClassLabel; "
         f"got {feature}. Set `label_column_name` if another column holds the labels."

@@ -253,6 +253,17 @@ def test_split_folders_are_found_whatever_their_case(tmp_path):
         load_image_data(_args(dataset_name=str(tmp_path / "pets")), seed=0)
 
 
+def test_an_image_folder_with_a_linked_class_folder_is_refused(tmp_path):
+    # `datasets` does not follow links to folders: the class would be left out without a word.
+    images, labels = _images(12), _labels(12)
+    _write_png_folder(tmp_path / "elsewhere", images, labels)
+    (tmp_path / "pets").mkdir()
+    for name in NAMES:
+        (tmp_path / "pets" / name).symlink_to(tmp_path / "elsewhere" / name, target_is_directory=True)
+    with pytest.raises(ValueError, match=r"pets/\w+ is a link to a folder, which `datasets` does not follow"):
+        load_image_data(_args(dataset_name=str(tmp_path / "pets")), seed=0)
+
+
 def _write_cifar_batches(root, per_batch=6):
     """The real format: pickled dicts with b"data" uint8 (N, 3072) in CHW row-major order and b"labels"."""
     os.makedirs(root)

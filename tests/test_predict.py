@@ -50,6 +50,13 @@ def test_collect_image_paths_recurses_and_keeps_explicit_files(images):
         predict.collect_image_paths([folder / "missing.png"])
 
 
+def test_collect_image_paths_follows_links_to_folders(images, tmp_path):
+    (tmp_path / "photos").mkdir()
+    (tmp_path / "photos" / "linked").symlink_to(images["jpg"].parent, target_is_directory=True)
+    found = predict.collect_image_paths([tmp_path / "photos"])
+    assert sorted(p.name for p in found) == sorted(p.name for p in images.values())
+
+
 @pytest.mark.parametrize("name", ["scratch-learned", "scratch-sinusoidal-mean", "scratch-gray", "vit"])
 def test_predictions_on_every_kind_of_image(run_dirs, images, name):
     model, processor = predict.load_classifier(run_dirs[name])

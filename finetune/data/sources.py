@@ -122,6 +122,13 @@ def _open_local(path: str, data_args: DataArguments) -> Source:
         loaded = datasets.load_from_disk(path)
         loaded = dict(loaded) if isinstance(loaded, datasets.DatasetDict) else {"train": loaded}
         return Source(path, _files_fingerprint([path]), encoded=_named_splits(loaded, path))
+    folders = (os.path.join(root, d) for root, dirs, _ in os.walk(path) for d in dirs)
+    linked = next((folder for folder in folders if os.path.islink(folder)), None)
+    if linked:
+        raise ValueError(
+            f"{linked} is a link to a folder, which `datasets` does not follow: its images would be left out. Replace "
+            "the link with the folder itself (or a copy)."
+        )
     # `datasets` finds split folders by their lower-case names only: `Train/` and `Test/` would be one pooled split.
     split_dirs = [d for d in sorted(os.listdir(path)) if d.lower() in SPLIT_ALIASES and os.path.isdir(f"{path}/{d}")]
     split_patterns = None

@@ -137,14 +137,15 @@ def load_classifier(model_dir, trust_remote_code: bool = False, attn_implementat
 
 
 def collect_image_paths(paths: Iterable[str | os.PathLike]) -> list[Path]:
-    """A file as it is (whatever its extension); a folder searched recursively for image files, sorted. Raises
-    `FileNotFoundError` for a path that does not exist."""
+    """A file as it is (whatever its extension); a folder searched recursively for image files (links to folders
+    followed), sorted. Raises `FileNotFoundError` for a path that does not exist."""
     from finetune.data import IMAGE_EXTENSIONS
 
     found: list[Path] = []
     for path in map(Path, paths):
         if path.is_dir():
-            found.extend(sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS))
+            walked = (Path(root, name) for root, _, names in os.walk(path, followlinks=True) for name in names)
+            found.extend(sorted(p for p in walked if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS))
         elif path.is_file():
             found.append(path)
         else:

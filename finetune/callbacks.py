@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers import ProgressCallback, TrainerCallback
+from transformers import EarlyStoppingCallback, ProgressCallback, TrainerCallback
 from transformers.trainer_callback import ExportableState
 from transformers.utils import logging
 
@@ -24,6 +24,24 @@ logger = logging.get_logger(__name__)
 def total_batch_size(args) -> int:
     """Images per optimizer step, over every process."""
     return args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
+
+
+def restore_state(callback: ExportableState, state) -> None:
+    """Take up a callback's attributes that the checkpoint of a resumed run saved (`TrainerState.stateful_callbacks`,
+    under its class name). The Trainer's own `restore_callback_states_from_checkpoint` would replace the callback with
+    a new one, which the trainer's references to it would not follow."""
+    saved = state.stateful_callbacks.get(type(callback).__name__)
+    for name, value in (saved or {}).get("attributes", {}).items():
+        setattr(callback, name, value)
+
+
+class ResumedEarlyStopping(EarlyStoppingCallback):
+    """transformers' early stopping, whose count of evaluations without improvement goes on after a resume (it
+    started again from 0, so a resumed run trained past the point where the uninterrupted one stopped)."""
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        super().on_train_begin(args, state, control, **kwargs)
+        restore_state(self, state)
 
 
 class RunClock(TrainerCallback, ExportableState):
@@ -68,10 +86,7 @@ class RunClock(TrainerCallback, ExportableState):
         return (self._mark if self._mark is not None else self.time_fn()) - self._epoch_start - self._paused
 
     def on_train_begin(self, args, state, control, **kwargs):
-        saved = state.stateful_callbacks.get(type(self).__name__)  # a resumed run's totals, from its checkpoint
-        if saved:
-            for name, value in saved["attributes"].items():
-                setattr(self, name, value)
+        restore_state(self, state)  # a resumed run's totals
         self.train_start = self.time_fn() - self.train_seconds
 
     def on_epoch_begin(self, args, state, control, **kwargs):
@@ -375,7 +390,8 @@ class InterruptCallback(TrainerCallback):
         self.signal = signum
         self.guard.stop_requested = int(signum)
         logger.warning(
-            f"{signal.Signals(signum).name}: saving a checkpoint after this optimizer step, then stopping; "
+            f"{signal.Signals(signum).name}: saving a checkpoint after this optimizer step (and the evaluation due "
+            "then, if any), then stopping; "
             "send it again to stop at once without saving."
         )
 
@@ -385,10 +401,16 @@ class InterruptCallback(TrainerCallback):
         self._previous = {}
 
     def on_step_end(self, args, state, control, **kwargs):
+        # An evaluation due at this step still runs before the save (the checkpoint then holds its figures, as the
+        # uninterrupted run's does); at an epoch's last step, the save waits for the epoch's end and its evaluation:
+        # a resumed run never comes back to an epoch that is over.
         if self.guard.stop_agreed:
-            control.should_save, control.should_training_stop, control.should_evaluate = True, True, False
+            control.should_training_stop = True
+            control.should_save = control.should_save or not float(state.epoch).is_integer()
 
-    on_epoch_end = on_step_end  # on a GPU the agreement arrives two steps late, possibly with the epoch's last flags
+    def on_epoch_end(self, args, state, control, **kwargs):
+        if self.guard.stop_agreed:  # on a GPU the agreement arrives two steps late, possibly at an epoch's end
+            control.should_save, control.should_training_stop = True, True
 
     def on_save(self, args, state, control, **kwargs):
         signum = self.guard.stop_agreed  # the same in every process, signalled or not

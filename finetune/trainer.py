@@ -32,7 +32,7 @@ import os
 import numpy as np
 import torch
 import torch.nn.functional as F
-from transformers import EarlyStoppingCallback, ProgressCallback, Trainer
+from transformers import ProgressCallback, Trainer
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_optimizer import is_optimizer_factory
 from transformers.trainer_utils import get_last_checkpoint
@@ -44,6 +44,7 @@ from finetune.callbacks import (
     InterruptCallback,
     ModelEMA,
     QuietProgress,
+    ResumedEarlyStopping,
     RunClock,
     TrainingBudgetCallback,
 )
@@ -176,7 +177,7 @@ class ImageClassificationTrainer(Trainer):
             callbacks.append(budget)
         self.early_stopping = None
         if a.early_stopping_patience is not None:
-            self.early_stopping = EarlyStoppingCallback(a.early_stopping_patience, a.early_stopping_threshold)
+            self.early_stopping = ResumedEarlyStopping(a.early_stopping_patience, a.early_stopping_threshold)
             callbacks.append(self.early_stopping)
         if not a.disable_tqdm:
             self.remove_callback(ProgressCallback)

@@ -170,3 +170,41 @@ def test_a_frozen_process_ends_the_run_within_ddp_timeout(tmp_path):
     assert len(errors) == 1 and "`ddp_timeout` = 10 s" in errors[0], output[-3000:]
     # Start-up, the wait of 10 s, and the launcher's grace period before it kills the frozen process (30 s).
     assert elapsed < 150, elapsed
+
+
+def test_a_signal_at_an_epochs_last_step_keeps_that_epochs_evaluation(tmp_path):
+    """Evaluation and checkpoint at each epoch's end, the best model kept (the defaults): a signal during the epoch's
+    last step saves after that epoch's evaluation, so the resumed run keeps the same best model, history and weights
+    (it used to save without it, and the resumed run never came back to that epoch)."""
+    whole, out = tmp_path / "whole", tmp_path / "run"
+    assert train(whole).returncode == 0
+    proc = train(out, env={"SIGNAL_AT": "8"}, script=SIGNALLED)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-3000:]
+    assert "epoch 1.00: validation accuracy" in proc.stdout and (out / "checkpoint-8").is_dir()
+    assert train(out, "--resume_from_checkpoint", "true").returncode == 0
+    assert same_weights(out, whole)
+    expected, resumed = results(whole), results(out)
+    assert [(row["epoch"], row["eval_accuracy"]) for row in resumed["history"]] == [
+        (row["epoch"], row["eval_accuracy"]) for row in expected["history"]
+    ]
+    assert resumed["validation"]["accuracy"] == expected["validation"]["accuracy"]
+
+
+def test_early_stopping_counts_on_after_a_resume(tmp_path):
+    """A run resumed from a checkpoint saved after an evaluation without improvement stops where the uninterrupted
+    run stopped: the count of evaluations without improvement is taken up again, not started from 0."""
+    stopping = ["--num_train_epochs", "14", "--early_stopping_patience", "2", "--learning_rate", "1e-2"]
+    whole, out = tmp_path / "whole", tmp_path / "run"
+    assert train(whole, *stopping).returncode == 0
+    state = json.loads((whole / "trainer_state.json").read_text())
+    stopped = state["global_step"] // 8
+    assert stopped < 14, "the uninterrupted run must stop early for this test to mean anything"
+    # The checkpoint of the evaluation before the last: one evaluation without improvement counted already.
+    checkpoint = f"checkpoint-{(stopped - 1) * 8}"
+    counted = json.loads((whole / checkpoint / "trainer_state.json").read_text())["stateful_callbacks"]
+    assert counted["ResumedEarlyStopping"]["attributes"]["early_stopping_patience_counter"] == 1
+    out.mkdir()
+    shutil.copytree(whole / checkpoint, out / checkpoint)
+    assert train(out, *stopping, "--resume_from_checkpoint", "true").returncode == 0
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == state["global_step"]
+    assert same_weights(out, whole)

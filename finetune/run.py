@@ -213,28 +213,32 @@ def setup_logging(training_args: TrainingArguments, settings: hardware.Settings)
 
 def check_model_and_output_dir(model_args: ModelArguments, training_args: TrainingArguments) -> None:
     """Before any data is loaded or file written: a local pretrained model must be a complete image classifier, and
-    the run must not write into it (saving would replace its weights, config and labels)."""
+    the run must not write into it or into its teacher (saving would replace weights, config and labels;
+    `overwrite_output_dir` would delete checkpoints)."""
     if Path(training_args.output_dir).exists() and not Path(training_args.output_dir).is_dir():
         raise NotADirectoryError(
             f"`output_dir` {training_args.output_dir} is a file; pass a folder (new or existing)."
         )
-    if model_args.model_type == "scratch":
-        return
-    model_dir = Path(model_args.model_name_or_path).expanduser()
-    if not model_dir.is_dir():
-        return  # a Hub id, or a missing folder that `build_model` explains
-    output, model = Path(training_args.output_dir).expanduser().resolve(), model_dir.resolve()
+    output = Path(training_args.output_dir).expanduser().resolve()
     # The folders the run writes into (saves, checkpoint rotation, cleanup): under `both`, one per model.
     run_dirs = [output / "pretrained", output / "scratch"] if model_args.model_type == "both" else [output]
-    for run_dir in run_dirs:
-        if run_dir == model or model in run_dir.parents or run_dir in model.parents:
-            relation = "is" if run_dir == model else "is inside" if model in run_dir.parents else "contains"
-            raise ValueError(
-                f"`output_dir` {training_args.output_dir}: the run's folder {run_dir} {relation} the pretrained model "
-                f"{model_args.model_name_or_path}, which it would overwrite or mix with. Nothing was written. Choose "
-                "an `output_dir` outside the model folder."
-            )
-    check_local_checkpoint(model_dir, model_args.trust_remote_code)
+    sources = {"the teacher": getattr(training_args, "teacher_model_name_or_path", None)}
+    if model_args.model_type != "scratch":
+        sources["the pretrained model"] = model_args.model_name_or_path
+    for what, path in sources.items():
+        if not path or not Path(path).expanduser().is_dir():
+            continue  # a Hub id, or a missing folder that loading it explains
+        model = Path(path).expanduser().resolve()
+        for run_dir in run_dirs:
+            if run_dir == model or model in run_dir.parents or run_dir in model.parents:
+                relation = "is" if run_dir == model else "is inside" if model in run_dir.parents else "contains"
+                raise ValueError(
+                    f"`output_dir` {training_args.output_dir}: the run's folder {run_dir} {relation} {what} {path}, "
+                    "which it would overwrite or mix with. Nothing was written. Choose an `output_dir` outside that "
+                    "folder."
+                )
+    if model_args.model_type != "scratch" and Path(model_args.model_name_or_path).expanduser().is_dir():
+        check_local_checkpoint(Path(model_args.model_name_or_path).expanduser(), model_args.trust_remote_code)
 
 
 def train_and_evaluate(

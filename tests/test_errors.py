@@ -203,6 +203,17 @@ def test_output_dir_that_would_overwrite_the_pretrained_model(tmp_path, where, r
     assert not (model_dir / "run").exists()
 
 
+def test_output_dir_holding_the_teacher_is_refused_before_anything_is_deleted(tmp_path):
+    """`overwrite_output_dir` removes an earlier run's checkpoints: a teacher among them was deleted, then blamed."""
+    out = tmp_path / "out"
+    teacher = saved_vit(out / "checkpoint-16")
+    before = {p.name: p.read_bytes() for p in teacher.iterdir()}
+    with pytest.raises(ValueError, match=r"`output_dir` .* contains the teacher .*checkpoint-16.*Nothing was written"):
+        run.main([*PRETRAINED, "--model_type", "scratch", "--teacher_model_name_or_path", str(teacher),
+                  "--output_dir", str(out), "--overwrite_output_dir", "true"])  # fmt: skip
+    assert {p.name: p.read_bytes() for p in teacher.iterdir()} == before
+
+
 def test_a_model_beside_the_run_folders_of_both_is_accepted(tmp_path):
     """The quickstart's layout: `model_type: both` writes OUTPUT/pretrained and OUTPUT/scratch, so a source model in
     OUTPUT/source_model is beside the run folders, not in them."""

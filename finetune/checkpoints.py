@@ -92,6 +92,15 @@ def newest_whole_checkpoint(run_dir: Path, training_args: TrainingArguments) -> 
 
 
 MODEL_ONLY = "it holds the model only (saved with `save_only_model`)"
+OTHER_EMA = "it was saved by a run"
+
+
+def saved_with_ema(checkpoint: Path) -> bool | None:
+    """Whether the run that saved `checkpoint` kept an EMA (its `training_args.bin`), None where that is unreadable."""
+    try:
+        return getattr(torch.load(checkpoint / "training_args.bin", weights_only=False), "ema_decay", None) is not None
+    except Exception:
+        return None
 
 
 def fix_for(problem: str, checkpoint: str | os.PathLike) -> str:
@@ -103,6 +112,8 @@ def fix_for(problem: str, checkpoint: str | os.PathLike) -> str:
             f"(`--model_type pretrained --model_name_or_path {checkpoint}` and a new `--output_dir`), and save "
             "without `save_only_model` to be able to resume."
         )
+    if problem.startswith(OTHER_EMA):
+        return "Fix: resume with the `ema_decay` of the run that saved it, or start a new run (a new `--output_dir`)."
     return (
         "Fix: pass the path of another checkpoint-* folder, restore the file from a copy, or train anew with "
         "`--overwrite_output_dir true`."
@@ -126,7 +137,10 @@ def checkpoint_problem(checkpoint: Path, training_args: TrainingArguments) -> st
     if training_args.fp16 and not training_args.use_cpu and not training_args.deepspeed:
         required += [("scaler.pt", read_torch)]  # accelerate's loss scaler exists for fp16 on accelerators only
     required += [(name, read_torch) for name in rng_state_files(files, training_args.world_size)]
-    if getattr(training_args, "ema_decay", None) is not None:
+    ema = getattr(training_args, "ema_decay", None) is not None
+    if ema != ("ema_state.safetensors" in files) and saved_with_ema(checkpoint) is (not ema):
+        return f"{OTHER_EMA} {'without' if ema else 'with'} `ema_decay`"  # it trained other weights than saved
+    if ema:
         required += [("ema_state.safetensors", read_weights)]  # the training weights and the average (EMACallback)
     for name, read in required:
         path = checkpoint / name

@@ -86,8 +86,21 @@ def test_a_run_with_an_ema_resumes_exactly_too(tmp_path):
     proc = train(out, *ema, env={"SIGNAL_AT": "5"}, script=SIGNALLED)
     assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-3000:]
     assert (out / "checkpoint-5" / "ema_state.safetensors").is_file()
+    # Resumed without its EMA, it would train on from the average that model.safetensors holds.
+    proc = train(out, *STEPS_SAVE, "--resume_from_checkpoint", "true")
+    assert proc.returncode == 1 and "it was saved by a run with `ema_decay`" in proc.stderr, proc.stderr[-3000:]
     assert train(out, *ema, "--resume_from_checkpoint", "true").returncode == 0
     assert same_weights(out, whole)
+
+
+def test_a_checkpoint_without_an_ema_is_not_called_damaged_when_resumed_with_one(tmp_path, uninterrupted):
+    out = tmp_path / "run"
+    out.mkdir()
+    shutil.copytree(uninterrupted / "checkpoint-8", out / "checkpoint-8")
+    proc = train(out, *STEPS_SAVE, "--ema_decay", "0.9", "--resume_from_checkpoint", "true")
+    [line] = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 1 and "it was saved by a run without `ema_decay`" in line, proc.stderr[-3000:]
+    assert "resume with the `ema_decay` of the run that saved it" in line and "damaged" not in proc.stderr
 
 
 def test_a_checkpoint_saved_before_an_epochs_evaluation_resumes_exactly(tmp_path, uninterrupted):

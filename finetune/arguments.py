@@ -442,6 +442,8 @@ def load_yaml_config(path: str | os.PathLike, options: dict[str, tuple[Any, list
                     where = f"`{key}` in {path}" + (f" (line {lines[key]})" if key in lines else "")
                     own[key] = checked_value(key, value, *options[key], where)
         base = own.pop(BASE_KEY, None)
+        if base is not None and not isinstance(base, str):
+            raise ValueError(f"`base` in {path} must be one file name (`base: other.yaml`), got {base!r}.")
         values = {**own, **values}
         path = os.path.join(os.path.dirname(path), base) if base is not None else None
     return values

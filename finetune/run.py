@@ -167,7 +167,10 @@ def summary(results: dict[str, Results], run_dirs: dict[str, Path], report: Path
         if result.train is not None and result.train.seconds:
             scores += f", {result.train.seconds:.0f} s of training"
         lines.append(f"  {model_type}: {scores}")
-        lines.append(f"    files: {run_dirs[model_type]}/ (model, results.json, checkpoint-*)")
+        written = "model, results.json, checkpoint-*"
+        if result.hyperparameters.get("evaluation_only"):
+            written = "results.json, predictions_*.csv" + ("" if result.multi_label else ", confusion_matrix.png")
+        lines.append(f"    files: {run_dirs[model_type]}/ ({written})")
     if report is not None:
         section = report.read_text().split("## Summary", 1)[-1].strip().splitlines()
         lines += ["", *itertools.takewhile(lambda line: line.startswith("|"), section)]
@@ -560,7 +563,7 @@ def choose_attention(
 
 
 # Recorded only where they are on (not None, False, 0 or `none`); the distillation settings only with a teacher.
-OPTIONAL_SETTINGS = ("max_train_minutes", "ema_decay", "mixup_alpha", "cutmix_alpha", "flip_tta",
+OPTIONAL_SETTINGS = ("max_train_minutes", "budget_schedule", "ema_decay", "mixup_alpha", "cutmix_alpha", "flip_tta",
                      "early_stopping_patience", "early_stopping_threshold", "class_weighting")  # fmt: skip
 DISTILLATION_SETTINGS = (
     "teacher_model_name_or_path", "distillation_type", "distillation_alpha", "distillation_temperature"

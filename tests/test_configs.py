@@ -59,6 +59,9 @@ def test_base_errors_name_the_file(tmp_path):
     cycle = _write(tmp_path / "c.yaml", "base: b.yaml\n")
     with pytest.raises(ValueError, match="cycle"):
         load_yaml_config(cycle)
+    listed = _write(tmp_path / "f.yaml", "base: [d.yaml]\n")
+    with pytest.raises(ValueError, match=r"`base` in .*f.yaml must be one file name .*got \['d.yaml'\]"):
+        load_yaml_config(listed)
     _write(tmp_path / "d.yaml", "hidden_sise: 3\n")
     child = _write(tmp_path / "e.yaml", "base: d.yaml\n")
     with pytest.raises(ValueError, match=r"'hidden_sise' \(Did you mean 'hidden_size'") as error:

@@ -52,6 +52,8 @@ def test_scores_a_saved_scratch_model_without_training(trained_scratch, tmp_path
     assert written["validation"]["top5_accuracy"] is not None and written["per_class_f1"]
     assert (out / "confusion_matrix.png").stat().st_size > 0
     assert not (out / "model.safetensors").exists()
+    closing = run.summary({"scratch": results}, {"scratch": out}, None)  # names the files written, and only those
+    assert f"files: {out}/ (results.json, predictions_*.csv, confusion_matrix.png)" in closing
     with open(out / "predictions_validation.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == written["num_samples"]["validation"]

@@ -312,7 +312,14 @@ def test_an_image_folder_with_one_class_subfolder(tmp_path):
     (tmp_path / "images" / "cat").mkdir(parents=True)
     for i in range(4):
         Image.new("RGB", (8, 8), (60 * i, 0, 0)).save(tmp_path / "images" / "cat" / f"{i}.png")
-    with pytest.raises(ValueError, match=r"one subfolder per class, at least two"):
+    with pytest.raises(ValueError, match=r"one subfolder per class, at least two \(e.g. cat/ and dog/\)\.$"):
+        run.main([*SCRATCH, "--dataset_name", str(tmp_path / "images"), "--output_dir", str(tmp_path / "out")])
+    # Two classes, and one image beside their folders: named, since it is what stops the folder from being read.
+    (tmp_path / "images" / "dog").mkdir()
+    for i in range(4):
+        Image.new("RGB", (8, 8), (0, 60 * i, 0)).save(tmp_path / "images" / "dog" / f"{i}.png")
+    Image.new("RGB", (8, 8)).save(tmp_path / "images" / "stray.png")
+    with pytest.raises(ValueError, match=r"and no image beside them: move stray.png into one\.$"):
         run.main([*SCRATCH, "--dataset_name", str(tmp_path / "images"), "--output_dir", str(tmp_path / "out")])
 
 

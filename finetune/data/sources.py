@@ -306,8 +306,10 @@ def _pick_column(columns: list[str], explicit: str | None, candidates: tuple[str
             return candidate
     hint = ""
     if kind == "label" and columns == ["image"] and os.path.isdir(where):
-        # datasets' image folder builder gives no label column when it finds only one class subfolder.
-        hint = " An image folder needs one subfolder per class, at least two (e.g. cat/ and dog/)."
+        # datasets' image folder builder gives no label column when its images are not all one folder deep.
+        stray = sorted(f for f in os.listdir(where) if os.path.splitext(f)[1].lower() in IMAGE_EXTENSIONS)
+        hint = " An image folder needs one subfolder per class, at least two (e.g. cat/ and dog/)"
+        hint += f", and no image beside them: move {', '.join(stray[:3])} into one." if stray else "."
     raise ValueError(
         f"Found no {kind} column in {where} (looked for {list(candidates)}); its columns are {columns}. "
         f"Set `{argument}` to the column holding the {kind}s.{hint}"

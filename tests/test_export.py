@@ -162,3 +162,21 @@ def test_a_missing_extra_names_the_install_command(scratch_run, tmp_path):
     assert done.stderr.strip().splitlines()[-1] == (
         'error: Exporting needs onnxruntime (the `export` extra): pip install -e ".[export]"'
     )
+
+
+def test_an_output_that_holds_another_model_is_refused_and_left_as_it_was(scratch_run, vit_run, tmp_path, capsys):
+    other = tmp_path / "other"
+    shutil.copytree(scratch_run, other, ignore=shutil.ignore_patterns("checkpoint-*", "onnx"))
+    before = {p.name: p.read_bytes() for p in other.iterdir() if p.is_file()}
+    assert run_command(export.main, [str(vit_run), "--format", "onnx", "--output", str(other)]) == 1
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"error: {other} already holds") and "config.json" in line and "another folder" in line
+    assert {p.name: p.read_bytes() for p in other.iterdir() if p.is_file()} == before
+    # Another run's export is not this run's either; an earlier export of this same run is replaced.
+    export.main([str(scratch_run), "--format", "onnx"])
+    assert run_command(export.main, [str(vit_run), "--format", "onnx", "--output", str(scratch_run / "onnx")]) == 1
+    assert "already holds" in capsys.readouterr().err
+    served = tmp_path / "served"
+    for _ in range(2):
+        assert export.main([str(vit_run), "--format", "onnx", "--output", str(served)]).path.is_file()
+    assert export.main([str(scratch_run), "--format", "onnx"]).path == scratch_run / "onnx" / "model.onnx"

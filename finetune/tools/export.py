@@ -16,6 +16,7 @@ installed beside the transformers 5 this project needs.
 
 from __future__ import annotations
 
+import fnmatch
 import importlib.util
 import json
 import shutil
@@ -42,6 +43,9 @@ DEFAULT_ATOL = 1e-4
 CHECK_IMAGES = 8
 # Protobuf caps a single .onnx file at 2 GiB: larger models keep their weights in `model.onnx.data` beside it.
 SINGLE_FILE_LIMIT = 2**31 - 2**26
+# What an export writes, and what marks a folder as another model's or run's: exporting there would overwrite it.
+WRITTEN = ("model.onnx", "model.onnx.data", "config.json", "preprocessor_config.json", "results.json")
+OTHER_MODEL = ("*.safetensors", "*.bin", "adapter_config.json", "trainer_state.json", "checkpoint-*")
 
 
 @dataclass
@@ -110,6 +114,30 @@ def check_onnx(path: str | Path, model: torch.nn.Module, pixel_values: torch.Ten
             "is acceptable for serving, or serve the PyTorch model."
         )
     return difference
+
+
+def check_output(output: Path, run_dir: Path, model) -> None:
+    """Refuse an `output` folder that holds another model or run (its files would be overwritten); a new or unrelated
+    folder, or an earlier export of this same run (same config.json and results.json), is fine."""
+    from finetune.tools.predict import ONNX_NAME
+
+    names = sorted(p.name for p in output.iterdir()) if output.is_dir() else []
+    taken = [name for name in names if name in WRITTEN or any(fnmatch.fnmatch(name, p) for p in OTHER_MODEL)]
+    if not taken:
+        return
+
+    def same(name: str) -> bool:  # both folders hold the same file, or neither holds it
+        mine, theirs = output / name, run_dir / name
+        return mine.is_file() == theirs.is_file() and (not mine.is_file() or mine.read_bytes() == theirs.read_bytes())
+
+    config = output / "config.json"
+    earlier = set(taken) <= set(WRITTEN) and ONNX_NAME in taken and same("results.json")
+    earlier = earlier and config.is_file() and config.read_text() == model.config.to_json_string()
+    if not earlier:
+        raise FileExistsError(
+            f"{output} already holds {', '.join(taken)} of another model or run, which the export would overwrite: "
+            f"pass another folder as `--output` (default {run_dir / 'onnx'})."
+        )
 
 
 def run_images(run_dir: Path, model, processor, count: int = CHECK_IMAGES) -> list[Image.Image]:
@@ -185,13 +213,14 @@ def main(argv: list[str] | None = None) -> ExportResult:
     # Eager attention exports for every architecture (SDPA's graph does not decompose for BEiT); onnxruntime fuses
     # the attention pattern itself.
     model, processor = load_classifier(run_dir, args.trust_remote_code, attn_implementation="eager", device="cpu")
+    output = Path(args.output) if args.output else run_dir / "onnx"
+    check_output(output, run_dir, model)
     if args.images:
         images, source = file_images(args.images, model, processor), "the given files"
     else:
         images, source = run_images(run_dir, model, processor), "the run's dataset"
     pixel_values = preprocess(images, model, processor)  # (N, C, H, W), as predict feeds the model
 
-    output = Path(args.output) if args.output else run_dir / "onnx"
     path = export_onnx(model, pixel_values, output / ONNX_NAME)
     model.config.save_pretrained(output)
     if getattr(processor, "data_config", None):  # timm's processor saves nothing: its settings, for predict

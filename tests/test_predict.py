@@ -147,6 +147,23 @@ def test_image_size_must_fit_the_patches(run_dirs, images, capsys):
         predict.main([str(run_dirs["vit"]), str(images["jpg"]), "--image-size", "18"])
 
 
+@pytest.mark.parametrize("command", ["predict", "attention", "export"])
+def test_a_misspelt_model_dir_is_said_not_to_exist(run_dirs, images, tmp_path, monkeypatch, command):
+    from finetune.tools import attention, export
+
+    main = {"predict": predict.main, "attention": attention.main, "export": export.main}[command]
+    rest = {"predict": [str(images["png"])], "attention": [str(images["png"]), "--output", "maps"]}
+    rest["export"] = ["--format", "onnx"]
+    monkeypatch.chdir(run_dirs["vit"].parent)  # holds vit/: "vitt/" is a typo, not a Hub repo
+    for typo in ("./vitt", f"{run_dirs['vit']}t", os.path.join("vit", "checkpoint-7"), "outputs/quick/pretrnied"):
+        with pytest.raises(FileNotFoundError, match=rf"^{re.escape(typo)} does not exist: pass the output directory"):
+            main([typo, *rest[command]])
+    # A Hub id, offline, keeps transformers' own message about the Hub.
+    with pytest.raises(OSError) as raised:
+        main(["google/vit-base-patch16-224", *rest[command]])
+    assert "does not exist" not in str(raised.value)
+
+
 def test_cli_rejects_unknown_output_format(run_dirs, images):
     with pytest.raises(ValueError, match=r"--output must end in .csv or .json"):
         predict.main([str(run_dirs["vit"]), str(images["jpg"]), "--output", "preds.txt"])

@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> ExportResult:
     run_dir = Path(args.run_dir)
     # Eager attention exports for every architecture (SDPA's graph does not decompose for BEiT); onnxruntime fuses
     # the attention pattern itself.
-    model, processor = load_classifier(run_dir, args.trust_remote_code, attn_implementation="eager", device="cpu")
+    model, processor = load_classifier(args.run_dir, args.trust_remote_code, attn_implementation="eager", device="cpu")
     output = Path(args.output) if args.output else run_dir / "onnx"
     check_output(output, run_dir, model)
     if args.images:

@@ -105,6 +105,7 @@ def load_classifier(model_dir, trust_remote_code: bool = False, attn_implementat
             logger.warning(f"{model_dir} is an ONNX export: it runs on the CPU (onnxruntime), not on {device}.")
         processor = json.loads((Path(model_dir) / "preprocessor_config.json").read_text())
         return OnnxClassifier(model_dir), argparse.Namespace(**processor)
+    check_model_dir(str(model_dir))
     import torch
     from transformers import AutoImageProcessor, AutoModelForImageClassification
     from transformers.utils import logging as hf_logging
@@ -134,6 +135,29 @@ def load_classifier(model_dir, trust_remote_code: bool = False, attn_implementat
     processor = AutoImageProcessor.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     return model.to(device).eval(), processor
+
+
+def check_model_dir(model_dir: str) -> None:
+    """Raise `FileNotFoundError` for a MODEL_DIR that is no local path and is written as one (it starts with `.`, `/`
+    or `~`, or its first folder exists) or cannot be a Hub id: a misspelt path, which transformers would look up on
+    the Hub and answer with a message about the network or about repo ids."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    from finetune.locations import looks_like_local_path
+
+    if os.path.exists(os.path.expanduser(model_dir)):
+        return
+    parts = Path(model_dir).parts
+    written_as_path = looks_like_local_path(model_dir) or (len(parts) > 1 and os.path.isdir(parts[0]))
+    try:
+        validate_repo_id(model_dir)
+    except HFValidationError:
+        written_as_path = True
+    if written_as_path:
+        raise FileNotFoundError(
+            f"{model_dir} does not exist: pass the output directory of a run (config.json, weights) or a Hub model id."
+        )
 
 
 def collect_image_paths(paths: Iterable[str | os.PathLike]) -> list[Path]:

@@ -14,6 +14,7 @@ import pytest
 import torch
 from helpers_runs import make_images, make_run_dir, tiny_scratch_model, tiny_vit_model
 from PIL import Image
+from test_backbones import checkpoint, needs_timm
 
 from finetune.augment import photo_size
 from finetune.models import LORA_DEFAULT_TARGETS
@@ -162,6 +163,17 @@ def test_a_misspelt_model_dir_is_said_not_to_exist(run_dirs, images, tmp_path, m
     with pytest.raises(OSError) as raised:
         main(["google/vit-base-patch16-224", *rest[command]])
     assert "does not exist" not in str(raised.value)
+
+
+@needs_timm
+def test_a_timm_model_at_another_size_is_one_line_naming_its_own(images, tmp_path):
+    from finetune.tools import attention
+
+    base = checkpoint(tmp_path, "timm")  # trained at 8 x 8; timm fixes its position embeddings at creation
+    assert predict.main([str(base), str(images["png"]), "--image_size", "8"])
+    for main, rest in ((predict.main, []), (attention.main, ["--output", str(tmp_path / "maps")])):
+        with pytest.raises(ValueError, match=r"runs only at the size it was trained at \(8x8\): drop `--image_size`"):
+            main([str(base), str(images["png"]), "--image_size", "16", *rest])
 
 
 def test_cli_rejects_unknown_output_format(run_dirs, images):

@@ -246,9 +246,14 @@ def preprocess(
 
 
 def check_image_size(model, image_size: int | None) -> None:
-    """Raise `ValueError` unless `image_size` (if given) is a positive multiple of the model's patch size."""
+    """Raise `ValueError` unless `image_size` (if given) is a positive multiple of the model's patch size, or, for a
+    timm ViT (whose position embeddings are fixed at its own size when timm creates it), that size."""
     if image_size is None:
         return
+    patch_embed = getattr(getattr(model, "timm_model", None), "patch_embed", None)  # a timm model's
+    if getattr(patch_embed, "strict_img_size", False) and tuple(patch_embed.img_size) != (image_size, image_size):
+        size = "x".join(map(str, patch_embed.img_size))
+        raise ValueError(f"This timm model runs only at the size it was trained at ({size}): drop `--image_size`.")
     patch_size = getattr(model.config, "patch_size", 1)
     patch_size = patch_size if isinstance(patch_size, int) else max(patch_size)
     if image_size < 1 or image_size % patch_size:

@@ -139,3 +139,20 @@ def test_other_resolution_gives_a_finer_grid(tmp_path):
     image = Image.new("RGB", (40, 40), (10, 200, 30))
     maps = attention.compute_attention_maps(model, processor, image, image_size=24)
     assert maps.layer_maps.shape == (2, 6, 6)
+
+
+def test_a_multi_label_models_prediction_is_its_sigmoid_as_predict_gives_it():
+    model = tiny_vit_model(seed=4)
+    model.set_attn_implementation("eager")
+    model.config.problem_type = "multi_label_classification"
+    from transformers import ViTImageProcessor
+
+    processor = ViTImageProcessor(size={"height": 16, "width": 16})
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (16, 16, 3), dtype=np.uint8))
+    maps = attention.compute_attention_maps(model, processor, image)
+    [probabilities] = predict.class_probabilities(model, predict.preprocess([image], model, processor))
+    with torch.no_grad():
+        logits = model(pixel_values=predict.preprocess([image], model, processor)).logits[0]
+    torch.testing.assert_close(probabilities, logits.sigmoid())  # each label's own probability, not a softmax
+    assert maps.label == model.config.id2label[int(probabilities.argmax())]
+    assert maps.score == pytest.approx(float(probabilities.max()))

@@ -130,7 +130,13 @@ def compute_attention_maps(
     attention probabilities."""
     import torch
 
-    from finetune.tools.predict import check_image_size, image_mode, needs_interpolation, preprocess
+    from finetune.tools.predict import (
+        check_image_size,
+        image_mode,
+        logit_probabilities,
+        needs_interpolation,
+        preprocess,
+    )
 
     no_attention = ValueError(
         f"{type(model).__name__} has no attention to draw (a {model.config.model_type} model); attention maps need a "
@@ -156,7 +162,7 @@ def compute_attention_maps(
     patch_height, patch_width = (patch_size, patch_size) if isinstance(patch_size, int) else tuple(patch_size)
     grid_size = (pixel_values.shape[-2] // patch_height, pixel_values.shape[-1] // patch_width)
     num_prefix_tokens = attentions[0].shape[-1] - grid_size[0] * grid_size[1]
-    probabilities = outputs.logits[0].float().softmax(dim=-1)
+    [probabilities] = logit_probabilities(model, outputs.logits)  # (1, num_labels) -> (num_labels,), as predict
     top = int(probabilities.argmax())
     return AttentionMaps(
         layer_maps=cls_attention_maps(attentions, grid_size, num_prefix_tokens),

@@ -269,14 +269,19 @@ def needs_interpolation(model, image_size: int | None) -> bool:
 
 
 def class_probabilities(model, pixel_values: torch.Tensor, interpolate_pos_encoding: bool = False) -> torch.Tensor:
-    """Softmax over all classes of the model's logits, `(B, num_labels)`, in float32; a multi-label model's sigmoid
-    of each label."""
+    """The model's probabilities (`logit_probabilities`) of each class for `pixel_values`, `(B, num_labels)`."""
     import torch
 
     device = model.device
     kwargs = {"interpolate_pos_encoding": True} if interpolate_pos_encoding else {}
     with torch.no_grad():  # not inference_mode: cached model tensors stay usable for training (see export.py)
         logits = model(pixel_values=pixel_values.to(device), **kwargs).logits  # (B, num_labels)
+    return logit_probabilities(model, logits)
+
+
+def logit_probabilities(model, logits: torch.Tensor) -> torch.Tensor:
+    """Softmax over all classes of the model's `logits` `(B, num_labels)`, in float32 on the CPU; a multi-label
+    model's sigmoid of each label."""
     from finetune.data import is_multi_label
 
     logits = logits.float()

@@ -117,7 +117,16 @@ def load_classifier(model_dir, trust_remote_code: bool = False, attn_implementat
 
     model_dir = str(model_dir)
     if os.path.isdir(model_dir):
-        if not os.path.isfile(os.path.join(model_dir, "config.json")):
+        run_dir = os.path.dirname(os.path.abspath(model_dir))
+        missing = not os.path.isfile(os.path.join(model_dir, "config.json"))
+        if missing and is_adapter_dir(model_dir) and os.path.isfile(os.path.join(run_dir, "config.json")):
+            # The Trainer's checkpoints of a LoRA run hold the adapters; the model's config is saved once, beside them.
+            raise FileNotFoundError(
+                f"{model_dir} is a checkpoint of a LoRA run: it holds the adapters but not the model's config.json, "
+                f"which is in the run folder. Pass {run_dir}, or copy {os.path.join(run_dir, 'config.json')} into "
+                f"{model_dir}."
+            )
+        if missing:
             raise FileNotFoundError(
                 f"{model_dir} has no config.json: pass the output directory of a run (for `model_type: both`, "
                 "OUTPUT/pretrained or OUTPUT/scratch) or a checkpoint-* folder."

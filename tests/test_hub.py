@@ -449,6 +449,34 @@ def test_not_a_run_directory(both_output):
         hub.push_output_dir(both_output, "me/vit", token=TOKEN)
 
 
+@pytest.mark.parametrize("command", ["files", "push"])
+def test_a_folder_without_weights_is_refused_before_the_card_is_written(both_output, monkeypatch, capsys, command):
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    run = both_output / "scratch"
+    evaluation = both_output / "evaluation"  # an evaluation-only run writes results.json and no model
+    evaluation.mkdir()
+    shutil.copy(run / "results.json", evaluation)
+    onnx = run / "onnx"  # what `vit-finetune export` writes
+    onnx.mkdir()
+    for name in ("config.json", "preprocessor_config.json", "results.json"):
+        shutil.copy(run / name, onnx)
+    (onnx / "model.onnx").write_bytes(b"onnx")
+    for folder, problem in (
+        (
+            evaluation,
+            f"{evaluation} holds no model to push: missing config.json, weights (model.safetensors). It is an "
+            "evaluation-only run's output: push the run that trained the model.",
+        ),
+        (onnx, f"{onnx} is an ONNX export, which the model card does not describe: push the run folder {run} (its"),
+    ):
+        argv = [command, str(folder)] + (["--repo_id", "me/vit"] if command == "push" else [])
+        with pytest.raises(SystemExit):
+            hub.main(argv)
+        [line] = capsys.readouterr().err.strip().splitlines()
+        assert line.startswith(f"error: {problem}")
+        assert not (folder / "README.md").exists()
+
+
 def test_cli(both_output, monkeypatch, capsys):
     monkeypatch.setenv("HF_TOKEN", TOKEN)
     run = both_output / "scratch"

@@ -223,6 +223,31 @@ def upload_plan(output_dir: str | os.PathLike) -> list[tuple[str, Path]]:
     return sorted(plan)
 
 
+def check_pushable(output_dir: Path) -> None:
+    """Raise `FileNotFoundError` for a folder that is not a finished training run's output (the card would describe,
+    and the push upload, a model that is not there), naming what is missing."""
+    names = {p.name for p in output_dir.iterdir()} if output_dir.is_dir() else set()
+    weights = [
+        name for name in names if any(fnmatch.fnmatch(name, p) for p in ("*.safetensors", *LEGACY_WEIGHT_PATTERNS))
+    ]
+    if "model.onnx" in names and not weights:
+        run = output_dir.resolve().parent
+        fix = f"push the run folder {output_dir.parent}" if (run / "config.json").is_file() else "push its run folder"
+        raise FileNotFoundError(
+            f"{output_dir} is an ONNX export, which the model card does not describe: {fix} (its card says how to "
+            "export it)."
+        )
+    missing = [name for name in ("config.json", "results.json") if name not in names]
+    missing += [] if weights else ["weights (model.safetensors)"]
+    if not missing:
+        return
+    runs = [p.name for p in output_dir.iterdir() if (p / "config.json").is_file()] if output_dir.is_dir() else []
+    hint = f" It holds run directories: push {', '.join(runs)} separately." if runs else ""
+    if not hint and "results.json" in names and "config.json" not in names:
+        hint = " It is an evaluation-only run's output: push the run that trained the model."
+    raise FileNotFoundError(f"{output_dir} holds no model to push: missing {', '.join(missing)}.{hint}")
+
+
 def retry_command(output_dir, repo_id, private=None, revision=None, commit_message=None, timeout=None, retries=None):
     """The shell command that repeats a push with the same options."""
     parts = ["python", "-m", "finetune.tools.hub", "push", str(output_dir), "--repo_id", repo_id]
@@ -262,17 +287,11 @@ def push_output_dir(
     the repo, `private` if so, and the branch `revision` when missing); returns the commit's URL.
 
     `token` defaults to `HF_TOKEN` or the stored login, `endpoint` to `HF_ENDPOINT`. Raises `FileNotFoundError` for a
-    directory that is not a finished run's, `ValueError` for a bad `timeout` or `retries`, and `HubPushError` when the
-    push fails, with the cause and the command that retries it.
+    directory that is not a finished training run's (`check_pushable`), `ValueError` for a bad `timeout` or
+    `retries`, and `HubPushError` when the push fails, with the cause and the command that retries it.
     """
     output_dir = Path(output_dir)
-    missing = [name for name in ("config.json", "results.json") if not (output_dir / name).is_file()]
-    if missing:
-        runs = [p.name for p in output_dir.iterdir() if (p / "config.json").is_file()] if output_dir.is_dir() else []
-        hint = f" It holds run directories: push {', '.join(runs)} separately." if runs else ""
-        raise FileNotFoundError(
-            f"{output_dir} is not the output directory of a finished run: missing {', '.join(missing)}.{hint}"
-        )
+    check_pushable(output_dir)
     seconds = resolve_timeout(timeout)
     if retries is not None and (isinstance(retries, bool) or not isinstance(retries, int) or retries < 0):
         raise ValueError(f"retries must be a whole number >= 0 (e.g. 2), got {retries!r}.")
@@ -359,6 +378,7 @@ def main(argv: list[str] | None = None) -> str | list[str]:
 
     try:
         if args.command == "files":
+            check_pushable(Path(args.output_dir))
             write_model_card(args.output_dir, args.repo_id)
             paths = [path for path, _ in upload_plan(args.output_dir)]
             print("\n".join(paths))

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers_runs import make_run_dir
+from helpers_runs import make_run_dir, tiny_scratch_model
 from huggingface_hub import HfApi, ModelCard, constants, get_session
 from huggingface_hub.errors import HfHubHTTPError
 from PIL import Image
@@ -387,6 +387,16 @@ def test_model_card_metadata_parses_back(both_output):
             assert {"scratch-vit", "custom_code"} <= set(data.tags)
             assert "from_pretrained(repo, trust_remote_code=True)" in card.text
         assert "| `learning_rate` |" in card.text and "Per-class accuracy" in card.text
+
+
+def test_the_card_shows_the_one_line_pipeline_only_for_a_3_channel_model(both_output, tmp_path):
+    """transformers' pipeline converts every image to RGB: a 1-channel model (digits) cannot run it."""
+    from finetune.tools.model_card import write_model_card
+
+    gray = make_run_dir(tmp_path / "gray", "scratch", model=tiny_scratch_model(num_channels=1), extras=False)
+    card = write_model_card(gray)
+    assert 'convert("L")' in card and "pipeline(" not in card
+    assert 'pipeline("image-classification"' in write_model_card(both_output / "scratch")
 
 
 def test_local_base_model_is_not_a_hub_id(both_output):

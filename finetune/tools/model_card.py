@@ -165,6 +165,16 @@ processor = AutoImageProcessor.from_pretrained(repo)
 With this project's code, `python -m finetune.tools.predict MODEL_DIR image.jpg` loads the adapter folder as it is."""
     remote = ", trust_remote_code=True" if is_scratch(results) else ""
     mode = "L" if config.get("num_channels") == 1 else "RGB"
+    # transformers' pipeline converts every image to RGB: a 1-channel model cannot run it.
+    pipeline = (
+        ""
+        if mode == "L"
+        else f"""
+
+# or, in one line:
+classifier = pipeline("image-classification", model=repo{remote})
+print(classifier("image.jpg"))"""
+    )
     answer, printed = "print(model.config.id2label[logits.argmax(-1).item()])", "the top-5 classes"
     if results.multi_label:  # the thresholds chosen on the validation split are in results.json
         thresholds = [round(results.per_class_threshold.get(name, 0.5), 4) for name in results.label_names]
@@ -176,7 +186,7 @@ With this project's code, `python -m finetune.tools.predict MODEL_DIR image.jpg`
     return f"""```python
 import torch
 from PIL import Image
-from transformers import AutoImageProcessor, AutoModelForImageClassification, pipeline
+from transformers import AutoImageProcessor, AutoModelForImageClassification{", pipeline" if pipeline else ""}
 
 repo = "{repo}"
 processor = AutoImageProcessor.from_pretrained(repo)
@@ -185,11 +195,7 @@ model = AutoModelForImageClassification.from_pretrained(repo{remote})
 inputs = processor(Image.open("image.jpg").convert("{mode}"), return_tensors="pt")
 with torch.no_grad():
     logits = model(**inputs).logits
-{answer}
-
-# or, in one line:
-classifier = pipeline("image-classification", model=repo{remote})
-print(classifier("image.jpg"))
+{answer}{pipeline}
 ```
 
 With this project's code, `python -m finetune.tools.predict MODEL_DIR image.jpg` prints {printed}, and \

@@ -262,7 +262,9 @@ def _load_pretrained(model_args: ModelArguments, data: ImageData, drop_path_rate
         overrides["drop_path_rate"] = drop_path_rate
     try:
         with transformers_errors_only():  # the load report is summarised below, in the pipeline's words
-            config = type(original).from_dict(original.to_dict(), **overrides)
+            # timm's config saves its class names as `label_names` beside `id2label`: they go with the old labels.
+            saved = {key: value for key, value in original.to_dict().items() if key != "label_names"}
+            config = type(original).from_dict(saved, **overrides)
             model, info = AutoModelForImageClassification.from_pretrained(
                 path,
                 config=config,

@@ -34,7 +34,7 @@ from transformers import (
 
 from finetune import run
 from finetune.models import layer_id, parameter_groups
-from finetune.tools import attention, hub, predict
+from finetune.tools import attention, export, hub, predict
 
 
 HAS_TIMM = importlib.util.find_spec("timm") is not None
@@ -137,8 +137,16 @@ def test_backbone_fine_tunes_evaluates_predicts_draws_and_pushes(name, tmp_path,
                           "--output_dir", str(tmp_path / "eval")])["pretrained"]  # fmt: skip
     assert evaluated.validation.accuracy == pytest.approx(results.validation.accuracy)
 
+    # The run names the dataset's classes, not its base's (timm's config keeps them apart, as `label_names`).
+    digits = [str(i) for i in range(10)]
+    assert [model.config.id2label[i] for i in range(10)] == digits
     [prediction] = predict.main([str(out), str(digit_image), "--top_k", "3"])
     assert len(prediction.probabilities) == 10 and sum(prediction.probabilities) == pytest.approx(1, abs=1e-5)
+    assert set(prediction.labels) <= set(digits)
+    if all(importlib.util.find_spec(name) for name in export.EXTRA_MODULES):  # its labels read from config.json
+        exported = export.main([str(out), "--format", "onnx", "--images", str(digit_image)]).path.parent
+        [served] = predict.main([str(exported), str(digit_image), "--top_k", "3"])
+        assert served.labels == prediction.labels
     maps = tmp_path / "maps"
     if BACKBONES[name][1]:
         assert [p.name for p in attention.main([str(out), str(digit_image), "--output", str(maps)])] == [

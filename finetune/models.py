@@ -88,8 +88,8 @@ def build_model(
         model, processor = _build_scratch(scratch_args, data, model_args.attn_implementation)
     else:
         raise ValueError(f"`model_type` must be `pretrained` or `scratch` here, got {model_type!r}.")
-    if data.multi_label:
-        model.config.problem_type = MULTI_LABEL
+    # The data's, not a checkpoint's: a multi-label one fine-tuned on single labels would keep BCE.
+    model.config.problem_type = MULTI_LABEL if data.multi_label else None
     prep = preprocessing_from(processor, model.config)
     check_channels(data.num_channels, prep.num_channels, model_args.convert_channels)
     logger.info(

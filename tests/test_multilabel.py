@@ -193,6 +193,14 @@ def test_class_weights_weigh_positives_and_distillation_and_map_on_single_labels
         run.make_trainer(model, processor, prep, data_args, training_args, data)
 
 
+def test_a_multi_label_run_fine_tunes_on_single_labels_with_their_loss(trained, tmp_path):
+    _, out, _ = trained
+    args = [a if a != "scratch" else "pretrained" for a in TINY_SCRATCH]
+    run.main([*args, "--model_name_or_path", str(out), "--max_steps", "2", "--output_dir", str(tmp_path / "digits")])
+    config = json.loads((tmp_path / "digits" / "config.json").read_text())
+    assert config.get("problem_type") != "multi_label_classification" and config["id2label"]["9"] == "9"
+
+
 def test_csv_labels_separated_by_semicolons_and_a_label_unknown_to_train(tmp_path):
     images, digits = digit_images(0, 120)
     (tmp_path / "images").mkdir()

@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import re
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -214,6 +215,20 @@ def load_adapter_model(path: str | os.PathLike, merge: bool = True, **kwargs) ->
     return model.merge_and_unload() if merge else model
 
 
+@contextlib.contextmanager
+def _plain_model_folder(path: str, trust_remote_code: bool = False):
+    """`path`, or for a LoRA run's folder a temporary one holding its adapters merged into its base: a plain model
+    that loads, relabelled and with a new head where needed, as any checkpoint does."""
+    if not is_adapter_dir(path):
+        yield path
+        return
+    with tempfile.TemporaryDirectory() as folder:
+        with transformers_errors_only():  # the base's head, replaced by the adapter's, is reported as MISMATCH
+            load_adapter_model(path, trust_remote_code=trust_remote_code).save_pretrained(folder)
+        logger.info(f"{path} is a LoRA run: fine-tuning its base with the adapters merged in.")
+        yield folder
+
+
 def _load_kwargs(model_args: ModelArguments) -> dict:
     """Where `from_pretrained` finds the model, its processor and config."""
     return {
@@ -260,21 +275,22 @@ def _load_pretrained(model_args: ModelArguments, data: ImageData, drop_path_rate
                 "fine-tune a model that has it (BEiT, Swin, ConvNeXt, DINOv2, ScratchViT)."
             )
         overrides["drop_path_rate"] = drop_path_rate
-    try:
-        with transformers_errors_only():  # the load report is summarised below, in the pipeline's words
-            # timm's config saves its class names as `label_names` beside `id2label`: they go with the old labels.
-            saved = {key: value for key, value in original.to_dict().items() if key != "label_names"}
-            config = type(original).from_dict(saved, **overrides)
-            model, info = AutoModelForImageClassification.from_pretrained(
-                path,
-                config=config,
-                ignore_mismatched_sizes=model_args.ignore_mismatched_sizes,
-                output_loading_info=True,
-                attn_implementation=model_args.attn_implementation,
-                **_load_kwargs(model_args),
-            )
-    except OSError as error:
-        raise OSError(_unreachable_message("model", path, error)) from error
+    with _plain_model_folder(path, model_args.trust_remote_code) as weights:
+        try:
+            with transformers_errors_only():  # the load report is summarised below, in the pipeline's words
+                # timm's config saves its class names as `label_names` beside `id2label`: they go with the old labels.
+                saved = {key: value for key, value in original.to_dict().items() if key != "label_names"}
+                config = type(original).from_dict(saved, **overrides)
+                model, info = AutoModelForImageClassification.from_pretrained(
+                    weights,
+                    config=config,
+                    ignore_mismatched_sizes=model_args.ignore_mismatched_sizes,
+                    output_loading_info=True,
+                    attn_implementation=model_args.attn_implementation,
+                    **_load_kwargs(model_args),
+                )
+        except OSError as error:
+            raise OSError(_unreachable_message("model", path, error)) from error
     # Per kind, the parameter names (a mismatched key may come as (name, saved shape, model shape)).
     keys = {kind: [k[0] if isinstance(k, tuple) else str(k) for k in info.get(kind, [])] for kind in LOAD_KINDS}
     new_head = any(k.startswith(HEAD_NAME) for k in keys["mismatched_keys"])

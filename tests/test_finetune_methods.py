@@ -131,6 +131,17 @@ def test_adapter_loads_in_a_clean_process_and_in_predict(lora_run, tmp_path):
     assert len(attention.main([str(out), str(image), "--output", str(tmp_path / "maps")])) == 2
 
 
+def test_a_lora_run_fine_tunes_further_from_its_merged_model(lora_run, tmp_path):
+    _, out, _ = lora_run
+    again = tmp_path / "again"
+    run.main(["--model_name_or_path", str(out), *TRAIN, "--max_steps", "1", "--output_dir", str(again),
+              "--finetune_method", "linear_probe"])  # fmt: skip
+    merged, after = load_file(out / "merged" / "model.safetensors"), load_file(again / "model.safetensors")
+    backbone = [name for name in merged if not name.startswith("classifier.")]
+    assert backbone and all(torch.equal(merged[name], after[name]) for name in backbone)  # the adapters folded in
+    assert AutoModelForImageClassification.from_pretrained(again).config.id2label[9] == "9"
+
+
 def test_lora_card_names_the_base_model_and_peft(lora_run):
     _, out, _ = lora_run
     adapter_path = out / "adapter_config.json"

@@ -108,6 +108,8 @@ def load_trained_model(
     an evaluation-only run. Its head must classify the dataset's labels: nothing is replaced."""
     path = model_args.model_name_or_path
     _check_model_path(path)
+    if os.path.isdir(os.path.expanduser(path)):  # a teacher comes here unchecked
+        check_local_checkpoint(os.path.expanduser(path), model_args.trust_remote_code)
     attention = {"attn_implementation": model_args.attn_implementation}
     try:
         if is_adapter_dir(path):
@@ -370,10 +372,21 @@ def _load_processor(model_args: ModelArguments):
 
 
 def check_local_checkpoint(path: str | os.PathLike, trust_remote_code: bool = False) -> None:
-    """Refuse a local folder that cannot give an image classifier, naming what is wrong (no config.json, no weights, a
-    damaged `model.safetensors`, a model type with no classification head) where `from_pretrained` would not."""
+    """Refuse a local folder that cannot give an image classifier, naming what is wrong (an ONNX export, no
+    config.json, no weights, a damaged `model.safetensors`, a model type with no classification head) where
+    `from_pretrained` would not."""
     path = os.fspath(path)
+    if os.path.isfile(os.path.join(path, "model.onnx")):
+        raise ValueError(
+            f"{path} is an ONNX export, which only `vit-finetune predict` runs: training, evaluating and teaching "
+            "need the PyTorch weights. Pass the run's output directory it was exported from."
+        )
     if not os.path.isfile(os.path.join(path, "config.json")):
+        if is_adapter_dir(path):
+            raise FileNotFoundError(
+                f"{path} is a LoRA checkpoint: an adapter without the model's config.json, which the run writes at "
+                "its end. Pass the run's output directory, or its merged model (OUTPUT/merged, `merge_lora: true`)."
+            )
         raise FileNotFoundError(
             f"{path} has no config.json: it is not a saved model. Pass the output directory of a run (for "
             "`model_type: both`, OUTPUT/pretrained or OUTPUT/scratch), a checkpoint-* folder, or a Hub model id."

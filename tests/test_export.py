@@ -180,3 +180,15 @@ def test_an_output_that_holds_another_model_is_refused_and_left_as_it_was(scratc
     for _ in range(2):
         assert export.main([str(vit_run), "--format", "onnx", "--output", str(served)]).path.is_file()
     assert export.main([str(scratch_run), "--format", "onnx"]).path == scratch_run / "onnx" / "model.onnx"
+
+
+def test_an_export_folder_is_refused_where_the_pytorch_weights_are_needed(scratch_run, tmp_path):
+    onnx = export.main([str(scratch_run), "--format", "onnx", "--output", str(tmp_path / "onnx")]).path.parent
+    pretrained = [a if a != "scratch" else "pretrained" for a in TINY_SCRATCH]
+    for args in (
+        [*TINY_SCRATCH, "--teacher_model_name_or_path", str(onnx)],
+        [*pretrained, "--model_name_or_path", str(onnx)],
+        [*pretrained, "--model_name_or_path", str(onnx), "--do_train", "false"],
+    ):
+        with pytest.raises(ValueError, match=f"{onnx} is an ONNX export.*the run's output directory it was exported"):
+            run.main([*args, *SHORT, "--output_dir", str(tmp_path / "run")])

@@ -142,6 +142,14 @@ def test_a_lora_run_fine_tunes_further_from_its_merged_model(lora_run, tmp_path)
     assert AutoModelForImageClassification.from_pretrained(again).config.id2label[9] == "9"
 
 
+def test_a_lora_checkpoint_without_the_models_config_names_the_run_folder(lora_run, tmp_path):
+    _, out, _ = lora_run
+    [checkpoint] = out.glob("checkpoint-*")  # adapter files only: the run writes config.json at its end
+    assert (checkpoint / "adapter_config.json").is_file() and not (checkpoint / "config.json").exists()
+    with pytest.raises(FileNotFoundError, match=f"{checkpoint} is a LoRA checkpoint.*Pass the run's output directory"):
+        run.main(["--model_name_or_path", str(checkpoint), *TRAIN, "--output_dir", str(tmp_path / "again")])
+
+
 def test_lora_card_names_the_base_model_and_peft(lora_run):
     _, out, _ = lora_run
     adapter_path = out / "adapter_config.json"

@@ -111,13 +111,13 @@ def load_trained_model(
     if os.path.isdir(os.path.expanduser(path)):  # a teacher comes here unchecked
         check_local_checkpoint(os.path.expanduser(path), model_args.trust_remote_code)
     attention = {"attn_implementation": model_args.attn_implementation}
-    try:
-        if is_adapter_dir(path):
-            model = load_adapter_model(path, trust_remote_code=model_args.trust_remote_code, **attention)
-        else:
+    if is_adapter_dir(path):  # its own message names the base it could not load
+        model = load_adapter_model(path, trust_remote_code=model_args.trust_remote_code, **attention)
+    else:
+        try:
             model = AutoModelForImageClassification.from_pretrained(path, **_load_kwargs(model_args), **attention)
-    except OSError as error:
-        raise OSError(_unreachable_message("model", path, error)) from error
+        except OSError as error:
+            raise OSError(_unreachable_message("model", path, error)) from error
     processor = _load_processor(model_args)
     check_labels(model.config, data.label_names, path)
     if is_multi_label(model.config) != data.multi_label:

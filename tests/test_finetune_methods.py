@@ -3,6 +3,7 @@ adapter that loads in a clean process and equals its merged model, layer-wise le
 no-weight-decay groups of the optimizer."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -103,6 +104,17 @@ def test_evaluation_only_accepts_the_adapter_folder(lora_run, tmp_path):
     evaluated = run.main(args)["pretrained"]
     assert evaluated.validation.accuracy == pytest.approx(trained.validation.accuracy)
     assert evaluated.confusion_matrix == trained.confusion_matrix
+
+
+def test_an_adapter_whose_base_moved_names_its_base(lora_run, tmp_path):
+    _, out, _ = lora_run
+    moved = tmp_path / "moved"
+    shutil.copytree(out, moved, ignore=shutil.ignore_patterns("checkpoint-*", "merged"))
+    adapter = json.loads((moved / "adapter_config.json").read_text())
+    (moved / "adapter_config.json").write_text(json.dumps({**adapter, "base_model_name_or_path": "gone/base"}))
+    args = ["--do_train", "false", "--model_name_or_path", str(moved), *DIGITS, "--output_dir", str(tmp_path / "e")]
+    with pytest.raises(OSError, match=r"^The adapter in .* base model 'gone/base', which could not be loaded"):
+        run.main(args)
 
 
 def test_adapter_loads_in_a_clean_process_and_in_predict(lora_run, tmp_path):

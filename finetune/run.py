@@ -421,6 +421,8 @@ def load_teacher(path: str, student, data: ImageData):
 
     from finetune.models import config_label_names, load_trained_model
 
+    if Path(path).expanduser().is_dir():  # an export, an evaluation's results, a LoRA checkpoint-*: one line each
+        check_local_checkpoint(Path(path).expanduser())
     try:
         config = AutoConfig.from_pretrained(path)  # the labels, checked before the weights are read
     except OSError as error:

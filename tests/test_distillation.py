@@ -132,6 +132,15 @@ def test_a_teacher_with_other_labels_is_refused_in_one_line(tmp_path):
     assert not (tmp_path / "out" / "results.json").exists()
 
 
+def test_a_teacher_folder_that_holds_no_model_is_one_line(tmp_path):
+    # An evaluation-only run's output: results and predictions, no model ("Unrecognized model ... model_type").
+    results = tmp_path / "evaluation"
+    results.mkdir()
+    (results / "results.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match=f"{results} has no config.json"):
+        run.main([*TINY_SCRATCH, "--teacher_model_name_or_path", str(results), "--output_dir", str(tmp_path / "out")])
+
+
 @pytest.mark.parametrize("option, value", [("distillation_alpha", "1.5"), ("distillation_temperature", "0")])
 def test_bad_distillation_settings_are_refused(tmp_path, option, value):
     with pytest.raises(ValueError, match=f"`{option}`"):

@@ -164,6 +164,7 @@ def test_a_killed_process_ends_the_other_at_once_with_one_line(tmp_path):
     assert time.monotonic() - start < 120  # no wait for `ddp_timeout` (30 minutes by default)
 
 
+@pytest.mark.slow  # tens of seconds of runs in one file's worker: CI runs it (-m 'not gpu')
 def test_a_frozen_process_ends_the_run_within_ddp_timeout(tmp_path):
     """SIGSTOP freezes the second process during its third step: the first one ends with one line after
     `ddp_timeout` (on the CPU too, where transformers does not pass it on), not after gloo's 30 minutes."""
@@ -185,6 +186,7 @@ def test_a_frozen_process_ends_the_run_within_ddp_timeout(tmp_path):
     assert elapsed < 150, elapsed
 
 
+@pytest.mark.slow  # tens of seconds of runs in one file's worker: CI runs it (-m 'not gpu')
 def test_a_signal_at_an_epochs_last_step_keeps_that_epochs_evaluation(tmp_path):
     """Evaluation and checkpoint at each epoch's end, the best model kept (the defaults): a signal during the epoch's
     last step saves after that epoch's evaluation, so the resumed run keeps the same best model, history and weights
@@ -203,6 +205,7 @@ def test_a_signal_at_an_epochs_last_step_keeps_that_epochs_evaluation(tmp_path):
     assert resumed["validation"]["accuracy"] == expected["validation"]["accuracy"]
 
 
+@pytest.mark.slow  # tens of seconds of runs in one file's worker: CI runs it (-m 'not gpu')
 def test_early_stopping_counts_on_after_a_resume(tmp_path):
     """A run resumed from a checkpoint saved after an evaluation without improvement stops where the uninterrupted
     run stopped: the count of evaluations without improvement is taken up again, not started from 0."""

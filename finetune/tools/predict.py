@@ -126,12 +126,7 @@ def load_classifier(model_dir, trust_remote_code: bool = False, attn_implementat
                 f"which is in the run folder. Pass {run_dir}, or copy {os.path.join(run_dir, 'config.json')} into "
                 f"{model_dir}."
             )
-        if missing:
-            raise FileNotFoundError(
-                f"{model_dir} has no config.json: pass the output directory of a run (for `model_type: both`, "
-                "OUTPUT/pretrained or OUTPUT/scratch) or a checkpoint-* folder."
-            )
-        check_local_checkpoint(model_dir, trust_remote_code)
+        check_local_checkpoint(model_dir, trust_remote_code)  # no config.json, no weights, ...: one line each
     kwargs = {"trust_remote_code": trust_remote_code, "attn_implementation": attn_implementation}
     if is_adapter_dir(model_dir):
         # The base model loads with the run's labels, so transformers reports its classifier as MISMATCH / Reinit

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import datasets
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from finetune.data.decode import IMAGE_EXTENSIONS
 from finetune.locations import looks_like_local_path, offline_switch
@@ -204,7 +205,17 @@ def _image_files(dataset: datasets.Dataset, data_args: DataArguments, where: str
         column = find_columns(dataset, data_args, where)[0]
     except ValueError:
         return []  # reported with the columns of every split by `load_image_data`
-    return [path for data, path in image_items(dataset, column) if data is None and path]
+    paths = []
+    # Read from the memory-mapped arrow table: the encoded images that a table holds are never copied (every run).
+    for chunk in dataset.select_columns([column]).with_format("arrow")[:].column(column).chunks:
+        if isinstance(chunk.type, pa.StructType) and chunk.type.get_field_index("path") >= 0:
+            named = pc.struct_field(chunk, "path")
+            if chunk.type.get_field_index("bytes") >= 0:
+                named = named.filter(pc.is_null(pc.struct_field(chunk, "bytes")))
+            paths += [path for path in named.to_pylist() if path]
+        elif chunk.type in (pa.string(), pa.large_string()):
+            paths += [path for path in chunk.to_pylist() if path]
+    return paths
 
 
 def _read_csv(path: str, data_args: DataArguments) -> tuple[datasets.Dataset, list[str]]:

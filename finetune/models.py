@@ -108,8 +108,6 @@ def load_trained_model(
     an evaluation-only run. Its head must classify the dataset's labels: nothing is replaced."""
     path = model_args.model_name_or_path
     _check_model_path(path)
-    if os.path.isdir(os.path.expanduser(path)):  # a scratch model to evaluate is not checked before it comes here
-        check_local_checkpoint(os.path.expanduser(path), model_args.trust_remote_code)
     attention = {"attn_implementation": model_args.attn_implementation}
     if is_adapter_dir(path):  # its own message names the base it could not load
         model = load_adapter_model(path, trust_remote_code=model_args.trust_remote_code, **attention)

@@ -215,9 +215,9 @@ def setup_logging(training_args: TrainingArguments, settings: hardware.Settings)
 
 
 def check_model_and_output_dir(model_args: ModelArguments, training_args: TrainingArguments) -> None:
-    """Before any data is loaded or file written: a local pretrained model must be a complete image classifier, and
-    the run must not write into it or into its teacher (saving would replace weights, config and labels;
-    `overwrite_output_dir` would delete checkpoints)."""
+    """Before any data is loaded or file written: a local model the run reads (to fine-tune, to evaluate, its teacher)
+    must be a complete image classifier, and the run must not write into it (saving would replace weights, config and
+    labels; `overwrite_output_dir` would delete checkpoints)."""
     if Path(training_args.output_dir).exists() and not Path(training_args.output_dir).is_dir():
         raise NotADirectoryError(
             f"`output_dir` {training_args.output_dir} is a file; pass a folder (new or existing)."
@@ -225,9 +225,13 @@ def check_model_and_output_dir(model_args: ModelArguments, training_args: Traini
     output = Path(training_args.output_dir).expanduser().resolve()
     # The folders the run writes into (saves, checkpoint rotation, cleanup): under `both`, one per model.
     run_dirs = [output / "pretrained", output / "scratch"] if model_args.model_type == "both" else [output]
-    sources = {"the teacher": getattr(training_args, "teacher_model_name_or_path", None)}
-    if model_args.model_type != "scratch":
+    sources = {}  # the local folders it reads models from, by their role
+    if not training_args.do_train:
+        sources["the model to evaluate"] = model_args.model_name_or_path
+    elif model_args.model_type != "scratch":
         sources["the pretrained model"] = model_args.model_name_or_path
+    if training_args.do_train:
+        sources["the teacher"] = getattr(training_args, "teacher_model_name_or_path", None)
     for what, path in sources.items():
         if not path or not Path(path).expanduser().is_dir():
             continue  # a Hub id, or a missing folder that loading it explains
@@ -240,8 +244,9 @@ def check_model_and_output_dir(model_args: ModelArguments, training_args: Traini
                     "which it would overwrite or mix with. Nothing was written. Choose an `output_dir` outside that "
                     "folder."
                 )
-    if model_args.model_type != "scratch" and Path(model_args.model_name_or_path).expanduser().is_dir():
-        check_local_checkpoint(Path(model_args.model_name_or_path).expanduser(), model_args.trust_remote_code)
+    for what, path in sources.items():  # an export, an evaluation's results, a LoRA checkpoint-*, ...: one line each
+        if path and Path(path).expanduser().is_dir():
+            check_local_checkpoint(Path(path).expanduser(), model_args.trust_remote_code and what != "the teacher")
 
 
 def train_and_evaluate(
@@ -421,8 +426,6 @@ def load_teacher(path: str, student, data: ImageData):
 
     from finetune.models import config_label_names, load_trained_model
 
-    if Path(path).expanduser().is_dir():  # an export, an evaluation's results, a LoRA checkpoint-*: one line each
-        check_local_checkpoint(Path(path).expanduser())
     try:
         config = AutoConfig.from_pretrained(path)  # the labels, checked before the weights are read
     except OSError as error:

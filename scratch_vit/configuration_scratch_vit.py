@@ -61,9 +61,9 @@ class ScratchViTConfig(PretrainedConfig):
             tokens, overlapping receptive fields; it trains faster from scratch on small datasets. `patch_size`
             must be a power of 2.
         position_embedding_type (`str`, *optional*, defaults to `"learned"`):
-            `"learned"`: a trained position embedding per token (CLS included), interpolated bicubically for other
-            resolutions. `"sinusoidal"`: fixed 1-D sine/cosine embeddings over the token index, as in "Attention Is
-            All You Need", recomputed for any number of tokens.
+            `"learned"`: a trained position embedding per token (CLS included). `"sinusoidal"`: fixed 1-D sine/cosine
+            embeddings over the token index, as in "Attention Is All You Need". Both are interpolated bicubically
+            over the patch grid for other resolutions.
         pooling (`str`, *optional*, defaults to `"cls"`):
             `"cls"`: a learned CLS token is prepended and its final state feeds the head. `"mean"`: no CLS token;
             the head sees the mean of the patch tokens.

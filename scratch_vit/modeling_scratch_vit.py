@@ -101,59 +101,31 @@ class ScratchViTPatchEmbeddings(nn.Module):
 
 
 class ScratchViTLearnedPositions(nn.Module):
-    """A trained embedding per token position (CLS included) on the `image_size` grid. At another resolution,
-    with `interpolate_pos_encoding=True`, the patch grid is resized bicubically, as in transformers' ViT."""
+    """A trained embedding per token position (CLS included) on the `image_size` grid."""
 
     def __init__(self, config: ScratchViTConfig, num_prefix_tokens: int):
         super().__init__()
-        self.num_prefix_tokens = num_prefix_tokens
-        self.grid_size = config.image_size // config.patch_size
         self.position_embeddings = nn.Parameter(
             torch.zeros(1, num_prefix_tokens + config.num_patches, config.hidden_size)
         )
 
-    def forward(self, grid_height: int, grid_width: int, interpolate: bool) -> torch.Tensor:
-        if (grid_height, grid_width) == (self.grid_size, self.grid_size):
-            return self.position_embeddings
-        if not interpolate:
-            raise ValueError(
-                f"The model was trained on a {self.grid_size}x{self.grid_size} patch grid but got "
-                f"{grid_height}x{grid_width}. Resize the images to the model's `image_size`, or pass "
-                "`interpolate_pos_encoding=True` to interpolate the position embeddings."
-            )
-        prefix = self.position_embeddings[:, : self.num_prefix_tokens]  # (1, P, D)
-        grid = self.position_embeddings[:, self.num_prefix_tokens :]  # (1, g*g, D)
-        dim = grid.shape[-1]
-        grid = grid.reshape(1, self.grid_size, self.grid_size, dim).permute(0, 3, 1, 2)  # (1, g*g, D) -> (1, D, g, g)
-        grid = F.interpolate(grid.float(), size=(grid_height, grid_width), mode="bicubic", align_corners=False).to(
-            grid.dtype
-        )  # (1, D, g, g) -> (1, D, h, w)
-        grid = grid.permute(0, 2, 3, 1).reshape(1, grid_height * grid_width, dim)  # (1, D, h, w) -> (1, h*w, D)
-        return torch.cat([prefix, grid], dim=1)
+    def forward(self, device: torch.device) -> torch.Tensor:
+        return self.position_embeddings  # (1, P + g*g, D), on its device already
 
 
 class ScratchViTSinusoidalPositions(nn.Module):
-    """Fixed 1-D sinusoidal embeddings over the token index (CLS first), recomputed for any number of tokens.
+    """Fixed 1-D sinusoidal embeddings over the token index (CLS first) on the `image_size` grid.
 
-    They are computed on the fly, not stored, so checkpoints carry no redundant tensor and every resolution works
-    the same way; `interpolate` only keeps the interface of the learned variant.
+    They are computed on the fly, not stored, so checkpoints carry no redundant tensor.
     """
 
     def __init__(self, config: ScratchViTConfig, num_prefix_tokens: int):
         super().__init__()
-        self.num_prefix_tokens = num_prefix_tokens
+        self.num_positions = num_prefix_tokens + config.num_patches
         self.hidden_size = config.hidden_size
-        self.grid_size = config.image_size // config.patch_size
 
-    def forward(self, grid_height: int, grid_width: int, interpolate: bool) -> torch.Tensor:
-        if (grid_height, grid_width) != (self.grid_size, self.grid_size) and not interpolate:
-            raise ValueError(
-                f"The model was trained on a {self.grid_size}x{self.grid_size} patch grid but got "
-                f"{grid_height}x{grid_width}. Resize the images to the model's `image_size`, or pass "
-                "`interpolate_pos_encoding=True` to recompute the sinusoidal position embeddings."
-            )
-        num_positions = self.num_prefix_tokens + grid_height * grid_width
-        return sinusoidal_position_embeddings(num_positions, self.hidden_size).unsqueeze(0)  # (1, T, D)
+    def forward(self, device: torch.device) -> torch.Tensor:
+        return sinusoidal_position_embeddings(self.num_positions, self.hidden_size, device=device).unsqueeze(0)
 
 
 class ScratchViTEmbeddings(nn.Module):
@@ -168,9 +140,31 @@ class ScratchViTEmbeddings(nn.Module):
         self.position_embeddings = positions[config.position_embedding_type](config, self.num_prefix_tokens)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.patch_size = config.patch_size
+        self.grid_size = config.image_size // config.patch_size
+
+    def interpolate_pos_encoding(self, positions: torch.Tensor, grid_height: int, grid_width: int) -> torch.Tensor:
+        """The training grid's position embeddings resized bicubically to another patch grid, the CLS position kept
+        as is (transformers' ViT); learned and sinusoidal ones alike, so each patch keeps the position it covers."""
+        if (grid_height, grid_width) == (self.grid_size, self.grid_size):
+            return positions
+        g, dim = self.grid_size, positions.shape[-1]
+        prefix, grid = positions[:, : self.num_prefix_tokens], positions[:, self.num_prefix_tokens :]
+        grid = grid.reshape(1, g, g, dim).permute(0, 3, 1, 2)  # (1, g*g, D) -> (1, D, g, g)
+        grid = F.interpolate(grid.float(), size=(grid_height, grid_width), mode="bicubic", align_corners=False).to(
+            grid.dtype
+        )  # (1, D, g, g) -> (1, D, h, w)
+        grid = grid.permute(0, 2, 3, 1).reshape(1, grid_height * grid_width, dim)  # (1, D, h, w) -> (1, h*w, D)
+        return torch.cat([prefix, grid], dim=1)
 
     def forward(self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool = False) -> torch.Tensor:
         height, width = pixel_values.shape[-2:]
+        grid_height, grid_width = height // self.patch_size, width // self.patch_size
+        if (grid_height, grid_width) != (self.grid_size, self.grid_size) and not interpolate_pos_encoding:
+            raise ValueError(
+                f"The model was trained on a {self.grid_size}x{self.grid_size} patch grid but got "
+                f"{grid_height}x{grid_width}. Resize the images to the model's `image_size`, or pass "
+                "`interpolate_pos_encoding=True` to interpolate the position embeddings."
+            )
         # The residual stream keeps the images' dtype, which `ScratchViTModel` sets to the weights' dtype: float32
         # under autocast, where only matmuls and convolutions run in bf16 and their outputs are added back in float32
         # (as in timm and transformers' ViT). A bf16 stream would round every block's update to 8 significant bits.
@@ -179,9 +173,8 @@ class ScratchViTEmbeddings(nn.Module):
         if self.cls_token is not None:
             cls_tokens = self.cls_token.expand(embeddings.shape[0], -1, -1)  # (1, 1, D) -> (B, 1, D)
             embeddings = torch.cat([cls_tokens.to(dtype), embeddings], dim=1)  # (B, N, D) -> (B, 1 + N, D)
-        positions = self.position_embeddings(
-            height // self.patch_size, width // self.patch_size, interpolate_pos_encoding
-        )
+        positions = self.position_embeddings(embeddings.device)  # (1, P + g*g, D) on the training grid
+        positions = self.interpolate_pos_encoding(positions, grid_height, grid_width)  # (1, P + h*w, D)
         embeddings = embeddings + positions.to(dtype)
         return self.dropout(embeddings)
 
@@ -403,8 +396,8 @@ class ScratchViTModel(ScratchViTPreTrainedModel):
             output_hidden_states (`bool`, *optional*):
                 Return the embeddings' output and every layer's output, `(batch_size, tokens, hidden_size)` each.
             interpolate_pos_encoding (`bool`, *optional*):
-                Accept images of another resolution than `config.image_size` by interpolating (learned) or
-                recomputing (sinusoidal) the position embeddings.
+                Accept images of another resolution than `config.image_size` by interpolating the position
+                embeddings of its patch grid.
             return_dict (`bool`, *optional*):
                 Return a `BaseModelOutputWithPooling` instead of a plain tuple.
         """

@@ -224,10 +224,33 @@ def test_learned_positions_are_interpolated_not_reset():
         # A constant grid must stay constant under bicubic resizing; the CLS position is kept as is.
         positions.position_embeddings[:, 1:] = 0.7
         positions.position_embeddings[:, 0] = -3.0
-    resized = positions(6, 6, interpolate=True)
+    resized = model.embeddings.interpolate_pos_encoding(positions.position_embeddings, 6, 6)
     assert resized.shape == (1, 37, 16)
     torch.testing.assert_close(resized[:, 0], torch.full((1, 16), -3.0))
     torch.testing.assert_close(resized[:, 1:], torch.full((1, 36, 16), 0.7))
+
+
+def position_embeddings_at(model: ScratchViTModel, size: int) -> torch.Tensor:
+    """The position embeddings the model adds at `size` px: its embeddings' output on black images with the patch
+    projection's bias and the CLS token zeroed, so nothing but the positions is left."""
+    with torch.no_grad():
+        model.embeddings.patch_embeddings.projection.bias.zero_()
+        model.embeddings.cls_token.zero_()
+        return model(
+            images(size, batch=1) * 0, interpolate_pos_encoding=True, output_hidden_states=True
+        ).hidden_states[0]
+
+
+@pytest.mark.parametrize("position_embedding_type", ["learned", "sinusoidal"])
+def test_positions_at_twice_the_size_follow_the_training_grid(position_embedding_type):
+    """Each patch of a 2x larger grid gets (nearly) the position of the training-grid patch it lies on, for learned
+    and sinusoidal positions alike, not the 1-D index it has on the larger grid."""
+    model = build(ScratchViTModel, tiny_config(position_embedding_type=position_embedding_type))  # 4x4 grid + CLS
+    table, resized = position_embeddings_at(model, 16)[0], position_embeddings_at(model, 32)[0]  # 1 + 16, 1 + 64
+    torch.testing.assert_close(resized[0], table[0], rtol=0, atol=0)  # the CLS position is kept as is
+    nearest = torch.cdist(resized[1:], table[1:]).argmin(dim=1).reshape(8, 8)  # 8x8 grid -> 4x4 grid index
+    rows, columns = torch.arange(8)[:, None] // 2, torch.arange(8)[None, :] // 2
+    assert torch.equal(nearest, rows * 4 + columns)
 
 
 def test_wrong_channel_count_raises():

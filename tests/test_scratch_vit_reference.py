@@ -73,18 +73,17 @@ def reference_forward(model: ScratchViTForImageClassification, pixels: torch.Ten
         cls = w["vit.embeddings.cls_token"].expand(B, 1, D)
         x = torch.cat([cls, x], dim=1)  # (B, 1 + N, D)
     num_prefix = 1 if config.pooling == "cls" else 0
-    T = x.shape[1]
 
+    g = config.image_size // p
     if config.position_embedding_type == "learned":
         table = w["vit.embeddings.position_embeddings.position_embeddings"][0]  # (num_prefix + g*g, D)
-        g = config.image_size // p
-        if (gh, gw) != (g, g):
-            # The trained grid resized bicubically, as transformers' ViT does; the CLS position is kept as is.
-            grid = table[num_prefix:].reshape(g, g, D).permute(2, 0, 1)[None]  # (1, D, g, g)
-            grid = F.interpolate(grid.float(), size=(gh, gw), mode="bicubic", align_corners=False).double()
-            table = torch.cat([table[:num_prefix], grid[0].permute(1, 2, 0).reshape(gh * gw, D)])
     else:
-        table = sinusoid_table(T, D)
+        table = sinusoid_table(num_prefix + g * g, D)
+    if (gh, gw) != (g, g):
+        # The training grid's table resized bicubically, as transformers' ViT does; the CLS position is kept as is.
+        grid = table[num_prefix:].reshape(g, g, D).permute(2, 0, 1)[None]  # (1, D, g, g)
+        grid = F.interpolate(grid.float(), size=(gh, gw), mode="bicubic", align_corners=False).double()
+        table = torch.cat([table[:num_prefix], grid[0].permute(1, 2, 0).reshape(gh * gw, D)])
     x = x + table  # (B, T, D) + (T, D)
 
     hidden_states, attentions = [x], []

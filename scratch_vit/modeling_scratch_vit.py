@@ -458,6 +458,13 @@ class ScratchViTForImageClassification(ScratchViTPreTrainedModel):
             )
         self.post_init()
 
+    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
+        # `register_for_auto_class` names only this class in config.json's `auto_map`; the folder also holds the bare
+        # encoder, which remote code then loads with `AutoModel` (and the image-feature-extraction pipeline).
+        auto_map = getattr(self.config, "auto_map", None) or {}
+        self.config.auto_map = {**auto_map, "AutoModel": "modeling_scratch_vit.ScratchViTModel"}
+        super().save_pretrained(save_directory, *args, **kwargs)
+
     def forward(
         self,
         pixel_values: torch.Tensor | None = None,

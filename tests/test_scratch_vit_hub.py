@@ -53,7 +53,7 @@ CHILD = textwrap.dedent(
 
     import torch
     from PIL import Image
-    from transformers import AutoConfig, AutoModelForImageClassification, pipeline
+    from transformers import AutoConfig, AutoModel, AutoModelForImageClassification, pipeline
 
     folder, pixels_path, image_path, result_path = sys.argv[1:5]
     config = AutoConfig.from_pretrained(folder, trust_remote_code=True)
@@ -61,12 +61,18 @@ CHILD = textwrap.dedent(
     with torch.no_grad():
         logits = model(torch.load(pixels_path)).logits
     torch.save(logits, result_path + ".pt")
+    encoder = AutoModel.from_pretrained(folder, trust_remote_code=True).eval()  # the bare encoder, without the head
+    with torch.no_grad():
+        torch.save(encoder(torch.load(pixels_path)).last_hidden_state, result_path + "_encoder.pt")
 
     classifier = pipeline("image-classification", model=folder, trust_remote_code=True)
     predictions = classifier(Image.open(image_path))
+    features = pipeline("image-feature-extraction", model=folder, trust_remote_code=True)(Image.open(image_path))
     result = {
         "config_class": type(config).__module__ + "." + type(config).__name__,
         "model_class": type(model).__module__ + "." + type(model).__name__,
+        "encoder_class": type(encoder).__module__ + "." + type(encoder).__name__,
+        "features": features,
         "pipeline_model_class": type(classifier.model).__module__,
         "predictions": predictions,
         "scratch_vit_loaded": any(name.split(".")[0] == "scratch_vit" for name in sys.modules),
@@ -123,6 +129,7 @@ def test_saved_folder_has_remote_code_files(tmp_path):
     assert config["model_type"] == "scratch_vit"
     assert config["auto_map"] == {
         "AutoConfig": "configuration_scratch_vit.ScratchViTConfig",
+        "AutoModel": "modeling_scratch_vit.ScratchViTModel",
         "AutoModelForImageClassification": "modeling_scratch_vit.ScratchViTForImageClassification",
     }
     assert config["id2label"] == {"0": "cat", "1": "dog", "2": "frog"}
@@ -187,12 +194,17 @@ def test_remote_code_loads_without_the_package(tmp_path):
     assert result["model_class"].startswith("transformers_modules.")
     assert result["model_class"].endswith("modeling_scratch_vit.ScratchViTForImageClassification")
     assert result["pipeline_model_class"].startswith("transformers_modules.")
+    assert result["encoder_class"].startswith("transformers_modules.")
+    assert result["encoder_class"].endswith("modeling_scratch_vit.ScratchViTModel")
     assert any((tmp_path / "hf_modules").rglob("modeling_scratch_vit.py"))
 
     with torch.no_grad():
         expected_logits = model(pixels).logits
     child_logits = torch.load(tmp_path / "result.pt")
     torch.testing.assert_close(child_logits, expected_logits, rtol=0, atol=1e-6)
+    with torch.no_grad():
+        expected_states = model.vit(pixels).last_hidden_state
+    torch.testing.assert_close(torch.load(tmp_path / "result_encoder.pt"), expected_states, rtol=0, atol=1e-6)
 
     # The pipeline preprocesses with the saved processor and names classes from id2label; recompute its scores here.
     processor = AutoImageProcessor.from_pretrained(folder)
@@ -204,6 +216,10 @@ def test_remote_code_loads_without_the_package(tmp_path):
         torch.tensor([p["score"] for p in predictions]), probs.sort(descending=True).values, rtol=0, atol=1e-5
     )
     assert abs(sum(p["score"] for p in predictions) - 1.0) < 1e-5
+    # image-feature-extraction gives the encoder's last hidden state: one vector per token of the 4x4 patch grid.
+    with torch.no_grad():
+        states = model.vit(**processor(images=image, return_tensors="pt")).last_hidden_state
+    torch.testing.assert_close(torch.tensor(result["features"]), states, rtol=0, atol=1e-5)
 
 
 def test_auto_classes_resolve_in_process(tmp_path):

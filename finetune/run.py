@@ -33,6 +33,7 @@ if __name__ == "__main__":
 import datasets  # noqa: E402
 import transformers  # noqa: E402
 from transformers import TrainingArguments, set_seed  # noqa: E402
+from transformers.dynamic_module_utils import custom_object_save  # noqa: E402
 
 from finetune import hardware  # noqa: E402
 from finetune.arguments import DataArguments, ModelArguments, parse_options  # noqa: E402
@@ -450,7 +451,10 @@ def load_teacher(path: str, student, data: ImageData):
 def save_lora_model(model, processor, output_dir: Path, merge: bool) -> None:
     """Next to the adapter `save_model` wrote: the fine-tuned model's `config.json` (its labels, for loading the base
     with the right head and for the Hub), and with `merge` the merged plain model in `output_dir/merged`."""
-    model.get_base_model().config.save_pretrained(output_dir)
+    base = model.get_base_model()
+    base.config.save_pretrained(output_dir)
+    if getattr(base.config, "auto_map", None):  # remote code (ScratchViT): the modeling file config.json names
+        custom_object_save(base, output_dir)
     if merge:
         merged = copy.deepcopy(model).merge_and_unload()
         merged.save_pretrained(output_dir / "merged")

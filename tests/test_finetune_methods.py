@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import load_file
 from test_evaluate_only import DIGITS
 from test_run import tiny_vit_checkpoint
+from test_scratch_vit_hub import BLOCK_PROJECT_PACKAGES, run_without_the_package
 from transformers import AutoModelForImageClassification, ViTImageProcessor
 
 from finetune import run
@@ -180,13 +181,25 @@ def test_lora_on_scratch_vit_targets_the_fused_qkv(tmp_path):
     base = scratch_checkpoint(tmp_path / "scratch-base")
     out = tmp_path / "lora"
     args = ["--model_name_or_path", str(base), *TRAIN, "--output_dir", str(out),
-            "--finetune_method", "lora", "--lora_r", "2", "--layer_decay", "0.75"]  # fmt: skip
+            "--finetune_method", "lora", "--lora_r", "2", "--layer_decay", "0.75", "--merge_lora", "true"]  # fmt: skip
     results = run.main(args)["pretrained"]
     assert json.loads((out / "adapter_config.json").read_text())["target_modules"] == ["qkv"]
     assert results.architecture == "ScratchViTForImageClassification"
     assert results.hyperparameters["layer_decay"] == 0.75
     model = load_adapter_model(out)
     assert type(model).__name__ == "ScratchViTForImageClassification" and model.config.num_labels == 10
+
+    # The card's snippet loads the run folder where scratch_vit cannot be imported: the code is stored with it.
+    assert {"configuration_scratch_vit.py", "modeling_scratch_vit.py"} <= {path.name for path in out.iterdir()}
+    snippet = build_model_card(out, str(out)).text.split("```python\n", 1)[1].split("```", 1)[0]
+    x = "torch.randn(4, 1, 8, 8, generator=torch.Generator().manual_seed(0))"
+    code = (
+        BLOCK_PROJECT_PACKAGES + snippet + f"import torch\nprint(json.dumps(model(pixel_values={x}).logits.tolist()))"
+    )
+    with torch.no_grad():
+        expected = model(pixel_values=pixel_batch()).logits
+    logits = json.loads(run_without_the_package(code, tmp_path).splitlines()[-1])
+    np.testing.assert_allclose(logits, expected.numpy(), atol=1e-5)
 
 
 def test_unknown_lora_targets_and_scratch_methods_are_refused():

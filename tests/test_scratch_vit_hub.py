@@ -27,7 +27,7 @@ ID2LABEL = {0: "cat", 1: "dog", 2: "frog"}
 
 # Run in a fresh interpreter with `-I` (no PYTHONPATH, no cwd on sys.path). The project is installed in editable
 # mode, whose finder would still import it from the venv, so the child blocks our packages before anything else.
-CHILD = textwrap.dedent(
+BLOCK_PROJECT_PACKAGES = textwrap.dedent(
     """
     import importlib.abc
     import json
@@ -50,7 +50,10 @@ CHILD = textwrap.dedent(
         pass
     else:
         raise SystemExit("scratch_vit is importable in the child process; the remote-code test would prove nothing")
-
+    """
+)
+CHILD = BLOCK_PROJECT_PACKAGES + textwrap.dedent(
+    """
     import torch
     from PIL import Image
     from transformers import AutoConfig, AutoModel, AutoModelForImageClassification, pipeline
@@ -154,19 +157,12 @@ def imported_modules(source: str) -> set[str]:
     return names
 
 
-def test_remote_code_loads_without_the_package(tmp_path):
-    folder, work = tmp_path / "model", tmp_path / "empty_cwd"
-    work.mkdir()
-    model = save_folder(folder)
-
-    pixels = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(0))
-    torch.save(pixels, tmp_path / "pixels.pt")
-    rng = np.random.default_rng(0)
-    image = Image.fromarray(rng.integers(0, 256, size=(40, 30, 3), dtype=np.uint8))
-    image.save(tmp_path / "image.png")
-    script = tmp_path / "child.py"
-    script.write_text(CHILD)
-
+def run_without_the_package(code: str, tmp_path, *args) -> str:
+    """Run `code` (which starts with `BLOCK_PROJECT_PACKAGES`) with `args` in a fresh offline interpreter, in an empty
+    folder, with its own Hugging Face caches; return its stdout."""
+    script, work = tmp_path / "child.py", tmp_path / "empty_cwd"
+    script.write_text(code)
+    work.mkdir(exist_ok=True)
     env = {key: value for key, value in os.environ.items() if not key.startswith(("PYTHON", "HF_", "TRANSFORMERS"))}
     env.update(
         HF_HUB_OFFLINE="1",
@@ -174,17 +170,23 @@ def test_remote_code_loads_without_the_package(tmp_path):
         HF_HOME=str(tmp_path / "hf_home"),
         HF_MODULES_CACHE=str(tmp_path / "hf_modules"),
     )
-    result_path = tmp_path / "result"
-    completed = subprocess.run(
-        [sys.executable, "-I", str(script), str(folder), str(tmp_path / "pixels.pt"), str(tmp_path / "image.png")]
-        + [str(result_path)],
-        cwd=work,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    command = [sys.executable, "-I", str(script), *map(str, args)]
+    completed = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=240)
     assert completed.returncode == 0, completed.stderr[-4000:]
+    return completed.stdout
+
+
+def test_remote_code_loads_without_the_package(tmp_path):
+    folder = tmp_path / "model"
+    model = save_folder(folder)
+
+    pixels = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    torch.save(pixels, tmp_path / "pixels.pt")
+    rng = np.random.default_rng(0)
+    image = Image.fromarray(rng.integers(0, 256, size=(40, 30, 3), dtype=np.uint8))
+    image.save(tmp_path / "image.png")
+    result_path = tmp_path / "result"
+    run_without_the_package(CHILD, tmp_path, folder, tmp_path / "pixels.pt", tmp_path / "image.png", result_path)
     result = json.loads((tmp_path / "result.json").read_text())
 
     # The classes came from the code copied into the modules cache, not from an installed package.

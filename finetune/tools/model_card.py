@@ -148,6 +148,7 @@ def _description(results: Results, config: dict, model_name: str) -> str:
 
 def _usage(results: Results, config: dict, repo: str, base: str | None) -> str:
     """How to load the model: transformers' Auto classes (and pipeline), or peft for a LoRA adapter of `base`."""
+    remote = ", trust_remote_code=True" if is_scratch(results) else ""
     if base is not None:
         return f"""A LoRA adapter (peft) of `{base}`, with the fine-tuned classification head:
 
@@ -156,14 +157,13 @@ from peft import PeftModel
 from transformers import AutoConfig, AutoImageProcessor, AutoModelForImageClassification
 
 repo = "{repo}"
-config = AutoConfig.from_pretrained(repo)  # the fine-tuned labels
-base = AutoModelForImageClassification.from_pretrained("{base}", config=config, ignore_mismatched_sizes=True)
+config = AutoConfig.from_pretrained(repo{remote})  # the fine-tuned labels
+base = AutoModelForImageClassification.from_pretrained("{base}", config=config, ignore_mismatched_sizes=True{remote})
 model = PeftModel.from_pretrained(base, repo).merge_and_unload()
 processor = AutoImageProcessor.from_pretrained(repo)
 ```
 
 With this project's code, `python -m finetune.tools.predict MODEL_DIR image.jpg` loads the adapter folder as it is."""
-    remote = ", trust_remote_code=True" if is_scratch(results) else ""
     mode = "L" if config.get("num_channels") == 1 else "RGB"
     # transformers' pipeline converts every image to RGB: a 1-channel model cannot run it.
     pipeline = (

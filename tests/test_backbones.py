@@ -4,6 +4,7 @@ through the real pipeline on digits; each from a tiny random checkpoint saved of
 family ships with."""
 
 import importlib.util
+import re
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ from PIL import Image
 from test_evaluate_only import DIGITS
 from test_hub import TOKEN, FakeHub
 from transformers import (
+    AutoImageProcessor,
     AutoModelForImageClassification,
     BeitConfig,
     BeitForImageClassification,
@@ -147,6 +149,14 @@ def test_backbone_fine_tunes_evaluates_predicts_draws_and_pushes(name, tmp_path,
         exported = export.main([str(out), "--format", "onnx", "--images", str(digit_image)]).path.parent
         [served] = predict.main([str(exported), str(digit_image), "--top_k", "3"])
         assert served.labels == prediction.labels
+        # The model card's onnxruntime line, run as written from the run folder, serves the same prediction.
+        [serving] = re.findall(r"`(onnxruntime\.InferenceSession\(.*?)`", hub.write_model_card(out))
+        import onnxruntime
+
+        monkeypatch.chdir(out)
+        names = {"onnxruntime": onnxruntime, "AutoImageProcessor": AutoImageProcessor}
+        [logits] = eval(serving, {**names, "images": [Image.open(digit_image).convert("RGB")]})
+        assert model.config.id2label[int(logits.argmax())] == served.labels[0]
     maps = tmp_path / "maps"
     if BACKBONES[name][1]:
         assert [p.name for p in attention.main([str(out), str(digit_image), "--output", str(maps)])] == [

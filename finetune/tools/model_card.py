@@ -183,6 +183,9 @@ print(classifier("image.jpg"))"""
             "print([model.config.id2label[i] for i, p in enumerate(logits.sigmoid()[0]) if p >= thresholds[i]])"
         )
         printed = "every label above its threshold (results.json's `per_class_threshold`)"
+    serve, tensors = "To serve without PyTorch", '"np")["pixel_values"]'
+    if config.get("model_type") == "timm_wrapper":  # transformers' TimmWrapper processor makes only PyTorch tensors
+        serve, tensors = "To serve from ONNX (a timm processor needs PyTorch)", '"pt")["pixel_values"].numpy()'
     return f"""```python
 import torch
 from PIL import Image
@@ -201,10 +204,10 @@ with torch.no_grad():
 With this project's code, `python -m finetune.tools.predict MODEL_DIR image.jpg` prints {printed}, and \
 `python -m finetune.tools.attention MODEL_DIR image.jpg --output maps/` plots the attention maps.
 
-To serve without PyTorch, `vit-finetune export MODEL_DIR --format onnx` writes `MODEL_DIR/onnx/model.onnx` (its \
+{serve}, `vit-finetune export MODEL_DIR --format onnx` writes `MODEL_DIR/onnx/model.onnx` (its \
 logits checked against PyTorch's within 1e-4 on real images), which runs with onnxruntime: \
 `onnxruntime.InferenceSession("onnx/model.onnx").run(["logits"], {{"pixel_values": \
-AutoImageProcessor.from_pretrained("onnx")(images, return_tensors="np")["pixel_values"]}})`."""
+AutoImageProcessor.from_pretrained("onnx")(images, return_tensors={tensors}}})`."""
 
 
 def _results_section(results: Results) -> list[str]:

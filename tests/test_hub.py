@@ -444,6 +444,14 @@ def test_unreachable_hub(both_output):
         hub.push_output_dir(both_output / "scratch", "me/vit", token=TOKEN, endpoint=url)
 
 
+def test_offline_mode_names_only_its_own_fix(both_output, monkeypatch):
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with FakeHub() as server, pytest.raises(hub.HubPushError) as error:
+        hub.push_output_dir(both_output / "scratch", "me/vit", token=TOKEN, endpoint=server.url)
+    assert "OfflineModeIsEnabled" in str(error.value) and "HF_HUB_OFFLINE" in str(error.value)
+    assert "Could not reach" not in str(error.value) and not server.commits
+
+
 def test_no_token(both_output, monkeypatch):
     monkeypatch.setattr(hub, "get_token", lambda: None)
     with pytest.raises(hub.HubPushError, match="no Hub token") as error:

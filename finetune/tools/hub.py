@@ -27,7 +27,7 @@ from pathlib import Path
 
 import httpx2
 from huggingface_hub import CommitOperationAdd, HfApi, get_session, get_token, set_client_factory
-from huggingface_hub.errors import HfHubHTTPError
+from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
 from finetune.errors import ArgumentParser, run_command
 from finetune.tools.model_card import CARD_NAME, find_comparison_dir, write_model_card
@@ -267,6 +267,8 @@ def _describe_failure(error: BaseException, endpoint: str) -> str:
         request = error.response.request
         where = f"{request.method} {request.url.path}" if request is not None else ""
         return _describe_status(error.response.status_code, where, error.server_message or str(error).splitlines()[0])
+    if isinstance(error, OfflineModeIsEnabled):  # a ConnectionError, but its message names its own fix
+        return _exception_name(error).rstrip(".")
     if isinstance(error, (ConnectionError, TimeoutError)) or "connect" in type(error).__name__.lower():
         return f"{_exception_name(error)}; Could not reach {endpoint}: check the network connection (or HF_ENDPOINT)"
     return _exception_name(error)

@@ -177,6 +177,40 @@ def test_lora_card_names_the_base_model_and_peft(lora_run):
     assert {"adapter_config.json", "adapter_model.safetensors", "config.json"} <= {n for n, _ in upload_plan(out)}
 
 
+def test_the_merged_model_pushes_with_its_runs_results_and_a_plain_card(lora_run, tmp_path, monkeypatch, capsys):
+    """A LoRA run's merged/ (no peft needed) goes to the Hub as a plain transformers model, with its run's
+    results.json and a card written from them; `files` and the card command accept it too."""
+    from huggingface_hub import ModelCard, constants
+    from test_hub import TOKEN, FakeHub
+
+    from finetune.tools import hub, model_card
+
+    _, out, results = lora_run
+    merged = out / "merged"
+    assert model_card.main([str(merged)]) == merged / "README.md"
+    assert "results.json" in hub.main(["files", str(merged)])
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # the server is on localhost
+    with FakeHub() as server:
+        hub.push_output_dir(merged, "me/vit-merged", token=TOKEN, endpoint=server.url)
+    [commit] = server.commits
+    assert commit["files"]["results.json"] == (out / "results.json").read_bytes()
+    assert not any(name.startswith("adapter_") for name in commit["files"])
+    card = ModelCard(commit["files"]["README.md"].decode())
+    assert card.data.library_name == "transformers" and "peft" not in card.data.tags
+    assert card.data.eval_results[0].metric_value == results.validation.accuracy
+    assert "AutoModelForImageClassification.from_pretrained(repo)" in card.text and "PeftModel" not in card.text
+    pushed = tmp_path / "pushed"
+    pushed.mkdir()
+    for name, content in commit["files"].items():
+        (pushed / name).write_bytes(content)
+    image = tmp_path / "digit.png"
+    from PIL import Image
+
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (8, 8), dtype=np.uint8), "L").save(image)
+    [expected], [again] = predict.main([str(merged), str(image)]), predict.main([str(pushed), str(image)])
+    assert again.probabilities == pytest.approx(expected.probabilities, abs=1e-6)
+
+
 def test_lora_on_scratch_vit_targets_the_fused_qkv(tmp_path):
     base = scratch_checkpoint(tmp_path / "scratch-base")
     out = tmp_path / "lora"

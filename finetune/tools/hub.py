@@ -30,7 +30,8 @@ from huggingface_hub import CommitOperationAdd, HfApi, get_session, get_token, s
 from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
 from finetune.errors import ArgumentParser, run_command
-from finetune.tools.model_card import CARD_NAME, find_comparison_dir, write_model_card
+from finetune.results import RESULTS_NAME
+from finetune.tools.model_card import CARD_NAME, find_comparison_dir, run_dir_of, write_model_card
 
 
 logger = logging.getLogger(__name__)
@@ -217,7 +218,10 @@ def upload_plan(output_dir: str | os.PathLike) -> list[tuple[str, Path]]:
     if not any(p.suffix == ".safetensors" for p in chosen):
         chosen += matching(output_dir, LEGACY_WEIGHT_PATTERNS)
     plan = [(p.name, p) for p in chosen]
-    comparison_dir = find_comparison_dir(output_dir)
+    run_dir = run_dir_of(output_dir)
+    if run_dir != output_dir:  # a LoRA run's merged model: the results (and thresholds) of its run go with it
+        plan.append((RESULTS_NAME, run_dir / RESULTS_NAME))
+    comparison_dir = find_comparison_dir(run_dir)
     if comparison_dir is not None:
         plan += [(f"comparison/{p.name}", p) for p in matching(comparison_dir, COMPARISON_FILE_PATTERNS)]
     return sorted(plan)
@@ -237,7 +241,8 @@ def check_pushable(output_dir: Path) -> None:
             f"{output_dir} is an ONNX export, which the model card does not describe: {fix} (its card says how to "
             "export it)."
         )
-    missing = [name for name in ("config.json", "results.json") if name not in names]
+    missing = [] if "config.json" in names else ["config.json"]
+    missing += [] if (run_dir_of(output_dir) / RESULTS_NAME).is_file() else [RESULTS_NAME]
     missing += [] if weights else ["weights (model.safetensors)"]
     if not missing:
         return

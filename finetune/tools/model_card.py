@@ -61,6 +61,15 @@ def find_comparison_dir(output_dir: str | os.PathLike) -> Path | None:
     return sibling if listed else None
 
 
+def run_dir_of(output_dir: str | os.PathLike) -> Path:
+    """The folder whose results.json describes the model in `output_dir`: itself, or for a LoRA run's merged model
+    (`merge_lora: true` writes RUN/merged) the run folder RUN."""
+    output_dir = Path(output_dir)
+    run_dir = output_dir.resolve().parent
+    merged = output_dir.name == "merged" and (run_dir / ADAPTER_CONFIG_NAME).is_file()
+    return run_dir if merged else output_dir
+
+
 def _read_json(path: Path) -> Any:
     if not path.is_file():
         return None
@@ -271,14 +280,14 @@ def _training_section(results: Results) -> list[str]:
 
 
 def build_model_card(output_dir: str | os.PathLike, repo_id: str | None = None) -> ModelCard:
-    output_dir = Path(output_dir)
-    results = Results.load(output_dir)
+    output_dir, run_dir = Path(output_dir), run_dir_of(output_dir)
+    results = Results.load(run_dir)
     config = _read_json(output_dir / "config.json") or {}
     model_name = repo_id.split("/")[-1] if repo_id else str(results.run_name or output_dir.name)
     repo = repo_id or f"path/to/{output_dir.resolve().name}"
 
     sections = [f"# {model_name}", _description(results, config, model_name), *_results_section(results)]
-    comparison_dir = find_comparison_dir(output_dir)
+    comparison_dir = find_comparison_dir(run_dir)
     summary = _read_json(comparison_dir / SUMMARY_NAME) if comparison_dir else None
     if summary and summary.get("runs"):
         sections += [

@@ -6,6 +6,7 @@ import pytest
 import torch
 from helpers_runs import make_run_dir, tiny_scratch_model, tiny_vit_model
 from PIL import Image
+from transformers import BeitConfig, BeitForImageClassification
 
 from finetune.tools import attention, predict
 from finetune.tools.predict import load_classifier
@@ -82,13 +83,24 @@ def test_overlay_puts_the_hot_patch_where_it_is():
     assert row < 20 and col >= 60
 
 
+def tiny_beit_model(use_mean_pooling: bool):
+    """BEiT keeps its CLS token when it pools the mean of the patch tokens (`use_mean_pooling`, its default)."""
+    torch.manual_seed(0)
+    config = BeitConfig(image_size=16, patch_size=4, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=32, num_labels=3, use_mean_pooling=use_mean_pooling)  # fmt: skip
+    return BeitForImageClassification(config).eval()
+
+
 @pytest.mark.parametrize(
     "kind, pooling",
-    [("scratch", "cls"), ("scratch", "mean"), ("vit", "cls")],
+    [("scratch", "cls"), ("scratch", "mean"), ("vit", "cls"), ("beit", "cls"), ("beit", "mean")],
 )
 def test_model_attentions_match_the_maps(kind, pooling):
-    model = tiny_vit_model() if kind == "vit" else tiny_scratch_model(pooling=pooling)
-    if kind == "vit":
+    if kind == "beit":
+        model = tiny_beit_model(use_mean_pooling=pooling == "mean")
+    else:
+        model = tiny_vit_model() if kind == "vit" else tiny_scratch_model(pooling=pooling)
+    if kind != "scratch":
         model.set_attn_implementation("eager")
     from transformers import ViTImageProcessor
 
@@ -101,9 +113,12 @@ def test_model_attentions_match_the_maps(kind, pooling):
         pixel_values = predict.preprocess([image], model, processor)  # framed and resized as evaluation does
         outputs = model(pixel_values=pixel_values, output_attentions=True)
     first = outputs.attentions[0][0].mean(dim=0)  # (T, T)
-    expected = first[0, 1:] if pooling == "cls" else first.mean(dim=0)
+    prefix = first.shape[-1] - 16  # CLS or none (a mean-pooled ScratchViT) before the 4x4 patches
+    expected = first[0, prefix:] if pooling == "cls" else first[prefix:, prefix:].mean(dim=0)
     torch.testing.assert_close(maps.layer_maps[0].flatten(), expected, rtol=1e-4, atol=1e-5)
-    assert ("Mean attention over all query tokens" in attention.attention_heading(maps)) == (pooling == "mean")
+    heading = attention.attention_heading(maps)
+    assert ("CLS token's attention" in heading) == (pooling == "cls")
+    assert ("Mean attention of the patch tokens" in heading) == (pooling == "mean")
     assert maps.label == model.config.id2label[int(outputs.logits.argmax())]
 
 

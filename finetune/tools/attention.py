@@ -5,8 +5,9 @@
 For every image: `<name>_attention.png` (the input, the rollout, and each layer's CLS attention to the patches, heads
 averaged, overlaid on the image as the model sees it, `finetune.tools.predict.model_view`) and `<name>_rollout.png`.
 Attention rollout (Abnar & Zuidema, 2020): average the heads, add the identity for the residual connection,
-renormalize the rows, multiply the layers' matrices, read the CLS row. A mean-pooled ScratchViT has no CLS token (its
-classifier sees the mean of all tokens), so its maps use the mean over all query tokens, and the title says so.
+renormalize the rows, multiply the layers' matrices, read the CLS row. A mean-pooled model's classifier reads the mean
+of the patch tokens (a mean-pooled ScratchViT has no CLS token; BEiT's `use_mean_pooling` skips it), so its maps use
+the mean over the patch tokens' rows, and the title says so.
 """
 
 from __future__ import annotations
@@ -53,10 +54,16 @@ def attention_rollout(attentions: Sequence[torch.Tensor]) -> torch.Tensor:
     return rollout
 
 
-def _patch_grid(matrix: torch.Tensor, grid_size: tuple[int, int], num_prefix_tokens: int) -> torch.Tensor:
+def _patch_grid(
+    matrix: torch.Tensor, grid_size: tuple[int, int], num_prefix_tokens: int, mean_pooled: bool = False
+) -> torch.Tensor:
     """The weight the classifier's query puts on each patch of a `(..., T, T)` attention (or rollout) matrix, as a
-    `(..., gh, gw)` grid: the CLS row (token 0) when there are prefix tokens, else the mean over all query rows."""
-    queries = matrix[..., 0, :] if num_prefix_tokens > 0 else matrix.mean(dim=-2)  # (..., T, T) -> (..., T)
+    `(..., gh, gw)` grid: the CLS row (token 0), or for a mean-pooled model (`mean_pooled`, or no prefix tokens) the
+    mean over the patch tokens' rows."""
+    if num_prefix_tokens > 0 and not mean_pooled:
+        queries = matrix[..., 0, :]  # (..., T, T) -> (..., T)
+    else:
+        queries = matrix[..., num_prefix_tokens:, :].mean(dim=-2)  # (..., T, T) -> (..., T)
     scores = queries[..., num_prefix_tokens:]  # (..., T) -> (..., N)
     grid_height, grid_width = grid_size
     if scores.shape[-1] != grid_height * grid_width:
@@ -68,20 +75,28 @@ def _patch_grid(matrix: torch.Tensor, grid_size: tuple[int, int], num_prefix_tok
 
 
 def cls_attention_maps(
-    attentions: Sequence[torch.Tensor], grid_size: tuple[int, int], num_prefix_tokens: int = 1
+    attentions: Sequence[torch.Tensor],
+    grid_size: tuple[int, int],
+    num_prefix_tokens: int = 1,
+    mean_pooled: bool = False,
 ) -> torch.Tensor:
     """Per-layer attention of the CLS token to the patches, heads averaged: `(layers, ..., gh, gw)` from one
-    `(..., heads, T, T)` tensor per layer (0 prefix tokens: a mean-pooled model, the mean over all queries)."""
+    `(..., heads, T, T)` tensor per layer (a mean-pooled model's: the mean over the patches' rows)."""
     import torch
 
-    return torch.stack([_patch_grid(a.float().mean(dim=-3), grid_size, num_prefix_tokens) for a in attentions])
+    maps = [_patch_grid(a.float().mean(dim=-3), grid_size, num_prefix_tokens, mean_pooled) for a in attentions]
+    return torch.stack(maps)
 
 
 def rollout_map(
-    attentions: Sequence[torch.Tensor], grid_size: tuple[int, int], num_prefix_tokens: int = 1
+    attentions: Sequence[torch.Tensor],
+    grid_size: tuple[int, int],
+    num_prefix_tokens: int = 1,
+    mean_pooled: bool = False,
 ) -> torch.Tensor:
-    """The attention rollout read at the CLS token (or averaged over all queries without one): `(..., gh, gw)`."""
-    return _patch_grid(attention_rollout(attentions), grid_size, num_prefix_tokens)
+    """The attention rollout read at the CLS token (a mean-pooled model's: the mean over the patches' rows):
+    `(..., gh, gw)`."""
+    return _patch_grid(attention_rollout(attentions), grid_size, num_prefix_tokens, mean_pooled)
 
 
 def overlay_heatmap(image: Image.Image, heatmap: torch.Tensor, alpha: float = 0.5, cmap: str = "jet") -> np.ndarray:
@@ -138,12 +153,17 @@ def compute_attention_maps(
         preprocess,
     )
 
+    windowed = getattr(model.config, "window_size", None)  # Swin: no token attends to the whole image
+    why = f"a {model.config.model_type} model"
+    if model.config.model_type == "timm_wrapper":
+        why = "transformers' TimmWrapper returns no attention weights of the timm model it wraps"
+    elif windowed:
+        why = "its attention is windowed: each token attends only within its window, none to the whole image"
     no_attention = ValueError(
-        f"{type(model).__name__} has no attention to draw (a {model.config.model_type} model); attention maps need a "
-        "vision transformer: ScratchViT, ViT, DeiT, ..."
+        f"{type(model).__name__} has no attention to draw ({why}); attention maps need a transformers vision "
+        "transformer with global attention: ScratchViT, ViT, DeiT, BEiT, DINOv2, ..."
     )
-    # Swin attends within shifted windows: no token attends to the whole image, so there is no map to draw.
-    if getattr(model.config, "patch_size", None) is None or getattr(model.config, "window_size", None):
+    if getattr(model.config, "patch_size", None) is None or windowed:
         raise no_attention
     check_image_size(model, image_size)
     pixel_values = preprocess([image.convert(image_mode(model))], model, processor, image_size, whole)  # (1, C, H, W)
@@ -162,22 +182,26 @@ def compute_attention_maps(
     patch_height, patch_width = (patch_size, patch_size) if isinstance(patch_size, int) else tuple(patch_size)
     grid_size = (pixel_values.shape[-2] // patch_height, pixel_values.shape[-1] // patch_width)
     num_prefix_tokens = attentions[0].shape[-1] - grid_size[0] * grid_size[1]
+    # The classifier reads the CLS token, or the mean of the patch tokens: a ScratchViT without prefix tokens, or
+    # BEiT (and Data2VecVision) with `use_mean_pooling`, which keep their CLS token but skip it.
+    mean_pooled = num_prefix_tokens == 0 or bool(getattr(model.config, "use_mean_pooling", False))
     [probabilities] = logit_probabilities(model, outputs.logits)  # (1, num_labels) -> (num_labels,), as predict
     top = int(probabilities.argmax())
     return AttentionMaps(
-        layer_maps=cls_attention_maps(attentions, grid_size, num_prefix_tokens),
-        rollout=rollout_map(attentions, grid_size, num_prefix_tokens),
-        uses_cls_token=num_prefix_tokens > 0,
+        layer_maps=cls_attention_maps(attentions, grid_size, num_prefix_tokens, mean_pooled),
+        rollout=rollout_map(attentions, grid_size, num_prefix_tokens, mean_pooled),
+        uses_cls_token=not mean_pooled,
         label=str(model.config.id2label[top]),
         score=float(probabilities[top]),
     )
 
 
 def attention_heading(maps: AttentionMaps) -> str:
-    """The figure's heading: which query the maps read (CLS token, or the mean over all queries) and the prediction."""
+    """The figure's heading: which query the maps read (CLS token, or the mean over the patch tokens) and the
+    prediction."""
     query = "CLS token's attention to the patches"
     if not maps.uses_cls_token:
-        query = "Mean attention over all query tokens (mean-pooled model: no CLS token)"
+        query = "Mean attention of the patch tokens (mean-pooled model: the classifier reads their mean)"
     return (
         f"{query}, heads averaged\n"
         f"Prediction: {maps.label} ({maps.score:.1%}); each map scaled to its own range, red = most attention"

@@ -225,7 +225,9 @@ def test_lora_on_scratch_vit_targets_the_fused_qkv(tmp_path):
 
     # The card's snippet loads the run folder where scratch_vit cannot be imported: the code is stored with it.
     assert {"configuration_scratch_vit.py", "modeling_scratch_vit.py"} <= {path.name for path in out.iterdir()}
-    snippet = build_model_card(out, str(out)).text.split("```python\n", 1)[1].split("```", 1)[0]
+    card = build_model_card(out, str(out)).text
+    assert "is a ScratchViT" in card and "fine-tuned on" in card and "random initialisation" not in card
+    snippet = card.split("```python\n", 1)[1].split("```", 1)[0]
     x = "torch.randn(4, 1, 8, 8, generator=torch.Generator().manual_seed(0))"
     code = (
         BLOCK_PROJECT_PACKAGES + snippet + f"import torch\nprint(json.dumps(model(pixel_values={x}).logits.tolist()))"

@@ -142,9 +142,11 @@ def _description(results: Results, config: dict, model_name: str) -> str:
             for key in ("patch_embedding_type", "position_embedding_type", "pooling", "head_type")
             if key in config
         )
+        # A `pretrained` run whose base is a scratch run's folder fine-tuned that run's weights.
+        origin = "trained from random initialisation" if results.model_type == "scratch" else "fine-tuned"
         return (
             f"**{model_name}** is a ScratchViT, a Vision Transformer written from scratch as a transformers model, "
-            f"trained from random initialisation on {dataset} at {size} ({params} parameters; {variant}). "
+            f"{origin} on {dataset} at {size} ({params} parameters; {variant}). "
             "Its modeling code is stored with the weights, so it loads with `trust_remote_code=True`."
         )
     architecture = results.architecture or (config.get("architectures") or ["a pretrained model"])[0]

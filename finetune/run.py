@@ -589,6 +589,7 @@ def hyperparameters(args, settings: hardware.Settings, model, model_type: str, m
         "per_device_train_batch_size": args.per_device_train_batch_size,
         "total_train_batch_size": total_batch_size(args),
         "num_train_epochs": args.num_train_epochs,
+        **({"max_steps": args.max_steps} if args.max_steps > 0 else {}),  # it overrides the epochs
         "optim": str(getattr(args.optim, "value", args.optim)),
         "lr_scheduler_type": str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)),
         "warmup_steps": args.warmup_steps,

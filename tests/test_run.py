@@ -94,6 +94,7 @@ def test_scratch_run_writes_a_loadable_model_repo_and_results(tmp_path):
     assert saved["train"]["data_seconds"] is None  # timed by benchmarks/timed_run.py only
     assert saved["train"]["steps"] == saved["history"][-1]["step"]
     assert saved["hardware"]["device"] == "cpu" and saved["hardware"]["world_size"] == 1
+    assert "max_steps" not in saved["hyperparameters"]  # not set: the epochs say how long it trained
     assert results.validation.accuracy == saved["validation"]["accuracy"]
 
     # The saved (best) model really has the reported validation accuracy.
@@ -126,6 +127,7 @@ def test_resume_continues_an_interrupted_run(tmp_path):
     every_8_steps = ["--save_strategy", "steps", "--save_steps", "8", "--eval_strategy", "steps", "--eval_steps", "8"]
     run.main([*TINY_SCRATCH, *every_8_steps, "--output_dir", str(out), "--max_steps", "8"])
     assert (out / "checkpoint-8").is_dir()
+    assert read_results(out)["hyperparameters"]["max_steps"] == 8  # what ended the run, not its 2 epochs
     with pytest.raises(FileExistsError, match="resume_from_checkpoint"):
         run.main([*TINY_SCRATCH, "--output_dir", str(out)])
     assert (out / "checkpoint-8").is_dir(), "a refused run must not touch the earlier run"

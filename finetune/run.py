@@ -156,6 +156,12 @@ def peers_answering(training_args: TrainingArguments):
         ) from error
 
 
+# What the summary names in a run's folder where it is there, and the file that shows it is.
+WRITTEN = (("model", "config.json"), ("merged/", "merged"), ("results.json", "results.json"),
+           ("predictions_*.csv", "predictions_*.csv"), ("confusion_matrix.png", "confusion_matrix.png"),
+           ("checkpoint-*", "checkpoint-*"))  # fmt: skip
+
+
 def summary(results: dict[str, Results], run_dirs: dict[str, Path], report: Path | None) -> str:
     """The closing lines of a run: each model's accuracies, its training time and where its files are; with two
     models the comparison's summary table and report."""
@@ -168,9 +174,7 @@ def summary(results: dict[str, Results], run_dirs: dict[str, Path], report: Path
         if result.train is not None and result.train.seconds:
             scores += f", {result.train.seconds:.0f} s of training"
         lines.append(f"  {model_type}: {scores}")
-        written = "model, results.json, checkpoint-*"
-        if result.hyperparameters.get("evaluation_only"):
-            written = "results.json, predictions_*.csv" + ("" if result.multi_label else ", confusion_matrix.png")
+        written = ", ".join(name for name, pattern in WRITTEN if any(run_dirs[model_type].glob(pattern)))
         lines.append(f"    files: {run_dirs[model_type]}/ ({written})")
     if report is not None:
         section = report.read_text().split("## Summary", 1)[-1].strip().splitlines()

@@ -10,6 +10,7 @@ from test_run import TINY_SCRATCH, tiny_vit_checkpoint
 from transformers import Trainer
 
 from finetune import run
+from finetune.results import Results
 from finetune.tools.report import write_predictions_csv
 
 
@@ -25,6 +26,12 @@ def trained_scratch(tmp_path_factory):
     args = [*TINY_SCRATCH, "--output_dir", str(out), "--num_train_epochs", "1", "--save_strategy", "no"]
     run.main([*args, "--eval_strategy", "no", "--load_best_model_at_end", "false"])
     return out
+
+
+def test_the_closing_summary_names_only_what_the_run_wrote(trained_scratch):
+    results = Results.load(trained_scratch)  # `save_strategy: no`: no checkpoint-*
+    closing = run.summary({"scratch": results}, {"scratch": trained_scratch}, None)
+    assert f"files: {trained_scratch}/ (model, results.json)" in closing
 
 
 @pytest.fixture()

@@ -86,6 +86,8 @@ def test_lora_saves_a_small_adapter_with_the_head(lora_run):
     # 2 layers x (q, v) x (A: r x 16 + B: 16 x r) + the head 10 x 16 + 10
     assert results.num_trainable_parameters == 2 * 2 * (4 * 16 + 16 * 4) + 170
     assert results.architecture == "ViTForImageClassification"
+    closing = run.summary({"pretrained": results}, {"pretrained": out}, None)
+    assert f"files: {out}/ (model, merged/, results.json, checkpoint-*)" in closing
 
 
 def test_lora_merged_and_unmerged_logits_agree(lora_run):

@@ -278,19 +278,35 @@ def train_and_evaluate(
     trainer.save_model()
     if hasattr(model, "peft_config") and trainer.is_world_process_zero():
         save_lora_model(model, processor, Path(args.output_dir), model_args.merge_lora)
-    trainer.save_metrics("train", train_result.metrics)
+    # The whole run's training (`RunClock` keeps its totals across a resume): transformers' `train_result.metrics` are
+    # this session's (a resumed finished run: loss 0), for train_results.json as for the at-chance warning.
+    clock, batch_size = trainer.clock, total_batch_size(args)
+    train = TrainMetrics(
+        loss=clock.mean_loss,
+        seconds=clock.train_seconds,
+        steps=clock.steps,
+        nonfinite_steps=trainer.guard.bad_steps,
+        stopped_by=trainer.stopped_by,
+        # Steps x batch size overcounts the last, partial batch of each epoch by less than one batch.
+        images_per_second=clock.steps * batch_size / clock.train_seconds if clock.train_seconds else None,
+    )
+    steps_per_second = clock.steps / clock.train_seconds if clock.train_seconds else None
+    trainer.save_metrics(
+        "train",
+        {**train_result.metrics, "train_loss": train.loss, "train_runtime": train.seconds,
+         "train_samples_per_second": train.images_per_second, "train_steps_per_second": steps_per_second},
+    )  # fmt: skip
     trainer.save_state()
 
     # ---- Evaluation of the kept model: validation, then the test split (used only here), each scored once; the
     # confusion matrix is of the test split where there is one (multi-label thresholds: chosen on validation).
     on_validation = trainer.predict(data.validation, metric_key_prefix="eval")
     validation = on_validation.metrics
-    warn_if_at_chance(validation, data, train_result.metrics.get("train_loss"))
+    warn_if_at_chance(validation, data, train.loss)
     confusion_split = "test" if data.test is not None else "validation"
     prediction = trainer.predict(data.test, metric_key_prefix="test") if data.test is not None else on_validation
 
     # ---- Results: every figure once, the timings from the run's one clock.
-    clock, batch_size = trainer.clock, total_batch_size(args)
     chosen = {"attention_choice": attention_why, "torch_compile": trainer.compiler.summary()}
     results = Results(
         model_type=model_type,
@@ -299,15 +315,7 @@ def train_and_evaluate(
         epochs=float(train_result.metrics.get("epoch", args.num_train_epochs)),
         num_trainable_parameters=count_parameters(model, trainable=True),
         hyperparameters=hyperparameters(args, settings, model, model_type, model_args, chosen),
-        train=TrainMetrics(
-            loss=clock.mean_loss,
-            seconds=clock.train_seconds,
-            steps=clock.steps,
-            nonfinite_steps=trainer.guard.bad_steps,
-            stopped_by=trainer.stopped_by,
-            # Steps x batch size overcounts the last, partial batch of each epoch by less than one batch.
-            images_per_second=clock.steps * batch_size / clock.train_seconds if clock.train_seconds else None,
-        ),
+        train=train,
         validation=EvalMetrics.from_trainer(validation, "eval"),
         test=EvalMetrics.from_trainer(prediction.metrics if data.test is not None else None, "test"),
         history=history,

@@ -76,6 +76,16 @@ def test_sigterm_saves_a_checkpoint_and_the_resumed_run_ends_as_an_uninterrupted
     assert resumed["steps"] == whole["steps"] == 16
     assert resumed["loss"] == pytest.approx(whole["loss"], rel=1e-6)
     assert resumed["seconds"] > 0
+    # train_results.json (and all_results.json) hold the whole run's figures too, not those of the resumed session;
+    # so does a finished run resumed again, which trains no step.
+    for again in (False, True):
+        if again:
+            proc = train(out, *strategy, "--resume_from_checkpoint", "true")
+            assert proc.returncode == 0 and "training loss 0" not in proc.stdout, proc.stderr[-3000:]
+        for name in ("train_results.json", "all_results.json"):
+            saved = json.loads((out / name).read_text())
+            assert saved["train_loss"] == pytest.approx(whole["loss"], rel=1e-6), (again, name)
+            assert saved["train_samples_per_second"] == pytest.approx(results(out)["train"]["images_per_second"])
 
 
 def test_a_run_with_an_ema_resumes_exactly_too(tmp_path):

@@ -128,10 +128,10 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
             report = write_comparison(
                 [run_dirs[t] for t in model_types], Path(training_args.output_dir) / "comparison"
             )
-        if is_main and push_to_hub:
-            push_results(run_dirs, model_types, training_args, hub_token)
         if is_main:
             print(summary(results, run_dirs, report), flush=True)
+        if is_main and push_to_hub:
+            push_results(run_dirs, model_types, training_args, hub_token)
         return results
 
 
@@ -631,21 +631,33 @@ def hyperparameters(args, settings: hardware.Settings, model, model_type: str, m
 
 
 def push_results(run_dirs, model_types, training_args, token) -> None:
-    """Push each trained model to the Hub (`hub_model_id`, suffixed by the model type when both were trained)."""
-    from finetune.tools.hub import push_output_dir
+    """Push each trained model to the Hub (`hub_model_id`, suffixed by the model type when both were trained); a failed
+    push does not stop the next, and the error at the end names the command that retries each failed one."""
+    from finetune.tools.hub import HubPushError, push_output_dir, retry_command
 
     # `hub_model_id` is checked with the arguments, before anything is trained (`finetune/training_args.py`).
+    failed = {}
     for model_type in model_types:
         repo_id = training_args.hub_model_id + (f"-{model_type}" if len(model_types) > 1 else "")
-        url = push_output_dir(
-            run_dirs[model_type],
-            repo_id=repo_id,
-            private=training_args.hub_private_repo,
-            revision=training_args.hub_revision,
-            commit_message=training_args.hub_commit_message,
-            token=token,
-        )
+        options = {
+            "private": training_args.hub_private_repo,
+            "revision": training_args.hub_revision,
+            "commit_message": training_args.hub_commit_message,
+        }
+        try:
+            url = push_output_dir(run_dirs[model_type], repo_id=repo_id, token=token, **options)
+        except HubPushError as error:
+            if len(model_types) == 1:
+                raise  # its message says why and how to retry
+            logger.error(str(error))
+            failed[model_type] = retry_command(run_dirs[model_type], repo_id, **options)
+            continue
         logger.info(f"Pushed {run_dirs[model_type]} to {url}")
+    if failed:
+        raise HubPushError(
+            f"Pushing {' and '.join(failed)} to the Hub failed (why: logged above); every local file is still in "
+            f"place. Retry with: {' ; '.join(failed.values())}"
+        )
 
 
 if __name__ == "__main__":

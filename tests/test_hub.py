@@ -636,11 +636,8 @@ def test_timeout_from_the_environment(both_output, monkeypatch):
             hub.push_output_dir(both_output / "scratch", "me/vit", token=TOKEN, endpoint=server.url, retries=0)
 
 
-def test_real_tiny_run_is_compared_and_pushed(tmp_path, monkeypatch, caplog):
-    """`finetune/run.py` with `model_type: both` on scikit-learn's digits writes the comparison through
-    `write_comparison` and pushes both runs through `push_output_dir`; the token stays out of every file."""
-    from finetune import run
-
+def both_run_args(tmp_path: Path) -> list[str]:
+    """A tiny `model_type: both` run on scikit-learn's digits into tmp_path/out, pushed to me/digits-*."""
     checkpoint = tmp_path / "base"
     config = ViTConfig(
         image_size=8, patch_size=2, num_channels=1, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
@@ -648,16 +645,23 @@ def test_real_tiny_run_is_compared_and_pushed(tmp_path, monkeypatch, caplog):
     )  # fmt: skip
     ViTForImageClassification(config).save_pretrained(checkpoint)
     ViTImageProcessor(size={"height": 8, "width": 8}, image_mean=[0.5], image_std=[0.5]).save_pretrained(checkpoint)
-    out = tmp_path / "out"
-    args = [
+    return [
         "--model_type", "both", "--model_name_or_path", str(checkpoint), "--dataset_name", "sklearn:digits",
         "--max_train_samples", "64", "--max_eval_samples", "20", "--validation_size", "0.2", "--image_size", "8",
         "--patch_size", "2", "--hidden_size", "16", "--num_hidden_layers", "2", "--num_attention_heads", "2",
         "--intermediate_size", "32", "--per_device_train_batch_size", "32", "--num_train_epochs", "1",
         "--logging_steps", "2", "--horizontal_flip", "false", "--seed", "0", "--decoded_cache_dir", "none",
-        "--report_to", "none", "--output_dir", str(out),
+        "--report_to", "none", "--output_dir", str(tmp_path / "out"),
         "--push_to_hub", "true", "--hub_model_id", "me/digits", "--hub_token", TOKEN,
     ]  # fmt: skip
+
+
+def test_real_tiny_run_is_compared_and_pushed(tmp_path, monkeypatch, caplog):
+    """`finetune/run.py` with `model_type: both` on scikit-learn's digits writes the comparison through
+    `write_comparison` and pushes both runs through `push_output_dir`; the token stays out of every file."""
+    from finetune import run
+
+    args, out = both_run_args(tmp_path), tmp_path / "out"
     caplog.set_level(logging.INFO)
     with FakeHub() as server:
         monkeypatch.setattr(constants, "ENDPOINT", server.url)
@@ -676,3 +680,23 @@ def test_real_tiny_run_is_compared_and_pushed(tmp_path, monkeypatch, caplog):
         if path.is_file():
             assert TOKEN.encode() not in path.read_bytes(), path
     assert not any(TOKEN in r.getMessage() for r in caplog.records)
+
+
+def test_a_failed_push_of_both_models_tries_each_after_the_summary(tmp_path, monkeypatch, capsys):
+    """The first model's failed push stops neither the second's nor the closing summary; the run then fails with the
+    command that retries each."""
+    from finetune import run
+    from finetune.errors import run_command
+
+    out = tmp_path / "out"
+    with FakeHub(fail={"create": 401}) as server:
+        monkeypatch.setattr(constants, "ENDPOINT", server.url)
+        assert run_command(run.main, both_run_args(tmp_path)) == 1
+    created = [r["body"] for r in server.requests if r["path"] == "/api/repos/create"]
+    assert any(b"digits-pretrained" in body for body in created) and any(b"digits-scratch" in body for body in created)
+    captured = capsys.readouterr()
+    assert "Summary" in captured.out and f"files: {out / 'scratch'}/" in captured.out
+    [error] = [line for line in captured.err.splitlines() if line.startswith("error:")]
+    assert "Pushing pretrained and scratch to the Hub failed" in error and "still in place" in error
+    for name in ("pretrained", "scratch"):
+        assert f"python -m finetune.tools.hub push {out / name} --repo_id me/digits-{name}" in error

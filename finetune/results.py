@@ -32,7 +32,10 @@ class EvalMetrics:
     images_per_second: float | None = None
     top5_accuracy: float | None = None  # only with more than 5 classes
     macro_f1: float | None = None
-    map: float | None = None  # multi-label data: mean average precision, and micro F1 at probability 0.5
+    # Multi-label data: mean average precision, and micro F1 (and macro F1 above) at the per-label thresholds chosen
+    # on validation (`Results.per_class_threshold`), so optimistic on validation itself; evaluations between epochs
+    # (the log, `metric_for_best_model`) have no thresholds yet and count a label above 0.5.
+    map: float | None = None
     micro_f1: float | None = None
 
     @classmethod

@@ -42,7 +42,7 @@ from finetune.callbacks import total_batch_size  # noqa: E402
 from finetune.checkpoints import lock_output_dir, release_output_dirs, resolve_checkpoint  # noqa: E402
 from finetune.data import ImageData, collate_batch, load_image_data  # noqa: E402
 from finetune.errors import one_line, run_command  # noqa: E402
-from finetune.metrics import compute_metrics, confusion_report, multi_label_report  # noqa: E402
+from finetune.metrics import compute_metrics, confusion_report, multi_label_report, multi_label_scores  # noqa: E402
 from finetune.models import (  # noqa: E402
     attention_head_size,
     build_model,
@@ -301,23 +301,19 @@ def train_and_evaluate(
     # ---- Evaluation of the kept model: validation, then the test split (used only here), each scored once; the
     # confusion matrix is of the test split where there is one (multi-label thresholds: chosen on validation).
     on_validation = trainer.predict(data.validation, metric_key_prefix="eval")
-    validation = on_validation.metrics
-    warn_if_at_chance(validation, data, train.loss)
-    confusion_split = "test" if data.test is not None else "validation"
-    prediction = trainer.predict(data.test, metric_key_prefix="test") if data.test is not None else on_validation
+    warn_if_at_chance(on_validation.metrics, data, train.loss)
+    on_test = trainer.predict(data.test, metric_key_prefix="test") if data.test is not None else None
 
     # ---- Results: every figure once, the timings from the run's one clock.
     chosen = {"attention_choice": attention_why, "torch_compile": trainer.compiler.summary()}
     results = Results(
         model_type=model_type,
         model_name_or_path=model_args.model_name_or_path if model_type == "pretrained" else None,
-        **evaluated_model_fields(args, model, prep, data, prediction, confusion_split, start, on_validation),
+        **evaluated_model_fields(args, model, prep, data, on_validation, on_test, start),
         epochs=float(train_result.metrics.get("epoch", args.num_train_epochs)),
         num_trainable_parameters=count_parameters(model, trainable=True),
         hyperparameters=hyperparameters(args, settings, model, model_type, model_args, chosen),
         train=train,
-        validation=EvalMetrics.from_trainer(validation, "eval"),
-        test=EvalMetrics.from_trainer(prediction.metrics if data.test is not None else None, "test"),
         history=history,
     )
     if trainer.is_world_process_zero():
@@ -345,18 +341,27 @@ def warn_if_at_chance(metrics: dict, data: ImageData, train_loss: float | None) 
         )
 
 
-def evaluated_model_fields(
-    args, model, prep, data: ImageData, prediction, confusion_split: str, start: float, on_validation
-) -> dict:
+def evaluated_model_fields(args, model, prep, data: ImageData, on_validation, on_test, start: float) -> dict:
     """The `Results` fields of a trained or an evaluation-only run alike: the model, the data, the machine, the
-    confusion report of `prediction` (on `confusion_split`; multi-label data: the per-label report, at thresholds
-    chosen on the validation split's `on_validation`) and the wall time since `start`."""
+    Trainer's predictions `on_validation` and `on_test` (None without a test split) with their figures, the confusion
+    report of the test split where there is one, else of validation (multi-label data: the per-label report, at
+    thresholds chosen on validation), and the wall time since `start`."""
+    prediction, confusion_split = (on_validation, "validation") if on_test is None else (on_test, "test")
     logits, labels, names = prediction.predictions, prediction.label_ids, data.label_names
     if data.multi_label:
         report = multi_label_report(logits, labels, names, on_validation.predictions, on_validation.label_ids)
+        # Micro and macro F1 at those thresholds too, as the per-label figures and the predictions CSVs: the Trainer's
+        # are at 0.5. On validation, where the thresholds were chosen, they are optimistic.
+        thresholds = list(report["per_class_threshold"].values())
+        for prefix, split in (("eval", on_validation), ("test", on_test)):
+            if split is not None:
+                scores = multi_label_scores(split.predictions, split.label_ids, thresholds)
+                split.metrics.update({f"{prefix}_{key}": value for key, value in scores.items()})
     else:
         report = confusion_report(logits, labels, names)
     return {
+        "validation": EvalMetrics.from_trainer(on_validation.metrics, "eval"),
+        "test": EvalMetrics.from_trainer(on_test.metrics if on_test else None, "test"),
         "run_name": args.run_name or Path(args.output_dir).name,
         "architecture": type(model.get_base_model() if hasattr(model, "peft_config") else model).__name__,
         "dataset": data.source,
@@ -525,14 +530,11 @@ def evaluate_only(
     output_dir.mkdir(parents=True, exist_ok=True)
     splits = {"validation": "eval", **({"test": "test"} if data.test is not None else {})}
     predictions = {split: trainer.predict(getattr(data, split), metric_key_prefix=p) for split, p in splits.items()}
-    confusion_split = "test" if data.test is not None else "validation"
     is_scratch = getattr(model.config, "model_type", "") == "scratch_vit"
     results = Results(
         model_type="scratch" if is_scratch else model_type,
         model_name_or_path=model_args.model_name_or_path,
-        **evaluated_model_fields(
-            args, model, prep, data, predictions[confusion_split], confusion_split, start, predictions["validation"]
-        ),
+        **evaluated_model_fields(args, model, prep, data, predictions["validation"], predictions.get("test"), start),
         hyperparameters={
             "evaluation_only": True,
             "per_device_eval_batch_size": args.per_device_eval_batch_size,
@@ -542,8 +544,6 @@ def evaluate_only(
             "world_size": args.world_size,
             **({"flip_tta": True} if args.flip_tta else {}),
         },
-        validation=EvalMetrics.from_trainer(predictions["validation"].metrics, "eval"),
-        test=EvalMetrics.from_trainer(predictions["test"].metrics if "test" in predictions else None, "test"),
     )
     if trainer.is_world_process_zero():
         for split, prediction in predictions.items():
@@ -559,7 +559,7 @@ def evaluate_only(
             plot_confusion_matrix(
                 results.confusion_matrix,
                 results.label_names,
-                f"{results.run_name}\n{confusion_split} split, normalized per true class",
+                f"{results.run_name}\n{results.confusion_split} split, normalized per true class",
                 output_dir / "confusion_matrix.png",
             )
         logger.info(f"Results written to {results.save(output_dir)}")

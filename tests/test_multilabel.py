@@ -168,6 +168,15 @@ def test_evaluating_the_saved_model_scores_it_again_and_writes_its_predictions(t
     for row in rows:
         above = [n for n in again.label_names if float(row[f"{n}_probability"]) >= again.per_class_threshold[n]]
         assert row["predicted"] == ";".join(above)
+    # Micro and macro F1 are those of the predicted labels (at the thresholds), in the evaluation and the training run.
+    for split in ("validation", "test"):
+        rows = list(csv.DictReader(open(tmp_path / "eval" / f"predictions_{split}.csv")))
+        truth, predicted = ([[n in row[key].split(";") for n in again.label_names] for row in rows]
+                            for key in ("labels", "predicted"))  # fmt: skip
+        for average in ("micro", "macro"):
+            expected = f1_score(truth, predicted, average=average)
+            assert getattr(getattr(again, split), f"{average}_f1") == pytest.approx(expected), (split, average)
+            assert getattr(getattr(results, split), f"{average}_f1") == pytest.approx(expected, abs=1e-6)
     assert not (tmp_path / "eval" / "confusion_matrix.png").exists()
 
 

@@ -64,14 +64,19 @@ def _by_name(label_names: list[str], values) -> dict[str, float | None]:
     return {name: (None if np.isnan(value) else float(value)) for name, value in zip(label_names, values)}
 
 
-def multi_label_scores(logits: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+def multi_label_scores(logits: np.ndarray, labels: np.ndarray, thresholds=None) -> dict[str, float]:
     """Multi-label figures of `logits` against multi-hot `labels` `(N, K)`: `map`, the mean over the labels that have
-    a positive image of scikit-learn's average precision, and micro and macro F1 at probability 0.5 (macro over the
-    same labels as `map`: a label no image has has no F1). NaN where no label has a positive image."""
+    a positive image of scikit-learn's average precision, and micro and macro F1 of the labels whose probability
+    reaches their `thresholds` (`(K,)`; None: above 0.5, as the evaluations during training have no thresholds yet),
+    macro over the same labels as `map` (a label no image has has no F1). NaN where no label has a positive image."""
+    from scipy.special import expit
     from sklearn.metrics import average_precision_score, f1_score
 
     present = np.flatnonzero(labels.sum(0) > 0)
-    predicted = logits > 0  # sigmoid(logits) > 0.5
+    if thresholds is None:
+        predicted = logits > 0  # sigmoid(logits) > 0.5
+    else:  # as `multi_label_report` and the predictions CSVs
+        predicted = expit(np.asarray(logits, dtype=np.float64)) >= np.asarray(thresholds)  # (N, K)
     if not len(present):
         return {"map": float("nan"), "micro_f1": float("nan"), "macro_f1": float("nan")}
     average_precision = average_precision_score(labels[:, present], logits[:, present], average=None)

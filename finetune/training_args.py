@@ -43,7 +43,6 @@ class ImageClassificationTrainingArguments(TrainingLoopArguments, TrainingArgume
     logging_steps: float = option(50, "Log every N optimizer steps (a ratio when < 1).")
     load_best_model_at_end: bool = option(True, "Reload the best checkpoint (by `metric_for_best_model`) at the end.")
     metric_for_best_model: str | None = option("accuracy", "The validation metric that picks the best checkpoint.")
-    greater_is_better: bool | None = option(True, "Whether a larger `metric_for_best_model` is better.")
     save_total_limit: int | None = option(2, "Checkpoints kept (the best is always kept).")
     remove_unused_columns: bool = option(False, "Drop dataset columns the model's forward does not take.")
     dataloader_num_workers: int = option(0, "Loader worker processes; 0 suits images already decoded in memory.")
@@ -99,18 +98,11 @@ class ImageClassificationTrainingArguments(TrainingLoopArguments, TrainingArgume
                 "it, or push later with `python -m finetune.tools.hub push OUTPUT_DIR --repo_id ID`."
             )
         metric = self.metric_for_best_model
-        if metric is not None:
-            name = metric.removeprefix("eval_")
-            if name not in EVAL_METRICS:
-                raise ValueError(
-                    f"`metric_for_best_model: {metric}` names no metric of the evaluation; it reports "
-                    f"{', '.join(EVAL_METRICS)}."
-                )
-            if self.greater_is_better is not None and self.greater_is_better != EVAL_METRICS[name]:
-                raise ValueError(
-                    f"`metric_for_best_model: {metric}` with `greater_is_better: {self.greater_is_better}` would keep "
-                    f"the worst checkpoint. Set `greater_is_better: {str(EVAL_METRICS[name]).lower()}`."
-                )
+        if metric is not None and metric.removeprefix("eval_") not in EVAL_METRICS:
+            raise ValueError(
+                f"`metric_for_best_model: {metric}` names no metric of the evaluation; it reports "
+                f"{', '.join(EVAL_METRICS)}."
+            )
         if self.load_best_model_at_end:
             evaluate, save = (str(getattr(s, "value", s)) for s in (self.eval_strategy, self.save_strategy))
             if evaluate == "no" or save == "no":
@@ -139,6 +131,15 @@ class ImageClassificationTrainingArguments(TrainingLoopArguments, TrainingArgume
                 "`metric_for_best_model` (the defaults): drop the setting that turned them off."
             )
         super().__post_init__()
+        # Unset, `metric_for_best_model` falls back to the loss there, and an unset `greater_is_better` follows it.
+        if self.metric_for_best_model is not None:
+            greater = EVAL_METRICS[self.metric_for_best_model.removeprefix("eval_")]
+            if self.greater_is_better != greater:
+                raise ValueError(
+                    f"`metric_for_best_model: {metric or 'null'}`{'' if metric else ' (the loss)'} with "
+                    f"`greater_is_better: {self.greater_is_better}` would keep the worst checkpoint. Set "
+                    f"`greater_is_better: {str(greater).lower()}`, or drop it."
+                )
 
 
 class OptionParser(ArgumentParser, HfArgumentParser):

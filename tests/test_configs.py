@@ -3,12 +3,14 @@
 
 import dataclasses
 import inspect
+import json
 import typing
 from pathlib import Path
 
 import pytest
 import yaml
 
+from finetune import run
 from finetune.arguments import ScratchViTArguments, load_yaml_config, parse_args, parse_options, scratch_config_kwargs
 from scratch_vit import ScratchViTConfig
 
@@ -104,3 +106,38 @@ def test_scratch_arguments_are_the_scratch_vit_config_fields():
     assert [f.name for f in dataclasses.fields(ScratchViTArguments)] == list(expected)
     for name, annotation in expected.items():
         assert hints[name] == annotation | None, name
+
+
+# A tiny ScratchViT on digits: 8 px images, patch 2, 240 training images.
+TINY_RUN = """model_type: scratch
+dataset_name: sklearn:digits
+image_size: 8
+patch_size: 2
+hidden_size: 16
+num_hidden_layers: 1
+num_attention_heads: 2
+intermediate_size: 32
+max_train_samples: 240
+per_device_train_batch_size: 32
+learning_rate: 3.0e-3
+horizontal_flip: false
+decoded_cache_dir: none
+report_to: none
+"""
+
+
+def test_an_unset_best_metric_keeps_the_checkpoint_of_least_loss(tmp_path):
+    """Unset, `metric_for_best_model` falls back to the loss (transformers), which the best model must minimise."""
+    config = _write(tmp_path / "c.yaml", TINY_RUN + "metric_for_best_model: null\nnum_train_epochs: 3\n")
+    run.main(["--config", str(config), "--output_dir", str(tmp_path / "out"), "--save_total_limit", "null"])
+    saved = json.loads((tmp_path / "out" / "results.json").read_text())
+    losses = [row["eval_loss"] for row in saved["history"]]
+    assert len(losses) == 3 and max(losses) > min(losses)
+    assert saved["validation"]["loss"] == pytest.approx(min(losses))
+    for metric in ("null", "loss", "eval_loss"):
+        training_args = parse_args(["--config", str(config), "--metric_for_best_model", metric])[3]
+        assert training_args.greater_is_better is False, metric
+    assert parse_args(["--config", str(config), "--metric_for_best_model", "accuracy"])[3].greater_is_better is True
+    with pytest.raises(ValueError, match=r"^`metric_for_best_model: null` \(the loss\) with `greater_is_better: True` "
+                       r"would keep the worst checkpoint\. Set `greater_is_better: false`"):  # fmt: skip
+        parse_args(["--config", str(config), "--greater_is_better", "true"])

@@ -129,7 +129,10 @@ def test_invalid_scratch_config_names_the_field(tmp_path):
         (["--save_strategy", "no"], r"cannot keep a best model"),
         (["--eval_strategy", "steps"], r"`save_strategy` \(epoch\) must equal `eval_strategy` \(steps\)"),
         (["--metric_for_best_model", "f1"], r"`metric_for_best_model: f1` names no metric.*accuracy, loss"),
-        (["--metric_for_best_model", "loss"], r"would keep the worst checkpoint.*`greater_is_better: false`"),
+        (
+            ["--metric_for_best_model", "loss", "--greater_is_better", "true"],
+            r"would keep the worst checkpoint.*`greater_is_better: false`",
+        ),
         (["--push_to_hub", "true"], r"`push_to_hub: true` needs `hub_model_id`.*Nothing was trained"),
         (["--include_labels", "cat", "cat"], r"names \['cat'\] more than once"),
         (["--max_train_samples", "0"], r"`max_train_samples` must be >= 1"),

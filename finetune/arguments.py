@@ -58,7 +58,7 @@ class ModelArguments:
     trust_remote_code: bool = option(False, "Allow modeling code from the repository (e.g. a pushed ScratchViT).")
     cache_dir: str | None = option(None, "Where checkpoints downloaded from the Hub are stored.")
     token: str | None = option(None, "Hub token; prefer HF_TOKEN or `hf auth login`. Never saved.")
-    attn_implementation: str = option(
+    attn_implementation: str | None = option(
         "auto",
         "Attention kernel: `auto` is eager on a CPU under bf16 with heads <= 32 (2.5x faster there), else SDPA. "
         "Not saved with the model.",
@@ -381,8 +381,8 @@ def first_sentence(text: str) -> str:
     return re.split(r"(?<!e\.g)(?<!i\.e)\.(?:\s|$)", text, maxsplit=1)[0] + ("." if text else "")
 
 
-def option_specs(dataclass_types) -> dict[str, tuple[Any, list | None]]:
-    """Each option's name -> (type hint, choices), from the dataclasses' fields and type hints."""
+def option_specs(dataclass_types) -> dict[str, tuple[Any, list | None, Any]]:
+    """Each option's name -> (type hint, choices, default), from the dataclasses' fields and type hints."""
     specs = {}
     for options in dataclass_types:
         hints = typing.get_type_hints(options)
@@ -394,7 +394,8 @@ def option_specs(dataclass_types) -> dict[str, tuple[Any, list | None]]:
                     choices = [member.value for member in kind]
                 elif typing.get_origin(kind) is typing.Literal:
                     choices = list(typing.get_args(kind))
-                specs[f.name] = (hints[f.name], [str(c) for c in choices] if choices else None)
+                default = None if f.default is dataclasses.MISSING else getattr(f.default, "value", f.default)
+                specs[f.name] = (hints[f.name], [str(c) for c in choices] if choices else None, default)
     return specs
 
 
@@ -418,7 +419,7 @@ def unset(text: str, hint) -> bool:
     return is_optional(hint) and (text in NULL_WORDS or (text in NONE_WORDS and parsed_type(hint) is not str))
 
 
-def load_yaml_config(path: str | os.PathLike, options: dict[str, tuple[Any, list | None]] | None = None) -> dict:
+def load_yaml_config(path: str | os.PathLike, options: dict[str, tuple[Any, list | None, Any]] | None = None) -> dict:
     """A flat YAML config with its `base:` chain merged in; with `options` (`option_specs`), an unknown key is refused
     with the closest names, and a value of the wrong kind with the file and line."""
     values, chain = {}, []
@@ -468,12 +469,20 @@ def read_yaml(path: str) -> tuple[dict, dict[str, int]]:
     return values, {key.value: key.start_mark.line + 1 for key, _ in node.value if isinstance(key, yaml.ScalarNode)}
 
 
-def checked_value(key: str, value: Any, hint, choices: list[str] | None, where: str) -> Any:
+def checked_value(key: str, value: Any, hint, choices: list[str] | None, default: Any, where: str) -> Any:
     """`value` as the option takes it, or a `ValueError` naming `where`: argparse converts only string defaults, so a
     YAML list would otherwise reach torch as a learning rate."""
     from transformers.hf_argparser import string_to_bool
 
     kind = parsed_type(hint)
+    convert = {int: int, float: float, bool: string_to_bool}.get(kind)
+    expected = {int: "an integer", float: "a number", bool: "true or false"}.get(kind)
+    expected = expected or (f"one of {choices}" if choices else None)
+    if value is None and not is_optional(hint):
+        example = "" if default is None or isinstance(default, bool) else f" (e.g. {default})"
+        raise ValueError(
+            f"{where} cannot be null: it needs {expected or 'a value'}{example}; remove the line to use the default."
+        )
     if value is None or unset(str(value), hint):
         return None
     if typing.get_origin(kind) is list:
@@ -482,9 +491,6 @@ def checked_value(key: str, value: Any, hint, choices: list[str] | None, where: 
         return value
     if isinstance(value, bool) and choices:
         value = "no" if value is False and "no" in choices else str(value).lower()  # YAML 1.1 reads `no` as false
-    convert = {int: int, float: float, bool: string_to_bool}.get(kind)
-    expected = {int: "an integer", float: "a number", bool: "true or false"}.get(kind)
-    expected = expected or (f"one of {choices}" if choices else None)
     if isinstance(value, (list, dict)) and expected:
         raise ValueError(f"{where} must be {expected}, got the {type(value).__name__} {value!r}.")
     try:
@@ -546,10 +552,12 @@ def parse_args(argv: list[str] | None = None):
 def check_choices(options, fields_of=None) -> None:
     """Refuse a value outside a field's `choices` (of the fields of `fields_of`, else all), as the parser does, for
     dataclasses built in code."""
+    hints = typing.get_type_hints(fields_of or type(options))  # not `f.type`, which HfArgumentParser rewrites
     for f in dataclasses.fields(fields_of or options):
         choices = f.metadata.get("choices")
-        if choices and getattr(options, f.name) not in (*choices, None):  # None: unset
-            raise ValueError(f"`{f.name}` must be one of {choices}, got {getattr(options, f.name)!r}.")
+        value = getattr(options, f.name)
+        if choices and value not in choices and not (value is None and is_optional(hints[f.name])):  # None: unset
+            raise ValueError(f"`{f.name}` must be one of {choices}, got {value!r}.")
 
 
 def answer_help(argv: list[str]) -> None:

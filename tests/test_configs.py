@@ -141,3 +141,31 @@ def test_an_unset_best_metric_keeps_the_checkpoint_of_least_loss(tmp_path):
     with pytest.raises(ValueError, match=r"^`metric_for_best_model: null` \(the loss\) with `greater_is_better: True` "
                        r"would keep the worst checkpoint\. Set `greater_is_better: false`"):  # fmt: skip
         parse_args(["--config", str(config), "--greater_is_better", "true"])
+
+
+@pytest.mark.parametrize(
+    "line, expected",
+    [
+        ("learning_rate:", r"a number \(e\.g\. 5e-05\)"),
+        ("num_train_epochs: ~", r"a number \(e\.g\. 3\.0\)"),
+        ("validation_size: null", r"a number \(e\.g\. 0\.1\)"),
+        ("seed: null", r"an integer \(e\.g\. 42\)"),
+        ("model_type:", r"one of \['pretrained', 'scratch', 'both'\] \(e\.g\. pretrained\)"),
+        ("finetune_method: null", r"one of \['full', 'linear_probe', 'lora'\] \(e\.g\. full\)"),
+        ("horizontal_flip: null", r"true or false"),
+        ("dataset_name: null", r"a value \(e\.g\. uoft-cs/cifar10\)"),
+    ],
+)
+def test_null_for_an_option_that_cannot_be_unset_names_the_option(tmp_path, line, expected):
+    key = line.split(":")[0]
+    config = _write(tmp_path / "c.yaml", f"seed: 1\n{line}\n")
+    with pytest.raises(ValueError, match=rf"^`{key}` in .*c\.yaml \(line 2\) cannot be null: it needs {expected}; "
+                       "remove the line to use the default\\.$"):  # fmt: skip
+        parse_options(["--config", str(config)])
+
+
+def test_a_field_with_choices_built_in_code_cannot_be_none():
+    from finetune.arguments import ModelArguments
+
+    with pytest.raises(ValueError, match=r"`model_type` must be one of \['pretrained', 'scratch', 'both'\], got None"):
+        ModelArguments(model_type=None)

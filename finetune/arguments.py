@@ -488,7 +488,11 @@ def checked_value(key: str, value: Any, hint, choices: list[str] | None, default
     if typing.get_origin(kind) is list:
         if not isinstance(value, list):
             raise ValueError(f"{where} must be a list, e.g. `{key}: [{value}, ...]`; got {value!r}.")
-        return value
+        item = typing.get_args(kind)[0]  # YAML reads `[2, 0, 1]` as numbers, the command line as strings
+        try:
+            return [item(v) for v in value]
+        except (TypeError, ValueError):
+            raise ValueError(f"{where} must be a list of {item.__name__} values, got {value!r}.") from None
     if isinstance(value, bool) and choices:
         value = "no" if value is False and "no" in choices else str(value).lower()  # YAML 1.1 reads `no` as false
     if isinstance(value, (list, dict)) and expected:

@@ -169,3 +169,15 @@ def test_a_field_with_choices_built_in_code_cannot_be_none():
 
     with pytest.raises(ValueError, match=r"`model_type` must be one of \['pretrained', 'scratch', 'both'\], got None"):
         ModelArguments(model_type=None)
+
+
+def test_list_items_in_a_config_take_the_options_item_type(tmp_path):
+    """YAML reads `[2, 0, 1]` as numbers; the labels are names, as on the command line."""
+    from finetune.data import load_image_data
+
+    config = _write(
+        tmp_path / "c.yaml", "dataset_name: sklearn:digits\ninclude_labels: [2, 0, 1]\ncrop_scale: [1, 1]\n"
+    )
+    _, data_args, _, _ = parse_options(["--config", str(config), "--decoded_cache_dir", "none"])
+    assert data_args.include_labels == ["2", "0", "1"] and data_args.crop_scale == [1.0, 1.0]
+    assert load_image_data(data_args, seed=0).label_names == ["2", "0", "1"]

@@ -99,17 +99,24 @@ def parse_switch(value: Any, name: str) -> bool | str:
 
 @dataclass
 class PrecisionChoice:
-    """The resolved `bf16` / `fp16` / `tf32` switches, why they were chosen, and warnings about explicit choices."""
+    """The resolved `bf16` / `fp16` / `tf32` switches, the launcher's mixed precision (which the Trainer takes where
+    neither switch is on), why they were chosen, and warnings about explicit choices."""
 
     bf16: bool
     fp16: bool
     tf32: bool | None
     reasons: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    launcher: str | None = None
+
+    @property
+    def mode(self) -> str:
+        """`bf16`, `fp16` or `float32`: what the run trains in."""
+        return "bf16" if self.bf16 else "fp16" if self.fp16 else self.launcher or "float32"
 
     @property
     def summary(self) -> str:
-        mode = "bf16 autocast" if self.bf16 else "fp16 autocast with loss scaling" if self.fp16 else "float32"
+        mode = {"bf16": "bf16 autocast", "fp16": "fp16 autocast with loss scaling"}.get(self.mode, self.mode)
         return f"{mode}; " + "; ".join(self.reasons)
 
 
@@ -132,13 +139,16 @@ def choose_precision(
     is untested; `--bf16 true` or `--fp16 true` try it).
     """
     bf16, fp16, tf32 = parse_switch(bf16, "bf16"), parse_switch(fp16, "fp16"), parse_switch(tf32, "tf32")
-    reasons, warnings = [], []
+    reasons = []
     launcher = launcher_precision if launcher_precision in ("bf16", "fp16") else None
-    if launcher and AUTO in (bf16, fp16):
-        reasons.append(f"mixed precision {launcher} from `accelerate launch --mixed_precision`")
-    if launcher or True in (bf16, fp16):  # a precision chosen explicitly or by the launcher turns `auto` off
-        bf16, fp16 = (False if value == AUTO else value for value in (bf16, fp16))
-    if AUTO in (bf16, fp16):
+    # A precision chosen explicitly or by the launcher turns `auto` off; a switch on wins over the launcher's.
+    if launcher or AUTO not in (bf16, fp16) or True in (bf16, fp16):
+        given = True in (bf16, fp16) or not launcher
+        reasons.append(
+            "as given" if given else f"mixed precision {launcher} from `accelerate launch --mixed_precision`"
+        )
+        bf16, fp16 = bf16 is True, fp16 is True
+    else:
         if device == "cuda" and cuda_bf16:
             auto, why = "bf16", "this GPU supports bf16"
         elif device == "cuda":
@@ -150,21 +160,21 @@ def choose_precision(
             why = f"this CPU has no native bf16 (AVX512-BF16/AMX), where bf16 runs {CPU_BF16_SLOWDOWN} slower"
         else:
             auto, why = None, f"float32 on {device} (mixed precision there is not tested)"
-        reasons.append(f"auto: {why}")
-        bf16 = auto == "bf16" if bf16 == AUTO else bf16
-        fp16 = auto == "fp16" and not bf16 if fp16 == AUTO else fp16
-    else:
-        reasons.append("as given")
-    if device == "cpu" and (bf16 or launcher == "bf16") and not cpu_native_bf16:
-        warnings.append(
-            f"bf16 autocast on a CPU without native bf16 (no AVX512-BF16/AMX) runs {CPU_BF16_SLOWDOWN} slower than "
-            "float32. Fix: `--bf16 auto` (or false) unless this is what you want to measure."
-        )
+        # auto's pick switched off by hand (`--bf16 false` where auto would use bf16) leaves float32
+        refused = {"bf16": bf16, "fp16": fp16}.get(auto) is False
+        reasons.append(f"{auto} false as given" if refused else f"auto: {why}")
+        bf16, fp16 = bf16 == AUTO and auto == "bf16", fp16 == AUTO and auto == "fp16"
     if tf32 == AUTO:
         tf32 = True if device == "cuda" and cuda_capability >= (8, 0) else None
         if tf32:
             reasons.append("TF32 matmuls (compute capability >= 8.0)")
-    return PrecisionChoice(bool(bf16), bool(fp16), tf32, reasons, warnings)
+    choice = PrecisionChoice(bf16, fp16, tf32, reasons, launcher=launcher)
+    if device == "cpu" and choice.mode == "bf16" and not cpu_native_bf16:
+        choice.warnings.append(
+            f"bf16 autocast on a CPU without native bf16 (no AVX512-BF16/AMX) runs {CPU_BF16_SLOWDOWN} slower than "
+            "float32. Fix: `--bf16 auto` (or false) unless this is what you want to measure."
+        )
+    return choice
 
 
 def choose_attention(requested: str | None, device: str, bf16: bool, head_size: int | None) -> tuple[str, str]:
@@ -297,11 +307,10 @@ def choose_settings(options: Mapping[str, Any]) -> Settings:
         # Batches in pinned memory go to the GPU without the host waiting for the copy (and so for the device).
         arguments["accelerator_config"] = {"non_blocking": True}
     warnings = [*compile_choice.warnings, *precision.warnings]
-    chosen = "bf16" if precision.bf16 else "fp16" if precision.fp16 else "float32"
     recipe, alternative = options.get("recipe_precision"), options.get("recipe_alternative")
-    if recipe is not None and chosen != recipe:
+    if recipe is not None and precision.mode != recipe:
         warnings.append(
-            f"This recipe is tuned for training in {recipe}; this machine trains in {chosen} "
+            f"This recipe is tuned for training in {recipe}; this machine trains in {precision.mode} "
             f"({'; '.join(precision.reasons)}).{f' Use {alternative}, the recipe for it.' if alternative else ''}"
         )
     return Settings(precision, compile_choice, arguments, warnings)

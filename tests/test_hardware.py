@@ -169,3 +169,24 @@ def test_two_cpu_processes_join_one_group_with_the_ddp_timeout(tmp_path):
     assert "process 0 of 2, cpu True" in output and "process 1 of 2, cpu True" in output, output[-3000:]
     waited = float(re.search(r"barrier gave up after ([\d.]+) s", output).group(1))
     assert 2 < waited < 10, f"the 3 s ddp_timeout must reach the process group (waited {waited} s)"
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_the_recorded_choice_is_what_the_run_trains_in_and_why(tmp_path, monkeypatch, native):
+    """Under `accelerate launch --mixed_precision bf16` the run trains in bf16; `--bf16 false` is float32 as given."""
+    monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda flags=None: native)
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")  # what the launcher sets
+    options = {"output_dir": str(tmp_path), "use_cpu": True, "recipe_precision": "bf16"}
+    settings = hardware.choose_settings(options)
+    assert build_training_args(options, settings).mixed_precision == "bf16"
+    assert (
+        settings.precision.summary == "bf16 autocast; mixed precision bf16 from `accelerate launch --mixed_precision`"
+    )
+    assert not [w for w in settings.warnings if "This recipe is tuned for" in w]
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION")
+    settings = hardware.choose_settings({**options, "bf16": "false"})
+    assert build_training_args({**options, "bf16": "false"}, settings).mixed_precision == "no"
+    summary = settings.precision.summary
+    assert (
+        (summary == "float32; bf16 false as given") if native else summary.startswith("float32; auto: this CPU has no")
+    )

@@ -123,8 +123,8 @@ def activated_venv(repository: Path, hf_home: Path) -> dict[str, str]:
 
 def run_readme(readme: Path, workdir: Path, timeout: float = COMMAND_TIMEOUT) -> list[Command]:
     """Run `readme`'s commands that are not skipped, in order, in a fresh copy of the repository under `workdir`;
-    fail at the first that exits non-zero or runs past `timeout` seconds, with the tail of its output. Returns the
-    commands that ran."""
+    fail at the first that exits non-zero, trains a model that learned nothing or runs past `timeout` seconds, with
+    the tail of its output. Returns the commands that ran."""
     repository = copy_repository(workdir / "repository")
     env = activated_venv(repository, workdir / "hf_home")
     ran = []
@@ -144,6 +144,8 @@ def run_readme(readme: Path, workdir: Path, timeout: float = COMMAND_TIMEOUT) ->
                 output, _ = process.communicate()
                 raise AssertionError(f"{where} ran past {timeout} s; its output ended:\n{output[-3000:]}") from None
         assert process.returncode == 0, f"{where} exited {process.returncode}; its output ended:\n{output[-3000:]}"
+        # A training command whose model stays at chance teaches a reader nothing (run.warn_if_at_chance).
+        assert "learned nothing" not in output, f"{where} trained a model that learned nothing:\n{output[-3000:]}"
         ran.append(command)
     return ran
 

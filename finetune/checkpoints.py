@@ -12,7 +12,8 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from transformers import TrainingArguments
+from transformers import TrainerState, TrainingArguments
+from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_pt_utils import safe_globals
 from transformers.utils import logging
 
@@ -41,7 +42,7 @@ def resolve_checkpoint(run_dir: Path, training_args: TrainingArguments) -> str |
     text = "" if resume is None else str(resume).lower()
     # `auto`: preemptible machines restart the same command; resume where there is a checkpoint, else start.
     if text in LATEST or (text == "auto" and numbered_checkpoints(run_dir)):
-        return newest_whole_checkpoint(run_dir, training_args)
+        return prepare_resume(newest_whole_checkpoint(run_dir, training_args), run_dir, training_args)
     if text not in ("false", "none", "", "auto"):
         if not os.path.isdir(resume):
             raise FileNotFoundError(f"`resume_from_checkpoint` {resume!r} is not a checkpoint folder.")
@@ -50,7 +51,7 @@ def resolve_checkpoint(run_dir: Path, training_args: TrainingArguments) -> str |
             raise ValueError(
                 f"`resume_from_checkpoint` {resume!r} cannot be resumed: {problem}. {fix_for(problem, resume)}"
             )
-        return resume
+        return prepare_resume(resume, run_dir, training_args)
     earlier = sorted(p.name for p in run_dir.glob("checkpoint-*"))
     earlier += ["results.json"] if (run_dir / "results.json").exists() else []
     if earlier and not training_args.overwrite_output_dir:
@@ -89,6 +90,23 @@ def newest_whole_checkpoint(run_dir: Path, training_args: TrainingArguments) -> 
         f"{run_dir} holds no whole checkpoint to resume from (the newest, {numbered[0].name}: {problems[0]}). "
         f"{fix_for(problems[0], numbered[0])}"
     )
+
+
+def prepare_resume(checkpoint: str, run_dir: Path, training_args: TrainingArguments) -> str:
+    """`checkpoint`, with its recorded best checkpoint naming its folder in `run_dir`."""
+    path = Path(checkpoint) / TRAINER_STATE_NAME
+    state = TrainerState.load_from_json(str(path))
+    # The Trainer records the best checkpoint as a path from where the run started; resumed from elsewhere (or after
+    # the folder was moved) it would drop it with a warning and end with the last weights instead of the best.
+    recorded = state.best_model_checkpoint
+    if recorded is None or training_args.process_index != 0 or Path(checkpoint).parent.resolve() != run_dir.resolve():
+        return checkpoint  # the other processes read it after the main one has loaded the data: rewritten by then
+    # Spelled as the Trainer spells the checkpoints it rotates (it keeps the best one).
+    state.best_model_checkpoint = str(run_dir / Path(recorded).name)
+    if state.best_model_checkpoint != recorded and os.path.isdir(state.best_model_checkpoint):
+        state.save_to_json(str(path.with_name(path.name + ".tmp")))
+        os.replace(path.with_name(path.name + ".tmp"), path)  # a kill mid-write leaves the old file whole
+    return checkpoint
 
 
 MODEL_ONLY = "it holds the model only (saved with `save_only_model`)"

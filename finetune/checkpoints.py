@@ -3,6 +3,7 @@ run's work by accident, and the lock that keeps a second run out of a folder in 
 
 import atexit
 import json
+import math
 import os
 import shutil
 import socket
@@ -93,9 +94,26 @@ def newest_whole_checkpoint(run_dir: Path, training_args: TrainingArguments) -> 
 
 
 def prepare_resume(checkpoint: str, run_dir: Path, training_args: TrainingArguments) -> str:
-    """`checkpoint`, with its recorded best checkpoint naming its folder in `run_dir`."""
+    """`checkpoint`, refused if trained with another total batch size, and with its recorded best checkpoint naming
+    its folder in `run_dir`."""
     path = Path(checkpoint) / TRAINER_STATE_NAME
     state = TrainerState.load_from_json(str(path))
+    # The Trainer reads the step count as a point of this run's epochs and schedule, which a step of another size is
+    # not: step 20 of a one-process run (16 steps an epoch) resumed by two processes is read as epoch 2.5.
+    processes = sum(name.startswith("rng_state_") for name in os.listdir(checkpoint)) or 1
+    accumulation = getattr(saved_args(Path(checkpoint)), "gradient_accumulation_steps", None)
+    then = (processes, state.train_batch_size, accumulation)
+    now = (training_args.world_size, training_args.train_batch_size, training_args.gradient_accumulation_steps)
+    if None not in then and math.prod(then) != math.prod(now):
+        said = [
+            "{} ({} process(es) x {} per device x {} accumulation step(s))".format(math.prod(t), *t)
+            for t in (then, now)
+        ]
+        raise ValueError(
+            f"{checkpoint} was trained with a total batch size of {said[0]}, and this run's is {said[1]}: its steps "
+            "would not count this run's epochs. Fix: resume with the same total batch size, or start a new run (a new "
+            "`--output_dir`)."
+        )
     # The Trainer records the best checkpoint as a path from where the run started; resumed from elsewhere (or after
     # the folder was moved) it would drop it with a warning and end with the last weights instead of the best.
     recorded = state.best_model_checkpoint
@@ -113,10 +131,10 @@ MODEL_ONLY = "it holds the model only (saved with `save_only_model`)"
 OTHER_EMA = "it was saved by a run"
 
 
-def saved_with_ema(checkpoint: Path) -> bool | None:
-    """Whether the run that saved `checkpoint` kept an EMA (its `training_args.bin`), None where that is unreadable."""
+def saved_args(checkpoint: Path) -> TrainingArguments | None:
+    """The arguments of the run that saved `checkpoint` (its `training_args.bin`), None where that is unreadable."""
     try:
-        return getattr(torch.load(checkpoint / "training_args.bin", weights_only=False), "ema_decay", None) is not None
+        return torch.load(checkpoint / "training_args.bin", weights_only=False)
     except Exception:
         return None
 
@@ -156,7 +174,8 @@ def checkpoint_problem(checkpoint: Path, training_args: TrainingArguments) -> st
         required += [("scaler.pt", read_torch)]  # accelerate's loss scaler exists for fp16 on accelerators only
     required += [(name, read_torch) for name in rng_state_files(files, training_args.world_size)]
     ema = getattr(training_args, "ema_decay", None) is not None
-    if ema != ("ema_state.safetensors" in files) and saved_with_ema(checkpoint) is (not ema):
+    saved = saved_args(checkpoint) if ema != ("ema_state.safetensors" in files) else None
+    if saved is not None and (getattr(saved, "ema_decay", None) is not None) != ema:
         return f"{OTHER_EMA} {'without' if ema else 'with'} `ema_decay`"  # it trained other weights than saved
     if ema:
         required += [("ema_state.safetensors", read_weights)]  # the training weights and the average (EMACallback)

@@ -219,6 +219,22 @@ def test_a_damaged_checkpoint_named_explicitly_is_refused_in_one_line(trained, t
     assert results.epochs == 3.0 and checkpoint_problem(out / "checkpoint-16", parse_args(resume_args(out))[3]) is None
 
 
+def test_a_checkpoint_of_another_total_batch_size_is_refused_in_one_line(trained, tmp_path, capsys):
+    """The Trainer would read its step count as a point of this run's epochs: step 16 of batch 8 as epoch 4 at 16."""
+    out = Path(shutil.copytree(trained, tmp_path / "out"))
+    then = f"error: {out / 'checkpoint-16'} was trained with a total batch size of 8 (1 process(es) x 8 per device x 1"
+    for other, now in ((["--per_device_train_batch_size", "16"], "16 (1 process(es) x 16 per device x 1"),
+                       (["--gradient_accumulation_steps", "2"], "16 (1 process(es) x 8 per device x 2")):  # fmt: skip
+        assert run_command(run.main, [*resume_args(out), *other]) == 1
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(then) and f"and this run's is {now}" in lines[0], lines
+        assert "Fix: resume with the same total batch size, or start a new run" in lines[0]
+    assert checkpoints(out) == ["checkpoint-16", "checkpoint-8"]  # nothing trained
+    # The same total batch size in other parts resumes.
+    args = ["--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "2"]
+    assert run.main([*resume_args(out), *args])["scratch"].epochs == 3.0
+
+
 def test_checkpoints_of_a_save_only_model_run_are_not_resumed(tmp_path, capsys):
     """They hold no optimizer, schedule or RNG state: the Trainer would resume them with a new optimizer and the
     learning rate back at its warm-up. Refused, with the way to continue from their weights."""

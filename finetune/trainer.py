@@ -32,7 +32,7 @@ import os
 import numpy as np
 import torch
 import torch.nn.functional as F
-from transformers import ProgressCallback, Trainer
+from transformers import EvalPrediction, ProgressCallback, Trainer
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_optimizer import is_optimizer_factory
 from transformers.trainer_utils import get_last_checkpoint
@@ -148,6 +148,9 @@ class ImageClassificationTrainer(Trainer):
                 "`teacher_model_name_or_path` for multi-label data."
             )
         self.loss = multi_label_loss if multi_label else classification_loss
+        self.scores = self.compute_metrics
+        if self.compute_metrics is not None:
+            self.compute_metrics = self.metrics_and_loss
         a = self.args
         self.mix = None
         if a.mixup_alpha > 0 or a.cutmix_alpha > 0:
@@ -242,8 +245,16 @@ class ImageClassificationTrainer(Trainer):
             logits = model(pixel_values=pixel_values).logits
         if self.args.flip_tta:
             logits = (logits[:B] + logits[B:]) / 2  # (2B, K) -> (B, K)
-        loss = self.loss(logits, labels).detach() if labels is not None else None
-        return loss, None if prediction_loss_only else logits, labels
+        if labels is None or not (prediction_loss_only or self.compute_metrics is None):
+            return None, logits, labels  # the loss comes with the metrics (`metrics_and_loss`)
+        return self.loss(logits, labels).detach(), None if prediction_loss_only else logits, labels
+
+    def metrics_and_loss(self, eval_pred: EvalPrediction) -> dict[str, float]:
+        """`compute_metrics` and the loss, both of every process's predictions gathered without the duplicates that
+        even sharding pads the last batches with. The Trainer's own loss repeats each batch's mean per image and cuts
+        the padding from those copies, so with several processes the duplicate counted and real images did not."""
+        logits, labels = torch.from_numpy(eval_pred.predictions), torch.from_numpy(eval_pred.label_ids)
+        return {"loss": self.loss(logits, labels).item(), **self.scores(eval_pred)}
 
     def evaluate(self, *args, **kwargs):
         # Evaluation draws no number from the training's random generators (the DataLoader takes a seed from them),

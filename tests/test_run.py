@@ -53,8 +53,9 @@ def read_results(run_dir: Path) -> dict:
     return json.loads((run_dir / "results.json").read_text())
 
 
-def evaluate_independently(run_dir: Path, split: str) -> tuple[float, int]:
-    """Accuracy of a saved model on a split, computed with a plain loop (no Trainer, one process)."""
+def evaluate_independently(run_dir: Path, split: str) -> tuple[float, int, float]:
+    """Accuracy, images and mean cross-entropy of a saved model on a split, with a plain loop (no Trainer, one
+    process)."""
     model = AutoModelForImageClassification.from_pretrained(run_dir).eval()
     processor = ViTImageProcessor.from_pretrained(run_dir)
     data = load_image_data(
@@ -66,10 +67,11 @@ def evaluate_independently(run_dir: Path, split: str) -> tuple[float, int]:
     images = getattr(data, split)
     prep = preprocessing_from(processor, model.config)
     transform = BatchTransform(prep.image_size, prep.image_mean, prep.image_std, data.num_channels, prep.num_channels)
-    with torch.no_grad():
-        logits = model(pixel_values=transform(images.pixel_values, train=False)).logits
+    bf16 = read_results(run_dir)["hyperparameters"]["mixed_precision"] == "bf16"  # the run's evaluations were too
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        logits = model(pixel_values=transform(images.pixel_values, train=False)).logits.float()
     correct = (logits.argmax(-1) == images.labels).sum().item()
-    return correct / len(images), len(images)
+    return correct / len(images), len(images), torch.nn.functional.cross_entropy(logits, images.labels).item()
 
 
 def test_scratch_run_writes_a_loadable_model_repo_and_results(tmp_path):
@@ -98,9 +100,10 @@ def test_scratch_run_writes_a_loadable_model_repo_and_results(tmp_path):
     assert results.validation.accuracy == saved["validation"]["accuracy"]
 
     # The saved (best) model really has the reported validation accuracy.
-    accuracy, n = evaluate_independently(out, "validation")
+    accuracy, n, loss = evaluate_independently(out, "validation")
     assert n == 45
     assert accuracy == pytest.approx(saved["validation"]["accuracy"], abs=1e-9)
+    assert loss == pytest.approx(saved["validation"]["loss"], rel=1e-5)
     best = max(row["eval_accuracy"] for row in saved["history"])
     assert saved["validation"]["accuracy"] == pytest.approx(best)
 
@@ -160,8 +163,10 @@ def test_two_processes_give_the_metrics_of_one(tmp_path):
     assert "Process 0 of 2" in proc.stdout + proc.stderr
     # 45 validation images over 2 processes x batch 16 pads the last batch: no image may count twice or be dropped.
     assert np.array(results["confusion_matrix"]).sum() == 45
-    accuracy, _ = evaluate_independently(out, "validation")
+    accuracy, _, loss = evaluate_independently(out, "validation")
     assert results["validation"]["accuracy"] == pytest.approx(accuracy, abs=1e-9)
+    # Each image's loss counts once too: the duplicate of the last, padded batch does not.
+    assert results["validation"]["loss"] == pytest.approx(loss, rel=1e-5)
 
 
 def test_two_processes_pretrained_path(tmp_path):

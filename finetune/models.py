@@ -490,14 +490,29 @@ def load_checkpoint_weights(model: PreTrainedModel, checkpoint: str) -> None:
         if result.unexpected_keys:
             raise ValueError(f"{checkpoint} holds weights this LoRA model lacks: {result.unexpected_keys[:5]}")
         return
+    fix = (
+        "it was saved by a run with other model options or data. Fix: resume with the options it was trained with "
+        "(its config.json), or start a new run (a new `--output_dir`)."
+    )
     try:
-        loaded = type(model).from_pretrained(checkpoint, config=model.config, dtype=next(model.parameters()).dtype)
-        model.load_state_dict(loaded.state_dict(), strict=True)
+        with transformers_errors_only():  # its load report (a table per tensor) is summarised below in one line
+            loaded, info = type(model).from_pretrained(
+                checkpoint,
+                config=model.config,
+                dtype=next(model.parameters()).dtype,
+                ignore_mismatched_sizes=True,
+                output_loading_info=True,
+            )
     except (RuntimeError, ValueError) as error:
-        raise ValueError(
-            f"The checkpoint {checkpoint} does not fit this model ({one_line(error)}): it was saved by a run with "
-            "other model settings or data. Resume with that run's settings, or train anew into another `output_dir`."
-        ) from error
+        raise ValueError(f"The checkpoint {checkpoint} does not fit this model ({one_line(error)}): {fix}") from error
+    unfit = [
+        f"{name}: {list(saved)} saved, {list(here)} here" for name, saved, here in sorted(info["mismatched_keys"])
+    ]
+    unfit += [f"{name} missing" for name in sorted(info["missing_keys"])]
+    if unfit:
+        more = f" and {len(unfit) - 3} more" if len(unfit) > 3 else ""
+        raise ValueError(f"The checkpoint {checkpoint} does not fit this model ({'; '.join(unfit[:3])}{more}): {fix}")
+    model.load_state_dict(loaded.state_dict(), strict=True)
 
 
 # Parameters that weight decay would only pull towards zero without regularising anything: position embeddings,

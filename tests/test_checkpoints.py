@@ -235,6 +235,23 @@ def test_a_checkpoint_of_another_total_batch_size_is_refused_in_one_line(trained
     assert run.main([*resume_args(out), *args])["scratch"].epochs == 3.0
 
 
+def test_a_checkpoint_of_other_model_options_is_refused_in_one_line(trained, tmp_path, capfd):
+    """Without transformers' load report (a table with a row per tensor, in terminal colours) before it."""
+    out = Path(shutil.copytree(trained, tmp_path / "out"))
+    capfd.readouterr()
+    cases = {
+        "classifier.1.weight: [10, 64] saved, [10, 32] here; ": ["--hidden_size", "32"],
+        "classifier.1.bias: [10] saved, [5] here; classifier.1.weight: [10, 64] saved": ["--include_labels", *"01234"],
+    }
+    for tensor, other in cases.items():
+        assert run_command(run.main, [*resume_args(out), *other]) == 1
+        err = capfd.readouterr().err
+        [line] = [line for line in err.splitlines() if line.startswith("error:")]
+        assert "LOAD REPORT" not in err and "\x1b[" not in err and "above report" not in line, err[-3000:]
+        assert line.startswith(f"error: The checkpoint {out / 'checkpoint-16'} does not fit this model ({tensor}")
+        assert "Fix: resume with the options it was trained with" in line and "a new `--output_dir`" in line
+
+
 def test_checkpoints_of_a_save_only_model_run_are_not_resumed(tmp_path, capsys):
     """They hold no optimizer, schedule or RNG state: the Trainer would resume them with a new optimizer and the
     learning rate back at its warm-up. Refused, with the way to continue from their weights."""

@@ -330,6 +330,6 @@ def test_resuming_a_checkpoint_of_another_model(tmp_path):
     tiny = [*SCRATCH, "--dataset_name", "sklearn:digits", "--max_train_samples", "32", "--max_eval_samples", "16"]
     run.main([*tiny, "--output_dir", str(tmp_path / "a")])
     checkpoint = next((tmp_path / "a").glob("checkpoint-*"))
-    with pytest.raises(ValueError, match=r"checkpoint-\d+ does not fit this model .*Resume with that run's settings"):
+    with pytest.raises(ValueError, match=r"checkpoint-\d+ does not fit this model .*Fix: resume with the options"):
         run.main([*tiny, "--hidden_size", "16", "--output_dir", str(tmp_path / "b"),
                   "--resume_from_checkpoint", str(checkpoint)])  # fmt: skip

@@ -571,7 +571,14 @@ def choose_attention(
 ) -> tuple[ModelArguments, str]:
     """`model_args` with `attn_implementation` resolved for this machine and precision, and the reason."""
     head_size = attention_head_size(model_type, model_args, scratch_args)
-    if head_size is None and model_args.attn_implementation in (None, "auto"):
+    if head_size is None:
+        # No attention heads in the config (ConvNeXt), or timm's own attention, which transformers' TimmWrapper
+        # does not switch: an explicit kernel would be recorded without effect (or refused with transformers' message).
+        if model_args.attn_implementation not in (None, "auto"):
+            logger.warning(
+                f"`attn_implementation: {model_args.attn_implementation}` has no effect on this model (it has no "
+                "transformers attention layers to switch): it keeps its own. Fix: leave the option at `auto`."
+            )
         return dataclasses.replace(model_args, attn_implementation=None), "the model's default"
     attention, attention_why = hardware.choose_attention(
         model_args.attn_implementation,

@@ -135,9 +135,14 @@ def test_backbone_fine_tunes_evaluates_predicts_draws_and_pushes(name, tmp_path,
     assert model.config.num_labels == 10 and results.architecture == type(model).__name__
     assert results.train.steps == 2 and results.hyperparameters["layer_decay"] == 0.75
     assert 0 <= results.validation.accuracy <= 1 and sum(map(sum, results.confusion_matrix)) == 45
-    evaluated = run.main(["--do_train", "false", "--model_name_or_path", str(out), *DIGITS,
-                          "--output_dir", str(tmp_path / "eval")])["pretrained"]  # fmt: skip
+    evaluated = run.main(["--do_train", "false", "--model_name_or_path", str(out), *DIGITS, "--attn_implementation",
+                          "sdpa", "--output_dir", str(tmp_path / "eval")])["pretrained"]  # fmt: skip
     assert evaluated.validation.accuracy == pytest.approx(results.validation.accuracy)
+    # A kernel choice reaches the models with transformers attention layers; ConvNeXt has none (transformers refused
+    # `sdpa` for it) and timm keeps its own, so it is not recorded as applied there.
+    without = name in ("convnext", "timm")
+    choice = "the model's default" if without else "as given"
+    assert evaluated.hyperparameters["attention_choice"] == choice
 
     # The run names the dataset's classes, not its base's (timm's config keeps them apart, as `label_names`).
     digits = [str(i) for i in range(10)]

@@ -130,7 +130,7 @@ class RunClock(TrainerCallback, ExportableState):
 class TrainingBudgetCallback(TrainerCallback):
     """Stop training when `max_minutes` of wall-clock time have passed since training began (by `clock`, registered
     before this callback); with `fit_schedule`, re-plan the learning-rate schedule to end at the budget, from the
-    seconds per step measured after `calibration_fraction` of it."""
+    seconds per step measured after `calibration_fraction` of it and again after each further tenth."""
 
     def __init__(
         self,
@@ -148,6 +148,7 @@ class TrainingBudgetCallback(TrainerCallback):
         # has its own clock; stopping at different steps would leave the others waiting).
         self.guard = guard
         self.planned_steps = None
+        self.next_plan = calibration_fraction  # the budget's fraction at which the schedule is planned next
         self.stopped_at = None
         self.reference = None
 
@@ -156,9 +157,12 @@ class TrainingBudgetCallback(TrainerCallback):
         if self.reference is None:
             # The first step carries one-off costs (allocation, kernel selection): measure the rate after it.
             self.reference = (elapsed, state.global_step)
-        calibrated = elapsed >= self.calibration_fraction * self.budget_seconds
-        if self.fit_schedule and self.planned_steps is None and calibrated:
+        # Planned once `calibration_fraction` of the budget has passed, then again after each further tenth of it (and
+        # at each epoch's end): a first estimate from a few slow steps would otherwise end the schedule far too soon.
+        if self.fit_schedule and elapsed >= self.next_plan * self.budget_seconds and elapsed < self.budget_seconds:
             self._plan(state, lr_scheduler, elapsed)
+            if self.planned_steps is not None:
+                self.next_plan = elapsed / self.budget_seconds + 0.1
         schedule_done = self.planned_steps is not None and state.global_step >= self.planned_steps
         if self._spent(elapsed >= self.budget_seconds or schedule_done):
             self._stop(args, state, control, elapsed)
@@ -194,9 +198,12 @@ class TrainingBudgetCallback(TrainerCallback):
 
     def _stop(self, args, state, control, elapsed: float) -> None:
         if not control.should_training_stop:
+            where, budget = f"step {state.global_step}, epoch {state.epoch:.2f}", f"{self.budget_seconds / 60:.2f} min"
             logger.info(
-                f"Training budget of {self.budget_seconds / 60:.2f} min spent ({elapsed / 60:.2f} min, step "
-                f"{state.global_step}, epoch {state.epoch:.2f}): stopping."
+                f"Training budget of {budget} spent ({elapsed / 60:.2f} min, {where}): stopping."
+                if elapsed >= self.budget_seconds
+                else f"Budget schedule: the learning-rate schedule ended ({where}) after {elapsed / 60:.2f} min of "
+                f"the {budget} budget: stopping."
             )
         self.stopped_at = state.global_step
         control.should_training_stop = True

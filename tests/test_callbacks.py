@@ -93,6 +93,21 @@ def test_budget_schedule_ends_the_cosine_decay_at_the_budget(tmp_path):
     assert lrs[59] == pytest.approx(0.5 * (1 + torch.cos(torch.tensor(torch.pi * 58 / 118)).item()), abs=1e-6)
 
 
+def test_budget_schedule_is_planned_again_when_its_first_steps_were_slow(tmp_path):
+    clock = FakeClock()
+    optimizer = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=1.0)
+    scheduler = get_scheduler("cosine", optimizer, num_warmup_steps=0, num_training_steps=1000)
+    run_clock, callback = _budget(1, clock, fit_schedule=True, calibration_fraction=0.1)
+    args, state, control = _args(tmp_path), TrainerState(max_steps=1000), TrainerControl()
+    _begin([run_clock, callback], args, state, control)
+    while not control.should_training_stop:
+        clock.now += 5.0 if state.global_step < 3 else 0.5  # three slow first steps, then ten times faster
+        state.global_step += 1
+        callback.on_step_end(args, state, control, lr_scheduler=scheduler)
+    # Planned once, from the slow steps, the schedule ended at step 12 with 40 of the 60 s left.
+    assert state.global_step > 60 and clock.now - 1000.0 >= 0.85 * 60
+
+
 def test_set_schedule_length_refuses_a_constant_schedule():
     optimizer = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=1.0)
     assert not set_schedule_length(get_scheduler("constant", optimizer), 10)

@@ -114,7 +114,23 @@ class RunClock(TrainerCallback, ExportableState):
 
     on_train_end = on_epoch_end  # a budget or `max_steps` can end training inside an epoch, with no `on_epoch_end`
 
+    def figures(self, args) -> dict:
+        """The whole run's training figures (a resumed run's included), named as transformers names its session's."""
+        seconds = self.train_seconds + self._running()
+        images = self.steps * total_batch_size(args)  # overcounts each epoch's last, partial batch by under one batch
+        return {
+            "train_loss": self.mean_loss,
+            "train_runtime": seconds,
+            "train_samples_per_second": images / seconds if seconds > 0 else None,
+            "train_steps_per_second": self.steps / seconds if seconds > 0 else None,
+        }
+
     def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs is not None and "train_runtime" in logs:
+            # The Trainer's closing line counts this session and the steps it planned (a run stopped by its budget
+            # after 1 of 200 planned epochs: 200 epochs' images per second).
+            logs.update(self.figures(args))
+            state.log_history[-1].update(self.figures(args))
         if self.train_start is not None and state.log_history:
             entry = state.log_history[-1]
             entry["elapsed_seconds"] = round(self.elapsed(), 3)

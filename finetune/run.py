@@ -280,22 +280,16 @@ def train_and_evaluate(
         save_lora_model(model, processor, Path(args.output_dir), model_args.merge_lora)
     # The whole run's training (`RunClock` keeps its totals across a resume): transformers' `train_result.metrics` are
     # this session's (a resumed finished run: loss 0), for train_results.json as for the at-chance warning.
-    clock, batch_size = trainer.clock, total_batch_size(args)
+    figures = trainer.clock.figures(args)
     train = TrainMetrics(
-        loss=clock.mean_loss,
-        seconds=clock.train_seconds,
-        steps=clock.steps,
+        loss=figures["train_loss"],
+        seconds=figures["train_runtime"],
+        steps=trainer.clock.steps,
         nonfinite_steps=trainer.guard.bad_steps,
         stopped_by=trainer.stopped_by,
-        # Steps x batch size overcounts the last, partial batch of each epoch by less than one batch.
-        images_per_second=clock.steps * batch_size / clock.train_seconds if clock.train_seconds else None,
+        images_per_second=figures["train_samples_per_second"],
     )
-    steps_per_second = clock.steps / clock.train_seconds if clock.train_seconds else None
-    trainer.save_metrics(
-        "train",
-        {**train_result.metrics, "train_loss": train.loss, "train_runtime": train.seconds,
-         "train_samples_per_second": train.images_per_second, "train_steps_per_second": steps_per_second},
-    )  # fmt: skip
+    trainer.save_metrics("train", {**train_result.metrics, **figures})
     trainer.save_state()
 
     # ---- Evaluation of the kept model: validation, then the test split (used only here), each scored once; the

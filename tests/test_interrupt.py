@@ -86,6 +86,12 @@ def test_sigterm_saves_a_checkpoint_and_the_resumed_run_ends_as_an_uninterrupted
             saved = json.loads((out / name).read_text())
             assert saved["train_loss"] == pytest.approx(whole["loss"], rel=1e-6), (again, name)
             assert saved["train_samples_per_second"] == pytest.approx(results(out)["train"]["images_per_second"])
+        # So does the Trainer's closing log entry (printed, and kept in trainer_state.json's history).
+        [closing] = [
+            e for e in json.loads((out / "trainer_state.json").read_text())["log_history"] if "train_runtime" in e
+        ]
+        assert closing["train_loss"] == pytest.approx(whole["loss"], rel=1e-6)
+        assert closing["train_samples_per_second"] == pytest.approx(results(out)["train"]["images_per_second"])
 
 
 def test_a_run_with_an_ema_resumes_exactly_too(tmp_path):

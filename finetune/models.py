@@ -509,6 +509,7 @@ def load_checkpoint_weights(model: PreTrainedModel, checkpoint: str) -> None:
         f"{name}: {list(saved)} saved, {list(here)} here" for name, saved, here in sorted(info["mismatched_keys"])
     ]
     unfit += [f"{name} missing" for name in sorted(info["missing_keys"])]
+    unfit += [f"{name} saved, not in this model" for name in sorted(info["unexpected_keys"])]
     if unfit:
         more = f" and {len(unfit) - 3} more" if len(unfit) > 3 else ""
         raise ValueError(f"The checkpoint {checkpoint} does not fit this model ({'; '.join(unfit[:3])}{more}): {fix}")

@@ -20,9 +20,10 @@ from transformers import AutoModelForImageClassification, ViTImageProcessor
 from finetune import run
 from finetune.arguments import DataArguments, ModelArguments
 from finetune.data import load_image_data
-from finetune.models import apply_finetune_method, build_model, load_adapter_model, parameter_groups
+from finetune.models import apply_finetune_method, build_model, count_parameters, load_adapter_model, parameter_groups
 from finetune.tools import attention, predict
 from finetune.tools.model_card import build_model_card
+from finetune.tools.report import format_count
 from scratch_vit import ScratchViTConfig, ScratchViTForImageClassification
 
 
@@ -201,6 +202,9 @@ def test_the_merged_model_pushes_with_its_runs_results_and_a_plain_card(lora_run
     assert card.data.library_name == "transformers" and "peft" not in card.data.tags
     assert card.data.eval_results[0].metric_value == results.validation.accuracy
     assert "AutoModelForImageClassification.from_pretrained(repo)" in card.text and "PeftModel" not in card.text
+    # The merged model's size, not the run's (results.json counts the adapters and the head's trained copy too).
+    size = count_parameters(AutoModelForImageClassification.from_pretrained(merged))
+    assert size < results.num_parameters and f"({format_count(size)} parameters)" in card.text
     pushed = tmp_path / "pushed"
     pushed.mkdir()
     for name, content in commit["files"].items():

@@ -5,8 +5,10 @@ The metadata is huggingface_hub's `ModelCardData` with `EvalResult`s, so it pars
 metrics). The body is written from `results.json`, `config.json` and the comparison's summary when there is one.
 """
 
+import dataclasses
 import json
 import logging
+import math
 import os
 import sys
 from importlib.metadata import version
@@ -14,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
+from safetensors import safe_open
 
 from finetune.errors import ArgumentParser, run_command
 from finetune.locations import ADAPTER_CONFIG_NAME
@@ -68,6 +71,15 @@ def run_dir_of(output_dir: str | os.PathLike) -> Path:
     run_dir = output_dir.resolve().parent
     merged = output_dir.name == "merged" and (run_dir / ADAPTER_CONFIG_NAME).is_file()
     return run_dir if merged else output_dir
+
+
+def stored_parameters(model_dir: Path) -> int:
+    """The number of values in `model_dir`'s safetensors weights, read from their headers."""
+    count = 0
+    for path in model_dir.glob("*.safetensors"):
+        with safe_open(path, "pt") as weights:
+            count += sum(math.prod(weights.get_slice(name).get_shape()) for name in weights.keys())
+    return count
 
 
 def _read_json(path: Path) -> Any:
@@ -284,6 +296,8 @@ def _training_section(results: Results) -> list[str]:
 def build_model_card(output_dir: str | os.PathLike, repo_id: str | None = None) -> ModelCard:
     output_dir, run_dir = Path(output_dir), run_dir_of(output_dir)
     results = Results.load(run_dir)
+    if run_dir != output_dir:  # a LoRA run's merged model: its run counted the adapters and the head's trained copy
+        results = dataclasses.replace(results, num_parameters=stored_parameters(output_dir))
     config = _read_json(output_dir / "config.json") or {}
     model_name = repo_id.split("/")[-1] if repo_id else str(results.run_name or output_dir.name)
     repo = repo_id or f"path/to/{output_dir.resolve().name}"

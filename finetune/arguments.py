@@ -479,7 +479,8 @@ def checked_value(key: str, value: Any, hint, choices: list[str] | None, default
     expected = {int: "an integer", float: "a number", bool: "true or false"}.get(kind)
     expected = expected or (f"one of {choices}" if choices else None)
     if value is None and not is_optional(hint):
-        example = "" if default is None or isinstance(default, bool) else f" (e.g. {default})"
+        # An empty default (`debug`) is shown as YAML's empty string, not as nothing.
+        example = "" if default is None or isinstance(default, bool) else f" (e.g. {default or repr(default)})"
         raise ValueError(
             f"{where} cannot be null: it needs {expected or 'a value'}{example}; remove the line to use the default."
         )

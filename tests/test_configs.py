@@ -154,6 +154,7 @@ def test_an_unset_best_metric_keeps_the_checkpoint_of_least_loss(tmp_path):
         ("finetune_method: null", r"one of \['full', 'linear_probe', 'lora'\] \(e\.g\. full\)"),
         ("horizontal_flip: null", r"true or false"),
         ("dataset_name: null", r"a value \(e\.g\. uoft-cs/cifar10\)"),
+        ("debug: null", r"a value \(e\.g\. ''\)"),  # an empty default, shown as YAML's empty string
     ],
 )
 def test_null_for_an_option_that_cannot_be_unset_names_the_option(tmp_path, line, expected):

@@ -126,7 +126,7 @@ def load_trained_model(
         )
     prep = preprocessing_from(processor, model.config)
     check_channels(data.num_channels, prep.num_channels, model_args.convert_channels)
-    logger.info(f"Evaluating {type(model).__name__} from {path}: {count_parameters(model):,} parameters.")
+    logger.info(f"Loaded {type(model).__name__} from {path}: {count_parameters(model):,} parameters.")
     return model.eval(), processor, prep
 
 

@@ -4,6 +4,7 @@ saved in place of the weights, a stop on SIGTERM/SIGINT that saves a checkpoint 
 """
 
 import functools
+import math
 import os
 import signal
 import threading
@@ -15,6 +16,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import EarlyStoppingCallback, ProgressCallback, TrainerCallback
 from transformers.trainer_callback import ExportableState
+from transformers.trainer_utils import has_length
 from transformers.utils import logging
 
 
@@ -33,6 +35,27 @@ def restore_state(callback: ExportableState, state) -> None:
     saved = state.stateful_callbacks.get(type(callback).__name__)
     for name, value in (saved or {}).get("attributes", {}).items():
         setattr(callback, name, value)
+
+
+class ResumeCheck(TrainerCallback):
+    """Refuses a resumed checkpoint whose optimizer steps do not count this run's epochs. The Trainer reads the saved
+    step count through this run's steps an epoch: step 20 of a one-process run (16 an epoch) resumed by two processes
+    (8) was read as epoch 2.5. Whatever sets them (processes, batch size, accumulation, the images, a batch size found
+    by `auto_find_batch_size`), the steps tell."""
+
+    def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
+        if not state.global_step or not state.epoch or not has_length(train_dataloader):
+            return  # not resumed, or no epochs to count
+        now = math.ceil(len(train_dataloader) / args.gradient_accumulation_steps)  # as the Trainer counts them
+        # `epoch` counts the running epoch's batches: the ratio lies between batches / accumulation and its ceiling.
+        then = math.ceil(state.global_step / state.epoch - 1e-6)
+        if then != now:
+            raise ValueError(
+                f"The resumed checkpoint (step {state.global_step}) was trained at {then} optimizer steps an epoch, "
+                f"and this run has {now}: its steps would not count this run's epochs (another batch size, number of "
+                "processes, gradient accumulation or number of training images). Fix: resume with the options it "
+                "was trained with, or start a new run (a new `--output_dir`)."
+            )
 
 
 class ResumedEarlyStopping(EarlyStoppingCallback):

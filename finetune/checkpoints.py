@@ -3,7 +3,6 @@ run's work by accident, and the lock that keeps a second run out of a folder in 
 
 import atexit
 import json
-import math
 import os
 import shutil
 import socket
@@ -94,26 +93,9 @@ def newest_whole_checkpoint(run_dir: Path, training_args: TrainingArguments) -> 
 
 
 def prepare_resume(checkpoint: str, run_dir: Path, training_args: TrainingArguments) -> str:
-    """`checkpoint`, refused if trained with another total batch size, and with its recorded best checkpoint naming
-    its folder in `run_dir`."""
+    """`checkpoint`, with its recorded best checkpoint naming its folder in `run_dir`."""
     path = Path(checkpoint) / TRAINER_STATE_NAME
     state = TrainerState.load_from_json(str(path))
-    # The Trainer reads the step count as a point of this run's epochs and schedule, which a step of another size is
-    # not: step 20 of a one-process run (16 steps an epoch) resumed by two processes is read as epoch 2.5.
-    processes = sum(name.startswith("rng_state_") for name in os.listdir(checkpoint)) or 1
-    accumulation = getattr(saved_args(Path(checkpoint)), "gradient_accumulation_steps", None)
-    then = (processes, state.train_batch_size, accumulation)
-    now = (training_args.world_size, training_args.train_batch_size, training_args.gradient_accumulation_steps)
-    if None not in then and math.prod(then) != math.prod(now):
-        said = [
-            "{} ({} process(es) x {} per device x {} accumulation step(s))".format(math.prod(t), *t)
-            for t in (then, now)
-        ]
-        raise ValueError(
-            f"{checkpoint} was trained with a total batch size of {said[0]}, and this run's is {said[1]}: its steps "
-            "would not count this run's epochs. Fix: resume with the same total batch size, or start a new run (a new "
-            "`--output_dir`)."
-        )
     # The Trainer records the best checkpoint as a path from where the run started; resumed from elsewhere (or after
     # the folder was moved) it would drop it with a warning and end with the last weights instead of the best.
     recorded = state.best_model_checkpoint

@@ -44,6 +44,7 @@ from finetune.callbacks import (
     InterruptCallback,
     ModelEMA,
     QuietProgress,
+    ResumeCheck,
     ResumedEarlyStopping,
     RunClock,
     TrainingBudgetCallback,
@@ -165,7 +166,7 @@ class ImageClassificationTrainer(Trainer):
         # Order matters: the EMA's training weights are back before the guard keeps the buffers of a step; the
         # callbacks that ask for a save (budget, early stopping, interrupt) act before the EMA swaps its average in.
         callbacks = [ema.restorer] if ema else []
-        callbacks += [self.clock, self.guard, self.compiler]
+        callbacks += [ResumeCheck(), self.clock, self.guard, self.compiler]
         budget = self.budget = None
         if a.max_train_minutes is not None:
             if a.budget_schedule and a.world_size > 1:

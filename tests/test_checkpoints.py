@@ -219,20 +219,32 @@ def test_a_damaged_checkpoint_named_explicitly_is_refused_in_one_line(trained, t
     assert results.epochs == 3.0 and checkpoint_problem(out / "checkpoint-16", parse_args(resume_args(out))[3]) is None
 
 
-def test_a_checkpoint_of_another_total_batch_size_is_refused_in_one_line(trained, tmp_path, capsys):
-    """The Trainer would read its step count as a point of this run's epochs: step 16 of batch 8 as epoch 4 at 16."""
+def test_a_checkpoint_of_other_steps_an_epoch_is_refused_in_one_line(trained, tmp_path, capsys):
+    """The Trainer reads its step count through this run's optimizer steps an epoch: step 16 of 8 steps an epoch
+    resumed at 4 an epoch would be read as epoch 4. Seen from the steps alone, also without training_args.bin."""
     out = Path(shutil.copytree(trained, tmp_path / "out"))
-    then = f"error: {out / 'checkpoint-16'} was trained with a total batch size of 8 (1 process(es) x 8 per device x 1"
-    for other, now in ((["--per_device_train_batch_size", "16"], "16 (1 process(es) x 16 per device x 1"),
-                       (["--gradient_accumulation_steps", "2"], "16 (1 process(es) x 8 per device x 2")):  # fmt: skip
+    (out / "checkpoint-16" / "training_args.bin").unlink()
+    for other, now in ((["--per_device_train_batch_size", "16"], 4), (["--gradient_accumulation_steps", "2"], 4),
+                       (["--max_train_samples", "32"], 4)):  # fmt: skip
         assert run_command(run.main, [*resume_args(out), *other]) == 1
         lines = capsys.readouterr().err.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith(then) and f"and this run's is {now}" in lines[0], lines
-        assert "Fix: resume with the same total batch size, or start a new run" in lines[0]
+        said = "error: The resumed checkpoint (step 16) was trained at 8 optimizer steps an epoch, and this run has"
+        assert len(lines) == 1 and lines[0].startswith(f"{said} {now}:"), lines
+        assert "Fix: resume with the options it was trained with, or start a new run" in lines[0]
     assert checkpoints(out) == ["checkpoint-16", "checkpoint-8"]  # nothing trained
-    # The same total batch size in other parts resumes.
+    # The same steps an epoch in other parts resumes, and what it saved resumes again with the same command.
     args = ["--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "2"]
     assert run.main([*resume_args(out), *args])["scratch"].epochs == 3.0
+    assert run.main([*resume_args(out), *args, "--num_train_epochs", "4"])["scratch"].epochs == 4.0
+
+
+def test_auto_find_batch_size_resumes_with_the_checkpoints_batch_size(tmp_path):
+    """transformers takes up the batch size the finder settled on from the checkpoint, whatever the command says."""
+    out = tmp_path / "out"
+    args = [*TINY, "--auto_find_batch_size", "true", "--output_dir", str(out), "--num_train_epochs"]
+    run.main([*args, "1"])
+    results = run.main([*args, "2", "--per_device_train_batch_size", "16", "--resume_from_checkpoint", "true"])
+    assert results["scratch"].epochs == 2.0 and checkpoints(out) == ["checkpoint-16", "checkpoint-8"]
 
 
 def test_a_checkpoint_of_other_model_options_is_refused_in_one_line(trained, tmp_path, capfd):

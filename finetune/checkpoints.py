@@ -93,16 +93,19 @@ def newest_whole_checkpoint(run_dir: Path, training_args: TrainingArguments) -> 
 
 
 def prepare_resume(checkpoint: str, run_dir: Path, training_args: TrainingArguments) -> str:
-    """`checkpoint`, with its recorded best checkpoint naming its folder in `run_dir`."""
+    """`checkpoint`, with its recorded best checkpoint found by name next to it when the run folder was moved."""
     path = Path(checkpoint) / TRAINER_STATE_NAME
     state = TrainerState.load_from_json(str(path))
     # The Trainer records the best checkpoint as a path from where the run started; resumed from elsewhere (or after
     # the folder was moved) it would drop it with a warning and end with the last weights instead of the best.
-    recorded = state.best_model_checkpoint
-    if recorded is None or training_args.process_index != 0 or Path(checkpoint).parent.resolve() != run_dir.resolve():
+    recorded, folder = state.best_model_checkpoint, Path(checkpoint).parent
+    if recorded is None or training_args.process_index != 0:
         return checkpoint  # the other processes read it after the main one has loaded the data: rewritten by then
-    # Spelled as the Trainer spells the checkpoints it rotates (it keeps the best one).
-    state.best_model_checkpoint = str(run_dir / Path(recorded).name)
+    if folder.resolve() == run_dir.resolve():
+        folder = run_dir  # spelled as the Trainer spells the checkpoints it rotates (it keeps the best one)
+    elif os.path.isdir(recorded):
+        return checkpoint
+    state.best_model_checkpoint = str(folder / Path(recorded).name)
     if state.best_model_checkpoint != recorded and os.path.isdir(state.best_model_checkpoint):
         state.save_to_json(str(path.with_name(path.name + ".tmp")))
         os.replace(path.with_name(path.name + ".tmp"), path)  # a kill mid-write leaves the old file whole

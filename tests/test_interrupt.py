@@ -131,20 +131,22 @@ def test_a_checkpoint_saved_before_an_epochs_evaluation_resumes_exactly(tmp_path
     assert same_weights(out, uninterrupted)
 
 
-def test_a_moved_run_folder_resumes_and_keeps_its_best_checkpoint(tmp_path):
-    """The Trainer records the best checkpoint as a path from where the run started: it is found by its name in the
-    run folder, or the resumed run would end with its last weights instead of its best."""
-    first, out = tmp_path / "first", tmp_path / "moved"
+@pytest.mark.parametrize("into", ["moved", "new"])
+def test_a_moved_run_folder_resumes_and_keeps_its_best_checkpoint(tmp_path, into):
+    """The Trainer records the best checkpoint as a path from where the run started: it is found by its name next to
+    the resumed checkpoint, or the resumed run would end with its last weights instead of its best. Resumed in place
+    or into a new output folder."""
+    first, moved, out = tmp_path / "first", tmp_path / "moved", tmp_path / into
     proc = train(first, env={"SIGNAL_AT": "16"}, script=SIGNALLED)  # the last step: the resumed run only ends
     assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-3000:]
-    first.rename(out)
-    proc = train(out, "--resume_from_checkpoint", "true")
+    first.rename(moved)
+    proc = train(out, "--resume_from_checkpoint", "true" if out == moved else str(moved / "checkpoint-16"))
     assert proc.returncode == 0 and "does not exist anymore" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
     state = json.loads((out / "trainer_state.json").read_text())
     evaluations = [e for e in state["log_history"] if "eval_accuracy" in e]
     best = max(evaluations, key=lambda e: e["eval_accuracy"])  # the first of equals, as the Trainer keeps it
-    assert state["best_model_checkpoint"] == str(out / f"checkpoint-{best['step']}")
-    assert same_weights(out, out / f"checkpoint-{best['step']}")
+    assert state["best_model_checkpoint"] == str(moved / f"checkpoint-{best['step']}")
+    assert same_weights(out, moved / f"checkpoint-{best['step']}")
     assert results(out)["validation"]["accuracy"] == pytest.approx(best["eval_accuracy"])
 
 

@@ -187,6 +187,9 @@ def test_two_processes_save_the_same_step_when_one_of_them_is_signalled(tmp_path
     [line] = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 1 and "trained at 4 optimizer steps an epoch, and this run has 8" in line, line
     assert "Fix: resume with the options it was trained with" in line
+    # With twice the batch, one process takes the same steps: resumed, to the end of its 2 epochs (4 steps each).
+    assert train(out, "--resume_from_checkpoint", "true", "--per_device_train_batch_size", "64").returncode == 0
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 8
 
 
 def test_a_killed_process_ends_the_other_at_once_with_one_line(tmp_path):

@@ -80,6 +80,8 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
     training_args = build_training_args(options, settings)
     check_model_and_output_dir(model_args, training_args)
     setup_logging(training_args, settings)
+    if model_args.model_type == "pretrained":
+        warn_of_scratch_options(scratch_args)
 
     # Publishing is done once, at the end, by our own code: the Trainer would create the repo at start-up (failing
     # offline before any training) and push every checkpoint. The token is kept out of every saved file.
@@ -133,6 +135,19 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
         if is_main and push_to_hub:
             push_results(run_dirs, model_types, training_args, hub_token)
         return results
+
+
+def warn_of_scratch_options(scratch_args) -> None:
+    """A pretrained model keeps its own architecture and resolution: say so for ScratchViT options that would shape
+    it (all but `drop_path_rate`, which a pretrained ViT takes too)."""
+    given = [f"--{f.name}" for f in dataclasses.fields(scratch_args) if getattr(scratch_args, f.name) is not None]
+    ignored = [name for name in given if name != "--drop_path_rate"]
+    if ignored:
+        logger.warning(
+            f"{', '.join(ignored)}: ScratchViT options, ignored by `model_type: pretrained`, which keeps the "
+            "architecture and resolution of `model_name_or_path`. Fix: drop them, or train a ScratchViT with "
+            "`model_type: scratch` (or `both`)."
+        )
 
 
 @contextlib.contextmanager

@@ -180,6 +180,15 @@ def test_two_processes_pretrained_path(tmp_path):
     assert AutoModelForImageClassification.from_pretrained(out).config.num_labels == 10
 
 
+def test_scratch_options_given_to_a_pretrained_run_are_named_as_ignored(tmp_path, caplog):
+    args = [a for a in TINY_SCRATCH]
+    args[args.index("scratch")] = "pretrained"
+    args += ["--model_name_or_path", str(tiny_vit_checkpoint(tmp_path / "hub_stand_in"))]
+    run.main([*args, "--max_steps", "1", "--output_dir", str(tmp_path / "run"), "--report_to", "none"])
+    [warning] = [r.getMessage() for r in caplog.records if "ScratchViT options" in r.getMessage()]
+    assert warning.startswith("--image_size, --patch_size, --hidden_size, --num_hidden_layers")
+
+
 def test_checkpoint_weights_reach_a_transformers_vit(tmp_path):
     """Resuming and keeping the best model load every tensor, also where transformers renames ViT's keys."""
     from finetune.models import load_checkpoint_weights

@@ -152,8 +152,9 @@ class RunClock(TrainerCallback, ExportableState):
         if logs is not None and "train_runtime" in logs:
             # The Trainer's closing line counts this session and the steps it planned (a run stopped by its budget
             # after 1 of 200 planned epochs: 200 epochs' images per second).
-            logs.update(self.figures(args))
-            state.log_history[-1].update(self.figures(args))
+            figures = self.figures(args)
+            logs.update(figures)
+            state.log_history[-1].update(figures)
         if self.train_start is not None and state.log_history:
             entry = state.log_history[-1]
             entry["elapsed_seconds"] = round(self.elapsed(), 3)

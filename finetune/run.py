@@ -652,14 +652,14 @@ def push_results(run_dirs, model_types, training_args, token) -> None:
     from finetune.tools.hub import HubPushError, push_output_dir, retry_command
 
     # `hub_model_id` is checked with the arguments, before anything is trained (`finetune/training_args.py`).
+    options = {
+        "private": training_args.hub_private_repo,
+        "revision": training_args.hub_revision,
+        "commit_message": training_args.hub_commit_message,
+    }
     failed = {}
     for model_type in model_types:
         repo_id = training_args.hub_model_id + (f"-{model_type}" if len(model_types) > 1 else "")
-        options = {
-            "private": training_args.hub_private_repo,
-            "revision": training_args.hub_revision,
-            "commit_message": training_args.hub_commit_message,
-        }
         try:
             url = push_output_dir(run_dirs[model_type], repo_id=repo_id, token=token, **options)
         except HubPushError as error:

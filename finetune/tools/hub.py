@@ -248,7 +248,7 @@ def check_pushable(output_dir: Path) -> None:
         return
     runs = [p.name for p in output_dir.iterdir() if (p / "config.json").is_file()] if output_dir.is_dir() else []
     hint = f" It holds run directories: push {', '.join(runs)} separately." if runs else ""
-    if not hint and "results.json" in names and "config.json" not in names:
+    if not hint and RESULTS_NAME in names and "config.json" not in names:
         hint = " It is an evaluation-only run's output: push the run that trained the model."
     raise FileNotFoundError(f"{output_dir} holds no model to push: missing {', '.join(missing)}.{hint}")
 

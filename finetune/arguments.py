@@ -137,8 +137,8 @@ class DataArguments:
     )
     decode_size: int | None = option(
         None,
-        "Store images as squares of this size (shorter side resized, centre kept). Default: images of one size as "
-        "they are, of mixed sizes at the model's input plus a margin for crops (256 for 224).",
+        "Store images as squares of this size (shorter side resized, centre kept). Default: the model's input plus a "
+        "margin for crops (256 for 224), except that images of one size no larger than that are stored as they are.",
     )
     decode_workers: int | None = option(None, "Processes that decode images (default: the CPU cores available).")
     random_resized_crop: str = option(

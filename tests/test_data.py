@@ -4,6 +4,7 @@ Each synthetic image carries its own index in pixel (channel 0, row 0, column 0)
 with its source whatever the order of the splits, and compared pixel for pixel.
 """
 
+import csv
 import logging
 import os
 import pickle
@@ -13,10 +14,13 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from test_photos import TINY_RUN
 
 import finetune.data.cache as data_cache
+from finetune import run
 from finetune.arguments import DataArguments
 from finetune.data import ImageSplit, collate_batch, load_image_data, stratified_split
+from finetune.tools import predict
 
 
 NAMES = ["cat", "dog", "frog"]
@@ -413,6 +417,37 @@ def test_same_size_images_stay_native_whatever_the_target(tmp_path):
     _dataset(images, labels).to_parquet(path)
     data = load_image_data(_args(dataset_name=str(path), validation_size=3), seed=0, target_size=224)
     assert data.train.image_size == (8, 8)
+
+
+def test_large_photos_of_one_size_are_stored_at_the_models_size(tmp_path, caplog):
+    """One phone's landscape photos, all 600x400 (far more than a 16 px model needs), are decoded and cached as centre
+    squares at the model's storage size (18 px), as photos of mixed sizes are; a run trains on them, and predict gives
+    each photo the probabilities evaluation gave it."""
+    rng = np.random.default_rng(0)
+    paths = []
+    for k, name in enumerate(NAMES):
+        os.makedirs(tmp_path / "photos" / name)
+        for i in range(4):
+            photo = rng.integers(0, 60, (400, 600, 3), dtype=np.uint8)
+            photo[..., k] += 180
+            paths.append(tmp_path / "photos" / name / f"{i}.jpg")
+            Image.fromarray(photo).save(paths[-1])
+    index = tmp_path / "index.csv"
+    index.write_text("image,label\n" + "".join(f"{path},{path.parent.name}\n" for path in paths))
+    out, cache = tmp_path / "run", tmp_path / "cache"
+    args = [*TINY_RUN, "--model_type", "scratch", "--train_file", str(index), "--validation_file", str(index)]
+    with caplog.at_level(logging.INFO):
+        run.main([*args, "--decoded_cache_dir", str(cache), "--output_dir", str(out)])
+    assert "are 600x400, larger than the model needs: storing them as 18x18 squares" in caplog.text
+    shapes = [np.load(path, mmap_mode="r").shape for path in cache.glob("*/pixel_values.npy")]
+    assert shapes == [(12, 3, 18, 18)] * 2  # the train and validation splits
+
+    evaluation_only = ["--do_train", "false", "--model_name_or_path", str(out), "--bf16", "false"]  # predict's float32
+    run.main([*args, *evaluation_only, "--decoded_cache_dir", str(cache), "--output_dir", str(tmp_path / "eval")])
+    predictions = predict.main([str(out), *map(str, paths), "--top_k", "3"])
+    with open(tmp_path / "eval" / "predictions_validation.csv") as f:
+        evaluation = [[float(row[f"top{k}_probability"]) for k in (1, 2, 3)] for row in csv.DictReader(f)]
+    np.testing.assert_allclose([p.scores for p in predictions], evaluation, atol=2e-6)
 
 
 def test_grayscale_then_colour_images_decode_as_rgb(tmp_path):

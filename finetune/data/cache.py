@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # Bump when the layout of cached files or the decoding itself changes, so old caches are not reused.
-CACHE_FORMAT_VERSION = 3
+CACHE_FORMAT_VERSION = 4
 
 
 def decoded_split(
@@ -52,8 +52,8 @@ def decoded_split(
         # A run on a subset (`max_*_samples`) decodes and caches only that subset.
         "images": content_hash(needed.tolist()) if subset else "all",
     }
-    # Without decode_size, same-size images are stored at their native size whatever the model's resolution, so the
-    # cache is shared between models; only sources of mixed sizes depend on target_size ("fallback").
+    # Without decode_size, same-size images no larger than target_size are stored at their native size, so the cache
+    # is shared between models; sources of mixed or larger sizes depend on target_size ("fallback").
     if data_args.decode_size is not None:
         decode_modes = [f"resize:{data_args.decode_size}"]
     else:

@@ -7,10 +7,11 @@ viewers show it (the colour under a transparent pixel is arbitrary, often black)
 float images grayscale; RGB asked for as `"L"` takes Pillow's ITU-R 601 luma (`finetune.augment.LUMA_WEIGHTS`).
 
 `decode_images` decodes a whole split with it, in parallel, into one uint8 `(N, C, H, W)` `.npy` file. Images of one
-size are stored as they are; images of mixed sizes (photos) as centre squares at the run's storage size
-(`finetune.models.storage_size`; `decode_size` overrides). A square rather than padding: a batch is one index into one
-array, padding would store empty pixels (a third of a 640x480 photo), and the edges it drops are what center-crop
-evaluation and RandomResizedCrop rarely reach anyway.
+size no larger than the run's storage size (`finetune.models.storage_size`: CIFAR-10's 32 px) are stored as they are;
+images of mixed sizes, or of one size larger than that (one phone's photos), as centre squares at that size
+(`decode_size` overrides). A square rather than padding: a batch is one index into one array, padding would store empty
+pixels (a third of a 640x480 photo), and the edges it drops are what center-crop evaluation and RandomResizedCrop
+rarely reach anyway.
 """
 
 import collections
@@ -135,11 +136,11 @@ def decode_images(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str], bool]:
     """Decode every image once into a uint8 `(N, C, H, W)` `.npy` file at `out_path`, written chunk by chunk.
 
-    A first pass reads only the headers: the mode ("L" when every image is grayscale) and whether the sizes differ
-    (then all are stored as squares at `fallback_size`). A second pass decodes chunks in `workers` processes, each
-    writing its rows straight into the file. `positions` (in the source split) name corrupt images. Returns the file
-    as a read-only memory map, the indices of the images that decoded, the row of each, the skipped corrupt images, and
-    whether `fallback_size` was used.
+    A first pass reads only the headers: the mode ("L" when every image is grayscale) and the sizes (when they differ,
+    or all exceed `fallback_size`, all are stored as squares at `fallback_size`). A second pass decodes chunks in
+    `workers` processes, each writing its rows straight into the file. `positions` (in the source split) name corrupt
+    images. Returns the file as a read-only memory map, the indices of the images that decoded, the row of each, the
+    skipped corrupt images, and whether `fallback_size` was used.
     """
 
     def name(i: int, path: str | None) -> str:
@@ -170,7 +171,7 @@ def decode_images(
     used_fallback = False
     if resize_to is not None:
         size = (resize_to, resize_to)
-    elif len(sizes) == 1:
+    elif len(sizes) == 1 and (fallback_size is None or min(next(iter(sizes))) <= fallback_size):
         size = next(iter(sizes))
     elif fallback_size is None:
         (width, height), *_ = sorted(sizes)
@@ -180,8 +181,9 @@ def decode_images(
         )
     else:
         size, used_fallback = (fallback_size, fallback_size), True
+        why = "differ in size" if len(sizes) > 1 else "are {}x{}, larger than the model needs".format(*sizes.pop())
         logger.info(
-            f"The images of {where} differ in size: storing them as {fallback_size}x{fallback_size} squares "
+            f"The images of {where} {why}: storing them as {fallback_size}x{fallback_size} squares "
             "(shorter side resized, centre kept)."
         )
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from helpers_runs import make_run_dir, tiny_scratch_model, tiny_vit_model
 from PIL import Image
-from transformers import BeitConfig, BeitForImageClassification
+from transformers import BeitConfig, BeitForImageClassification, Dinov2Config, Dinov2ForImageClassification
 
 from finetune.tools import attention, predict
 from finetune.tools.predict import load_classifier
@@ -108,7 +108,7 @@ def test_model_attentions_match_the_maps(kind, pooling):
     image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (20, 30, 3), dtype=np.uint8))
     maps = attention.compute_attention_maps(model, processor, image)
     assert maps.layer_maps.shape == (2, 4, 4) and maps.rollout.shape == (4, 4)
-    assert maps.uses_cls_token == (pooling == "cls")
+    assert maps.reads == ("CLS token" if pooling == "cls" else "mean of the patch tokens")
     with torch.no_grad():
         pixel_values = predict.preprocess([image], model, processor)  # framed and resized as evaluation does
         outputs = model(pixel_values=pixel_values, output_attentions=True)
@@ -120,6 +120,29 @@ def test_model_attentions_match_the_maps(kind, pooling):
     assert ("CLS token's attention" in heading) == (pooling == "cls")
     assert ("Mean attention of the patch tokens" in heading) == (pooling == "mean")
     assert maps.label == model.config.id2label[int(outputs.logits.argmax())]
+
+
+def test_a_dinov2_heading_says_its_classifier_reads_the_cls_token_and_the_patch_mean():
+    """Dinov2ForImageClassification classifies [CLS token, mean of the patch tokens]: the maps are the CLS token's,
+    and the heading says the classifier reads both."""
+    torch.manual_seed(0)
+    config = Dinov2Config(image_size=16, patch_size=4, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                          mlp_ratio=2, num_labels=3, attn_implementation="eager")  # fmt: skip
+    model = Dinov2ForImageClassification(config).eval()
+    assert model.classifier.in_features == 2 * config.hidden_size  # what the heading must account for
+    from transformers import ViTImageProcessor
+
+    processor = ViTImageProcessor(size={"height": 16, "width": 16})
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (16, 16, 3), dtype=np.uint8))
+    maps = attention.compute_attention_maps(model, processor, image)
+    with torch.no_grad():
+        outputs = model(pixel_values=predict.preprocess([image], model, processor), output_attentions=True)
+    torch.testing.assert_close(maps.layer_maps[0].flatten(), outputs.attentions[0][0].mean(dim=0)[0, 1:])
+    assert maps.reads == "CLS token and the mean of the patch tokens"
+    assert attention.attention_heading(maps).startswith(
+        "CLS token's attention to the patches, heads averaged; the classifier reads the CLS token and the mean of "
+        "the patch tokens\n"
+    )
 
 
 @pytest.mark.parametrize("kind", ["scratch", "scratch-mean", "vit"])

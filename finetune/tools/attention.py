@@ -7,7 +7,7 @@ averaged, overlaid on the image as the model sees it, `finetune.tools.predict.mo
 Attention rollout (Abnar & Zuidema, 2020): average the heads, add the identity for the residual connection,
 renormalize the rows, multiply the layers' matrices, read the CLS row. A mean-pooled model's classifier reads the mean
 of the patch tokens (a mean-pooled ScratchViT has no CLS token; BEiT's `use_mean_pooling` skips it), so its maps use
-the mean over the patch tokens' rows, and the title says so.
+the mean over the patch tokens' rows; DINOv2's reads the CLS token and that mean side by side. The heading says which.
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ class AttentionMaps:
 
     layer_maps: torch.Tensor
     rollout: torch.Tensor
-    uses_cls_token: bool
+    reads: str  # what the classifier reads: "CLS token", "mean of the patch tokens", or both
     label: str
     score: float
 
@@ -185,25 +185,28 @@ def compute_attention_maps(
     # The classifier reads the CLS token, or the mean of the patch tokens: a ScratchViT without prefix tokens, or
     # BEiT (and Data2VecVision) with `use_mean_pooling`, which keep their CLS token but skip it.
     mean_pooled = num_prefix_tokens == 0 or bool(getattr(model.config, "use_mean_pooling", False))
+    reads = "mean of the patch tokens" if mean_pooled else "CLS token"
+    if model.config.model_type.startswith("dinov2"):  # Dinov2ForImageClassification: [CLS token, mean of patches]
+        reads = "CLS token and the mean of the patch tokens"
     [probabilities] = logit_probabilities(model, outputs.logits)  # (1, num_labels) -> (num_labels,), as predict
     top = int(probabilities.argmax())
     return AttentionMaps(
         layer_maps=cls_attention_maps(attentions, grid_size, num_prefix_tokens, mean_pooled),
         rollout=rollout_map(attentions, grid_size, num_prefix_tokens, mean_pooled),
-        uses_cls_token=not mean_pooled,
+        reads=reads,
         label=str(model.config.id2label[top]),
         score=float(probabilities[top]),
     )
 
 
 def attention_heading(maps: AttentionMaps) -> str:
-    """The figure's heading: which query the maps read (CLS token, or the mean over the patch tokens) and the
-    prediction."""
+    """The figure's heading: which query the maps read (CLS token, or the mean over the patch tokens), what the
+    classifier reads, and the prediction."""
     query = "CLS token's attention to the patches"
-    if not maps.uses_cls_token:
-        query = "Mean attention of the patch tokens (mean-pooled model: the classifier reads their mean)"
+    if not maps.reads.startswith("CLS"):
+        query = "Mean attention of the patch tokens"
     return (
-        f"{query}, heads averaged\n"
+        f"{query}, heads averaged; the classifier reads the {maps.reads}\n"
         f"Prediction: {maps.label} ({maps.score:.1%}); each map scaled to its own range, red = most attention"
     )
 

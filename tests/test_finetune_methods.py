@@ -167,7 +167,7 @@ def test_a_lora_checkpoint_without_the_models_config_names_the_run_folder(lora_r
 
 
 def test_lora_card_names_the_base_model_and_peft(lora_run):
-    _, out, _ = lora_run
+    _, out, results = lora_run
     adapter_path = out / "adapter_config.json"
     adapter = json.loads(adapter_path.read_text())
     adapter["base_model_name_or_path"] = "google/vit-base-patch16-224-in21k"
@@ -175,6 +175,11 @@ def test_lora_card_names_the_base_model_and_peft(lora_run):
     card = build_model_card(out, "me/vit-lora")
     assert card.data.library_name == "peft" and card.data.base_model == "google/vit-base-patch16-224-in21k"
     assert "PeftModel.from_pretrained" in card.text and "lora" in card.data.tags
+    # The count of results.json and `compare`: the base model with the adapters and the head's trained copy.
+    total, trained = format_count(results.num_parameters), format_count(results.num_trainable_parameters)
+    assert f"({total} parameters with the LoRA adapters, of which {trained} trained: the adapters and the head)" in (
+        card.text
+    )
     from finetune.tools.hub import upload_plan
 
     assert {"adapter_config.json", "adapter_model.safetensors", "config.json"} <= {n for n, _ in upload_plan(out)}
@@ -204,7 +209,11 @@ def test_the_merged_model_pushes_with_its_runs_results_and_a_plain_card(lora_run
     assert "AutoModelForImageClassification.from_pretrained(repo)" in card.text and "PeftModel" not in card.text
     # The merged model's size, not the run's (results.json counts the adapters and the head's trained copy too).
     size = count_parameters(AutoModelForImageClassification.from_pretrained(merged))
-    assert size < results.num_parameters and f"({format_count(size)} parameters)" in card.text
+    trained = format_count(results.num_trainable_parameters)
+    assert size < results.num_parameters
+    assert f"({format_count(size)} parameters; LoRA trained {trained}: the adapters, merged in, and the head)" in (
+        card.text
+    )
     pushed = tmp_path / "pushed"
     pushed.mkdir()
     for name, content in commit["files"].items():

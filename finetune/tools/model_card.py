@@ -143,10 +143,23 @@ def card_data(results: Results, model_name: str, adapter_base_model: str | None 
     )
 
 
-def _description(results: Results, config: dict, model_name: str) -> str:
+def _parameters(results: Results, merged: bool) -> str:
+    """The parameters counted as results.json and `compare` count them, and which of them trained. A LoRA run counts
+    its base model with the adapters and the head's trained copy; its merged model, the merged weights."""
+    total, trained = format_count(results.num_parameters), format_count(results.num_trainable_parameters)
+    if results.hyperparameters.get("finetune_method") == "lora":
+        if merged:
+            return f"{total} parameters; LoRA trained {trained}: the adapters, merged in, and the head"
+        return f"{total} parameters with the LoRA adapters, of which {trained} trained: the adapters and the head"
+    if results.num_trainable_parameters in (None, results.num_parameters):
+        return f"{total} parameters"
+    return f"{total} parameters, of which {trained} trained"
+
+
+def _description(results: Results, config: dict, model_name: str, merged: bool) -> str:
     dataset = f"`{display_dataset(results.dataset)}`"
     size = f"{results.image_size or config.get('image_size', '?')} px"
-    params = format_count(results.num_parameters)
+    params = _parameters(results, merged)
     base = results.model_name_or_path
     if is_scratch(results):
         variant = ", ".join(
@@ -158,14 +171,14 @@ def _description(results: Results, config: dict, model_name: str) -> str:
         origin = "trained from random initialisation" if results.model_type == "scratch" else "fine-tuned"
         return (
             f"**{model_name}** is a ScratchViT, a Vision Transformer written from scratch as a transformers model, "
-            f"{origin} on {dataset} at {size} ({params} parameters; {variant}). "
+            f"{origin} on {dataset} at {size} ({params}; {variant}). "
             "Its modeling code is stored with the weights, so it loads with `trust_remote_code=True`."
         )
     architecture = results.architecture or (config.get("architectures") or ["a pretrained model"])[0]
     base = f"[`{base}`](https://huggingface.co/{base})" if is_hub_id(base) else "a pretrained checkpoint"
     return (
         f"**{model_name}** is {base} (`{architecture}`) fine-tuned for image classification on {dataset} at {size} "
-        f"({params} parameters)."
+        f"({params})."
     )
 
 
@@ -296,13 +309,14 @@ def _training_section(results: Results) -> list[str]:
 def build_model_card(output_dir: str | os.PathLike, repo_id: str | None = None) -> ModelCard:
     output_dir, run_dir = Path(output_dir), run_dir_of(output_dir)
     results = Results.load(run_dir)
-    if run_dir != output_dir:  # a LoRA run's merged model: its run counted the adapters and the head's trained copy
+    merged = run_dir != output_dir
+    if merged:  # a LoRA run's merged model: its run counted the adapters and the head's trained copy
         results = dataclasses.replace(results, num_parameters=stored_parameters(output_dir))
     config = _read_json(output_dir / "config.json") or {}
     model_name = repo_id.split("/")[-1] if repo_id else str(results.run_name or output_dir.name)
     repo = repo_id or f"path/to/{output_dir.resolve().name}"
 
-    sections = [f"# {model_name}", _description(results, config, model_name), *_results_section(results)]
+    sections = [f"# {model_name}", _description(results, config, model_name, merged), *_results_section(results)]
     comparison_dir = find_comparison_dir(run_dir)
     summary = _read_json(comparison_dir / SUMMARY_NAME) if comparison_dir else None
     if summary and summary.get("runs"):

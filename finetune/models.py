@@ -193,13 +193,15 @@ def is_adapter_dir(path: str | os.PathLike) -> bool:
 
 def load_adapter_model(path: str | os.PathLike, merge: bool = True, **kwargs) -> torch.nn.Module:
     """A LoRA run's output: the base model its `adapter_config.json` names, with the run's labels, then the adapters
-    and head through peft; merged into a plain transformers model with `merge`. `kwargs` go to `from_pretrained`."""
+    and head through peft; merged into a plain transformers model with `merge`. `kwargs` go to `from_pretrained`.
+    A checkpoint-* of the run holds no config.json: the run folder around it has the labels."""
     from peft import PeftModel
 
     path = str(path)
     with open(os.path.join(path, ADAPTER_CONFIG_NAME)) as f:
         base = json.load(f)["base_model_name_or_path"]
-    config = AutoConfig.from_pretrained(path, trust_remote_code=kwargs.get("trust_remote_code", False))
+    config_dir = path if os.path.isfile(os.path.join(path, "config.json")) else os.path.dirname(os.path.abspath(path))
+    config = AutoConfig.from_pretrained(config_dir, trust_remote_code=kwargs.get("trust_remote_code", False))
     try:
         model = AutoModelForImageClassification.from_pretrained(
             base, config=config, ignore_mismatched_sizes=True, **kwargs

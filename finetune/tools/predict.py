@@ -119,14 +119,9 @@ def load_classifier(model_dir, trust_remote_code: bool = False, attn_implementat
     if os.path.isdir(model_dir):
         run_dir = os.path.dirname(os.path.abspath(model_dir))
         missing = not os.path.isfile(os.path.join(model_dir, "config.json"))
-        if missing and is_adapter_dir(model_dir) and os.path.isfile(os.path.join(run_dir, "config.json")):
-            # The Trainer's checkpoints of a LoRA run hold the adapters; the model's config is saved once, beside them.
-            raise FileNotFoundError(
-                f"{model_dir} is a checkpoint of a LoRA run: it holds the adapters but not the model's config.json, "
-                f"which is in the run folder. Pass {run_dir}, or copy {os.path.join(run_dir, 'config.json')} into "
-                f"{model_dir}."
-            )
-        check_local_checkpoint(model_dir, trust_remote_code)  # no config.json, no weights, ...: one line each
+        # A LoRA run's checkpoint-* holds the adapters; `load_adapter_model` reads the config from the run folder.
+        if not (missing and is_adapter_dir(model_dir) and os.path.isfile(os.path.join(run_dir, "config.json"))):
+            check_local_checkpoint(model_dir, trust_remote_code)  # no config.json, no weights, ...: one line each
     kwargs = {"trust_remote_code": trust_remote_code, "attn_implementation": attn_implementation}
     if is_adapter_dir(model_dir):
         # The base model loads with the run's labels, so transformers reports its classifier as MISMATCH / Reinit

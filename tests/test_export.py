@@ -97,6 +97,14 @@ def test_scratch_run_exports_and_serves_as_predict_classifies(scratch_run, tmp_p
     assert line.startswith("error: ") and "is an ONNX export" in line and "run's output directory" in line
 
 
+def test_a_checkpoint_exports_checked_on_its_runs_dataset(scratch_run, tmp_path, capsys):
+    """A checkpoint-* has no results.json: the run folder around it names the dataset, as for predict."""
+    [checkpoint_dir] = scratch_run.glob("checkpoint-*")
+    result = export.main([str(checkpoint_dir), "--format", "onnx", "--output", str(tmp_path / "onnx")])
+    assert result.num_images == export.CHECK_IMAGES and result.max_abs_difference <= export.DEFAULT_ATOL
+    assert "image(s) of the run's dataset" in capsys.readouterr().out
+
+
 def test_vit_run_exports_to_the_output_checked_on_given_files(vit_run, tmp_path, capsys):
     files = digit_files(tmp_path / "images")
     out = tmp_path / "served"

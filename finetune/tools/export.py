@@ -149,10 +149,10 @@ def run_images(run_dir: Path, model, processor, count: int = CHECK_IMAGES) -> li
     from finetune.arguments import DataArguments
     from finetune.augment import photo_size
     from finetune.data import load_image_data
-    from finetune.results import RESULTS_NAME, Results
-    from finetune.tools.predict import image_mode, model_preprocessing
+    from finetune.tools.predict import image_mode, model_preprocessing, run_results
 
-    dataset = Results.load(run_dir).dataset if (run_dir / RESULTS_NAME).is_file() else None
+    results = run_results(run_dir)  # in it, or in the run folder around a checkpoint-*
+    dataset = results.dataset if results else None
     if not dataset:
         raise FileNotFoundError(
             f"{run_dir} has no results.json naming the dataset it trained on, to check the export with. Pass "

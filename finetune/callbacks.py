@@ -31,25 +31,36 @@ def total_batch_size(args) -> int:
 def restore_state(callback: ExportableState, state) -> None:
     """Take up a callback's attributes that the checkpoint of a resumed run saved (`TrainerState.stateful_callbacks`,
     under its class name). The Trainer's own `restore_callback_states_from_checkpoint` would replace the callback with
-    a new one, which the trainer's references to it would not follow."""
-    saved = state.stateful_callbacks.get(type(callback).__name__)
-    for name, value in (saved or {}).get("attributes", {}).items():
+    a new one, which the trainer's references to it would not follow. A checkpoint saved without it gets its entry,
+    which the Trainer's next save updates (and fails without)."""
+    saved = state.stateful_callbacks.setdefault(type(callback).__name__, callback.state())
+    for name, value in saved.get("attributes", {}).items():
         setattr(callback, name, value)
 
 
-class ResumeCheck(TrainerCallback):
+class ResumeCheck(TrainerCallback, ExportableState):
     """Refuses a resumed checkpoint whose optimizer steps do not count this run's epochs. The Trainer reads the saved
     step count through this run's steps an epoch: step 20 of a one-process run (16 an epoch) resumed by two processes
     (8) was read as epoch 2.5. Whatever sets them (processes, batch size, accumulation, the images, a batch size found
-    by `auto_find_batch_size`), the steps tell."""
+    by `auto_find_batch_size`), the steps tell; they are saved with each checkpoint."""
+
+    def __init__(self):
+        self.steps_per_epoch = None
+
+    def state(self) -> dict:
+        return {"args": {}, "attributes": {"steps_per_epoch": self.steps_per_epoch}}
 
     def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
-        if not state.global_step or not state.epoch or not has_length(train_dataloader):
-            return  # not resumed, or no epochs to count
+        if not has_length(train_dataloader):
+            return  # no epochs to count
         now = math.ceil(len(train_dataloader) / args.gradient_accumulation_steps)  # as the Trainer counts them
-        # `epoch` counts the running epoch's batches: the ratio lies between batches / accumulation and its ceiling.
-        then = math.ceil(state.global_step / state.epoch - 1e-6)
-        if then != now:
+        self.steps_per_epoch, resumed = None, state.global_step > 0
+        restore_state(self, state)
+        # From a checkpoint that did not save them: `epoch` counts the running epoch's batches, so the ratio lies
+        # between batches / accumulation and its ceiling (not after a resume with `ignore_data_skip`).
+        then = self.steps_per_epoch or (state.epoch and math.ceil(state.global_step / state.epoch - 1e-6))
+        self.steps_per_epoch = now
+        if resumed and then != now:
             raise ValueError(
                 f"The resumed checkpoint (step {state.global_step}) was trained at {then} optimizer steps an epoch, "
                 f"and this run has {now}: its steps would not count this run's epochs (another batch size, number of "

@@ -238,6 +238,24 @@ def test_a_checkpoint_of_other_steps_an_epoch_is_refused_in_one_line(trained, tm
     assert run.main([*resume_args(out), *args, "--num_train_epochs", "4"])["scratch"].epochs == 4.0
 
 
+def test_a_run_resumed_with_ignore_data_skip_is_checked_by_its_saved_steps_an_epoch(tmp_path, capsys):
+    """`ignore_data_skip` trains the resumed epoch again from its start, so the next checkpoint's step no longer
+    counts its epoch (step 8 at epoch 0.5): resumed as trained it was refused (as 16 steps an epoch), and at 16 steps
+    an epoch it was taken. The checkpoint says how many steps an epoch it was trained at."""
+    out = tmp_path / "out"
+    args = [*TINY, "--num_train_epochs", "1", "--save_strategy", "steps", "--save_steps", "4",
+            "--load_best_model_at_end", "false", "--output_dir", str(out)]  # fmt: skip
+    run.main(args)
+    shutil.rmtree(out / "checkpoint-8")  # as if stopped after step 4
+    run.main([*args, "--resume_from_checkpoint", "true", "--ignore_data_skip", "true"])
+    assert json.loads((out / "checkpoint-8" / "trainer_state.json").read_text())["epoch"] == 0.5
+    resume = [*args, "--resume_from_checkpoint", "true"]
+    assert run_command(run.main, [*resume, "--per_device_train_batch_size", "4"]) == 1
+    [line] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert "(step 8) was trained at 8 optimizer steps an epoch, and this run has 16:" in line, line
+    assert run.main([*resume, "--num_train_epochs", "2"])["scratch"].epochs == 2.0
+
+
 def test_auto_find_batch_size_resumes_with_the_checkpoints_batch_size(tmp_path):
     """transformers takes up the batch size the finder settled on from the checkpoint, whatever the command says."""
     out = tmp_path / "out"

@@ -14,7 +14,9 @@ import itertools
 import logging
 import os
 import re
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -105,7 +107,8 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
         # ---- Data: decoded once into uint8 tensors (and cached); the main process decodes first, the others read it.
         # Photos of mixed sizes are stored at the model's size plus a margin for crops, read from its processor.
         target_size = storage_size(model_args.model_type, model_args, scratch_args)
-        with training_args.main_process_first(desc="loading and decoding the dataset"):
+        stage = "loading and decoding the dataset"
+        with starting(stage), training_args.main_process_first(desc=stage):
             data = load_image_data(
                 data_args, seed=training_args.data_seed or training_args.seed, target_size=target_size
             )
@@ -169,6 +172,35 @@ def peers_answering(training_args: TrainingArguments):
             "are kept: resume with `--resume_from_checkpoint true`. Raise `ddp_timeout` only where a process "
             "legitimately works alone that long (the first decode of a large dataset)."
         ) from error
+
+
+@contextlib.contextmanager
+def starting(stage: str):
+    """A start-up stage (decoding a large dataset or loading a model can take minutes): SIGTERM or SIGINT (Ctrl-C) ends
+    the run with one line naming `stage`, and exit status 128 + the signal's number as a stop in training does
+    (`TrainingInterrupted`); not SIGTERM's silent default. Cache entries are renamed into place only when complete."""
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt(signum)
+
+    main_thread = threading.current_thread() is threading.main_thread()  # handlers can only be set there
+    previous = signal.getsignal(signal.SIGTERM) if main_thread else None
+    if previous == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    except KeyboardInterrupt as error:
+        signum = error.args[0] if error.args and isinstance(error.args[0], int) else signal.SIGINT
+        name = {signal.SIGINT: "SIGINT (Ctrl-C)", signal.SIGTERM: "SIGTERM"}.get(signum, f"signal {signum}")
+        interrupted = KeyboardInterrupt(
+            f"stopped by {name} while {stage}, before training started. Rerun the same command (splits already "
+            "decoded into the cache are reused)."
+        )
+        interrupted.exit_status = 128 + signum  # read by `run_command`
+        raise interrupted from None
+    finally:
+        if previous == signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, previous)
 
 
 # What the summary names in a run's folder where it is there, and the file that shows it is.
@@ -283,9 +315,10 @@ def train_and_evaluate(
     start = time.perf_counter()
     logger.info(f"==== {model_type} model -> {args.output_dir}")
     set_seed(args.seed)
-    model_args, attention_why = choose_attention(model_type, model_args, scratch_args, args)
-    model, processor, prep = build_model(model_type, model_args, scratch_args, data)
-    trainer = make_trainer(model, processor, prep, data_args, args, data, model_args.layer_decay, settings.compile)
+    with starting(f"building the {model_type} model"):
+        model_args, attention_why = choose_attention(model_type, model_args, scratch_args, args)
+        model, processor, prep = build_model(model_type, model_args, scratch_args, data)
+        trainer = make_trainer(model, processor, prep, data_args, args, data, model_args.layer_decay, settings.compile)
 
     # ---- Training. With `load_best_model_at_end` the best checkpoint by validation accuracy is reloaded here.
     train_result = trainer.train(resume_from_checkpoint=checkpoint)

@@ -3,6 +3,7 @@
 
 Environment: `SIGNAL_AT` (the training batch, counted from 1, during whose transform the signal is sent), `SIGNAL`
 (`TERM` or `INT`, default TERM), `SIGNAL_TWICE=1` (send it twice) and `SIGNAL_RANK` (only the process of this rank).
+`SIGNAL_AT=decoding` sends it at start-up instead, as the dataset's images start being decoded.
 """
 
 import os
@@ -14,6 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from finetune.augment import BatchTransform  # noqa: E402
+from finetune.data import cache  # noqa: E402
 from finetune.errors import run_command  # noqa: E402
 from finetune.run import main  # noqa: E402
 
@@ -33,8 +35,22 @@ def signalling_forward(at: int, signum: int, twice: bool = False, rank: int | No
     return signalling
 
 
+def signalling_decode(signum: int):
+    """`decode_images` that sends `signum` to this process before decoding (its cache folder is started then)."""
+    decode = cache.decode_images
+
+    def signalling(*args, **kwargs):
+        os.kill(os.getpid(), signum)
+        return decode(*args, **kwargs)
+
+    return signalling
+
+
 if __name__ == "__main__":
     rank = os.environ.get("SIGNAL_RANK")
+    if os.environ["SIGNAL_AT"] == "decoding":
+        cache.decode_images = signalling_decode(getattr(signal, "SIG" + os.environ.get("SIGNAL", "TERM")))
+        sys.exit(run_command(main))
     BatchTransform.finish = signalling_forward(
         int(os.environ["SIGNAL_AT"]),
         getattr(signal, "SIG" + os.environ.get("SIGNAL", "TERM")),

@@ -9,7 +9,9 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
+from PIL import Image
 from safetensors.torch import load_file
 
 
@@ -161,6 +163,25 @@ def test_ctrl_c_saves_too_and_a_second_signal_stops_at_once(tmp_path):
     proc = train(out, env={"SIGNAL_AT": "3", "SIGNAL_TWICE": "1"}, script=SIGNALLED)
     assert proc.returncode == -signal.SIGTERM, proc.stderr[-3000:]
     assert not list(out.glob("checkpoint-*")), "the second signal ends the run without saving"
+
+
+@pytest.mark.parametrize("name", ["TERM", "INT"])
+def test_a_signal_during_start_up_ends_the_run_with_one_line_and_leaves_no_half_decoded_cache(tmp_path, name):
+    """SIGTERM while the dataset is decoded used to end the run without a word, leaving a half-written cache folder."""
+    folder, cache, out = tmp_path / "images", tmp_path / "cache", tmp_path / "run"
+    rng = np.random.default_rng(0)
+    for i in range(40):
+        (folder / f"class{i % 2}").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (8, 8), dtype=np.uint8)).save(folder / f"class{i % 2}" / f"{i}.png")
+    data = ["--dataset_name", str(folder), "--decoded_cache_dir", str(cache), "--num_train_epochs", "1"]
+    proc = train(out, *data, env={"SIGNAL_AT": "decoding", "SIGNAL": name}, script=SIGNALLED)
+    assert proc.returncode == 128 + getattr(signal, f"SIG{name}"), proc.stderr[-3000:]
+    [line] = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert "while loading and decoding the dataset, before training started" in line, line
+    assert "Rerun the same command" in line and "Traceback" not in proc.stderr
+    assert not list(cache.iterdir()) and not out.exists()
+    proc = train(out, *data)
+    assert proc.returncode == 0 and len(list(cache.iterdir())) == 1, proc.stderr[-3000:]
 
 
 LAUNCHER = [

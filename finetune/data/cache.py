@@ -75,17 +75,21 @@ def decoded_split(
     workers = data_args.decode_workers or cores
     tmp = _start_entry(paths[0])
     start = time.perf_counter()
-    pixels, kept, rows, skipped, used_fallback = decode_images(
-        lambda: image_items(selected, columns[0]),
-        len(needed),
-        resize_to=data_args.decode_size,
-        fallback_size=target_size,
-        corrupt_images=data_args.corrupt_images,
-        where=where,
-        out_path=os.path.join(tmp, "pixel_values.npy"),
-        workers=workers,
-        positions=needed,
-    )
+    try:
+        pixels, kept, rows, skipped, used_fallback = decode_images(
+            lambda: image_items(selected, columns[0]),
+            len(needed),
+            resize_to=data_args.decode_size,
+            fallback_size=target_size,
+            corrupt_images=data_args.corrupt_images,
+            where=where,
+            out_path=os.path.join(tmp, "pixel_values.npy"),
+            workers=workers,
+            positions=needed,
+        )
+    except BaseException:  # an error or a signal (`run.starting`): no half-decoded folder left behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     seconds = time.perf_counter() - start
     logger.info(
         f"Decoded {len(kept):,} images of {where} in {seconds:.1f}s ({len(needed) / max(seconds, 1e-9):,.0f} "

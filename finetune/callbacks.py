@@ -504,10 +504,28 @@ class QuietProgress(ProgressCallback):
         super().on_step_end(args, state, control, **kwargs)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        score = next((name for name in ("accuracy", "map") if f"eval_{name}" in (logs or {})), None)
-        if state.is_world_process_zero and self.training_bar is not None and score:
-            train_loss = next((e["loss"] for e in reversed(state.log_history) if "loss" in e), None)
-            value, loss = logs[f"eval_{score}"], logs["eval_loss"]
-            name = "mAP" if score == "map" else score
-            line = f"epoch {state.epoch:.2f}: validation {name} {value:.2%}, loss {loss:.4f}"
-            self.training_bar.write(line + (f" (training loss {train_loss:.4f})" if train_loss is not None else ""))
+        line = evaluation_line(state, logs)
+        if state.is_world_process_zero and self.training_bar is not None and line:
+            self.training_bar.write(line)
+
+
+class EvaluationLines(TrainerCallback):
+    """Without progress bars (`disable_tqdm`), the lines of `QuietProgress` logged, in place of transformers'
+    `PrinterCallback`, which prints a dict per log."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        line = evaluation_line(state, logs)
+        if state.is_world_process_zero and line:
+            logger.info(line)
+
+
+def evaluation_line(state, logs: dict | None) -> str | None:
+    """An evaluation's logs as one line (None for other logs): the validation score and loss, and the last training
+    loss logged."""
+    score = next((name for name in ("accuracy", "map") if f"eval_{name}" in (logs or {})), None)
+    if score is None:
+        return None
+    train_loss = next((e["loss"] for e in reversed(state.log_history) if "loss" in e), None)
+    name = "mAP" if score == "map" else score
+    line = f"epoch {state.epoch:.2f}: validation {name} {logs[f'eval_{score}']:.2%}, loss {logs['eval_loss']:.4f}"
+    return line + (f" (training loss {train_loss:.4f})" if train_loss is not None else "")

@@ -32,7 +32,7 @@ import os
 import numpy as np
 import torch
 import torch.nn.functional as F
-from transformers import EvalPrediction, ProgressCallback, Trainer
+from transformers import EvalPrediction, PrinterCallback, ProgressCallback, Trainer
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_optimizer import is_optimizer_factory
 from transformers.trainer_utils import get_last_checkpoint
@@ -41,6 +41,7 @@ from transformers.utils import logging
 from finetune.augment import MixUpCutMix
 from finetune.callbacks import (
     EMACallback,
+    EvaluationLines,
     InterruptCallback,
     ModelEMA,
     QuietProgress,
@@ -183,9 +184,8 @@ class ImageClassificationTrainer(Trainer):
         if a.early_stopping_patience is not None:
             self.early_stopping = ResumedEarlyStopping(a.early_stopping_patience, a.early_stopping_threshold)
             callbacks.append(self.early_stopping)
-        if not a.disable_tqdm:
-            self.remove_callback(ProgressCallback)
-            callbacks.append(QuietProgress(budget))
+        self.remove_callback(PrinterCallback if a.disable_tqdm else ProgressCallback)
+        callbacks.append(EvaluationLines() if a.disable_tqdm else QuietProgress(budget))
         callbacks.append(self.interrupt)
         if ema:
             callbacks.append(ema)  # last: it acts on what the callbacks before it decided

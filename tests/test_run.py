@@ -108,6 +108,15 @@ def test_scratch_run_writes_a_loadable_model_repo_and_results(tmp_path):
     assert saved["validation"]["accuracy"] == pytest.approx(best)
 
 
+def test_without_progress_bars_each_evaluation_is_one_logged_line_not_a_dict_per_log(tmp_path, caplog, capsys):
+    with caplog.at_level(logging.INFO, logger="finetune"):
+        run.main([*TINY_SCRATCH, "--output_dir", str(tmp_path), "--report_to", "none", "--disable_tqdm", "true"])
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("epoch ")]
+    assert [line.split(":")[0] for line in lines] == ["epoch 1.00", "epoch 2.00"], lines
+    assert "validation accuracy" in lines[0] and "(training loss" in lines[0]
+    assert "{'loss'" not in capsys.readouterr().out  # transformers' PrinterCallback
+
+
 def test_pretrained_path_replaces_the_head_and_uses_the_checkpoint_processor(tmp_path):
     checkpoint = tiny_vit_checkpoint(tmp_path / "hub_stand_in", num_channels=3, num_labels=3)
     out = tmp_path / "pretrained"

@@ -184,6 +184,20 @@ def test_cli_rejects_unknown_output_format(run_dirs, images):
         predict.write_predictions([], "preds.txt")
 
 
+def test_an_output_that_would_replace_a_file_of_the_run_is_refused(run_dirs, images, tmp_path):
+    run = Path(shutil.copytree(run_dirs["vit"], tmp_path / "run"))
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    for name in ("results.json", "config.json", "preprocessor_config.json"):
+        output = run / name
+        with pytest.raises(ValueError, match=rf"^--output {re.escape(str(output))} would replace a file of the model"):
+            predict.main([str(run), str(images["png"]), "--output", str(output)])
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+    # A new file beside the run's is written, as is a file outside a model's folder, again and again.
+    for output in (run / "new.csv", tmp_path / "preds.json", tmp_path / "preds.json"):
+        predict.main([str(run), str(images["png"]), "--output", str(output)])
+        assert output.is_file()
+
+
 def test_grayscale_images_preprocess_without_numpy_warnings(run_dirs, images):
     model, processor = predict.load_classifier(run_dirs["scratch-gray"], device="cpu")
     gray = Image.open(images["png"]).convert("L")  # a 2-D array once decoded: torch warned it was not writable

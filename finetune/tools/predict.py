@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 ONNX_NAME = "model.onnx"  # what `vit-finetune export` writes
+# Files that mark a folder as a model's or a run's: `--output` may add files there, never replace one.
+MODEL_FILES = ("config.json", "adapter_config.json", "results.json")
 
 
 @dataclass
@@ -437,8 +439,13 @@ def main(argv: list[str] | None = None) -> list[Prediction]:
         "--batch_size", "--batch-size", type=int, default=32, help="Images per forward pass (default 32)."
     )
     args = parser.parse_args(argv)
-    if args.output and Path(args.output).suffix.lower() not in (".csv", ".json"):
-        parser.error(f"--output must end in .csv or .json, got {args.output}.")
+    output = Path(args.output) if args.output else None
+    if output and output.suffix.lower() not in (".csv", ".json"):
+        parser.error(f"--output must end in .csv or .json, got {output}.")
+    if output and output.is_file() and any((output.parent / name).is_file() for name in MODEL_FILES):
+        parser.error(
+            f"--output {output} would replace a file of the model or run in {output.parent}: pass a new name."
+        )
     try:
         paths = collect_image_paths(args.paths)
     except FileNotFoundError as error:
@@ -452,8 +459,8 @@ def main(argv: list[str] | None = None) -> list[Prediction]:
     for p in predictions:
         labels = ", ".join(f"{label} {score:.4f}" for label, score in zip(p.labels, p.scores))
         print(f"{p.path}: {labels or 'no label above its threshold'}")
-    if args.output:
-        print(f"Wrote {len(predictions)} prediction(s) to {write_predictions(predictions, args.output, skipped)}")
+    if output:
+        print(f"Wrote {len(predictions)} prediction(s) to {write_predictions(predictions, output, skipped)}")
     if skipped:
         print(f"Skipped {len(skipped)} unreadable file(s): " + ", ".join(path for path, _ in skipped), file=sys.stderr)
     if not predictions:  # a command that classified nothing has failed, whatever the reason

@@ -171,6 +171,22 @@ def test_cli_writes_pngs_of_what_the_model_sees(tmp_path, kind):
         assert png.width > png.height  # 4 panels in a row
 
 
+def test_a_folder_gives_the_maps_of_its_images_as_predict_reads_them(tmp_path):
+    run = make_run_dir(tmp_path / "run", model=tiny_scratch_model(), extras=False)
+    (tmp_path / "photos" / "dogs").mkdir(parents=True)
+    Image.new("RGB", (20, 30), (200, 10, 10)).save(tmp_path / "photos" / "cat.png")
+    Image.new("RGB", (30, 20), (10, 10, 200)).save(tmp_path / "photos" / "dogs" / "dog.jpg")
+    written = attention.main([str(run), str(tmp_path / "photos"), "--output", str(tmp_path / "maps")])
+    assert [p.name for p in written] == [
+        "cat_attention.png",
+        "cat_rollout.png",
+        "dog_attention.png",
+        "dog_rollout.png",
+    ]
+    with pytest.raises(ValueError, match=r"missing does not exist. Pass image files or folders of images.$"):
+        attention.main([str(run), str(tmp_path / "missing"), "--output", str(tmp_path / "maps")])
+
+
 def test_other_resolution_gives_a_finer_grid(tmp_path):
     run = make_run_dir(tmp_path / "run", "pretrained", model=tiny_vit_model(), extras=False)
     model, processor = load_classifier(run, attn_implementation="eager")

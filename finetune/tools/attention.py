@@ -23,7 +23,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from finetune.errors import ArgumentParser, run_command
-from finetune.tools.predict import add_model_arguments, classifier_from_arguments, run_results, stored_frame
+from finetune.tools.predict import (
+    add_model_arguments,
+    classifier_from_arguments,
+    collect_image_paths,
+    run_results,
+    stored_frame,
+)
 
 
 if TYPE_CHECKING:
@@ -280,18 +286,21 @@ def main(argv: list[str] | None = None) -> list[Path]:
         description="Plot per-layer CLS attention maps and attention rollout of a saved ViT classifier.",
     )
     add_model_arguments(parser)
-    parser.add_argument("images", nargs="+", metavar="IMAGE", help="Image files.")
+    parser.add_argument("images", nargs="+", metavar="IMAGE", help="Image files, or folders searched recursively.")
     parser.add_argument("--output", required=True, metavar="DIR", help="Where to write the PNGs.")
     args = parser.parse_args(argv)
-    missing = [p for p in args.images if not os.path.isfile(p)]
-    if missing:
-        parser.error(f"Not found: {', '.join(missing)}")
+    try:
+        paths = collect_image_paths(args.images)  # as predict reads them
+    except FileNotFoundError as error:
+        parser.error(str(error))
     model, processor = classifier_from_arguments(parser, args, attn_implementation="eager")
     whole = stored_frame(run_results(args.model_dir))
-    written = write_attention_maps(model, processor, args.images, args.output, args.image_size, whole)
+    written = write_attention_maps(model, processor, paths, args.output, args.image_size, whole)
     if not written:
         names = ", ".join(args.images)
-        raise ValueError(f"None of {names} could be read as an image; nothing was written. Pass PNG, JPEG, ... files.")
+        raise ValueError(
+            f"None of {names} could be read as an image; nothing was written. Pass PNG, JPEG, ... files or folders."
+        )
     print("\n".join(map(str, written)))
     return written
 

@@ -59,6 +59,23 @@ def test_collect_image_paths_follows_links_to_folders(images, tmp_path):
     assert sorted(p.name for p in found) == sorted(p.name for p in images.values())
 
 
+def test_a_folder_gives_the_files_training_reads_of_it(tmp_path):
+    """datasets' imagefolder, which reads training's image folders, reads .jfif and leaves out hidden files and
+    folders and `__*` folders (macOS's __MACOSX): predict reads the same files of a folder."""
+    import datasets
+
+    names = ["cat/a.jpg", "cat/b.jfif", "cat/C.JPG", "dog/sub/d.png", "cat/.h.jpg", "cat/.thumbnails/t.jpg"]
+    for name in [*names, "cat/__MACOSX/m.jpg", ".cache/x/e.png"]:
+        (tmp_path / "photos" / name).parent.mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (8, 8)).save(tmp_path / "photos" / name, format="PNG")
+    (tmp_path / "photos" / "dog" / "notes.txt").write_text("not an image")
+    found = [str(p.relative_to(tmp_path / "photos")) for p in predict.collect_image_paths([tmp_path / "photos"])]
+    assert found == ["cat/C.JPG", "cat/a.jpg", "cat/b.jfif", "dog/sub/d.png"]
+    loaded = datasets.load_dataset("imagefolder", data_dir=str(tmp_path / "photos"), cache_dir=str(tmp_path / "hf"))
+    read = loaded["train"].cast_column("image", datasets.Image(decode=False))["image"]
+    assert sorted(os.path.relpath(image["path"], tmp_path / "photos") for image in read) == sorted(found)
+
+
 @pytest.mark.parametrize("name", ["scratch-learned", "scratch-sinusoidal-mean", "scratch-gray", "vit"])
 def test_predictions_on_every_kind_of_image(run_dirs, images, name):
     model, processor = predict.load_classifier(run_dirs[name])

@@ -162,15 +162,19 @@ def check_model_dir(model_dir: str) -> None:
 
 
 def collect_image_paths(paths: Iterable[str | os.PathLike]) -> list[Path]:
-    """A file as it is (whatever its extension); a folder searched recursively for image files (links to folders
-    followed), sorted. Raises `FileNotFoundError` for a path that does not exist."""
-    from finetune.data import IMAGE_EXTENSIONS
-
+    """A file as it is (whatever its extension); a folder searched recursively (links to folders followed), sorted,
+    for the files training reads of a folder: datasets' imagefolder extensions, no hidden files or folders, no `__*`
+    folders. Raises `FileNotFoundError` for a path that does not exist."""
     found: list[Path] = []
     for path in map(Path, paths):
         if path.is_dir():
-            walked = (Path(root, name) for root, _, names in os.walk(path, followlinks=True) for name in names)
-            found.extend(sorted(p for p in walked if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS))
+            from datasets.packaged_modules.imagefolder.imagefolder import ImageFolder
+
+            walked = []
+            for root, folders, names in os.walk(path, followlinks=True):
+                folders[:] = [name for name in folders if not name.startswith((".", "__"))]  # as datasets skips them
+                walked += [Path(root, name) for name in names if not name.startswith(".")]
+            found.extend(sorted(p for p in walked if p.is_file() and p.suffix.lower() in ImageFolder.EXTENSIONS))
         elif path.is_file():
             found.append(path)
         else:
@@ -468,12 +472,9 @@ def main(argv: list[str] | None = None) -> list[Prediction]:
             raise ValueError(
                 f"None of the {len(skipped)} file(s) could be read as an image; pass PNG, JPEG, ... files."
             )
-        from finetune.data import IMAGE_EXTENSIONS
-
-        extensions = " ".join(sorted(IMAGE_EXTENSIONS))
         raise FileNotFoundError(
-            f"No image files in {', '.join(args.paths)} (folders are searched for {extensions}). "
-            "Pass image files, or folders that hold them."
+            f"No image files in {', '.join(args.paths)} (folders are searched for the images training reads: .jpg, "
+            ".png, .webp, ..., hidden files left out). Pass image files, or folders that hold them."
         )
     return predictions
 

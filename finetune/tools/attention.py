@@ -23,13 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from finetune.errors import ArgumentParser, run_command
-from finetune.tools.predict import (
-    add_model_arguments,
-    classifier_from_arguments,
-    collect_image_paths,
-    run_results,
-    stored_frame,
-)
+from finetune.tools.predict import add_model_arguments, classifier_from_arguments, run_results, stored_frame
 
 
 if TYPE_CHECKING:
@@ -289,6 +283,8 @@ def main(argv: list[str] | None = None) -> list[Path]:
     parser.add_argument("images", nargs="+", metavar="IMAGE", help="Image files, or folders searched recursively.")
     parser.add_argument("--output", required=True, metavar="DIR", help="Where to write the PNGs.")
     args = parser.parse_args(argv)
+    from finetune.tools.predict import collect_image_paths
+
     try:
         paths = collect_image_paths(args.images)  # as predict reads them
     except FileNotFoundError as error:

@@ -448,7 +448,8 @@ def main(argv: list[str] | None = None) -> list[Prediction]:
         parser.error(f"--output must end in .csv or .json, got {output}.")
     if output and output.is_file() and any((output.parent / name).is_file() for name in MODEL_FILES):
         parser.error(
-            f"--output {output} would replace a file of the model or run in {output.parent}: pass a new name."
+            f"--output {output} already exists in the model or run folder {output.parent}, whose files predict never "
+            "replaces: pass a new name, or a path outside it."
         )
     try:
         paths = collect_image_paths(args.paths)

@@ -245,6 +245,27 @@ def test_image_folder_with_split_subfolders(tmp_path):
     assert _assert_split_matches(data.test, images, labels) == set(range(18, 24))
 
 
+def test_an_image_is_labelled_by_its_class_folder_whatever_the_depth_below_it(tmp_path):
+    # datasets' image folder labels by the parent folder: cat/2023/ and dog/2023/ would be one class "2023", and
+    # cat/raw/ + dog/raw/ or images at mixed depths no class at all.
+    images, labels = _images(24), _labels(24)
+    for i, (image, label) in enumerate(zip(images, labels)):
+        for folder in (
+            tmp_path / "pets" / NAMES[label] / ["2023", "2024"][i % 2],
+            tmp_path / "split" / ("train" if i < 18 else "test") / NAMES[label] / ["raw", "", "a/b"][i // 3 % 3],
+        ):
+            os.makedirs(folder, exist_ok=True)
+            Image.fromarray(image).save(folder / f"{i}.png")
+    (tmp_path / "link").symlink_to(tmp_path / "pets")  # datasets names the images by their real paths
+    for folder in ("pets", "link"):
+        data = load_image_data(_args(dataset_name=str(tmp_path / folder), validation_size=6), seed=0)
+        assert data.label_names == NAMES
+        _assert_covers(data, images, labels)
+    data = load_image_data(_args(dataset_name=str(tmp_path / "split"), validation_size=6), seed=0)
+    assert data.label_names == NAMES and _assert_split_matches(data.test, images, labels) == set(range(18, 24))
+    _assert_covers(data, images, labels)
+
+
 def test_split_folders_are_found_whatever_their_case(tmp_path):
     images, labels = _images(18), _labels(18)
     _write_png_folder(tmp_path / "pets" / "Train", images[:12], labels[:12])

@@ -154,8 +154,35 @@ def _open_local(path: str, data_args: DataArguments) -> Source:
         raise FileNotFoundError(
             f"{path!r} holds neither parquet/arrow/csv files nor images. `dataset_name` accepts {ACCEPTED_SOURCES}."
         )
-    loaded = datasets.load_dataset("imagefolder", data_dir=path, data_files=split_patterns)
-    return Source(path, _files_fingerprint([path]), encoded=_named_splits(dict(loaded), path))
+    loaded = datasets.load_dataset("imagefolder", data_dir=path, data_files=split_patterns, drop_labels=True)
+    return Source(path, _files_fingerprint([path]), encoded=_named_splits(_label_by_class_folder(loaded, path), path))
+
+
+def _label_by_class_folder(splits: datasets.DatasetDict, root: str) -> dict[str, datasets.Dataset]:
+    """Label each image by its class folder, the first folder under its split's (`train/cat/2023/a.jpg`: cat), as
+    torchvision's ImageFolder does: datasets' image folder takes the parent folder (2023), and gives no labels to
+    images at mixed depths. No label column (`find_columns` says why) where an image has no class folder or there is
+    one class, or where a metadata file gives the labels."""
+    if any("label" in dataset.column_names for dataset in splits.values()):
+        return dict(splits)
+    # datasets finds split folders at any depth (`**/train/**`); the class folder is the one below it.
+    split_folders = {keyword for keywords in datasets.data_files.SPLIT_KEYWORDS.values() for keyword in keywords}
+    root, class_of, classes = os.path.realpath(root), {}, {}
+    for name, dataset in splits.items():
+        parents = [os.path.dirname(image["path"]) for image in read_column(dataset, "image")]
+        for parent in set(parents) - class_of.keys():
+            # Real paths: datasets names the images of a folder reached through a link by their real path.
+            folders = os.path.relpath(os.path.realpath(parent), root).split(os.sep)
+            first = next((i + 1 for i, folder in enumerate(folders) if folder.lower() in split_folders), 0)
+            class_of[parent] = folders[first] if first < len(folders) and folders[first] != "." else None
+        classes[name] = [class_of[parent] for parent in parents]
+    names = sorted({c for cs in classes.values() for c in cs if c is not None})
+    if len(names) < 2 or any(None in cs for cs in classes.values()):
+        return dict(splits)
+    feature = datasets.ClassLabel(names=names)
+    return {
+        name: ds.add_column("label", feature.str2int(classes[name]), feature=feature) for name, ds in splits.items()
+    }
 
 
 def _open_split_files(files: dict[str, str | list[str]], data_args: DataArguments, description: str = "") -> Source:
@@ -317,7 +344,7 @@ def _pick_column(columns: list[str], explicit: str | None, candidates: tuple[str
             return candidate
     hint = ""
     if kind == "label" and columns == ["image"] and os.path.isdir(where):
-        # datasets' image folder builder gives no label column when its images are not all one folder deep.
+        # `_label_by_class_folder` gives no label column when an image sits beside the class folders.
         stray = sorted(f for f in os.listdir(where) if os.path.splitext(f)[1].lower() in IMAGE_EXTENSIONS)
         hint = " An image folder needs one subfolder per class, at least two (e.g. cat/ and dog/)"
         hint += f", and no image beside them: move {', '.join(stray[:3])} into one." if stray else "."

@@ -595,6 +595,8 @@ def evaluate_only(
                 prediction.label_ids,
                 data.label_names,
                 thresholds=list(results.per_class_threshold.values()),
+                positions=getattr(data, split).positions,
+                files=getattr(data, split).files,
             )
             logger.info(f"Predictions of the {split} split written to {path}")
         if not data.multi_label:

@@ -107,3 +107,11 @@ def test_predictions_csv_by_hand(tmp_path):
         "0,c,b,b,0.500000,c,0.300000",
         "1,a,a,a,0.600000,c,0.300000",
     ]
+    # Rows named by their images: position in the source split and file.
+    path = write_predictions_csv(
+        path, logits, np.array([2, 0]), "abc", top_k=1, positions=[7, 3], files=["x.png", None]
+    )
+    assert path.read_text().splitlines()[:2] == [
+        "index,file,label,predicted,top1,top1_probability",
+        "7,x.png,c,b,b,0.500000",
+    ]

@@ -6,6 +6,7 @@ import json
 import logging
 import os
 
+import datasets
 import numpy as np
 import pytest
 from PIL import Image
@@ -197,3 +198,33 @@ def test_predict_resizes_whole_images_where_training_stored_them_whole(tmp_path)
     model, processor = predict.load_classifier(model_dir, device="cpu")
     cropped, _ = predict.predict_files(model, processor, paths, top_k=3)  # no run's results: centre squares
     assert np.abs(np.array([p.scores for p in cropped]) - evaluation).max() > 1e-4
+
+
+def test_each_prediction_names_its_photo_by_file_and_position_in_the_source(tmp_path, caplog):
+    """An evaluation's predictions CSV names each photo by its file in the dataset folder and its position in the
+    source split (the corrupt-image warning's numbering), for a validation split held out from train and after a
+    skipped corrupt photo: each row's file, opened by predict, gets the row's probabilities."""
+    photos = write_photo_folder(tmp_path / "photos", per_class=6)
+    (photos / "beans" / "0broken.jpg").write_bytes(b"not a jpeg")
+    processor = ViTImageProcessor(size={"height": 16, "width": 16})
+    model_dir = tiny_vit_checkpoint(tmp_path / "checkpoint", processor, labels=CLASSES)
+    with caplog.at_level(logging.WARNING):
+        run.main(
+            ["--do_train", "false", "--model_name_or_path", model_dir, "--dataset_name", str(photos),
+             "--validation_size", "9", "--decoded_cache_dir", "none", "--bf16", "false",
+             "--output_dir", str(tmp_path / "evaluation"), "--report_to", "none"]
+        )  # fmt: skip
+    with open(tmp_path / "evaluation" / "predictions_validation.csv") as f:
+        rows = list(csv.DictReader(f))
+    source = datasets.load_dataset("imagefolder", data_dir=str(photos), split="train")
+    files = [
+        os.path.relpath(image["path"], photos)
+        for image in source.cast_column("image", datasets.Image(decode=False))["image"]
+    ]
+    assert f"index {files.index('beans/0broken.jpg')} ({photos / 'beans' / '0broken.jpg'})" in caplog.text
+    assert len(rows) == 9 and all(files[int(row["index"])] == row["file"] for row in rows)
+    assert all(row["file"].split("/")[0] == row["label"] for row in rows)
+    model, processor = predict.load_classifier(model_dir, device="cpu")
+    predictions, _ = predict.predict_files(model, processor, [photos / row["file"] for row in rows], top_k=3)
+    evaluation = [[float(row[f"top{k}_probability"]) for k in (1, 2, 3)] for row in rows]
+    np.testing.assert_allclose([p.scores for p in predictions], evaluation, atol=2e-6)

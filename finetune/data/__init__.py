@@ -126,7 +126,8 @@ def load_image_data(
         if split.num_channels != num_channels:
             # A grayscale split next to RGB ones (e.g. a test set saved differently): store all splits alike.
             logger.info(f"Repeating the 1-channel {name} images to {num_channels} channels to match the other splits.")
-            splits[name] = ImageSplit(split.pixel_values.expand(-1, num_channels, -1, -1).contiguous(), split.labels)
+            pixels = split.pixel_values.expand(-1, num_channels, -1, -1).contiguous()
+            splits[name] = ImageSplit(pixels, split.labels, None, split.positions, split.files)
     check_labels(splits, label_names)
     if check_classes:
         check_num_classes(splits["train"], label_names)
@@ -154,6 +155,7 @@ def _materialize(
 ) -> dict[str, ImageSplit]:
     """The chosen images of every split: decoded (only the images some split takes) or taken from the arrays."""
     from finetune.data.cache import decoded_split
+    from finetune.data.sources import image_files
 
     splits = {}
     for source_split in dict.fromkeys(rows.source for rows in chosen.values()):
@@ -169,5 +171,9 @@ def _materialize(
         for name, rows in parts.items():
             row = row_of[rows.positions]
             ok = row >= 0  # corrupt images, skipped when decoding, drop out here
-            splits[name] = ImageSplit(pixels, rows.labels[ok], row[ok])
+            positions = rows.positions[ok]
+            # Only the evaluated splits name their files (in the predictions CSVs): train may hold millions.
+            evaluated = source.encoded and name != "train"
+            files = image_files(source, source_split, columns[0], positions) if evaluated else None
+            splits[name] = ImageSplit(pixels, rows.labels[ok], row[ok], positions, files)
     return splits

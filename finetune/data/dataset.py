@@ -21,6 +21,9 @@ class ImageSplit(torch.utils.data.Dataset):
     A batch copies only its own rows: `__getitems__` serves a whole batch with one index (torch's `DataLoader` calls
     it instead of `__getitem__` per image; pair it with `collate_batch`), so a split over a memory-mapped cache never
     reads the rest of the file into the process. `select` makes a subset without copying images.
+
+    `positions` and `files` say where each image came from, for the predictions CSVs: its position in the source split
+    (as the corrupt-image warnings number it) and its file, where the source has files.
     """
 
     def __init__(
@@ -28,6 +31,8 @@ class ImageSplit(torch.utils.data.Dataset):
         pixel_values: torch.Tensor | np.ndarray,
         labels: torch.Tensor | np.ndarray,
         rows: np.ndarray | None = None,
+        positions: np.ndarray | None = None,
+        files: list[str | None] | None = None,
     ):
         if pixel_values.dtype not in (torch.uint8, np.uint8) or pixel_values.ndim != 4:
             raise ValueError(
@@ -38,7 +43,7 @@ class ImageSplit(torch.utils.data.Dataset):
         count = len(pixel_values) if rows is None else len(rows)
         if labels.ndim not in (1, 2) or len(labels) != count:
             raise ValueError(f"`labels` must be (N,) or (N, K), N the images ({count}), got {tuple(labels.shape)}.")
-        self._images, self._rows = pixel_values, rows
+        self._images, self._rows, self.positions, self.files = pixel_values, rows, positions, files
         self.labels = labels.to(torch.int64 if labels.ndim == 1 else torch.float32)
 
     def __len__(self) -> int:
@@ -79,7 +84,9 @@ class ImageSplit(torch.utils.data.Dataset):
         """A new split with the images at `indices`, in that order; the images themselves are not copied."""
         index = np.asarray(indices, dtype=np.int64)
         rows = index if self._rows is None else self._rows[index]
-        return ImageSplit(self._images, self.labels[torch.from_numpy(index)], rows)
+        positions = None if self.positions is None else self.positions[index]
+        files = None if self.files is None else [self.files[i] for i in index]
+        return ImageSplit(self._images, self.labels[torch.from_numpy(index)], rows, positions, files)
 
 
 def check_num_classes(train: ImageSplit, label_names: list[str]) -> None:

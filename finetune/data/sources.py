@@ -463,6 +463,23 @@ def read_column(dataset: datasets.Dataset, column: str) -> list:
     return dataset.select_columns([column]).with_format("arrow")[:].column(column).to_pylist()
 
 
+def image_files(source: Source, split: str, column: str, positions: np.ndarray) -> list[str | None] | None:
+    """The file of each image at `positions` of a split, relative to the dataset's folder where it lies in it; None
+    where the source names no files (images held as bytes only)."""
+    values = source.encoded[split].select_columns([column]).with_format("arrow")[:].column(column)
+    if isinstance(values.type, pa.StructType) and values.type.get_field_index("path") >= 0:
+        values = pc.struct_field(values, "path")
+    elif values.type not in (pa.string(), pa.large_string()):
+        return None
+    paths = values.take(pa.array(positions, pa.int64())).to_pylist()
+    folder = source.description if os.path.isdir(source.description) else os.path.dirname(source.description)
+    # datasets names an image folder's files by their real path; a csv's are joined to its folder as written.
+    roots = {os.path.join(os.path.realpath(folder), ""), os.path.join(os.path.abspath(folder), "")}
+    for root in roots if os.path.isdir(folder) else ():
+        paths = [p[len(root) :] if p and p.startswith(root) else p for p in paths]
+    return paths if any(paths) else None
+
+
 def image_items(dataset: datasets.Dataset, column: str) -> Iterator[tuple[bytes | None, str | None]]:
     """`(bytes, path)` of every image, read from arrow in batches so the encoded images never all sit in Python."""
     for batch in dataset.select_columns([column]).with_format("arrow").iter(batch_size=1000):

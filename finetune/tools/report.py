@@ -190,8 +190,11 @@ def write_predictions_csv(
     label_names: Sequence[str],
     top_k: int = 5,
     thresholds: Sequence[float] = (),
+    positions: Sequence[int] | None = None,
+    files: Sequence[str | None] | None = None,
 ) -> Path:
-    """Per-image predictions of a split as CSV: `index` (position in the split), `label`, `predicted`, and the
+    """Per-image predictions of a split as CSV: `index` (the image's position in its source split, as the corrupt-image
+    warnings number it: `positions`, else the row's), `file` (where `files` are known), `label`, `predicted`, and the
     `top_k` classes by softmax probability (`top1`, `top1_probability`, `top2`, ...). Multi-hot `labels` (multi-label
     data): `labels`, the labels `predicted` at their `thresholds`, each label's probability."""
     import numpy as np
@@ -199,23 +202,26 @@ def write_predictions_csv(
 
     logits = torch.as_tensor(np.asarray(logits), dtype=torch.float64)  # (N, K)
     probabilities = (logits.sigmoid() if labels.ndim == 2 else logits.softmax(dim=-1)).numpy()
+    index = range(len(labels)) if positions is None else positions
+    names = [[int(i), file or ""] for i, file in zip(index, files)] if files else [[int(i)] for i in index]
+    head = ["index", "file"] if files else ["index"]
     path = Path(path)
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
         if labels.ndim == 2:
-            writer.writerow(["index", "labels", "predicted", *(f"{name}_probability" for name in label_names)])
-            for index, (truth, p) in enumerate(zip(labels, probabilities)):
-                names = [";".join(n for n, on in zip(label_names, row) if on) for row in (truth, p >= thresholds)]
-                writer.writerow([index, *names, *(f"{q:.6f}" for q in p)])
+            writer.writerow([*head, "labels", "predicted", *(f"{name}_probability" for name in label_names)])
+            for name, truth, p in zip(names, labels, probabilities):
+                shown = [";".join(n for n, on in zip(label_names, row) if on) for row in (truth, p >= thresholds)]
+                writer.writerow([*name, *shown, *(f"{q:.6f}" for q in p)])
             return path
         k = min(top_k, probabilities.shape[-1])
         ranked = np.argsort(-probabilities, axis=-1, kind="stable")[:, :k]  # (N, K) -> (N, k)
         ranks = [f"top{i}{end}" for i in range(1, k + 1) for end in ("", "_probability")]
-        writer.writerow(["index", "label", "predicted", *ranks])
-        for index, (label, order) in enumerate(zip(labels, ranked)):
-            row = [index, label_names[int(label)], label_names[int(order[0])]]
+        writer.writerow([*head, "label", "predicted", *ranks])
+        for name, label, order, p in zip(names, labels, ranked, probabilities):
+            row = [*name, label_names[int(label)], label_names[int(order[0])]]
             for j in order:
-                row += [label_names[int(j)], f"{probabilities[index, j]:.6f}"]
+                row += [label_names[int(j)], f"{p[j]:.6f}"]
             writer.writerow(row)
     return path
 

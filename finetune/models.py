@@ -93,12 +93,29 @@ def build_model(
     model.config.problem_type = MULTI_LABEL if data.multi_label else None
     prep = preprocessing_from(processor, model.config)
     check_channels(data.num_channels, prep.num_channels, model_args.convert_channels)
+    processor = _framing_processor(processor, prep, whole=data.train.image_size[0] != data.train.image_size[1])
     logger.info(
         f"Model {type(model).__name__}: {count_parameters(model):,} parameters "
         f"({count_parameters(model, trainable=True):,} trained), input "
         f"{prep.num_channels}x{prep.image_size[0]}x{prep.image_size[1]}."
     )
     return model, processor, prep
+
+
+def _framing_processor(processor, prep: Preprocessing, whole: bool):
+    """The image processor saved with the model, which `pipeline()`, the model card's code and ONNX serving use: it
+    frames a photo as training stored it and evaluation resized it (`prep`), the centre square resized by its shorter
+    side, then center-cropped; with `whole` (images all of one size that is not square, stored whole), the whole
+    image resized. timm's processor (which already crops the centre) is kept as it is."""
+    if getattr(processor, "data_config", None):
+        return processor
+    height, width = prep.resize_size or prep.image_size
+    # A non-square resize of the centre square has no image processor setting: the whole photo is squeezed there.
+    size = {"height": height, "width": width} if whole or height != width else {"shortest_edge": height}
+    crop = {"height": prep.image_size[0], "width": prep.image_size[1]}
+    return ViTImageProcessor(
+        size=size, do_center_crop=True, crop_size=crop, image_mean=prep.image_mean, image_std=prep.image_std
+    )
 
 
 def load_trained_model(

@@ -228,3 +228,45 @@ def test_each_prediction_names_its_photo_by_file_and_position_in_the_source(tmp_
     predictions, _ = predict.predict_files(model, processor, [photos / row["file"] for row in rows], top_k=3)
     evaluation = [[float(row[f"top{k}_probability"]) for k in (1, 2, 3)] for row in rows]
     np.testing.assert_allclose([p.scores for p in predictions], evaluation, atol=2e-6)
+
+
+def write_framed_photos(root, per_class: int = 12):
+    """Class `centre_red`: red squares, and wide and tall photos whose centre square is red and whose sides are blue;
+    class `centre_blue` the other way round. Only the centre square tells them apart."""
+    colours = {"centre_red": ((255, 0, 0), (0, 0, 255)), "centre_blue": ((0, 0, 255), (255, 0, 0))}
+    for name, (centre, sides) in colours.items():
+        (root / name).mkdir(parents=True)
+        for i in range(per_class):
+            width, height = [(32, 32), (96, 32), (32, 96)][i % 3]
+            image = np.full((height, width, 3), sides, np.uint8)
+            top, left = (height - 32) // 2, (width - 32) // 2
+            image[top : top + 32, left : left + 32] = centre
+            Image.fromarray(image).save(root / name / f"{i}.png")
+    return root
+
+
+@pytest.mark.parametrize("model_type", ["scratch", "pretrained"])
+def test_the_saved_processor_frames_photos_as_predict_does(tmp_path, model_type):
+    """`pipeline()` and the model card's code, which load the run's preprocessor_config.json, take the centre square of
+    a wide or tall photo, as training stored it and predict frames it: same top label, same probabilities (up to
+    resampling). A processor that squeezes the whole photo sees mostly the sides, the other class's colour."""
+    from transformers import pipeline
+
+    photos = write_framed_photos(tmp_path / "photos")
+    args = [*TINY_RUN, "--model_type", model_type, "--dataset_name", str(photos), "--num_train_epochs", "4"]
+    args += ["--learning_rate", "3e-3", "--decoded_cache_dir", "none", "--output_dir", str(tmp_path / "run")]
+    if model_type == "pretrained":
+        processor = ViTImageProcessor(size={"height": 16, "width": 16})
+        args += ["--model_name_or_path", tiny_vit_checkpoint(tmp_path / "checkpoint", processor)]
+    run.main(args)
+    out = str(tmp_path / "run")
+    not_square = sorted(path for path in photos.rglob("*.png") if Image.open(path).size != (32, 32))
+
+    model, processor = predict.load_classifier(out, device="cpu")
+    assert predict.model_preprocessing(model, processor).image_size == (16, 16)  # as training read it
+    predictions, _ = predict.predict_files(model, processor, not_square, top_k=2)
+    assert [p.labels[0] for p in predictions] == [path.parent.name for path in not_square]  # it learned the centres
+    classifier = pipeline("image-classification", model=out, trust_remote_code=model_type == "scratch", top_k=2)
+    served = classifier([str(path) for path in not_square])
+    assert [s[0]["label"] for s in served] == [p.labels[0] for p in predictions]
+    np.testing.assert_allclose([[s[0]["score"] for s in served]], [[p.scores[0] for p in predictions]], atol=1e-3)

@@ -242,12 +242,13 @@ class TrainingBudgetCallback(TrainerCallback):
         )
 
     def on_evaluate(self, args, state, control, **kwargs):
-        # An evaluation can be what spends the budget; stop before the next step starts.
+        # An evaluation can be what spends the budget; stop before the next step starts (the evaluation just done
+        # counts as the stop's: asking for another would evaluate the same step twice).
         elapsed = self.clock.elapsed()
         if self._spent(elapsed >= self.budget_seconds):
-            self._stop(args, state, control, elapsed)
+            self._stop(args, state, control, elapsed, evaluate=False)
 
-    def _stop(self, args, state, control, elapsed: float) -> None:
+    def _stop(self, args, state, control, elapsed: float, evaluate: bool = True) -> None:
         if not control.should_training_stop:
             where, budget = f"step {state.global_step}, epoch {state.epoch:.2f}", f"{self.budget_seconds / 60:.2f} min"
             logger.info(
@@ -260,7 +261,7 @@ class TrainingBudgetCallback(TrainerCallback):
         control.should_training_stop = True
         # Evaluate and save at the stopping point, so the final model is a candidate for the best one. With the
         # `epoch` strategies the Trainer does so anyway at the end of the interrupted epoch.
-        if args.eval_strategy == "steps":
+        if args.eval_strategy == "steps" and evaluate:
             control.should_evaluate = True
         if args.save_strategy == "steps":
             control.should_save = True

@@ -117,6 +117,19 @@ def test_without_progress_bars_each_evaluation_is_one_logged_line_not_a_dict_per
     assert "{'loss'" not in capsys.readouterr().out  # transformers' PrinterCallback
 
 
+def test_a_budget_spent_under_steps_evaluation_evaluates_once_at_the_stop(tmp_path):
+    """The budget's stop asks for an evaluation and a save at the stopping step; that evaluation, itself past the
+    budget, must not ask for a second one (a duplicate row in the history, the report and the card)."""
+    out = tmp_path / "run"
+    args = ["--max_train_minutes", "0.0001", "--num_train_epochs", "20", "--eval_strategy", "steps"]
+    args += ["--eval_steps", "1000", "--save_strategy", "steps", "--save_steps", "1000"]
+    run.main([*TINY_SCRATCH, *args, "--output_dir", str(out), "--report_to", "none"])
+    state = json.loads((out / "trainer_state.json").read_text())
+    evaluations = [row["step"] for row in state["log_history"] if "eval_accuracy" in row]
+    assert len(evaluations) == 1 and evaluations[0] < 1000, evaluations
+    assert [row["step"] for row in read_results(out)["history"]] == evaluations
+
+
 def test_pretrained_path_replaces_the_head_and_uses_the_checkpoint_processor(tmp_path):
     checkpoint = tiny_vit_checkpoint(tmp_path / "hub_stand_in", num_channels=3, num_labels=3)
     out = tmp_path / "pretrained"

@@ -4,6 +4,7 @@ folder without weights, a missing extra and an unfaithful export each end in one
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -188,6 +189,32 @@ def test_an_output_that_holds_another_model_is_refused_and_left_as_it_was(scratc
     for _ in range(2):
         assert export.main([str(vit_run), "--format", "onnx", "--output", str(served)]).path.is_file()
     assert export.main([str(scratch_run), "--format", "onnx"]).path == scratch_run / "onnx" / "model.onnx"
+
+
+def test_an_interrupted_export_leaves_no_half_folder_and_its_rerun_exports(scratch_run, tmp_path):
+    """Ctrl-C once model.onnx is written, before the files beside it: nothing appears that a rerun would refuse as
+    another model's export, or that predict would fail on."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(scratch_run, run_dir, ignore=shutil.ignore_patterns("onnx"))
+    before = sorted(p.name for p in run_dir.iterdir())
+    code = (
+        "import os, signal, sys\n"
+        "from finetune.errors import run_command\nfrom finetune.tools import export\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, whatever the test runner set\n"
+        "write = export.export_onnx\n"
+        "def interrupted(*args):\n"
+        "    path = write(*args)\n    os.kill(os.getpid(), signal.SIGINT)\n    return path\n"
+        "export.export_onnx = interrupted\n"
+        "sys.exit(run_command(export.main))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(run_dir), "--format", "onnx"], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 128 + signal.SIGINT, done.stderr
+    assert sorted(p.name for p in run_dir.iterdir()) == before
+    assert export.main([str(run_dir), "--format", "onnx"]).path == run_dir / "onnx" / "model.onnx"
+    assert predict.main([str(run_dir / "onnx"), str(digit_files(tmp_path / "images", count=1)[0])])
 
 
 def test_an_export_folder_is_refused_where_the_pytorch_weights_are_needed(scratch_run, tmp_path):

@@ -140,6 +140,34 @@ def check_output(output: Path, run_dir: Path, model) -> None:
         )
 
 
+def write_export(output: Path, run_dir: Path, model, processor, pixel_values: torch.Tensor) -> Path:
+    """Write model.onnx, and the files predict reads beside it, into `output` by way of a folder beside it: an
+    interrupted export leaves no half-written folder, which a rerun would refuse as another model's."""
+    from finetune.tools.predict import ONNX_NAME
+
+    target = output.resolve()  # `--output .` has no name to put a folder beside
+    partial = target.with_name(f"tmp-{target.name}")
+    shutil.rmtree(partial, ignore_errors=True)  # left by an export that was killed
+    try:
+        export_onnx(model, pixel_values, partial / ONNX_NAME)
+        model.config.save_pretrained(partial)
+        if getattr(processor, "data_config", None):  # timm's processor saves nothing: its settings, for predict
+            data_config = json.dumps({"data_config": processor.data_config}, indent=2)
+            (partial / "preprocessor_config.json").write_text(data_config)
+        else:
+            processor.save_pretrained(partial)
+        if (run_dir / "results.json").is_file():  # a multi-label run's thresholds, which predict reads from there
+            shutil.copyfile(run_dir / "results.json", partial / "results.json")
+        if output.exists():  # an earlier export of this run, or an unrelated folder: the files move in
+            for file in partial.iterdir():
+                file.replace(output / file.name)
+        else:
+            partial.rename(output)  # the folder appears whole
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return output / ONNX_NAME
+
+
 def run_images(run_dir: Path, model, processor, count: int = CHECK_IMAGES) -> list[Image.Image]:
     """`count` validation images of the dataset the run trained on (its results.json names it), as training stores
     them."""
@@ -207,7 +235,7 @@ def main(argv: list[str] | None = None) -> ExportResult:
     missing = [name for name in EXTRA_MODULES if importlib.util.find_spec(name) is None]
     if missing:
         raise RuntimeError(f"Exporting needs {', '.join(missing)} (the `export` extra): {INSTALL}")
-    from finetune.tools.predict import ONNX_NAME, load_classifier, preprocess
+    from finetune.tools.predict import load_classifier, preprocess
 
     run_dir = Path(args.run_dir)
     # Eager attention exports for every architecture (SDPA's graph does not decompose for BEiT); onnxruntime fuses
@@ -221,14 +249,7 @@ def main(argv: list[str] | None = None) -> ExportResult:
         images, source = run_images(run_dir, model, processor), "the run's dataset"
     pixel_values = preprocess(images, model, processor)  # (N, C, H, W), as predict feeds the model
 
-    path = export_onnx(model, pixel_values, output / ONNX_NAME)
-    model.config.save_pretrained(output)
-    if getattr(processor, "data_config", None):  # timm's processor saves nothing: its settings, for predict
-        (output / "preprocessor_config.json").write_text(json.dumps({"data_config": processor.data_config}, indent=2))
-    else:
-        processor.save_pretrained(output)
-    if (run_dir / "results.json").is_file():  # a multi-label run's thresholds, which predict reads from there
-        shutil.copyfile(run_dir / "results.json", output / "results.json")
+    path = write_export(output, run_dir, model, processor, pixel_values)
     print(f"Wrote {path} (input pixel_values (batch, {', '.join(map(str, pixel_values.shape[1:]))}), output logits)")
     difference = check_onnx(path, model, pixel_values, args.atol)
     print(

@@ -479,6 +479,9 @@ def test_a_folder_without_weights_is_refused_before_the_card_is_written(both_out
     for name in ("config.json", "preprocessor_config.json", "results.json"):
         shutil.copy(run / name, onnx)
     (onnx / "model.onnx").write_bytes(b"onnx")
+    interrupted = both_output / "interrupted"  # a run stopped before its end: checkpoints only
+    for step in (3, 6):
+        shutil.copytree(run / "checkpoint-3", interrupted / f"checkpoint-{step}")
     for folder, problem in (
         (
             evaluation,
@@ -486,6 +489,12 @@ def test_a_folder_without_weights_is_refused_before_the_card_is_written(both_out
             "evaluation-only run's output: push the run that trained the model.",
         ),
         (onnx, f"{onnx} is an ONNX export, which the model card does not describe: push the run folder {run} (its"),
+        (
+            interrupted,
+            f"{interrupted} holds no model to push: missing config.json, results.json, weights (model.safetensors). "
+            "Its run has not finished (checkpoint-* folders, no results.json): resume it with the same command and "
+            "`--resume_from_checkpoint true`, then push it.",
+        ),
     ):
         argv = [command, str(folder)] + (["--repo_id", "me/vit"] if command == "push" else [])
         with pytest.raises(SystemExit):

@@ -246,9 +246,15 @@ def check_pushable(output_dir: Path) -> None:
     missing += [] if weights else ["weights (model.safetensors)"]
     if not missing:
         return
-    runs = [p.name for p in output_dir.iterdir() if (p / "config.json").is_file()] if output_dir.is_dir() else []
+    # A run's checkpoint-* folders hold config.json too, but are resumed, not pushed.
+    runs = [n for n in sorted(names) if (output_dir / n / "config.json").is_file() and "checkpoint-" not in n]
     hint = f" It holds run directories: push {', '.join(runs)} separately." if runs else ""
-    if not hint and RESULTS_NAME in names and "config.json" not in names:
+    if RESULTS_NAME not in names and any(name.startswith("checkpoint-") for name in names):
+        hint = (
+            " Its run has not finished (checkpoint-* folders, no results.json): resume it with the same command and "
+            "`--resume_from_checkpoint true`, then push it."
+        )
+    elif not hint and RESULTS_NAME in names and "config.json" not in names:
         hint = " It is an evaluation-only run's output: push the run that trained the model."
     raise FileNotFoundError(f"{output_dir} holds no model to push: missing {', '.join(missing)}.{hint}")
 

@@ -27,6 +27,7 @@ logger = logging.get_logger(__name__)
 PARTIAL_CHECKPOINT_PREFIX = "tmp-"
 LATEST = ("true", "last", "latest")
 LOCK_NAME = ".run.lock"
+FINISHED = "finished"  # `resolve_checkpoint` of a model that a resumed `model_type: both` run had finished
 
 
 def numbered_checkpoints(run_dir: Path) -> list[Path]:
@@ -35,11 +36,17 @@ def numbered_checkpoints(run_dir: Path) -> list[Path]:
     return sorted(numbered, key=lambda p: int(p.name.split("-", 1)[1]), reverse=True)
 
 
-def resolve_checkpoint(run_dir: Path, training_args: TrainingArguments) -> str | None:
+def resolve_checkpoint(run_dir: Path, training_args: TrainingArguments, one_of_two: bool = False) -> str | None:
     """The checkpoint to resume from, and a guard that never trains over an earlier run's work by accident."""
     remove_partial_checkpoints(run_dir, training_args)
     resume = training_args.resume_from_checkpoint
     text = "" if resume is None else str(resume).lower()
+    if one_of_two and text in (*LATEST, "auto"):
+        # A `both` run resumed: a model that finished is kept (resumed, it would train on past an early stop and
+        # rewrite its results); a model stopped in training resumes, one not reached yet starts.
+        if (run_dir / "results.json").exists():
+            return FINISHED
+        text = "auto"
     # `auto`: preemptible machines restart the same command; resume where there is a checkpoint, else start.
     if text in LATEST or (text == "auto" and numbered_checkpoints(run_dir)):
         return prepare_resume(newest_whole_checkpoint(run_dir, training_args), run_dir, training_args)

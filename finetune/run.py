@@ -41,7 +41,7 @@ from finetune import hardware  # noqa: E402
 from finetune.arguments import DataArguments, ModelArguments, parse_options  # noqa: E402
 from finetune.augment import BatchTransform, describe_augmentation, use_random_resized_crop  # noqa: E402
 from finetune.callbacks import total_batch_size  # noqa: E402
-from finetune.checkpoints import lock_output_dir, release_output_dirs, resolve_checkpoint  # noqa: E402
+from finetune.checkpoints import FINISHED, lock_output_dir, release_output_dirs, resolve_checkpoint  # noqa: E402
 from finetune.data import ImageData, collate_batch, load_image_data  # noqa: E402
 from finetune.errors import one_line, run_command  # noqa: E402
 from finetune.metrics import compute_metrics, confusion_report, multi_label_report, multi_label_scores  # noqa: E402
@@ -99,7 +99,7 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
     }
     lock_output_dir(training_args.output_dir, training_args)  # one run per folder; `main` releases it
     if training_args.do_train:
-        checkpoints = {t: resolve_checkpoint(run_dirs[t], training_args) for t in model_types}
+        checkpoints = {t: resolve_checkpoint(run_dirs[t], training_args, len(model_types) > 1) for t in model_types}
     else:
         check_no_earlier_results(run_dirs[model_args.model_type], training_args)
 
@@ -118,7 +118,10 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
             # A copy, not `dataclasses.replace`: the arguments are already resolved (`auto` precision and its reason).
             args = copy.copy(training_args)
             args.output_dir = str(run_dirs[model_type])
-            if training_args.do_train:
+            if training_args.do_train and checkpoints[model_type] == FINISHED:
+                logger.info(f"==== {model_type} model: finished earlier, kept as it is ({run_dirs[model_type]})")
+                results[model_type] = Results.load(run_dirs[model_type])
+            elif training_args.do_train:
                 results[model_type] = train_and_evaluate(
                     model_type, model_args, data_args, scratch_args, args, settings, data, checkpoints[model_type]
                 )
@@ -175,7 +178,7 @@ def peers_answering(training_args: TrainingArguments):
 
 
 @contextlib.contextmanager
-def starting(stage: str):
+def starting(stage: str, rerun: str = "Rerun the same command"):
     """A start-up stage (decoding a large dataset or loading a model can take minutes): SIGTERM or SIGINT (Ctrl-C) ends
     the run with one line naming `stage`, and exit status 128 + the signal's number as a stop in training does
     (`TrainingInterrupted`); not SIGTERM's silent default. Cache entries are renamed into place only when complete."""
@@ -193,8 +196,8 @@ def starting(stage: str):
         signum = error.args[0] if error.args and isinstance(error.args[0], int) else signal.SIGINT
         name = {signal.SIGINT: "SIGINT (Ctrl-C)", signal.SIGTERM: "SIGTERM"}.get(signum, f"signal {signum}")
         interrupted = KeyboardInterrupt(
-            f"stopped by {name} while {stage}, before training started. Rerun the same command (splits already "
-            "decoded into the cache are reused)."
+            f"stopped by {name} while {stage}, before training started. {rerun} (splits already decoded into the "
+            "cache are reused)."
         )
         interrupted.exit_status = 128 + signum  # read by `run_command`
         raise interrupted from None
@@ -315,7 +318,9 @@ def train_and_evaluate(
     start = time.perf_counter()
     logger.info(f"==== {model_type} model -> {args.output_dir}")
     set_seed(args.seed)
-    with starting(f"building the {model_type} model"):
+    # Under `both` the other model's folder refuses a plain rerun; resuming resumes or starts each model.
+    resume = " with `--resume_from_checkpoint true`" if model_args.model_type == "both" else ""
+    with starting(f"building the {model_type} model", f"Rerun the same command{resume}"):
         model_args, attention_why = choose_attention(model_type, model_args, scratch_args, args)
         model, processor, prep = build_model(model_type, model_args, scratch_args, data)
         trainer = make_trainer(model, processor, prep, data_args, args, data, model_args.layer_decay, settings.compile)

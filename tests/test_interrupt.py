@@ -3,6 +3,7 @@ says how to resume; the resumed run ends with the same weights as an uninterrupt
 results.json covers the whole run."""
 
 import json
+import os
 import shutil
 import signal
 import sys
@@ -17,7 +18,10 @@ from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_nonfinite import run_script  # noqa: E402
-from test_run import ROOT, TINY_SCRATCH  # noqa: E402
+from test_run import ROOT, TINY_SCRATCH, tiny_vit_checkpoint  # noqa: E402
+
+from finetune import run  # noqa: E402
+from finetune.errors import run_command  # noqa: E402
 
 
 # 240 training images at batch 32: 8 optimizer steps an epoch, 2 epochs.
@@ -288,3 +292,42 @@ def test_early_stopping_counts_on_after_a_resume(tmp_path):
     assert train(out, *stopping, "--resume_from_checkpoint", "true").returncode == 0
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == state["global_step"]
     assert same_weights(out, whole)
+
+
+@pytest.mark.slow  # tens of seconds of runs in one file's worker: CI runs it (-m 'not gpu')
+def test_a_both_run_stopped_in_either_model_resumes_with_the_command_it_names(tmp_path, monkeypatch, capsys, caplog):
+    """`model_type: both` stopped in its first model's training, then while its second model is built: each stop names
+    `--resume_from_checkpoint true`, which resumes the model that has checkpoints, keeps the one that finished (not
+    trained again) and starts the one not reached (that command used to be refused: no checkpoint of the second)."""
+    base, out = tiny_vit_checkpoint(tmp_path / "base"), tmp_path / "both"
+    both = [*RUN, "--model_name_or_path", str(base), "--output_dir", str(out)]
+    both[both.index("scratch")] = "both"
+    proc = run_script([SIGNALLED, *both], env={"SIGNAL_AT": "3"})
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-3000:]
+    saved = f"saved {out / 'pretrained' / 'checkpoint-3'}. Resume with the same command and `--resume_from_checkpoint"
+    assert saved in proc.stderr
+    assert not (out / "scratch").exists()
+
+    resume = [*both, "--resume_from_checkpoint", "true"]
+    build_model = run.build_model
+
+    def stopped_at_the_scratch_model(model_type, *args):
+        if model_type == "scratch":
+            os.kill(os.getpid(), signal.SIGTERM)  # a real signal, as `starting` handles it
+        return build_model(model_type, *args)
+
+    monkeypatch.setattr(run, "build_model", stopped_at_the_scratch_model)
+    assert run_command(run.main, resume) == 128 + signal.SIGTERM
+    [line] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert "while building the scratch model" in line, line
+    assert "Rerun the same command with `--resume_from_checkpoint true`" in line, line
+    assert results(out / "pretrained")["train"]["steps"] == 16, "resumed from checkpoint-3 and finished"
+    finished = (out / "pretrained" / "results.json").read_bytes()
+
+    monkeypatch.setattr(run, "build_model", build_model)
+    with caplog.at_level("INFO"):
+        ended = run.main(resume)
+    assert "pretrained model: finished earlier, kept as it is" in caplog.text
+    assert (out / "pretrained" / "results.json").read_bytes() == finished, "the finished model is not trained again"
+    assert ended["pretrained"].validation.accuracy == results(out / "pretrained")["validation"]["accuracy"]
+    assert ended["scratch"].train.steps == 16 and (out / "comparison" / "report.md").is_file()

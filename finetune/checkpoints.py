@@ -262,19 +262,26 @@ class RunLock:
         me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         for attempt in range(3):  # again after a stale lock is taken over, or while one is being written or removed
             if self.create(me):
+                self.refuse_nested(me)
                 return self
             holder = read_lock(self.path)
             if holder and self.is_stale(holder, me):
                 self.take_over(holder)
             elif holder or (holder == {} and attempt == 2):
-                other = f"process {holder['pid']} on {holder['host']}, started {holder['started']}" if holder else ""
-                raise RuntimeError(
-                    f"{self.path.parent} is in use by another run ({other or 'an unreadable lock'}). Fix: wait for "
-                    f"it to end, or use another `--output_dir`; if that run is gone, delete {self.path}."
-                )
+                raise RuntimeError(in_use(self.path.parent, self.path, holder))
             elif holder == {}:
                 time.sleep(0.2)
         raise RuntimeError(f"Could not lock {self.path.parent}: other runs keep taking it. Start this run again.")
+
+    def refuse_nested(self, me: dict) -> None:
+        """Release and refuse while a live run holds a folder above this one or right below it (a `both` run's
+        `pretrained/`): writing here (`--overwrite_output_dir` deletes checkpoints) would destroy that run's work."""
+        folder = self.path.parent.resolve()
+        for path in [*(p / LOCK_NAME for p in folder.parents), *folder.glob(f"*/{LOCK_NAME}")]:
+            holder = read_lock(path)
+            if holder and not self.is_stale(holder, me):
+                self.release()
+                raise RuntimeError(in_use(self.path.parent, path, holder))
 
     def create(self, me: dict) -> bool:
         try:
@@ -347,6 +354,16 @@ def release_output_dirs() -> None:
     """Release the output folders this process holds: `run.main` calls it when a run ends, also after an error."""
     for lock in list(HELD):
         lock.release()
+
+
+def in_use(folder: Path, lock: Path, holder: dict) -> str:
+    """The refusal of a run in `folder`, whose `lock` (of that folder, or of one above or below it) `holder` holds."""
+    other = f"process {holder['pid']} on {holder['host']}, started {holder['started']}" if holder else ""
+    where = "" if lock.parent == folder else f", which holds {lock.parent}"
+    return (
+        f"{folder} is in use by another run ({other or 'an unreadable lock'}{where}). Fix: wait for it to end, or use "
+        f"another `--output_dir`; if that run is gone, delete {lock}."
+    )
 
 
 def read_lock(path: Path) -> dict | None:

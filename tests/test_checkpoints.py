@@ -327,6 +327,13 @@ def test_a_second_run_on_a_folder_in_use_is_refused_and_a_killed_runs_lock_is_ta
         assert f"in use by another run (process {first.pid} on {socket.gethostname()}" in errors[0]
         assert "another `--output_dir`" in errors[0]
         assert first.poll() is None, "the refused run must leave the first one alone"
+        # Nor a folder inside it (a `both` run's pretrained/: overwriting it deleted the live run's checkpoints), nor
+        # one that holds it.
+        for folder in (out / "pretrained", tmp_path):
+            with pytest.raises(RuntimeError, match=f"in use by another run .process {first.pid} on ") as refused:
+                run.main([*TINY, "--output_dir", str(folder), "--overwrite_output_dir", "true"])
+            assert str(refused.value).startswith(f"{folder} is in use") and f"which holds {out})" in str(refused.value)
+        assert not (out / "pretrained").exists() and not (tmp_path / LOCK_NAME).exists()
         first.kill()  # SIGKILL: no chance to remove its lock
         first.wait()
     finally:

@@ -545,7 +545,8 @@ def check_evaluation_only(model_args: ModelArguments, push_to_hub: bool) -> None
 def check_no_earlier_results(run_dir: Path, args: ImageClassificationTrainingArguments) -> None:
     """An evaluation writes results.json and predictions: never over an earlier run's, unless asked to."""
     earlier = [p.name for p in (run_dir / "results.json", *run_dir.glob("predictions_*.csv")) if p.exists()]
-    if earlier and not args.overwrite_output_dir:
+    # results.json is written last: without it the files are of an evaluation stopped midway, which this one redoes.
+    if "results.json" in earlier and not args.overwrite_output_dir:
         raise FileExistsError(
             f"{run_dir} already holds {', '.join(earlier)}. Nothing was changed. Fix: a new `--output_dir` for the "
             "evaluation, or `--overwrite_output_dir true` to replace them (checkpoints and weights are kept)."

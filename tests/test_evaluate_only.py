@@ -69,9 +69,14 @@ def test_scores_a_saved_scratch_model_without_training(trained_scratch, tmp_path
     assert correct / len(rows) == pytest.approx(written["validation"]["accuracy"])
     assert all(row["predicted"] == row["top1"] for row in rows)
     # A second evaluation into the same folder would replace the first: refused unless asked.
+    again = ["--do_train", "false", "--model_type", "scratch", "--model_name_or_path", str(trained_scratch), *DIGITS,
+             "--output_dir", str(out)]  # fmt: skip
     with pytest.raises(FileExistsError, match="overwrite_output_dir"):
-        run.main(["--do_train", "false", "--model_type", "scratch", "--model_name_or_path", str(trained_scratch),
-                  *DIGITS, "--output_dir", str(out)])  # fmt: skip
+        run.main(again)
+    # Stopped before its results.json (written last, after the predictions): the same command, once refused, redoes it.
+    (out / "results.json").unlink()
+    assert run.main(again)["scratch"].validation.accuracy == pytest.approx(written["validation"]["accuracy"])
+    assert json.loads((out / "results.json").read_text())["confusion_matrix"] == written["confusion_matrix"]
 
 
 def test_pretrained_path_checks_the_heads_labels(tmp_path, no_training):

@@ -120,7 +120,10 @@ class Results:
 
     def save(self, output_dir: str | os.PathLike) -> Path:
         path = Path(output_dir) / RESULTS_NAME
-        path.write_text(json.dumps(dataclasses.asdict(self), indent=2) + "\n")
+        # Written beside it, then renamed: a run stopped mid-write leaves the earlier file whole or none, never a cut
+        # one (results.json marks a finished model: `resolve_checkpoint`, `check_no_earlier_results`).
+        path.with_name(RESULTS_NAME + ".tmp").write_text(json.dumps(dataclasses.asdict(self), indent=2) + "\n")
+        os.replace(path.with_name(RESULTS_NAME + ".tmp"), path)
         return path
 
     @classmethod

@@ -67,13 +67,20 @@ def resolve_checkpoint(run_dir: Path, training_args: TrainingArguments, one_of_t
             "`--resume_from_checkpoint true` to continue it, a new `--output_dir`, or `--overwrite_output_dir true` "
             "to replace it."
         )
-    if earlier and training_args.process_index == 0:
-        # Asked to replace the run: its old checkpoints would otherwise mix with the new ones in rotation.
+    return None  # an earlier run asked to be replaced is removed once the new one can train: `remove_earlier_run`
+
+
+def remove_earlier_run(run_dir: Path, training_args: TrainingArguments) -> None:
+    """`overwrite_output_dir`: remove the earlier run's checkpoints and results, whose checkpoints would otherwise mix
+    with the new ones in rotation. Called just before training, once the data and the model are ready: a mistake
+    found on the way then leaves the earlier run whole."""
+    earlier = sorted(p.name for p in run_dir.glob("checkpoint-*"))
+    earlier += ["results.json"] if (run_dir / "results.json").exists() else []
+    if earlier and training_args.overwrite_output_dir and training_args.process_index == 0:
         logger.warning(f"--overwrite_output_dir: removing the earlier run's {', '.join(earlier)} in {run_dir}")
         for name in earlier:
             path = run_dir / name
             shutil.rmtree(path) if path.is_dir() else path.unlink()
-    return None
 
 
 def newest_whole_checkpoint(run_dir: Path, training_args: TrainingArguments) -> str:

@@ -41,7 +41,13 @@ from finetune import hardware  # noqa: E402
 from finetune.arguments import DataArguments, ModelArguments, parse_options  # noqa: E402
 from finetune.augment import BatchTransform, describe_augmentation, use_random_resized_crop  # noqa: E402
 from finetune.callbacks import total_batch_size  # noqa: E402
-from finetune.checkpoints import FINISHED, lock_output_dir, release_output_dirs, resolve_checkpoint  # noqa: E402
+from finetune.checkpoints import (  # noqa: E402
+    FINISHED,
+    lock_output_dir,
+    release_output_dirs,
+    remove_earlier_run,
+    resolve_checkpoint,
+)
 from finetune.data import ImageData, collate_batch, load_image_data  # noqa: E402
 from finetune.errors import one_line, run_command  # noqa: E402
 from finetune.metrics import compute_metrics, confusion_report, multi_label_report, multi_label_scores  # noqa: E402
@@ -326,6 +332,8 @@ def train_and_evaluate(
         trainer = make_trainer(model, processor, prep, data_args, args, data, model_args.layer_decay, settings.compile)
 
     # ---- Training. With `load_best_model_at_end` the best checkpoint by validation accuracy is reloaded here.
+    if checkpoint is None:
+        remove_earlier_run(Path(args.output_dir), args)
     train_result = trainer.train(resume_from_checkpoint=checkpoint)
     history = history_from_log_history(trainer.state.log_history)  # before the final evaluations add their own
     trainer.save_model()

@@ -394,3 +394,21 @@ def test_resume_auto_starts_a_new_run_and_resumes_an_interrupted_one(tmp_path, c
         results = run.main([*args, "--num_train_epochs", "2"])["scratch"]
     assert f"Resuming from {out / 'checkpoint-8'}" in caplog.text
     assert results.train.steps == 16 and checkpoints(out) == ["checkpoint-16", "checkpoint-8"]
+
+
+def test_overwrite_output_dir_removes_the_earlier_run_only_once_the_new_one_can_train(tmp_path):
+    """`--overwrite_output_dir` with a mistake elsewhere (a missing dataset, a ScratchViT that cannot be built) must
+    fail before it deletes the earlier run: it was deleted first, then the new run refused, leaving neither."""
+    out = tmp_path / "run"
+    run.main([*TINY, "--max_steps", "2", "--save_steps", "2", "--output_dir", str(out)])
+    earlier = sorted(p.name for p in out.iterdir())
+    assert "results.json" in earlier and "checkpoint-2" in earlier
+    for mistake in (["--dataset_name", str(tmp_path / "nope")], ["--patch_size", "3"]):
+        with pytest.raises((FileNotFoundError, ValueError)):
+            run.main([*TINY, "--max_steps", "2", "--output_dir", str(out), "--overwrite_output_dir", "true", *mistake])
+        assert sorted(p.name for p in out.iterdir()) == earlier, mistake
+    # Without a mistake the earlier run is replaced, as asked.
+    run.main(
+        [*TINY, "--max_steps", "1", "--save_steps", "1", "--output_dir", str(out), "--overwrite_output_dir", "true"]
+    )
+    assert (out / "checkpoint-1").is_dir() and not (out / "checkpoint-2").exists()

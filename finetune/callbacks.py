@@ -19,6 +19,8 @@ from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import has_length
 from transformers.utils import logging
 
+from finetune.errors import Interrupted, signal_name
+
 
 logger = logging.get_logger(__name__)
 
@@ -412,18 +414,10 @@ class EMARestorer(TrainerCallback):
         self.ema_callback.save_state(args, state)
 
 
-class TrainingInterrupted(KeyboardInterrupt):
-    """Training stopped on a signal after saving a checkpoint; `exit_status` is 128 + the signal's number."""
-
-    def __init__(self, message: str, signum: int):
-        super().__init__(message)
-        self.exit_status = 128 + signum
-
-
 class InterruptCallback(TrainerCallback):
     """The first SIGTERM (a scheduler's preemption) or SIGINT (Ctrl-C) asks `guard` to stop: once every process has
     agreed (the guard reduces the request with its flags), the Trainer saves a checkpoint after the running optimizer
-    step, and `TrainingInterrupted` ends training right after that save (before the Trainer's end, which could reload
+    step, and `Interrupted` ends training right after that save (before the Trainer's end, which could reload
     or rotate checkpoints). A second signal ends the process at once. `signal` is the first one's number in the
     process that received it; `guard.stop_agreed` the one every process stops for."""
 
@@ -439,11 +433,9 @@ class InterruptCallback(TrainerCallback):
             self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
 
     def _handle(self, signum, frame) -> None:
-        if self.signal is not None:  # the second one: as if no handler were set (SIGINT: KeyboardInterrupt)
-            previous = self._previous.get(signum)
+        if self.signal is not None:  # the second one: Python's default (SIGINT: KeyboardInterrupt; SIGTERM: the end)
             self._restore()
-            if not callable(previous):  # also where it was ignored when the run started (a background job's SIGINT)
-                signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
+            signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
             signal.raise_signal(signum)
             return
         self.signal = signum
@@ -476,11 +468,10 @@ class InterruptCallback(TrainerCallback):
         if not signum:
             return
         self._restore()
-        name = {2: "SIGINT (Ctrl-C)", 15: "SIGTERM"}.get(signum, f"signal {signum}")
         checkpoint = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
-        raise TrainingInterrupted(
-            f"stopped by {name} at step {state.global_step}; saved {checkpoint}. Resume with the same command and "
-            "`--resume_from_checkpoint true`.",
+        raise Interrupted(
+            f"stopped by {signal_name(signum)} at step {state.global_step}; saved {checkpoint}. Resume with the same "
+            "command and `--resume_from_checkpoint true`.",
             signum,
         )
 

@@ -1,22 +1,45 @@
 """How every command ends on an error: one line `error: <the problem and the fix>` on stderr and exit status 1, or 2
 for a malformed command line (`UsageError`). Each command's `main(argv)` raises with a message that names the fix;
-`run_command` prints it. A bare `--debug`, `--log_level debug` or `LOG_LEVEL=debug` shows the traceback instead.
+`run_command` prints it. A bare `--debug`, `--log_level debug` or `LOG_LEVEL=debug` shows the traceback instead. A
+signal ends a command as Ctrl-C does: one line and exit status 128 + the signal's number (SIGTERM: 143).
 """
 
 import argparse
 import os
 import re
+import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 
 
-EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130  # 2 as argparse; 130 = 128 + SIGINT, what a shell reports
+EXIT_ERROR, EXIT_USAGE = 1, 2  # 2 as argparse
 # The project raises these with a message that names the fix; any other exception is unexpected and keeps its type.
 EXPECTED = (ValueError, OSError, RuntimeError)
 
 
 class UsageError(ValueError):
     """A malformed command line: an unknown option, a missing or ill-typed value. Exit status 2."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Stopped by the signal `signum`; the message says what was kept and how to go on. `run_command` exits with
+    128 + `signum`, as a shell reports a process that the signal ended."""
+
+    def __init__(self, message: str, signum: int = signal.SIGINT):
+        super().__init__(message)
+        self.signum = signum
+
+
+def signal_name(signum: int) -> str:
+    """How an error line names the signal `signum`."""
+    return {signal.SIGINT: "SIGINT (Ctrl-C)", signal.SIGTERM: "SIGTERM"}.get(signum, f"signal {signum}")
+
+
+def stop_on_sigterm(signum, frame):
+    """SIGTERM's handler while a command runs: raise as Ctrl-C does, so `finally` blocks run (the run folder's lock is
+    released) and the command ends with one line. Training replaces it while it can save first (InterruptCallback)."""
+    raise Interrupted(f"stopped by {signal_name(signum)}; the files already complete are kept.", signum)
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -57,21 +80,27 @@ def error_line(error: BaseException) -> str:
 def run_command(
     main: Callable[[list[str]], object], argv: Sequence[str] | None = None, keep_debug: bool = False
 ) -> int:
-    """Call `main(argv)` and return the exit status: 0, or 1 after printing `error: ...` (2 for a `UsageError`, 130
-    after Ctrl-C). `--debug` is taken out of `argv` unless the command parses it itself (`keep_debug`)."""
+    """Call `main(argv)` and return the exit status: 0, or 1 after printing `error: ...` (2 for a `UsageError`, 128 +
+    the signal's number after SIGINT or SIGTERM). `--debug` is taken out of `argv` unless the command parses it itself
+    (`keep_debug`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = wants_traceback(argv)
     if not keep_debug:
         flags = set(debug_flags(argv))
         argv = [a for i, a in enumerate(argv) if i not in flags]
+    # Handlers can only be set in the main thread; one set by the program around us (not the default) is kept.
+    handle_sigterm = threading.current_thread() is threading.main_thread()
+    handle_sigterm = handle_sigterm and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    if handle_sigterm:
+        signal.signal(signal.SIGTERM, stop_on_sigterm)
     try:
         main(argv)
     except KeyboardInterrupt as error:
         if debug:
             raise
-        # A training run stopped by a signal says where it saved and how to resume (`TrainingInterrupted`).
+        # A training run stopped by a signal says where it saved and how to resume (`Interrupted`).
         print(f"error: {str(error) or 'interrupted (Ctrl-C); the files already complete are kept.'}", file=sys.stderr)
-        return getattr(error, "exit_status", EXIT_INTERRUPTED)
+        return 128 + getattr(error, "signum", signal.SIGINT)
     except SystemExit:
         raise  # `--help`, and the usage errors of parsers other than `ArgumentParser`, have said what they had to
     except Exception as error:
@@ -79,4 +108,7 @@ def run_command(
             raise
         print(f"error: {error_line(error)}", file=sys.stderr)
         return EXIT_USAGE if isinstance(error, UsageError) else EXIT_ERROR
+    finally:
+        if handle_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
     return 0

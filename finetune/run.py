@@ -16,7 +16,6 @@ import os
 import re
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -49,7 +48,7 @@ from finetune.checkpoints import (  # noqa: E402
     resolve_checkpoint,
 )
 from finetune.data import ImageData, collate_batch, load_image_data  # noqa: E402
-from finetune.errors import one_line, run_command  # noqa: E402
+from finetune.errors import Interrupted, one_line, run_command, signal_name  # noqa: E402
 from finetune.metrics import compute_metrics, confusion_report, multi_label_report, multi_label_scores  # noqa: E402
 from finetune.models import (  # noqa: E402
     attention_head_size,
@@ -185,31 +184,18 @@ def peers_answering(training_args: TrainingArguments):
 
 @contextlib.contextmanager
 def starting(stage: str, rerun: str = "Rerun the same command"):
-    """A start-up stage (decoding a large dataset or loading a model can take minutes): SIGTERM or SIGINT (Ctrl-C) ends
-    the run with one line naming `stage`, and exit status 128 + the signal's number as a stop in training does
-    (`TrainingInterrupted`); not SIGTERM's silent default. Cache entries are renamed into place only when complete."""
-
-    def stop(signum, frame):
-        raise KeyboardInterrupt(signum)
-
-    main_thread = threading.current_thread() is threading.main_thread()  # handlers can only be set there
-    previous = signal.getsignal(signal.SIGTERM) if main_thread else None
-    if previous == signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, stop)
+    """A start-up stage (decoding a large dataset or loading a model can take minutes): a signal there ends the run
+    with one line naming `stage` and `rerun` (`run_command` gives the exit status). Cache entries are renamed into
+    place only when complete."""
     try:
         yield
     except KeyboardInterrupt as error:
-        signum = error.args[0] if error.args and isinstance(error.args[0], int) else signal.SIGINT
-        name = {signal.SIGINT: "SIGINT (Ctrl-C)", signal.SIGTERM: "SIGTERM"}.get(signum, f"signal {signum}")
-        interrupted = KeyboardInterrupt(
-            f"stopped by {name} while {stage}, before training started. {rerun} (splits already decoded into the "
-            "cache are reused)."
-        )
-        interrupted.exit_status = 128 + signum  # read by `run_command`
-        raise interrupted from None
-    finally:
-        if previous == signal.SIG_DFL:
-            signal.signal(signal.SIGTERM, previous)
+        signum = getattr(error, "signum", signal.SIGINT)
+        raise Interrupted(
+            f"stopped by {signal_name(signum)} while {stage}, before training started. {rerun} (splits already "
+            "decoded into the cache are reused).",
+            signum,
+        ) from None
 
 
 # What the summary names in a run's folder where it is there, and the file that shows it is.

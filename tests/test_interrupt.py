@@ -178,7 +178,7 @@ def test_a_signal_during_start_up_ends_the_run_with_one_line_and_leaves_no_half_
         (folder / f"class{i % 2}").mkdir(parents=True, exist_ok=True)
         Image.fromarray(rng.integers(0, 256, (8, 8), dtype=np.uint8)).save(folder / f"class{i % 2}" / f"{i}.png")
     data = ["--dataset_name", str(folder), "--decoded_cache_dir", str(cache), "--num_train_epochs", "1"]
-    proc = train(out, *data, env={"SIGNAL_AT": "decoding", "SIGNAL": name}, script=SIGNALLED)
+    proc = train(out, *data, env={"SIGNAL_AT": "finetune.data.cache:decode_images", "SIGNAL": name}, script=SIGNALLED)
     assert proc.returncode == 128 + getattr(signal, f"SIG{name}"), proc.stderr[-3000:]
     [line] = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert "while loading and decoding the dataset, before training started" in line, line
@@ -186,6 +186,24 @@ def test_a_signal_during_start_up_ends_the_run_with_one_line_and_leaves_no_half_
     assert not list(cache.iterdir()) and not out.exists()
     proc = train(out, *data)
     assert proc.returncode == 0 and len(list(cache.iterdir())) == 1, proc.stderr[-3000:]
+
+
+def test_sigterm_after_training_and_in_other_commands_ends_them_with_one_line_as_ctrl_c_does(tmp_path):
+    """SIGTERM while the results were saved, or while `predict` ran, used to end the command without a word (exit 143
+    from the signal itself), leaving the run folder's lock behind."""
+    out, image = tmp_path / "run", tmp_path / "seven.png"
+    at_results = {"SIGNAL_AT": "finetune.results:Results.save"}
+    proc = train(out, "--num_train_epochs", "1", env=at_results, script=SIGNALLED)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-3000:]
+    [line] = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert line == "error: stopped by SIGTERM; the files already complete are kept.", line
+    assert "Traceback" not in proc.stderr and not (out / ".run.lock").exists()
+
+    Image.fromarray(np.full((8, 8), 255, dtype=np.uint8)).save(image)
+    predicting = {"SIGNAL_AT": "finetune.tools.predict:predict_files", "SIGNAL_COMMAND": "finetune.tools.predict"}
+    proc = run_script([SIGNALLED, str(out), str(image)], env=predicting)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == "error: stopped by SIGTERM; the files already complete are kept."
 
 
 LAUNCHER = [

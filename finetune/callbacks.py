@@ -418,8 +418,9 @@ class InterruptCallback(TrainerCallback):
     """The first SIGTERM (a scheduler's preemption) or SIGINT (Ctrl-C) asks `guard` to stop: once every process has
     agreed (the guard reduces the request with its flags), the Trainer saves a checkpoint after the running optimizer
     step, and `Interrupted` ends training right after that save (before the Trainer's end, which could reload
-    or rotate checkpoints). A second signal ends the process at once. `signal` is the first one's number in the
-    process that received it; `guard.stop_agreed` the one every process stops for."""
+    or rotate checkpoints); after the last step, at the end of training. A second signal ends the process at once.
+    `signal` is the first one's number in the process that received it; `guard.stop_agreed` the one every process
+    stops for."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -442,8 +443,8 @@ class InterruptCallback(TrainerCallback):
         self.guard.stop_requested = int(signum)
         logger.warning(
             f"{signal.Signals(signum).name}: saving a checkpoint after this optimizer step (and the evaluation due "
-            "then, if any), then stopping; "
-            "send it again to stop at once without saving."
+            "then, if any), then stopping (after the last step: at the end of training); send it again to stop at "
+            "once without saving."
         )
 
     def _restore(self) -> None:
@@ -477,6 +478,18 @@ class InterruptCallback(TrainerCallback):
 
     def on_train_end(self, args, state, control, **kwargs):
         self._restore()
+        # A signal after the last optimizer step, which no step passed on to the other processes: every process stops
+        # here, before the final evaluation and the results, which the resumed run (no step left) then writes.
+        signum = torch.tensor(self.signal or 0, device=args.device)
+        if args.world_size > 1 and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(signum, op=torch.distributed.ReduceOp.MAX)
+        if signum:
+            raise Interrupted(
+                f"stopped by {signal_name(int(signum))} after the last optimizer step ({state.global_step}); the "
+                f"checkpoints in {args.output_dir} are kept. Resume with the same command and "
+                "`--resume_from_checkpoint true` for the final evaluation and results.",
+                int(signum),
+            )
 
 
 class QuietProgress(ProgressCallback):

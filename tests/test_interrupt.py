@@ -206,6 +206,24 @@ def test_sigterm_after_training_and_in_other_commands_ends_them_with_one_line_as
     assert proc.stderr.strip().splitlines()[-1] == "error: stopped by SIGTERM; the files already complete are kept."
 
 
+def test_a_signal_after_the_last_optimizer_step_stops_the_run_too(tmp_path):
+    """Ctrl-C during the last epoch's evaluation, after the last optimizer step, was ignored: the run went on to its
+    results and exited 0."""
+    out = tmp_path / "run"
+    at_last_evaluation = {"SIGNAL_AT": "transformers.trainer:Trainer.evaluate", "SIGNAL_N": "2", "SIGNAL": "INT"}
+    proc = train(out, env=at_last_evaluation, script=SIGNALLED)
+    assert proc.returncode == 128 + signal.SIGINT, proc.stderr[-3000:]
+    [line] = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert line.startswith("error: stopped by SIGINT (Ctrl-C) after the last optimizer step (16)"), line
+    assert f"checkpoints in {out}" in line and "`--resume_from_checkpoint true`" in line, line
+    assert "epoch 2.00: validation accuracy" in proc.stdout and (out / "checkpoint-16").is_dir()
+    assert not (out / "results.json").exists()
+    # The resumed run takes no step: it evaluates and writes its results.
+    proc = train(out, "--resume_from_checkpoint", "true")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [row["epoch"] for row in results(out)["history"]] == [1.0, 2.0]
+
+
 LAUNCHER = [
     sys.executable, "-m", "accelerate.commands.launch", "--config_file",
     str(ROOT / "configs" / "accelerate" / "cpu_2proc.yaml"), "--main_process_port", "0",

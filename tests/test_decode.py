@@ -6,7 +6,13 @@ JPEG, 16-bit PNG and PGM, an EXIF-rotated JPEG and a 1-bit PNG. Each is read by 
 checked against the values the decoding documents.
 """
 
+import signal
+import subprocess
+import sys
+import time
+
 import numpy as np
+import psutil
 import pytest
 import torch
 from PIL import Image
@@ -211,3 +217,48 @@ def test_a_large_jpeg_decodes_at_a_reduced_scale_no_smaller_than_asked(tmp_path)
     png = tmp_path / "large.png"
     Image.open(path).save(png)
     assert decode_image(png, "RGB", min_size=70).size == (800, 600)  # other formats decode whole
+
+
+# Kills itself (as `kill -9` would) once the decoding workers are started, printing their process ids first.
+KILLED_WHILE_DECODING = """
+import concurrent.futures, multiprocessing, os, signal, sys
+from finetune.arguments import DataArguments
+from finetune.data import load_image_data
+
+submit, calls = concurrent.futures.ProcessPoolExecutor.submit, []
+def submit_then_die(self, *args, **kwargs):
+    calls.append(1)
+    if len(calls) == 2:  # the workers decode the first chunk
+        print(*[child.pid for child in multiprocessing.active_children()], flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return submit(self, *args, **kwargs)
+concurrent.futures.ProcessPoolExecutor.submit = submit_then_die
+load_image_data(DataArguments(dataset_name=sys.argv[1], decode_workers=2, decoded_cache_dir=sys.argv[2]), seed=0)
+"""
+
+
+def test_a_run_killed_while_decoding_leaves_no_worker_running_and_no_partial_cache(tmp_path, monkeypatch):
+    """`kill -9` of a run while it decoded left its decoding workers running forever (each a copy of the run's memory)
+    and the half-written cache folder in place."""
+    folder, cache, printed = tmp_path / "images", tmp_path / "cache", tmp_path / "pids.txt"
+    for i in range(300):  # three chunks of `DECODE_CHUNK`
+        (folder / f"class{i % 2}").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.full((8, 8), i % 256, dtype=np.uint8)).save(folder / f"class{i % 2}" / f"{i}.png")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    script = [sys.executable, "-c", KILLED_WHILE_DECODING, str(folder), str(cache)]
+    with printed.open("w") as out:  # a file, not a pipe: the orphans would hold a pipe open
+        proc = subprocess.run(script, stdout=out, timeout=300)
+    workers = [psutil.Process(int(pid)) for pid in printed.read_text().split()]
+    try:
+        assert proc.returncode == -signal.SIGKILL and len(workers) == 2
+        deadline = time.monotonic() + 10
+        while any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers):
+            assert time.monotonic() < deadline, "the workers of a killed run must exit"
+            time.sleep(0.2)
+    finally:
+        for worker in workers:
+            if worker.is_running():
+                worker.kill()
+    [partial] = cache.glob(".tmp-*")
+    load_image_data(DataArguments(dataset_name=str(folder), decoded_cache_dir=str(cache)), seed=0)
+    assert not partial.exists() and len(list(cache.iterdir())) == 1

@@ -8,7 +8,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
+import socket
 import tempfile
 import time
 from typing import TYPE_CHECKING
@@ -137,15 +139,38 @@ def _load_entry(path: str, where: str) -> tuple[np.ndarray, dict] | None:
 
 
 def _start_entry(path: str | None) -> str:
-    """A new temporary folder to decode into: beside the entry `path`, else (no cache) in the system's."""
+    """A new temporary folder to decode into: beside the entry `path`, else (no cache) in the system's. Its name holds
+    this host and process: a later run removes those of processes that died decoding (`kill -9` runs no cleanup)."""
+    owner = f"{socket.gethostname()}-{os.getpid()}-"
     if path is not None:
         parent = os.path.dirname(path)
         try:
             os.makedirs(parent, exist_ok=True)
-            return tempfile.mkdtemp(prefix=f".tmp-{os.path.basename(path)}-", dir=parent)
+            _remove_orphans(parent)
+            return tempfile.mkdtemp(prefix=f".tmp-{os.path.basename(path)}-{owner}", dir=parent)
         except OSError as error:
             logger.warning(f"Could not create the decoded cache in {parent}: {error}. Continuing without it.")
-    return tempfile.mkdtemp(prefix="vit-finetune-decoded-")
+    _remove_orphans(tempfile.gettempdir())
+    return tempfile.mkdtemp(prefix=f"vit-finetune-decoded-{owner}")
+
+
+def _remove_orphans(parent: str) -> None:
+    """Remove the temporary folders in `parent` of this host's processes that are gone."""
+    owned = re.compile(rf"(\.tmp-\w+|vit-finetune-decoded)-{re.escape(socket.gethostname())}-(\d+)-")
+    for name in os.listdir(parent):
+        match = owned.match(name)
+        if match and not _process_exists(int(match[2])):
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0 only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # another user's
+    return True
 
 
 def _finish_entry(tmp: str, path: str | None, labels: np.ndarray, meta: dict) -> None:

@@ -21,6 +21,8 @@ import itertools
 import logging
 import multiprocessing
 import os
+import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
@@ -229,7 +231,9 @@ def _decode_in_pool(chunks, out_path, rows, mode, size, workers, collect) -> Non
     # fork starts workers at once (they only need PIL and numpy, already imported); elsewhere the default method.
     context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
     pending = collections.deque()
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+    with concurrent.futures.ProcessPoolExecutor(
+        workers, mp_context=context, initializer=_exit_with_parent, initargs=(os.getpid(),)
+    ) as pool:
         try:
             for indices, items in chunks:
                 future = pool.submit(_decode_chunk, out_path, int(rows[indices[0]]), items, mode, size)
@@ -243,3 +247,15 @@ def _decode_in_pool(chunks, out_path, rows, mode, size, workers, collect) -> Non
         except BaseException:
             pool.shutdown(wait=True, cancel_futures=True)
             raise
+
+
+def _exit_with_parent(parent: int) -> None:
+    """A pool worker's start: it exits once its parent is gone (`kill -9` shuts no pool down), instead of waiting
+    forever, with a copy of the run's memory, for chunks that no one will send."""
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(1)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()

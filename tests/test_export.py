@@ -104,6 +104,9 @@ def test_a_checkpoint_exports_checked_on_its_runs_dataset(scratch_run, tmp_path,
     result = export.main([str(checkpoint_dir), "--format", "onnx", "--output", str(tmp_path / "onnx")])
     assert result.num_images == export.CHECK_IMAGES and result.max_abs_difference <= export.DEFAULT_ATOL
     assert "image(s) of the run's dataset" in capsys.readouterr().out
+    # The run's results.json goes with the export, as from the run folder: predict on the export reads how the run
+    # stored its images (a whole non-square frame) and a multi-label run's thresholds from it.
+    assert (tmp_path / "onnx" / "results.json").read_bytes() == (scratch_run / "results.json").read_bytes()
 
 
 def test_vit_run_exports_to_the_output_checked_on_given_files(vit_run, tmp_path, capsys):

@@ -156,8 +156,9 @@ def write_export(output: Path, run_dir: Path, model, processor, pixel_values: to
             (partial / "preprocessor_config.json").write_text(data_config)
         else:
             processor.save_pretrained(partial)
-        if (run_dir / "results.json").is_file():  # a multi-label run's thresholds, which predict reads from there
-            shutil.copyfile(run_dir / "results.json", partial / "results.json")
+        results = next((p / "results.json" for p in (run_dir, run_dir.parent) if (p / "results.json").is_file()), None)
+        if results:  # a multi-label run's thresholds and how it stored its images (in the run folder of a checkpoint)
+            shutil.copyfile(results, partial / "results.json")
         if output.exists():  # an earlier export of this run, or an unrelated folder: the files move in
             for file in partial.iterdir():
                 file.replace(output / file.name)

@@ -5,6 +5,7 @@ with its source whatever the order of the splits, and compared pixel for pixel.
 """
 
 import csv
+import json
 import logging
 import os
 import pickle
@@ -264,6 +265,20 @@ def test_an_image_is_labelled_by_its_class_folder_whatever_the_depth_below_it(tm
     data = load_image_data(_args(dataset_name=str(tmp_path / "split"), validation_size=6), seed=0)
     assert data.label_names == NAMES and _assert_split_matches(data.test, images, labels) == set(range(18, 24))
     _assert_covers(data, images, labels)
+
+
+def test_a_metadata_file_of_an_image_folder_keeps_its_say_over_the_class_folders(tmp_path):
+    # A metadata.jsonl column is the user's labelling: the class folders must not replace it without a word.
+    images, labels = _images(12), _labels(12)
+    _write_png_folder(tmp_path / "pets", images, labels)
+    rows = [
+        {"file_name": f"{NAMES[label]}/{i}.png", "size": ("big", "small")[i % 2]} for i, label in enumerate(labels)
+    ]
+    (tmp_path / "pets" / "metadata.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.raises(ValueError, match=r"Found no label column .*'size'.*label_column_name"):
+        load_image_data(_args(dataset_name=str(tmp_path / "pets")), seed=0)
+    data = load_image_data(_args(dataset_name=str(tmp_path / "pets"), label_column_name="size"), seed=0)
+    assert data.label_names == ["big", "small"]
 
 
 def test_split_folders_are_found_whatever_their_case(tmp_path):

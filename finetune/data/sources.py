@@ -163,8 +163,8 @@ def _label_by_class_folder(splits: datasets.DatasetDict, root: str) -> dict[str,
     torchvision's ImageFolder does: datasets' image folder takes the parent folder (2023), and gives no labels to
     images at mixed depths. No label column (`find_columns` says why) where an image has no class folder or there is
     one class, or where a metadata file gives the labels."""
-    if any("label" in dataset.column_names for dataset in splits.values()):
-        return dict(splits)
+    if any(dataset.column_names != ["image"] for dataset in splits.values()):
+        return dict(splits)  # a metadata file's columns: the user's labels, whatever their name
     # datasets finds split folders at any depth (`**/train/**`); the class folder is the one below it.
     split_folders = {keyword for keywords in datasets.data_files.SPLIT_KEYWORDS.values() for keyword in keywords}
     root, class_of, classes = os.path.realpath(root), {}, {}

@@ -92,6 +92,14 @@ class ImageClassificationTrainingArguments(TrainingLoopArguments, TrainingArgume
                 ("max_nonfinite_steps", lambda v: not isinstance(v, bool) and v >= 1, "an integer >= 1 (default 5)"),
             ],
         )
+        for kind in ("eval", "save", "logging"):
+            # transformers takes `save_steps: 0` as a multiple of any `eval_steps`, then saves no best checkpoint.
+            steps, strategy = getattr(self, f"{kind}_steps"), getattr(self, f"{kind}_strategy")
+            if str(getattr(strategy, "value", strategy)) == "steps" and steps is not None and steps <= 0:
+                raise ValueError(
+                    f"`{kind}_steps` must be > 0 with `{kind}_strategy: steps` (optimizer steps, or a share of the "
+                    f"run when < 1), got {steps}."
+                )
         if self.push_to_hub and not self.hub_model_id:
             raise ValueError(
                 "`push_to_hub: true` needs `hub_model_id` (e.g. `your-name/vit-cifar10`). Nothing was trained; set "

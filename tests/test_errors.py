@@ -110,6 +110,9 @@ def test_invalid_scratch_config_names_the_field(tmp_path):
                   "--output_dir", str(tmp_path / "out")])  # fmt: skip
 
 
+STEPS = ["--eval_strategy", "steps", "--save_strategy", "steps", "--eval_steps", "5"]
+
+
 @pytest.mark.parametrize(
     "flags, match",
     [
@@ -128,6 +131,10 @@ def test_invalid_scratch_config_names_the_field(tmp_path):
         (["--eval_strategy", "no"], r"(?s)cannot keep a best model.*`load_best_model_at_end: false`, or evaluate"),
         (["--save_strategy", "no"], r"cannot keep a best model"),
         (["--eval_strategy", "steps"], r"`save_strategy` \(epoch\) must equal `eval_strategy` \(steps\)"),
+        # transformers' "save_steps a multiple of eval_steps" passes 0: the run kept its last model, not its best.
+        (STEPS + ["--save_steps", "0"], r"^`save_steps` must be > 0 with `save_strategy: steps` .*, got 0\.0\.$"),
+        (STEPS + ["--eval_steps", "0"], r"^`eval_steps` must be > 0 with `eval_strategy: steps`"),
+        (["--logging_steps", "0"], r"^`logging_steps` must be > 0 with `logging_strategy: steps`"),
         (["--metric_for_best_model", "f1"], r"`metric_for_best_model: f1` names no metric.*accuracy, loss"),
         (
             ["--metric_for_best_model", "loss", "--greater_is_better", "true"],

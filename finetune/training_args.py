@@ -66,10 +66,15 @@ class ImageClassificationTrainingArguments(TrainingLoopArguments, TrainingArgume
                     f"`{name}: {getattr(self, name)}` is not chosen yet: build the arguments with "
                     f"`build_training_args` after `hardware.choose_settings`, or pass `{name}` as true or false."
                 )
-        if self.max_steps == 0 or (self.max_steps < 0 and self.num_train_epochs <= 0):
+        if self.max_steps == 0:
             raise ValueError(
-                f"Nothing to train: `num_train_epochs` is {self.num_train_epochs} and `max_steps` {self.max_steps}. "
-                "Set `num_train_epochs` > 0, or `max_steps` > 0."
+                "Nothing to train: `max_steps` is 0. Drop it (the run then lasts `num_train_epochs`), or set "
+                "`max_steps` > 0."
+            )
+        if self.max_steps < 0 and self.num_train_epochs <= 0:
+            raise ValueError(
+                f"Nothing to train: `num_train_epochs` is {self.num_train_epochs} and `max_steps` unset. Set "
+                "`num_train_epochs` > 0, or `max_steps` > 0."
             )
         check_choices(self, TrainingLoopArguments)
         check_ranges(
@@ -83,6 +88,10 @@ class ImageClassificationTrainingArguments(TrainingLoopArguments, TrainingArgume
                 ("ema_decay", lambda v: v is None or 0 < v < 1, "in (0, 1)"),
                 ("early_stopping_patience", lambda v: v is None or v >= 1, ">= 1 evaluations"),
                 ("learning_rate", lambda v: v >= 0, ">= 0"),
+                ("warmup_steps", lambda v: v >= 0, ">= 0 (optimizer steps, or a share of them when < 1)"),
+                # numpy's seeds are 32-bit: out of range, the run stopped only after the data was loaded.
+                ("seed", lambda v: 0 <= v < 2**32, "an integer in [0, 2**32 - 1]"),
+                ("data_seed", lambda v: v is None or 0 <= v < 2**32, "an integer in [0, 2**32 - 1] (or unset)"),
                 ("weight_decay", lambda v: v >= 0, ">= 0"),
                 ("mixup_alpha", lambda v: v >= 0, ">= 0"),
                 ("cutmix_alpha", lambda v: v >= 0, ">= 0"),

@@ -264,7 +264,12 @@ def setup_logging(training_args: TrainingArguments, settings: hardware.Settings)
 def check_model_and_output_dir(model_args: ModelArguments, training_args: TrainingArguments) -> None:
     """Before any data is loaded or file written: a local model the run reads (to fine-tune, to evaluate, its teacher)
     must be a complete image classifier, and the run must not write into it (saving would replace weights, config and
-    labels; `overwrite_output_dir` would delete checkpoints)."""
+    labels; `overwrite_output_dir` would delete checkpoints). Nor may it replace files of the user's."""
+    if not training_args.output_dir.strip():
+        raise ValueError(
+            "`output_dir` is empty, which would write the run into the current folder. Name a folder, e.g. "
+            "`--output_dir outputs/run`."
+        )
     if Path(training_args.output_dir).exists() and not Path(training_args.output_dir).is_dir():
         raise NotADirectoryError(
             f"`output_dir` {training_args.output_dir} is a file; pass a folder (new or existing)."
@@ -291,6 +296,16 @@ def check_model_and_output_dir(model_args: ModelArguments, training_args: Traini
                     "which it would overwrite or mix with. Nothing was written. Choose an `output_dir` outside that "
                     "folder."
                 )
+    for run_dir in run_dirs if training_args.do_train else []:  # an evaluation writes neither file
+        theirs = [name for name in ("README.md", "config.json") if (run_dir / name).is_file()]
+        earlier_run = any(run_dir.glob("checkpoint-*")) or any(
+            (run_dir / name).exists() for name in ("results.json", "trainer_state.json")
+        )
+        if theirs and not earlier_run:
+            raise FileExistsError(
+                f"`output_dir` {run_dir} holds {', '.join(theirs)} of no earlier run, which training would replace. "
+                "Nothing was written. Fix: a new or empty folder as `--output_dir`, or an earlier run's."
+            )
     for what, path in sources.items():  # an export, an evaluation's results, a LoRA checkpoint-*, ...: one line each
         if path and Path(path).expanduser().is_dir():
             check_local_checkpoint(Path(path).expanduser(), model_args.trust_remote_code and what != "the teacher")

@@ -322,6 +322,26 @@ def test_output_dir_that_is_a_file(tmp_path):
     assert (tmp_path / "out").read_text() == "notes"
 
 
+def test_an_empty_output_dir_or_a_folder_of_the_users_files_is_refused(tmp_path, monkeypatch):
+    """`--output_dir ""` wrote the run into the current folder, and a folder of the user's lost its README.md and
+    config.json to the run's: only a new or empty folder, or an earlier run's, is written into."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "README.md").write_text("my notes")
+    with pytest.raises(ValueError, match=r"^`output_dir` is empty, which would write the run into the current folder"):
+        run.main([*SCRATCH, "--dataset_name", "sklearn:digits", "--output_dir", ""])
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "config.json").write_text("{}")
+    (mine / "README.md").write_text("my notes")
+    refused = (r"^`output_dir` .*mine holds README\.md, config\.json of no earlier run.*Nothing was written\. Fix: a "
+               r"new or empty folder as `--output_dir`, or an earlier run's\.$")  # fmt: skip
+    with pytest.raises(FileExistsError, match=refused):
+        run.main([*SCRATCH, "--dataset_name", "sklearn:digits", "--output_dir", str(mine)])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md", "mine"]
+    assert sorted(p.name for p in mine.iterdir()) == ["README.md", "config.json"]
+    assert (mine / "README.md").read_text() == "my notes"
+
+
 def test_an_image_folder_with_one_class_subfolder(tmp_path):
     (tmp_path / "images" / "cat").mkdir(parents=True)
     for i in range(4):

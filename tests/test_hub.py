@@ -387,6 +387,8 @@ def test_model_card_metadata_parses_back(both_output):
             assert {"scratch-vit", "custom_code"} <= set(data.tags)
             assert "from_pretrained(repo, trust_remote_code=True)" in card.text
         assert "| `learning_rate` |" in card.text and "Per-class accuracy" in card.text
+        # results.train.loss is the Trainer's mean over the run's steps, not its last loss
+        assert f"| mean training loss (whole run) | {results['train']['loss']:.4f} |" in card.text
 
 
 def test_the_card_shows_the_one_line_pipeline_only_for_a_3_channel_model(both_output, tmp_path):

@@ -298,7 +298,7 @@ def _training_section(results: Results) -> list[str]:
         ["training images", results.num_samples.get("train", MISSING)],
         ["training time (training loop)", format_duration(results.train.seconds)],
         ["training images/s", format_number(results.train.images_per_second, 1)],
-        ["final training loss", format_number(results.train.loss, 4)],
+        ["mean training loss (whole run)", format_number(results.train.loss, 4)],  # the Trainer's train_loss
     ]
     sections = ["## Training", "### Hyperparameters", markdown_table(["Hyperparameter", "Value"], rows)]
     if results.history:

@@ -3,9 +3,9 @@
 Four dataclasses describe a run: `ModelArguments`, `DataArguments`, `ScratchViTArguments` and
 `ImageClassificationTrainingArguments` (transformers' `TrainingArguments` with `TrainingLoopArguments`, defined here;
 finetune/training_args.py). A YAML config is a flat map onto their fields, overridden by the command line; it may
-start from another (`base: other.yaml`, relative to its folder) and state only its differences. `null` (or `none`
-where the option is not a string) unsets an optional option: `--ema_decay none`. This module imports neither torch
-nor transformers, so `--help` answers at once.
+start from another (`base: other.yaml`, relative to its folder) and state only its differences. `null` (or `none`,
+except where `none` is a value: `report_to`, `decoded_cache_dir`) unsets an optional option: `--ema_decay none`. This
+module imports neither torch nor transformers, so `--help` answers at once.
 """
 
 import argparse
@@ -322,7 +322,8 @@ GROUPS = {
 }
 BASE_KEY = "base"
 NULL_WORDS = ("null", "Null", "NULL", "~")  # YAML's spellings of null
-NONE_WORDS = ("none", "None")  # also null, except for a string option, where `none` may be a value (`report_to`)
+NONE_WORDS = ("none", "None")  # also null, except for these options, where `none` is a value:
+NONE_IS_A_VALUE = ("report_to", "decoded_cache_dir")  # transformers' "no integration"; no cache
 CONFIG_HELP = "YAML config (configs/); options given here override it"
 
 
@@ -352,8 +353,8 @@ def help_parser() -> argparse.ArgumentParser:
         "the YAML config, then the command line.",
         epilog="Every other TrainingArguments option is accepted too (learning_rate, num_train_epochs, "
         "per_device_train_batch_size, weight_decay, warmup_steps, lr_scheduler_type, seed, eval_strategy, "
-        "save_strategy, ...): --help_all lists them all. `--OPTION null` unsets an optional option (`none` too, "
-        "where the option is not a string), as `null` does in a config.",
+        "save_strategy, ...): --help_all lists them all. `--OPTION none` (or `null`) unsets an optional option, as in "
+        "a config, except `report_to` and `decoded_cache_dir`, where `none` means off.",
     )
     parser.add_argument("--config", metavar="FILE.yaml", help=CONFIG_HELP)
     parser.add_argument("--help_all", nargs=0, action=FullHelp, help="every option in full, transformers' included")
@@ -414,9 +415,9 @@ def parsed_type(hint):
     return str if is_optional(hint) else members[0] if members[1] is str else members[1]
 
 
-def unset(text: str, hint) -> bool:
-    """Whether `text` given for an option of type `hint` means None: `null`, or `none` for a non-string option."""
-    return is_optional(hint) and (text in NULL_WORDS or (text in NONE_WORDS and parsed_type(hint) is not str))
+def unset(text: str, name: str, hint) -> bool:
+    """Whether `text` given for the option `name` of type `hint` means None: `null`, or `none` where not a value."""
+    return is_optional(hint) and (text in NULL_WORDS or (text in NONE_WORDS and name not in NONE_IS_A_VALUE))
 
 
 def load_yaml_config(path: str | os.PathLike, options: dict[str, tuple[Any, list | None, Any]] | None = None) -> dict:
@@ -484,7 +485,7 @@ def checked_value(key: str, value: Any, hint, choices: list[str] | None, default
         raise ValueError(
             f"{where} cannot be null: it needs {expected or 'a value'}{example}; remove the line to use the default."
         )
-    if value is None or unset(str(value), hint):
+    if value is None or unset(str(value), key, hint):
         return None
     if typing.get_origin(kind) is list:
         if not isinstance(value, list):

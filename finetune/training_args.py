@@ -160,20 +160,21 @@ class ImageClassificationTrainingArguments(TrainingLoopArguments, TrainingArgume
 
 
 class OptionParser(ArgumentParser, HfArgumentParser):
-    """`HfArgumentParser` with one-line errors where `--OPTION null` (or `none` for an option that is not a string)
-    unsets an optional option, as `null` does in a YAML config."""
+    """`HfArgumentParser` with one-line errors where `--OPTION null` (or `none`: `arguments.unset`) unsets an optional
+    option, as `null` does in a YAML config."""
 
     def __init__(self, dataclass_types, **kwargs):
         self.options = option_specs(dataclass_types)  # name -> (type hint, choices), read by `parse_options`
         super().__init__(dataclass_types, allow_abbrev=False, **kwargs)
 
     def add_argument(self, *names, **kwargs):
-        hint = self.options.get(names[0].removeprefix("--"), (None,))[0]
+        name = names[0].removeprefix("--")
+        hint = self.options.get(name, (None,))[0]
         convert = kwargs.get("type")
-        if convert is not None and hint is not None and unset("null", hint):
+        if convert is not None and hint is not None and unset("null", name, hint):
 
             def convert_or_none(text: str):
-                return None if unset(text, hint) else convert(text)
+                return None if unset(text, name, hint) else convert(text)
 
             convert_or_none.__name__ = getattr(convert, "__name__", "value")  # argparse names it in its errors
             kwargs["type"] = convert_or_none

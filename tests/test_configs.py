@@ -80,13 +80,22 @@ def test_an_option_a_config_sets_can_be_cleared_on_the_command_line(tmp_path, wo
     assert training_args.ema_decay == 0.9995
     *_, training_args = parse_args(["--config", str(GPU_RECIPE), "--ema_decay", word, "--output_dir", str(tmp_path)])
     assert training_args.ema_decay is None and training_args.max_train_minutes == 10  # the rest of the recipe stays
+    # Optional string options too: `none` was taken as a Hub id for the teacher, and as a ScratchViT pooling.
+    child = _write(tmp_path / "child.yaml", f"base: {GPU_RECIPE}\nteacher_model_name_or_path: runs/teacher\n")
+    _, _, scratch_args, options = parse_options(
+        ["--config", str(child), "--teacher_model_name_or_path", word, "--pooling", word]
+    )
+    assert options["teacher_model_name_or_path"] is None and scratch_args.pooling is None
+    assert scratch_args.patch_embedding_type == "conv_stem"
 
 
 def test_null_in_a_config_and_none_for_a_string_option(tmp_path):
-    child = _write(tmp_path / "child.yaml", f"base: {GPU_RECIPE}\nema_decay: null\nsave_total_limit: None\n")
-    _, data_args, _, options = parse_options(["--config", str(child), "--lora_target_modules", "null"])
-    assert options["ema_decay"] is None and options["save_total_limit"] is None
-    # For a string option `none` may be a value (`decoded_cache_dir: none` turns the cache off; `report_to none`).
+    child = _write(
+        tmp_path / "child.yaml", f"base: {GPU_RECIPE}\nema_decay: null\nsave_total_limit: None\npooling: none\n"
+    )
+    _, data_args, scratch_args, options = parse_options(["--config", str(child), "--lora_target_modules", "null"])
+    assert options["ema_decay"] is None and options["save_total_limit"] is None and scratch_args.pooling is None
+    # For these two `none` is a value (`decoded_cache_dir: none` turns the cache off; `report_to none`).
     _, data_args, _, options = parse_options(["--decoded_cache_dir", "none", "--report_to", "none"])
     assert data_args.decoded_cache_dir == "none" and options["report_to"] == "none"
     model_args, data_args, _, _ = parse_options(["--decoded_cache_dir", "null", "--lora_target_modules", "null"])

@@ -110,8 +110,10 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
 
     with peers_answering(training_args):
         # ---- Data: decoded once into uint8 tensors (and cached); the main process decodes first, the others read it.
-        # Photos of mixed sizes are stored at the model's size plus a margin for crops, read from its processor.
-        target_size = storage_size(model_args.model_type, model_args, scratch_args)
+        # Photos of mixed sizes are stored at the model's size plus a margin for crops, read from its processor (a
+        # saved model's to evaluate, a ScratchViT's too: the options given now do not shape it).
+        model_type = model_args.model_type if training_args.do_train else "pretrained"
+        target_size = storage_size(model_type, model_args, scratch_args)
         stage = "loading and decoding the dataset"
         with starting(stage), training_args.main_process_first(desc=stage):
             data = load_image_data(

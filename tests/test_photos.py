@@ -270,3 +270,19 @@ def test_the_saved_processor_frames_photos_as_predict_does(tmp_path, model_type)
     served = classifier([str(path) for path in not_square])
     assert [s[0]["label"] for s in served] == [p.labels[0] for p in predictions]
     np.testing.assert_allclose([[s[0]["score"] for s in served]], [[p.scores[0] for p in predictions]], atol=1e-3)
+
+
+def test_scoring_a_scratch_run_on_its_photos_gives_its_figures_without_its_options(tmp_path):
+    """An evaluation-only run of a saved ScratchViT stores the photos at that model's size (its processor), not at the
+    size the ScratchViT options of the command would build: without them it scored other pixels than the run did."""
+    photos = write_photo_folder(tmp_path / "photos", per_class=6)
+    out = tmp_path / "run"
+    run.main([*TINY_RUN, "--model_type", "scratch", "--dataset_name", str(photos), "--decoded_cache_dir", "none",
+              "--output_dir", str(out)])  # fmt: skip
+    trained = json.loads((out / "results.json").read_text())
+    run.main(["--model_type", "scratch", "--do_train", "false", "--model_name_or_path", str(out), "--dataset_name",
+              str(photos), "--validation_size", "3", "--seed", "0", "--decoded_cache_dir", "none", "--report_to",
+              "none", "--output_dir", str(tmp_path / "scored")])  # fmt: skip
+    scored = json.loads((tmp_path / "scored" / "results.json").read_text())
+    assert scored["stored_image_size"] == trained["stored_image_size"] == [18, 18]
+    assert scored["validation"]["loss"] == pytest.approx(trained["validation"]["loss"], rel=1e-5)

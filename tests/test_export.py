@@ -20,6 +20,7 @@ from transformers import AutoModelForImageClassification
 from finetune import run
 from finetune.errors import run_command
 from finetune.tools import attention, export, predict
+from finetune.tools.compare import write_comparison
 
 
 pytest.importorskip("onnxruntime", reason='the export extra is missing: pip install -e ".[export]"')
@@ -104,9 +105,18 @@ def test_a_checkpoint_exports_checked_on_its_runs_dataset(scratch_run, tmp_path,
     result = export.main([str(checkpoint_dir), "--format", "onnx", "--output", str(tmp_path / "onnx")])
     assert result.num_images == export.CHECK_IMAGES and result.max_abs_difference <= export.DEFAULT_ATOL
     assert "image(s) of the run's dataset" in capsys.readouterr().out
-    # The run's results.json goes with the export, as from the run folder: predict on the export reads how the run
-    # stored its images (a whole non-square frame) and a multi-label run's thresholds from it.
-    assert (tmp_path / "onnx" / "results.json").read_bytes() == (scratch_run / "results.json").read_bytes()
+    # The run's results.json goes with the export, as from the run folder, so predict on the export reads how the run
+    # stored its images (a whole non-square frame) and a multi-label run's thresholds; not its figures, which are the
+    # kept model's, not this checkpoint's (a card or `compare` of the export would claim them).
+    trained, exported = (json.loads((d / "results.json").read_text()) for d in (scratch_run, tmp_path / "onnx"))
+    assert exported["stored_image_size"] == trained["stored_image_size"]
+    assert exported["label_names"] == trained["label_names"]
+    assert trained["validation"] and trained["history"] and trained["per_class_accuracy"] and trained["train"]["loss"]
+    assert exported["validation"] is exported["test"] is None and not exported["history"]
+    assert not exported["per_class_accuracy"] and not exported["confusion_matrix"]
+    assert exported["train"]["loss"] is None
+    with pytest.raises(ValueError, match=r"onnx: no figures to compare \(the export of a checkpoint\)"):
+        write_comparison([scratch_run, tmp_path / "onnx"], tmp_path / "comparison")
 
 
 def test_vit_run_exports_to_the_output_checked_on_given_files(vit_run, tmp_path, capsys):

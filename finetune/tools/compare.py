@@ -73,6 +73,13 @@ def write_comparison(run_dirs: Sequence[str | os.PathLike], output_dir: str | os
     the report are relative to `output_dir`, so the folder can be moved or uploaded as is."""
     run_dirs = find_run_dirs(run_dirs)
     runs = [Results.load(d) for d in run_dirs]
+    unscored = [str(d) for d, run in zip(run_dirs, runs) if run.validation is None]
+    if unscored:  # an export of a checkpoint keeps its run's settings, not the figures of the run's kept model
+        raise ValueError(
+            f"{', '.join(unscored)}: no figures to compare (the export of a checkpoint). Score the checkpoint, then "
+            "compare that folder: `python -m finetune.run --do_train false --model_name_or_path RUN/checkpoint-N "
+            "--output_dir NEW` with the run's data options."
+        )
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     names = _unique_names(runs, run_dirs)

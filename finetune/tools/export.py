@@ -16,6 +16,7 @@ installed beside the transformers 5 this project needs.
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import importlib.util
 import json
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from finetune.errors import ArgumentParser, one_line, run_command
+from finetune.results import RESULTS_NAME, Results, TrainMetrics
 
 
 if TYPE_CHECKING:
@@ -45,6 +47,10 @@ CHECK_IMAGES = 8
 SINGLE_FILE_LIMIT = 2**31 - 2**26
 # What an export writes, and what marks a folder as another model's or run's: exporting there would overwrite it.
 WRITTEN = ("model.onnx", "model.onnx.data", "config.json", "preprocessor_config.json", "results.json")
+# The figures of a run's results.json, which are its kept model's: left out of a checkpoint's export, which keeps the
+# rest (labels, how the images were stored, a multi-label run's thresholds) for predict.
+FIGURES = {"validation": None, "test": None, "wall_seconds": None, "confusion_matrix": [], "history": []}
+FIGURES |= {f"per_class_{k}": {} for k in ("accuracy", "precision", "recall", "f1", "support", "average_precision")}
 OTHER_MODEL = ("*.safetensors", "*.bin", "adapter_config.json", "trainer_state.json", "checkpoint-*")
 
 
@@ -156,9 +162,11 @@ def write_export(output: Path, run_dir: Path, model, processor, pixel_values: to
             (partial / "preprocessor_config.json").write_text(data_config)
         else:
             processor.save_pretrained(partial)
-        results = next((p / "results.json" for p in (run_dir, run_dir.parent) if (p / "results.json").is_file()), None)
-        if results:  # a multi-label run's thresholds and how it stored its images (in the run folder of a checkpoint)
-            shutil.copyfile(results, partial / "results.json")
+        if (run_dir / RESULTS_NAME).is_file():  # a multi-label run's thresholds and how it stored its images
+            shutil.copyfile(run_dir / RESULTS_NAME, partial / RESULTS_NAME)
+        elif (run_dir.parent / RESULTS_NAME).is_file():  # a checkpoint's: its run's, less the kept model's figures
+            settings = dataclasses.replace(Results.load(run_dir.parent), **{**FIGURES, "train": TrainMetrics()})
+            settings.save(partial)
         if output.exists():  # an earlier export of this run, or an unrelated folder: the files move in
             for file in partial.iterdir():
                 file.replace(output / file.name)

@@ -99,7 +99,7 @@ def test_a_multi_label_run_learns_the_tags_and_saves_its_thresholds(trained):
     assert "validation mAP" in run.summary({"scratch": results}, {"scratch": out}, None)
 
 
-def test_predict_prints_every_label_above_its_threshold(trained, tmp_path, capsys):
+def test_predict_prints_every_label_above_its_threshold(trained, tmp_path, capsys, caplog):
     results, out, _ = trained
     images, digits = digit_images(1500, 1540)
     for i, (image, digit) in enumerate(zip(images, digits)):
@@ -117,6 +117,11 @@ def test_predict_prints_every_label_above_its_threshold(trained, tmp_path, capsy
     assert [p.labels for p in predict.main([str(inner), *map(str, sorted(tmp_path.glob("*.png")))])] == [
         [t["label"] for t in p["top_k"]] for p in saved
     ]
+    assert "thresholds are those its run chose" not in caplog.text
+    # A checkpoint's thresholds are its run's too, chosen for the model the run kept: said, as it may be another one.
+    checkpoint = max(out.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    predict.main([str(checkpoint), str(tmp_path / f"00_{digits[0]}.png")])
+    assert f"{checkpoint}: the per-label thresholds are those its run chose on validation" in caplog.text
     capsys.readouterr()
 
     # Independently: the model's sigmoid probabilities against the thresholds saved in results.json.

@@ -319,6 +319,11 @@ def label_thresholds(model, results: Results | None, model_dir) -> list[float] |
     thresholds = results.per_class_threshold if results is not None else {}
     if not thresholds:
         logger.warning(f"No per-label thresholds in or around {model_dir} (results.json): 0.5 for every label.")
+    elif Path(model_dir).name.startswith("checkpoint-"):
+        logger.warning(
+            f"{model_dir}: the per-label thresholds are those its run chose on validation for the model it kept, "
+            "which may be another checkpoint."
+        )
     return [thresholds.get(str(model.config.id2label[i]), 0.5) for i in range(model.config.num_labels)]
 
 

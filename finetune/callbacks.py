@@ -107,10 +107,6 @@ class RunClock(TrainerCallback, ExportableState):
         """A micro-batch's loss, as the Trainer adds it to its logged loss (already divided by the accumulation)."""
         self.loss_sum = self.loss_sum + loss.detach()
 
-    @property
-    def mean_loss(self) -> float | None:
-        return float(self.loss_sum) / self.steps if self.steps else None
-
     def elapsed(self) -> float:
         """Seconds since training began (0 before it does)."""
         return 0.0 if self.train_start is None else self.time_fn() - self.train_start
@@ -154,8 +150,15 @@ class RunClock(TrainerCallback, ExportableState):
         """The whole run's training figures (a resumed run's included), named as transformers names its session's."""
         seconds = self.train_seconds + self._running()
         images = self.steps * total_batch_size(args)  # overcounts each epoch's last, partial batch by under one batch
+        loss = self.loss_sum
+        if args.world_size > 1 and torch.distributed.is_initialized():
+            # Each process adds up its own batches' losses; the run's mean is over all of them (every process asks
+            # for the figures at the same point: the end of training).
+            loss = torch.as_tensor(loss, dtype=torch.float32, device=args.device).clone()
+            torch.distributed.all_reduce(loss)
+            loss = loss / args.world_size
         return {
-            "train_loss": self.mean_loss,
+            "train_loss": float(loss) / self.steps if self.steps else None,
             "train_runtime": seconds,
             "train_samples_per_second": images / seconds if seconds > 0 else None,
             "train_steps_per_second": self.steps / seconds if seconds > 0 else None,

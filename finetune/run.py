@@ -359,7 +359,8 @@ def train_and_evaluate(
     # ---- Evaluation of the kept model: validation, then the test split (used only here), each scored once; the
     # confusion matrix is of the test split where there is one (multi-label thresholds: chosen on validation).
     on_validation = trainer.predict(data.validation, metric_key_prefix="eval")
-    warn_if_at_chance(on_validation.metrics, data, train.loss)
+    if trainer.is_world_process_zero():
+        warn_if_at_chance(on_validation.metrics, data, train.loss)
     on_test = trainer.predict(data.test, metric_key_prefix="test") if data.test is not None else None
 
     # ---- Results: every figure once, the timings from the run's one clock.

@@ -178,7 +178,7 @@ def launch_two_processes(args: list[str], tmp_path: Path) -> subprocess.Complete
 
 def test_two_processes_give_the_metrics_of_one(tmp_path):
     out = tmp_path / "ddp"
-    proc = launch_two_processes([*TINY_SCRATCH, "--output_dir", str(out)], tmp_path)
+    proc = launch_two_processes([*TINY_SCRATCH, "--output_dir", str(out), "--logging_steps", "1"], tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = read_results(out)
     assert results["hyperparameters"]["world_size"] == 2, "accelerate must really have started two processes"
@@ -189,6 +189,13 @@ def test_two_processes_give_the_metrics_of_one(tmp_path):
     assert results["validation"]["accuracy"] == pytest.approx(accuracy, abs=1e-9)
     # Each image's loss counts once too: the duplicate of the last, padded batch does not.
     assert results["validation"]["loss"] == pytest.approx(loss, rel=1e-5)
+    # The training loss is the mean over both processes' batches, as the Trainer logs each step's (logging_steps 1),
+    # not process 0's alone.
+    state = json.loads((out / "trainer_state.json").read_text())
+    logged = [row["loss"] for row in state["log_history"] if "loss" in row]
+    assert len(logged) == results["train"]["steps"]
+    assert results["train"]["loss"] == pytest.approx(np.mean(logged), abs=2e-4)
+    assert proc.stdout.count("at chance level") + proc.stderr.count("at chance level") <= 1
 
 
 def test_two_processes_pretrained_path(tmp_path):

@@ -176,11 +176,17 @@ def peers_answering(training_args: TrainingArguments):
         transport = isinstance(error, torch.distributed.DistError) or re.search(r"gloo|NCCL|[Cc]onnection", str(error))
         if training_args.world_size == 1 or not transport:
             raise
+        out = Path(training_args.output_dir)
+        saved = training_args.do_train and any(itertools.chain(out.glob("checkpoint-*"), out.glob("*/checkpoint-*")))
+        then = (
+            "The checkpoints saved so far are kept: resume with `--resume_from_checkpoint true`"
+            if saved
+            else "Nothing was saved: rerun the same command"
+        )
         raise RuntimeError(
-            f"Another process of this run stopped answering: it froze, was stopped or died (waited at most "
-            f"`ddp_timeout` = {training_args.ddp_timeout:g} s; {one_line(error, 200)}). The checkpoints saved so far "
-            "are kept: resume with `--resume_from_checkpoint true`. Raise `ddp_timeout` only where a process "
-            "legitimately works alone that long (the first decode of a large dataset)."
+            f"Another process of this run stopped answering: it was stopped, died or froze (waited at most "
+            f"`ddp_timeout` = {training_args.ddp_timeout:g} s; {one_line(error, 200)}). {then}. Raise `ddp_timeout` "
+            "only where a process legitimately works alone that long (the first decode of a large dataset)."
         ) from error
 
 

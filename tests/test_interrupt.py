@@ -266,6 +266,8 @@ def test_a_killed_process_ends_the_other_at_once_with_one_line(tmp_path):
     errors = [line for line in proc.stderr.splitlines() if "error: Another process of this run" in line]
     assert len(errors) == 1, output[-3000:]
     assert time.monotonic() - start < 120  # no wait for `ddp_timeout` (30 minutes by default)
+    # The way on that the line names is one that works: no checkpoint was saved by step 3, so not a resume.
+    assert not list(out.glob("checkpoint-*")) and "Nothing was saved: rerun the same command" in errors[0]
 
 
 @pytest.mark.slow  # tens of seconds of runs in one file's worker: CI runs it (-m 'not gpu')

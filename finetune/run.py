@@ -17,6 +17,7 @@ import re
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -114,8 +115,11 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
         # saved model's to evaluate, a ScratchViT's too: the options given now do not shape it).
         model_type = model_args.model_type if training_args.do_train else "pretrained"
         target_size = storage_size(model_type, model_args, scratch_args)
-        stage = "loading and decoding the dataset"
-        with starting(stage), training_args.main_process_first(desc=stage):
+        doing = "loading and decoding the dataset"
+        with (
+            stage(f"{doing}, before training started", f"Rerun the same command {REUSED}."),
+            training_args.main_process_first(desc=doing),
+        ):
             data = load_image_data(
                 data_args, seed=training_args.data_seed or training_args.seed, target_size=target_size
             )
@@ -190,20 +194,27 @@ def peers_answering(training_args: TrainingArguments):
         ) from error
 
 
+REUSED = "(splits already decoded into the cache are reused)"
+
+
 @contextlib.contextmanager
-def starting(stage: str, rerun: str = "Rerun the same command"):
-    """A start-up stage (decoding a large dataset or loading a model can take minutes): a signal there ends the run
-    with one line naming `stage` and `rerun` (`run_command` gives the exit status). Cache entries are renamed into
-    place only when complete."""
+def stage(doing: str, then: str | Callable[[], str]):
+    """A stage of the run outside the training loop (where `InterruptCallback` answers signals): a signal there ends
+    the run with one line saying what it was `doing` and what to do `then` (`run_command` gives the exit status).
+    Cache entries and results.json are renamed into place only when complete."""
     try:
         yield
     except KeyboardInterrupt as error:
         signum = getattr(error, "signum", signal.SIGINT)
-        raise Interrupted(
-            f"stopped by {signal_name(signum)} while {stage}, before training started. {rerun} (splits already "
-            "decoded into the cache are reused).",
-            signum,
-        ) from None
+        then = then() if callable(then) else then
+        raise Interrupted(f"stopped by {signal_name(signum)} while {doing}. {then}", signum) from None
+
+
+def after_training(run_dir: Path) -> str:
+    """What to do after a stop between the end of training and the results: resume, where checkpoints were saved."""
+    if any(run_dir.glob("checkpoint-*")):
+        return "Its checkpoints are kept: resume with `--resume_from_checkpoint true` for the evaluation and results."
+    return "No checkpoint was saved (`save_strategy`): rerun the same command."
 
 
 # What the summary names in a run's folder where it is there, and the file that shows it is.
@@ -335,7 +346,7 @@ def train_and_evaluate(
     set_seed(args.seed)
     # Under `both` the other model's folder refuses a plain rerun; resuming resumes or starts each model.
     resume = " with `--resume_from_checkpoint true`" if model_args.model_type == "both" else ""
-    with starting(f"building the {model_type} model", f"Rerun the same command{resume}"):
+    with stage(f"building the {model_type} model, before it trained", f"Rerun the same command{resume} {REUSED}."):
         model_args, attention_why = choose_attention(model_type, model_args, scratch_args, args)
         model, processor, prep = build_model(model_type, model_args, scratch_args, data)
         trainer = make_trainer(model, processor, prep, data_args, args, data, model_args.layer_decay, settings.compile)
@@ -344,45 +355,49 @@ def train_and_evaluate(
     if checkpoint is None:
         remove_earlier_run(Path(args.output_dir), args)
     train_result = trainer.train(resume_from_checkpoint=checkpoint)
-    history = history_from_log_history(trainer.state.log_history)  # before the final evaluations add their own
-    trainer.save_model()
-    if hasattr(model, "peft_config") and trainer.is_world_process_zero():
-        save_lora_model(model, processor, Path(args.output_dir), model_args.merge_lora)
-    # The whole run's training (`RunClock` keeps its totals across a resume): transformers' `train_result.metrics` are
-    # this session's (a resumed finished run: loss 0), for train_results.json as for the at-chance warning.
-    figures = trainer.clock.figures(args)
-    train = TrainMetrics(
-        loss=figures["train_loss"],
-        seconds=figures["train_runtime"],
-        steps=trainer.clock.steps,
-        nonfinite_steps=trainer.guard.bad_steps,
-        stopped_by=trainer.stopped_by,
-        images_per_second=figures["train_samples_per_second"],
-    )
-    trainer.save_metrics("train", {**train_result.metrics, **figures})
-    trainer.save_state()
+    # ---- After training: a signal from here on is answered here (`InterruptCallback` only acts while training).
+    with stage(
+        f"saving and evaluating the {model_type} model after training", lambda: after_training(Path(args.output_dir))
+    ):
+        history = history_from_log_history(trainer.state.log_history)  # before the final evaluations add their own
+        trainer.save_model()
+        if hasattr(model, "peft_config") and trainer.is_world_process_zero():
+            save_lora_model(model, processor, Path(args.output_dir), model_args.merge_lora)
+        # The whole run's training (`RunClock` keeps its totals across a resume): transformers' `train_result.metrics`
+        # are this session's (a resumed finished run: loss 0), for train_results.json as for the at-chance warning.
+        figures = trainer.clock.figures(args)
+        train = TrainMetrics(
+            loss=figures["train_loss"],
+            seconds=figures["train_runtime"],
+            steps=trainer.clock.steps,
+            nonfinite_steps=trainer.guard.bad_steps,
+            stopped_by=trainer.stopped_by,
+            images_per_second=figures["train_samples_per_second"],
+        )
+        trainer.save_metrics("train", {**train_result.metrics, **figures})
+        trainer.save_state()
 
-    # ---- Evaluation of the kept model: validation, then the test split (used only here), each scored once; the
-    # confusion matrix is of the test split where there is one (multi-label thresholds: chosen on validation).
-    on_validation = trainer.predict(data.validation, metric_key_prefix="eval")
-    if trainer.is_world_process_zero():
-        warn_if_at_chance(on_validation.metrics, data, train.loss)
-    on_test = trainer.predict(data.test, metric_key_prefix="test") if data.test is not None else None
+        # ---- Evaluation of the kept model: validation, then the test split (used only here), each scored once; the
+        # confusion matrix is of the test split where there is one (multi-label thresholds: chosen on validation).
+        on_validation = trainer.predict(data.validation, metric_key_prefix="eval")
+        if trainer.is_world_process_zero():
+            warn_if_at_chance(on_validation.metrics, data, train.loss)
+        on_test = trainer.predict(data.test, metric_key_prefix="test") if data.test is not None else None
 
-    # ---- Results: every figure once, the timings from the run's one clock.
-    chosen = {"attention_choice": attention_why, "torch_compile": trainer.compiler.summary()}
-    results = Results(
-        model_type=model_type,
-        model_name_or_path=model_args.model_name_or_path if model_type == "pretrained" else None,
-        **evaluated_model_fields(args, model, prep, data, on_validation, on_test, start),
-        epochs=float(train_result.metrics.get("epoch", args.num_train_epochs)),
-        num_trainable_parameters=count_parameters(model, trainable=True),
-        hyperparameters=hyperparameters(args, settings, model, model_type, model_args, chosen),
-        train=train,
-        history=history,
-    )
-    if trainer.is_world_process_zero():
-        logger.info(f"Results written to {results.save(args.output_dir)}")
+        # ---- Results: every figure once, the timings from the run's one clock.
+        chosen = {"attention_choice": attention_why, "torch_compile": trainer.compiler.summary()}
+        results = Results(
+            model_type=model_type,
+            model_name_or_path=model_args.model_name_or_path if model_type == "pretrained" else None,
+            **evaluated_model_fields(args, model, prep, data, on_validation, on_test, start),
+            epochs=float(train_result.metrics.get("epoch", args.num_train_epochs)),
+            num_trainable_parameters=count_parameters(model, trainable=True),
+            hyperparameters=hyperparameters(args, settings, model, model_type, model_args, chosen),
+            train=train,
+            history=history,
+        )
+        if trainer.is_world_process_zero():
+            logger.info(f"Results written to {results.save(args.output_dir)}")
     return results
 
 

@@ -196,7 +196,8 @@ def test_sigterm_after_training_and_in_other_commands_ends_them_with_one_line_as
     proc = train(out, "--num_train_epochs", "1", env=at_results, script=SIGNALLED)
     assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-3000:]
     [line] = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert line == "error: stopped by SIGTERM; the files already complete are kept.", line
+    assert line.startswith("error: stopped by SIGTERM while saving and evaluating the scratch model after"), line
+    assert "resume with `--resume_from_checkpoint true` for the evaluation and results" in line, line
     assert "Traceback" not in proc.stderr and not (out / ".run.lock").exists()
 
     Image.fromarray(np.full((8, 8), 255, dtype=np.uint8)).save(image)
@@ -219,6 +220,21 @@ def test_a_signal_after_the_last_optimizer_step_stops_the_run_too(tmp_path):
     assert "epoch 2.00: validation accuracy" in proc.stdout and (out / "checkpoint-16").is_dir()
     assert not (out / "results.json").exists()
     # The resumed run takes no step: it evaluates and writes its results.
+    proc = train(out, "--resume_from_checkpoint", "true")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [row["epoch"] for row in results(out)["history"]] == [1.0, 2.0]
+
+
+def test_a_signal_while_the_kept_model_is_evaluated_names_the_resume(tmp_path):
+    """After `train()` returns (the best model reloaded, then scored on each split) a signal named no way on; the line
+    now names the resume, which scores the kept model and writes the results."""
+    out = tmp_path / "run"
+    proc = train(out, env={"SIGNAL_AT": "transformers.trainer:Trainer.predict"}, script=SIGNALLED)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-3000:]
+    [line] = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert line.startswith("error: stopped by SIGTERM while saving and evaluating the scratch model after training")
+    assert "Its checkpoints are kept: resume with `--resume_from_checkpoint true`" in line, line
+    assert not (out / "results.json").exists()
     proc = train(out, "--resume_from_checkpoint", "true")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [row["epoch"] for row in results(out)["history"]] == [1.0, 2.0]

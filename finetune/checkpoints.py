@@ -59,8 +59,7 @@ def resolve_checkpoint(run_dir: Path, training_args: TrainingArguments, one_of_t
                 f"`resume_from_checkpoint` {resume!r} cannot be resumed: {problem}. {fix_for(problem, resume)}"
             )
         return prepare_resume(resume, run_dir, training_args)
-    earlier = sorted(p.name for p in run_dir.glob("checkpoint-*"))
-    earlier += ["results.json"] if (run_dir / "results.json").exists() else []
+    earlier = earlier_run(run_dir)
     if earlier and not training_args.overwrite_output_dir:
         raise FileExistsError(
             f"{run_dir} already holds an earlier run ({', '.join(earlier[:3])}). Nothing was changed. Fix: "
@@ -70,12 +69,17 @@ def resolve_checkpoint(run_dir: Path, training_args: TrainingArguments, one_of_t
     return None  # an earlier run asked to be replaced is removed once the new one can train: `remove_earlier_run`
 
 
+def earlier_run(run_dir: Path) -> list[str]:
+    """The names of an earlier run's checkpoints and results in `run_dir`."""
+    earlier = sorted(p.name for p in run_dir.glob("checkpoint-*"))
+    return earlier + (["results.json"] if (run_dir / "results.json").exists() else [])
+
+
 def remove_earlier_run(run_dir: Path, training_args: TrainingArguments) -> None:
     """`overwrite_output_dir`: remove the earlier run's checkpoints and results, whose checkpoints would otherwise mix
     with the new ones in rotation. Called just before training, once the data and the model are ready: a mistake
     found on the way then leaves the earlier run whole."""
-    earlier = sorted(p.name for p in run_dir.glob("checkpoint-*"))
-    earlier += ["results.json"] if (run_dir / "results.json").exists() else []
+    earlier = earlier_run(run_dir)
     if earlier and training_args.overwrite_output_dir and training_args.process_index == 0:
         logger.warning(f"--overwrite_output_dir: removing the earlier run's {', '.join(earlier)} in {run_dir}")
         for name in earlier:

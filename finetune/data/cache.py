@@ -89,7 +89,7 @@ def decoded_split(
             workers=workers,
             positions=needed,
         )
-    except BaseException:  # an error or a signal (`run.starting`): no half-decoded folder left behind
+    except BaseException:  # an error or a signal (`run.stage`): no half-decoded folder left behind
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     seconds = time.perf_counter() - start

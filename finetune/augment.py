@@ -167,22 +167,16 @@ class Resize(nn.Module):
         return F.interpolate(x, size=self.size, mode="bilinear", align_corners=False, antialias=shrinking)
 
 
-class RepeatChannels(nn.Module):
-    """Grayscale to `num_channels` identical channels, for models trained on RGB."""
+class RGBToGrayscale(nn.Module):
+    """Grayscale as `num_channels` identical channels: RGB by its luma (`grayscale`), a gray channel as it is, so
+    that 1 -> N repeats it for models trained on RGB."""
 
-    def __init__(self, num_channels: int):
+    def __init__(self, num_channels: int = 1):
         super().__init__()
         self.num_channels = num_channels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x.expand(-1, self.num_channels, -1, -1)  # (B, 1, H, W) -> (B, C, H, W), a view
-
-
-class RGBToGrayscale(nn.Module):
-    """RGB to one luma channel with the ITU-R BT.601 weights."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return grayscale(x)
+        return grayscale(x).expand(-1, self.num_channels, -1, -1)  # (B, 1, H, W) -> (B, C, H, W), a view
 
 
 def grayscale(x: torch.Tensor) -> torch.Tensor:
@@ -230,24 +224,20 @@ class RandomAugmentOps(nn.Module):
         self.num_ops, self.magnitude = num_ops, magnitude
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = x.float()
-        for _ in range(self.num_ops):
-            # Back to whole pixel values after each op, as with PIL: posterize's floor needs integers.
-            out = self._one_round(out).round_()
-        return out.clamp_(0, 255).to(torch.uint8)
-
-    def _one_round(self, x: torch.Tensor) -> torch.Tensor:
         B = x.shape[0]
-        op = torch.randint(0, len(self.OPS), (B,), device=x.device)
-        sign = torch.where(torch.rand(B, device=x.device) < 0.5, -1.0, 1.0)
-        m = torch.rand(B, device=x.device) * self.magnitude * sign  # (B,) signed magnitude in [-mag, mag]
-        x = _affine(x, op, m, self.OPS)
-        out = x.clone()
-        for name, fn in COLOR_OPS.items():  # one loop over ops, none over images
-            index = (op == self.OPS.index(name)).nonzero().squeeze(1)
-            if len(index):
-                out[index] = fn(x[index], m[index].view(-1, 1, 1, 1)).clamp(0, 255)
-        return out
+        out = x.to(torch.float32, copy=True)  # the colour ops write into it
+        for _ in range(self.num_ops):
+            op = torch.randint(0, len(self.OPS), (B,), device=x.device)
+            sign = torch.where(torch.rand(B, device=x.device) < 0.5, -1.0, 1.0)
+            m = torch.rand(B, device=x.device) * self.magnitude * sign  # (B,) signed magnitude in [-mag, mag]
+            out = _affine(out, op, m, self.OPS)
+            for name, fn in COLOR_OPS.items():  # one loop over ops, none over images; each image has one op
+                index = (op == self.OPS.index(name)).nonzero().squeeze(1)
+                if len(index):
+                    out[index] = fn(out[index], m[index].view(-1, 1, 1, 1)).clamp(0, 255)
+            # Back to whole pixel values after each op, as with PIL: posterize's floor needs integers.
+            out.round_()
+        return out.clamp_(0, 255).to(torch.uint8)
 
 
 def _affine(x: torch.Tensor, op: torch.Tensor, m: torch.Tensor, ops: tuple[str, ...]) -> torch.Tensor:
@@ -281,10 +271,9 @@ def _smooth(x: torch.Tensor) -> torch.Tensor:
     C = x.shape[1]
     kernel = torch.ones(C, 1, 3, 3, device=x.device, dtype=x.dtype)
     kernel[:, :, 1, 1] = 5.0
-    smooth = F.conv2d(x, kernel / 13.0, padding=1, groups=C)
-    border = torch.ones_like(x, dtype=torch.bool)
-    border[..., 1:-1, 1:-1] = False
-    return torch.where(border, x, smooth)
+    smooth = x.clone()
+    smooth[..., 1:-1, 1:-1] = F.conv2d(x, kernel / 13.0, padding=1, groups=C)[..., 1:-1, 1:-1]  # inside the border
+    return smooth
 
 
 def _posterize(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
@@ -455,7 +444,7 @@ class BatchTransform(nn.Module):
         if eval_resize_size is not None and tuple(eval_resize_size) != self.image_size:
             from torchvision.transforms import v2
 
-            self.eval_resize = nn.Sequential(Resize(tuple(eval_resize_size)), v2.CenterCrop(self.image_size))
+            self.eval_resize = nn.Sequential(Resize(eval_resize_size), v2.CenterCrop(self.image_size))
         else:
             self.eval_resize = self.resize
         self.convert_channels = _channel_conversion(in_channels, out_channels)
@@ -539,7 +528,7 @@ def _channel_conversion(in_channels: int, out_channels: int) -> nn.Module:
         return nn.Identity()
     if in_channels == 1:
         logger.info(f"Converting 1-channel (grayscale) images to {out_channels} channels by repeating.")
-        return RepeatChannels(out_channels)
+        return RGBToGrayscale(out_channels)
     if in_channels == 3 and out_channels == 1:
         logger.info("Converting 3-channel (RGB) images to 1 channel with the ITU-R 601 luma weights.")
         return RGBToGrayscale()

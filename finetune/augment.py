@@ -392,13 +392,8 @@ class BatchTransform(nn.Module):
         mean, std: per output channel normalization, e.g. the image processor's `image_mean` / `image_std`.
         in_channels: channels of the stored images (1 grayscale, 3 RGB).
         out_channels: channels the model takes; 1 -> 3 repeats the gray channel, 3 -> 1 takes the luma.
-        random_crop_padding: random crop with this much zero padding, in source pixels (before resizing); 0: off.
-        horizontal_flip: mirror half of the training images at random.
-        rand_augment_ops: 0: off; 1: TrivialAugment; N > 1: RandAugment with N ops (`RandomAugmentOps`).
-        rand_augment_magnitude: the largest magnitude drawn, as a share of each op's range.
-        random_resized_crop: `RandomResizedCrop` to `image_size` instead of the padded crop (photos stored larger).
-        crop_scale, crop_ratio: the area share and aspect ratio ranges of `random_resized_crop`.
-        random_erasing: probability of erasing a random box of each training image (`RandomErasing`); 0: off.
+        random_crop_padding ... random_erasing: the training augmentation, as the `DataArguments` of the same names
+            (`finetune/arguments.py`) describe it; `random_resized_crop` a bool (`use_random_resized_crop`).
         eval_resize_size: evaluation resizes to this size and center-crops `image_size`, as image processors that
             crop do (`Preprocessing.resize_size`); `None`: evaluation resizes straight to `image_size`.
     """

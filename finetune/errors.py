@@ -13,7 +13,6 @@ import threading
 from collections.abc import Callable, Sequence
 
 
-EXIT_ERROR, EXIT_USAGE = 1, 2  # 2 as argparse
 # The project raises these with a message that names the fix; any other exception is unexpected and keeps its type.
 EXPECTED = (ValueError, OSError, RuntimeError)
 
@@ -50,17 +49,6 @@ class ArgumentParser(argparse.ArgumentParser):
         raise UsageError(re.sub(r"^argument (-[^/ ]+)(/-\S+)*:", r"\1:", message))
 
 
-def debug_flags(argv: Sequence[str]) -> list[int]:
-    """Positions of a bare `--debug`; one followed by a value is TrainingArguments' (`--debug underflow_overflow`)."""
-    return [i for i, a in enumerate(argv) if a == "--debug" and (i + 1 == len(argv) or argv[i + 1].startswith("-"))]
-
-
-def wants_traceback(argv: Sequence[str]) -> bool:
-    log_level = [argv[i + 1].lower() for i, a in enumerate(argv[:-1]) if a in ("--log_level", "--log-level")]
-    environment = os.environ.get("LOG_LEVEL", "").strip().lower()
-    return bool(debug_flags(argv)) or "debug" in log_level or environment == "debug"
-
-
 def one_line(error: BaseException, limit: int = 300) -> str:
     """An exception as one short line, for a message that explains it: its type and the first line of its message."""
     text = str(error).strip().splitlines()
@@ -80,13 +68,14 @@ def error_line(error: BaseException) -> str:
 def run_command(
     main: Callable[[list[str]], object], argv: Sequence[str] | None = None, keep_debug: bool = False
 ) -> int:
-    """Call `main(argv)` and return the exit status: 0, or 1 after printing `error: ...` (2 for a `UsageError`, 128 +
-    the signal's number after SIGINT or SIGTERM). `--debug` is taken out of `argv` unless the command parses it itself
-    (`keep_debug`)."""
+    """Call `main(argv)` and return its exit status (0, or as the module docstring says after an error). `--debug` is
+    taken out of `argv` unless the command parses it itself (`keep_debug`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    debug = wants_traceback(argv)
+    # A bare `--debug`; one followed by a value is TrainingArguments' (`--debug underflow_overflow`).
+    flags = {i for i, a in enumerate(argv) if a == "--debug" and (i + 1 == len(argv) or argv[i + 1].startswith("-"))}
+    log_level = [argv[i + 1].lower() for i, a in enumerate(argv[:-1]) if a in ("--log_level", "--log-level")]
+    debug = bool(flags) or "debug" in log_level or os.environ.get("LOG_LEVEL", "").strip().lower() == "debug"
     if not keep_debug:
-        flags = set(debug_flags(argv))
         argv = [a for i, a in enumerate(argv) if i not in flags]
     # Handlers can only be set in the main thread; one set by the program around us (not the default) is kept.
     handle_sigterm = threading.current_thread() is threading.main_thread()
@@ -107,7 +96,7 @@ def run_command(
         if debug:
             raise
         print(f"error: {error_line(error)}", file=sys.stderr)
-        return EXIT_USAGE if isinstance(error, UsageError) else EXIT_ERROR
+        return 2 if isinstance(error, UsageError) else 1  # 2 as argparse
     finally:
         if handle_sigterm:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -332,19 +332,9 @@ def command_name() -> str:
     return "vit-finetune train" if Path(sys.argv[0]).name in ("vit-finetune", "cli.py") else "python -m finetune.run"
 
 
-class FullHelp(argparse.Action):
-    """`--help_all`: every option, transformers' `TrainingArguments` included (imports transformers: seconds)."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        from finetune.training_args import option_parser
-
-        option_parser().print_help()
-        parser.exit()
-
-
 def help_parser() -> argparse.ArgumentParser:
     """The short `--help`, built from the dataclasses alone: `--config`, then the pipeline's options by group. Parsing
-    a command line with it reads `--config` and answers `--help` / `--help_all`; the other options pass through."""
+    a command line with it reads `--config`, `--help` and `--help_all`; the other options pass through."""
     parser = ArgumentParser(
         prog=command_name(),
         allow_abbrev=False,
@@ -357,16 +347,15 @@ def help_parser() -> argparse.ArgumentParser:
         "a config, except `report_to` and `decoded_cache_dir`, where `none` means off.",
     )
     parser.add_argument("--config", metavar="FILE.yaml", help=CONFIG_HELP)
-    parser.add_argument("--help_all", nargs=0, action=FullHelp, help="every option in full, transformers' included")
+    parser.add_argument("--help_all", action="store_true", help="every option in full, transformers' included")
     for title, options in GROUPS.items():
         group = parser.add_argument_group(f"{title} options", first_sentence(" ".join(options.__doc__.split())))
-        specs = option_specs([options])
-        for spec in dataclasses.fields(options):
-            kind, choices = parsed_type(specs[spec.name][0]), specs[spec.name][1]
+        for spec, (hint, choices, default) in zip(dataclasses.fields(options), option_specs([options]).values()):
+            kind = parsed_type(hint)
             element = typing.get_args(kind)[0] if typing.get_origin(kind) is list else kind
             nargs = "+" if element is not kind else "?" if kind is bool else None
             metavar = f"{{{','.join(choices)}}}" if choices else getattr(element, "__name__", "VALUE").upper()
-            default = "" if spec.default in (None, dataclasses.MISSING) else f" [{spec.default}]"
+            default = "" if default is None else f" [{default}]"
             group.add_argument(
                 f"--{spec.name}",
                 nargs=spec.metadata.get("nargs", nargs),
@@ -386,7 +375,7 @@ def option_specs(dataclass_types) -> dict[str, tuple[Any, list | None, Any]]:
     """Each option's name -> (type hint, choices, default), from the dataclasses' fields and type hints."""
     specs = {}
     for options in dataclass_types:
-        hints = typing.get_type_hints(options)
+        hints = typing.get_type_hints(options)  # not `f.type`, which HfArgumentParser rewrites
         for f in dataclasses.fields(options):
             if f.init:
                 kind = parsed_type(hints[f.name])
@@ -524,11 +513,14 @@ def parse_options(argv: list[str] | None = None) -> tuple[ModelArguments, DataAr
     from finetune.training_args import option_parser  # transformers: imported once a command line is read
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    config = help_parser().parse_known_args(argv)[0].config  # answers --help and --help_all
+    known = help_parser().parse_known_args(argv)[0]  # answers --help
     parser = option_parser()
-    if config is not None:
+    if known.help_all:
+        parser.print_help()
+        parser.exit()
+    if known.config is not None:
         # argparse converts string defaults by the option's type, so YAML's `2e-5` (a string to YAML) becomes a float.
-        parser.set_defaults(**load_yaml_config(config, parser.options))
+        parser.set_defaults(**load_yaml_config(known.config, parser.options))
     namespace, extras = parser.parse_known_args(argv)
     if extras:
         unknown = [a for a in extras if a.startswith("-")]
@@ -558,12 +550,10 @@ def parse_args(argv: list[str] | None = None):
 def check_choices(options, fields_of=None) -> None:
     """Refuse a value outside a field's `choices` (of the fields of `fields_of`, else all), as the parser does, for
     dataclasses built in code."""
-    hints = typing.get_type_hints(fields_of or type(options))  # not `f.type`, which HfArgumentParser rewrites
-    for f in dataclasses.fields(fields_of or options):
-        choices = f.metadata.get("choices")
-        value = getattr(options, f.name)
-        if choices and value not in choices and not (value is None and is_optional(hints[f.name])):  # None: unset
-            raise ValueError(f"`{f.name}` must be one of {choices}, got {value!r}.")
+    for name, (hint, choices, _) in option_specs([fields_of or type(options)]).items():
+        value = getattr(options, name)
+        if choices and value not in choices and not (value is None and is_optional(hint)):  # None: unset
+            raise ValueError(f"`{name}` must be one of {choices}, got {value!r}.")
 
 
 def answer_help(argv: list[str]) -> None:

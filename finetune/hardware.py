@@ -42,16 +42,16 @@ def cpuinfo_field(key: str) -> str | None:
 
 def describe(device: torch.device | str | None = None) -> dict[str, Any]:
     """The device, its name, the CPU, threads and library versions, for `results.json` and the benchmarks."""
-    device = torch.device(device) if device is not None else None
+    device = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
     info: dict[str, Any] = {
-        "device": device.type if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"),
+        "device": device.type,
         "cpu": cpuinfo_field("model name") or platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
     }
     if info["device"] == "cuda" and torch.cuda.is_available():
-        info["accelerator"] = torch.cuda.get_device_name(device)  # None or no index: the current device
+        info["accelerator"] = torch.cuda.get_device_name(device)  # no index: the current device
         info["cuda"] = torch.version.cuda
     elif info["device"] == "mps":
         info["accelerator"] = "Apple MPS"

@@ -52,27 +52,24 @@ class TrainingCompiler(TrainerCallback):
         self.outcome = "compiled" if choice.enabled else "eager"
         self._compiled: dict[int, nn.Module] = {}
         self.failed = False
-        # The check: phases of (name, steps). In a multi-process run every compiled choice has an agreement point
-        # after warm-up, so that a compiler error in one process turns every process eager.
+        # The check: the phases of (name, steps) still to run. In a multi-process run every compiled choice has an
+        # agreement point after warm-up, so that a compiler error in one process turns every process eager.
+        self._phases = [("warmup", warmup)] if choice.enabled and world_size > 1 else []
         if choice.enabled and choice.verify:
             self._phases = [("warmup", warmup), ("compiled", window), ("eager warmup", 2), ("eager", window)]
-        elif choice.enabled and world_size > 1:
-            self._phases = [("warmup", warmup)]
-        else:
-            self._phases = []
-        self._checking = bool(self._phases)
-        self._phase, self._phase_steps, self._phase_seconds = 0, 0, 0.0
+        self._phase_steps, self._phase_seconds = 0, 0.0
         self._segment_start = self._last_end = None
         self._times: dict[str, float] = {}
 
     @property
-    def _trying_eager(self) -> bool:
-        return self._checking and self._phases[self._phase][0].startswith("eager")
+    def _checking(self) -> bool:
+        return bool(self._phases)
 
     def module_for(self, model: nn.Module, batch_size: int) -> nn.Module:
         """The module to run a training micro-batch of `batch_size` images through."""
         self.used = False
-        if not self.active or self._trying_eager or not model.training:
+        trying_eager = self._checking and self._phases[0][0].startswith("eager")
+        if not self.active or trying_eager or not model.training:
             return model
         if self.batch_size is None:
             self.batch_size = batch_size
@@ -115,7 +112,7 @@ class TrainingCompiler(TrainerCallback):
         """Eager from now on, with a warning; in a multi-process run the others follow at the agreement point."""
         self.active, self.failed = False, True
         if self.world_size == 1:
-            self._checking = False
+            self._phases.clear()
         self.outcome = f"eager after a compiler error ({one_line(error)})"
         logger.warning(
             f"torch.compile failed ({one_line(error)}); training goes on without compilation. Set "
@@ -133,13 +130,14 @@ class TrainingCompiler(TrainerCallback):
         synchronize(self.device)  # only in the few steps of the check
         self._last_end = self.time_fn()
         self._phase_steps += 1
-        name, steps = self._phases[self._phase]
+        name, steps = self._phases[0]
         if self._phase_steps < steps:
             return
         self._close_segment()
         self._times[name] = self._phase_seconds / steps
-        self._phase, self._phase_steps, self._phase_seconds = self._phase + 1, 0, 0.0
-        if self._phase == len(self._phases):
+        self._phases.pop(0)
+        self._phase_steps, self._phase_seconds = 0, 0.0
+        if not self._phases:
             self._decide()
 
     def interrupted(self, *args, **kwargs) -> None:
@@ -155,7 +153,6 @@ class TrainingCompiler(TrainerCallback):
         self._segment_start = self._last_end = None
 
     def _decide(self) -> None:
-        self._checking = False
         compiled, eager = self._times.get("compiled", 0.0), self._times.get("eager", 0.0)
         failed = float(self.failed)
         if self.world_size > 1 and torch.distributed.is_initialized():

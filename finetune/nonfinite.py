@@ -70,9 +70,8 @@ class NonFiniteGuard(TrainerCallback):
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         device = grads[0].device if grads else args.device
         grads_bad = torch.zeros((), dtype=torch.bool, device=device)
-        if grads:
-            norms = torch.stack([n.float() for n in torch._foreach_norm(grads)])  # NaN/inf wherever a gradient is
-            grads_bad = ~torch.isfinite(norms.sum())
+        if grads:  # the norm is NaN or inf wherever a gradient is
+            grads_bad = ~torch.isfinite(torch.nn.utils.get_total_norm(grads))
         if self.scaler is not None:
             # Overflows are the scaler's (it skips and lowers its scale); count them only once no scale is left.
             grads_bad = grads_bad & (self.scaler.get_scale() < 1.0)
@@ -84,7 +83,7 @@ class NonFiniteGuard(TrainerCallback):
         if self.world_size > 1 and torch.distributed.is_initialized():
             torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
         self._flags = flags
-        skip = (self._flags[0] | self._flags[2]).bool()
+        skip = (flags[0] | flags[2]).bool()
         if self.scaler is not None:
             return  # the scaler skips non-finite steps itself
         if getattr(optimizer, "_step_supports_amp_scaling", False):

@@ -23,7 +23,7 @@ from transformers import (
     PreTrainedModel,
     ViTImageProcessor,
 )
-from transformers.utils import logging
+from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME, logging
 
 from scratch_vit import ScratchViTConfig, ScratchViTForImageClassification
 
@@ -42,12 +42,7 @@ logger = logging.get_logger(__name__)
 # layout) and ScratchViT's fused query-key-value projection, which the adapter updates as one matrix.
 LORA_DEFAULT_TARGETS = ("q_proj", "v_proj", "query", "value", "qkv")
 HEAD_NAME = "classifier"
-WEIGHT_FILES = (
-    "model.safetensors",
-    "model.safetensors.index.json",
-    "pytorch_model.bin",
-    "pytorch_model.bin.index.json",
-)
+WEIGHT_FILES = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME)
 
 
 def storage_size(model_type: str, model_args: ModelArguments, scratch_args) -> int:
@@ -103,10 +98,9 @@ def build_model(
 
 
 def _framing_processor(processor, prep: Preprocessing, whole: bool):
-    """The image processor saved with the model, which `pipeline()`, the model card's code and ONNX serving use: it
-    frames a photo as training stored it and evaluation resized it (`prep`), the centre square resized by its shorter
-    side, then center-cropped; with `whole` (images all of one size that is not square, stored whole), the whole
-    image resized. timm's processor (which already crops the centre) is kept as it is."""
+    """The processor saved with the model (for `pipeline()`, the model card's code, ONNX serving): it frames a photo
+    as training stored it and evaluation resized it (`prep`): the centre square, or with `whole` (images all of one
+    non-square size, stored whole) the whole image. timm's processor (which already crops the centre) is kept."""
     if getattr(processor, "data_config", None):
         return processor
     height, width = prep.resize_size or prep.image_size
@@ -266,9 +260,6 @@ def _load_config(model_args: ModelArguments):
         raise OSError(_unreachable_message("model", model_args.model_name_or_path, error)) from error
 
 
-LOAD_KINDS = ("missing_keys", "unexpected_keys", "mismatched_keys")
-
-
 @contextlib.contextmanager
 def transformers_errors_only():
     """transformers' own warnings silenced (its load report lists a new head as MISMATCH / Reinit); errors raise."""
@@ -294,12 +285,12 @@ def _load_pretrained(model_args: ModelArguments, data: ImageData, drop_path_rate
                 "fine-tune a model that has it (BEiT, Swin, ConvNeXt, DINOv2, ScratchViT)."
             )
         overrides["drop_path_rate"] = drop_path_rate
+    # timm's config saves its class names as `label_names` beside `id2label`: they go with the old labels.
+    saved = {key: value for key, value in original.to_dict().items() if key != "label_names"}
+    config = type(original).from_dict(saved, **overrides)
     with _plain_model_folder(path, model_args.trust_remote_code) as weights:
         try:
             with transformers_errors_only():  # the load report is summarised below, in the pipeline's words
-                # timm's config saves its class names as `label_names` beside `id2label`: they go with the old labels.
-                saved = {key: value for key, value in original.to_dict().items() if key != "label_names"}
-                config = type(original).from_dict(saved, **overrides)
                 model, info = AutoModelForImageClassification.from_pretrained(
                     weights,
                     config=config,
@@ -311,7 +302,8 @@ def _load_pretrained(model_args: ModelArguments, data: ImageData, drop_path_rate
         except OSError as error:
             raise OSError(_unreachable_message("model", path, error)) from error
     # Per kind, the parameter names (a mismatched key may come as (name, saved shape, model shape)).
-    keys = {kind: [k[0] if isinstance(k, tuple) else str(k) for k in info.get(kind, [])] for kind in LOAD_KINDS}
+    kinds = ("missing_keys", "unexpected_keys", "mismatched_keys")
+    keys = {kind: [k[0] if isinstance(k, tuple) else str(k) for k in info.get(kind, [])] for kind in kinds}
     new_head = any(k.startswith(HEAD_NAME) for k in keys["mismatched_keys"])
     others = {kind: [k for k in names if not k.startswith(HEAD_NAME)] for kind, names in keys.items()}
     if others["missing_keys"] or others["mismatched_keys"]:  # unexpected keys (an unused pooler) change nothing
@@ -420,8 +412,8 @@ def check_local_checkpoint(path: str | os.PathLike, trust_remote_code: bool = Fa
             f"{path} holds a config.json but no weights ({' or '.join(WEIGHT_FILES[::2])}): the save was incomplete. "
             "Pass a complete model folder (a finished run's output directory or a checkpoint-* folder)."
         )
-    if present[0] == "model.safetensors":
-        weights = os.path.join(path, "model.safetensors")
+    if present[0] == SAFE_WEIGHTS_NAME:
+        weights = os.path.join(path, SAFE_WEIGHTS_NAME)
         try:
             read_weights(Path(weights))
         except Exception as error:
@@ -482,19 +474,18 @@ def check_channels(data_channels: int, model_channels: int, convert: bool) -> No
     """Grayscale data may feed an RGB model (repeat) and RGB data a grayscale model (luma); nothing else."""
     if data_channels == model_channels:
         return
-    convertible = {data_channels, model_channels} == {1, 3}
-    if not convertible or not convert:
+    if {data_channels, model_channels} != {1, 3}:
+        fix = f"use a model with `num_channels: {data_channels}` or convert the images"
+    elif not convert:
         fix = f"set `convert_channels: true` to convert {data_channels}->{model_channels} channels on the fly"
-        if not convertible:
-            fix = f"use a model with `num_channels: {data_channels}` or convert the images"
-        raise ValueError(
-            f"The model expects {model_channels}-channel images but the data has {data_channels} channel(s). "
-            f"Fix: {fix}."
-        )
-    how = "repeating the gray channel"
-    if data_channels != 1:
-        how = "taking the luma ({} R + {} G + {} B)".format(*LUMA_WEIGHTS)
-    logger.warning(f"Converting {data_channels}-channel images to {model_channels} channels by {how}.")
+    else:
+        luma = "taking the luma ({} R + {} G + {} B)".format(*LUMA_WEIGHTS)
+        how = "repeating the gray channel" if data_channels == 1 else luma
+        logger.warning(f"Converting {data_channels}-channel images to {model_channels} channels by {how}.")
+        return
+    raise ValueError(
+        f"The model expects {model_channels}-channel images but the data has {data_channels} channel(s). Fix: {fix}."
+    )
 
 
 def load_checkpoint_weights(model: PreTrainedModel, checkpoint: str) -> None:

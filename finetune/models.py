@@ -7,7 +7,6 @@ supplies resolution and normalisation. `scratch`: a `ScratchViTForImageClassific
 """
 
 import contextlib
-import json
 import os
 import re
 import tempfile
@@ -206,11 +205,10 @@ def load_adapter_model(path: str | os.PathLike, merge: bool = True, **kwargs) ->
     """A LoRA run's output: the base model its `adapter_config.json` names, with the run's labels, then the adapters
     and head through peft; merged into a plain transformers model with `merge`. `kwargs` go to `from_pretrained`.
     A checkpoint-* of the run holds no config.json: the run folder around it has the labels."""
-    from peft import PeftModel
+    from peft import PeftConfig, PeftModel
 
     path = str(path)
-    with open(os.path.join(path, ADAPTER_CONFIG_NAME)) as f:
-        base = json.load(f)["base_model_name_or_path"]
+    base = PeftConfig.from_pretrained(path).base_model_name_or_path
     config_dir = path if os.path.isfile(os.path.join(path, "config.json")) else os.path.dirname(os.path.abspath(path))
     config = AutoConfig.from_pretrained(config_dir, trust_remote_code=kwargs.get("trust_remote_code", False))
     try:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from finetune.errors import ArgumentParser, one_line, run_command
 from finetune.results import RESULTS_NAME, Results, TrainMetrics
+from finetune.tools import predict
 
 
 if TYPE_CHECKING:
@@ -36,15 +37,13 @@ if TYPE_CHECKING:
     from PIL import Image
 
 
-# torch, PIL and the model code are imported where used, so that `--help` answers at once.
+# torch, PIL and the model code are imported where used (as in predict), so that `--help` answers at once.
 
 FORMATS = ("onnx",)
 EXTRA_MODULES = ("onnx", "onnxruntime", "onnxscript")  # onnxscript: the dynamo exporter writes the graph with it
 INSTALL = 'pip install -e ".[export]"'
 DEFAULT_ATOL = 1e-4
 CHECK_IMAGES = 8
-# Protobuf caps a single .onnx file at 2 GiB: larger models keep their weights in `model.onnx.data` beside it.
-SINGLE_FILE_LIMIT = 2**31 - 2**26
 # What an export writes, and what marks a folder as another model's or run's: exporting there would overwrite it.
 WRITTEN = ("model.onnx", "model.onnx.data", "config.json", "preprocessor_config.json", "results.json")
 # The figures of a run's results.json, which are its kept model's: left out of a checkpoint's export, which keeps the
@@ -68,27 +67,22 @@ def export_onnx(model: torch.nn.Module, example: torch.Tensor, path: str | Path)
     """Write `model` as ONNX to `path` with a dynamic batch axis, traced on `example` pixel values `(B, C, H, W)`."""
     import torch
 
-    class LogitsOnly(torch.nn.Module):  # the classifier as serving calls it: no output dataclass, no loss
-        def __init__(self, model: torch.nn.Module):
-            super().__init__()
-            self.model = model
-
-        def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-            return self.model(pixel_values=pixel_values).logits  # (B, C, H, W) -> (B, num_labels)
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if len(example) < 2:
         example = example.repeat(2, 1, 1, 1)  # a batch of 1 would be fixed into the graph as a constant
-    size = sum(p.numel() * p.element_size() for p in model.parameters())
+    # The output dataclass flattens to its tensors that are not None: the logits, `(B, num_labels)`.
     torch.onnx.export(
-        LogitsOnly(model).eval(),
-        (example,),
+        model.eval(),
+        (),
         path,
+        kwargs={"pixel_values": example},
         input_names=["pixel_values"],
         output_names=["logits"],
         dynamic_shapes={"pixel_values": {0: torch.export.Dim("batch")}},
-        external_data=size > SINGLE_FILE_LIMIT,
+        # One file; torch writes the weights of a model over 1.5 GB to `model.onnx.data` beside it, as protobuf caps
+        # a single .onnx file at 2 GiB.
+        external_data=False,
         dynamo=True,
         verbose=False,
     )
@@ -96,11 +90,9 @@ def export_onnx(model: torch.nn.Module, example: torch.Tensor, path: str | Path)
 
 
 def onnx_logits(path: str | Path, pixel_values: torch.Tensor) -> np.ndarray:
-    """The logits onnxruntime computes on the CPU for `pixel_values` `(B, C, H, W)`: `(B, num_labels)`."""
-    import onnxruntime
-
-    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return session.run(["logits"], {"pixel_values": pixel_values.numpy()})[0]
+    """The logits onnxruntime computes on the CPU for `pixel_values` `(B, C, H, W)`: `(B, num_labels)`, as `predict`
+    runs the export folder around `path`."""
+    return predict.OnnxClassifier(Path(path).parent)(pixel_values).logits.numpy()
 
 
 def check_onnx(path: str | Path, model: torch.nn.Module, pixel_values: torch.Tensor, atol: float) -> float:
@@ -125,8 +117,6 @@ def check_onnx(path: str | Path, model: torch.nn.Module, pixel_values: torch.Ten
 def check_output(output: Path, run_dir: Path, model) -> None:
     """Refuse an `output` folder that holds another model or run (its files would be overwritten); a new or unrelated
     folder, or an earlier export of this same run (same config.json and results.json), is fine."""
-    from finetune.tools.predict import ONNX_NAME
-
     names = sorted(p.name for p in output.iterdir()) if output.is_dir() else []
     taken = [name for name in names if name in WRITTEN or any(fnmatch.fnmatch(name, p) for p in OTHER_MODEL)]
     if not taken:
@@ -137,7 +127,7 @@ def check_output(output: Path, run_dir: Path, model) -> None:
         return mine.is_file() == theirs.is_file() and (not mine.is_file() or mine.read_bytes() == theirs.read_bytes())
 
     config = output / "config.json"
-    earlier = set(taken) <= set(WRITTEN) and ONNX_NAME in taken and same("results.json")
+    earlier = set(taken) <= set(WRITTEN) and predict.ONNX_NAME in taken and same("results.json")
     earlier = earlier and config.is_file() and config.read_text() == model.config.to_json_string()
     if not earlier:
         raise FileExistsError(
@@ -149,13 +139,11 @@ def check_output(output: Path, run_dir: Path, model) -> None:
 def write_export(output: Path, run_dir: Path, model, processor, pixel_values: torch.Tensor) -> Path:
     """Write model.onnx, and the files predict reads beside it, into `output` by way of a folder beside it: an
     interrupted export leaves no half-written folder, which a rerun would refuse as another model's."""
-    from finetune.tools.predict import ONNX_NAME
-
     target = output.resolve()  # `--output .` has no name to put a folder beside
     partial = target.with_name(f"tmp-{target.name}")
     shutil.rmtree(partial, ignore_errors=True)  # left by an export that was killed
     try:
-        export_onnx(model, pixel_values, partial / ONNX_NAME)
+        export_onnx(model, pixel_values, partial / predict.ONNX_NAME)
         model.config.save_pretrained(partial)
         if getattr(processor, "data_config", None):  # timm's processor saves nothing: its settings, for predict
             data_config = json.dumps({"data_config": processor.data_config}, indent=2)
@@ -174,21 +162,29 @@ def write_export(output: Path, run_dir: Path, model, processor, pixel_values: to
             partial.rename(output)  # the folder appears whole
     finally:
         shutil.rmtree(partial, ignore_errors=True)
-    return output / ONNX_NAME
+    return output / predict.ONNX_NAME
 
 
-def run_images(run_dir: Path, model, processor, count: int = CHECK_IMAGES) -> list[Image.Image]:
-    """`count` validation images of the dataset the run trained on (its results.json names it), as training stores
-    them."""
+def check_images(
+    run_dir: Path, paths: list[str] | None, model, processor, count: int = CHECK_IMAGES
+) -> tuple[list[Image.Image], str]:
+    """Up to `count` images to check the export on, and where they came from: the given image files or folders,
+    found and decoded as `predict` does, else validation images of the dataset the run trained on (its results.json
+    names it), as training stores them."""
     import numpy as np
     from PIL import Image
 
     from finetune.arguments import DataArguments
     from finetune.augment import photo_size
     from finetune.data import load_image_data
-    from finetune.tools.predict import image_mode, model_preprocessing, run_results
 
-    results = run_results(run_dir)  # in it, or in the run folder around a checkpoint-*
+    size, mode = photo_size(predict.model_preprocessing(model, processor)), predict.image_mode(model)
+    if paths:
+        images, _, _ = predict.load_images(predict.collect_image_paths(paths)[:count], mode, size)
+        if not images:
+            raise ValueError(f"None of {', '.join(paths)} could be read as an image to check the export on.")
+        return images, "the given files"
+    results = predict.run_results(run_dir)  # in it, or in the run folder around a checkpoint-*
     dataset = results.dataset if results else None
     if not dataset:
         raise FileNotFoundError(
@@ -201,7 +197,6 @@ def run_images(run_dir: Path, model, processor, count: int = CHECK_IMAGES) -> li
         dataset_name=dataset, max_train_samples=count, max_eval_samples=count, decoded_cache_dir="none"
     )
     try:
-        size = photo_size(model_preprocessing(model, processor))
         split = load_image_data(data_args, seed=0, target_size=size, check_classes=False).validation
     except (OSError, ValueError) as error:
         raise OSError(
@@ -210,20 +205,7 @@ def run_images(run_dir: Path, model, processor, count: int = CHECK_IMAGES) -> li
         ) from error
     pixels = split.take(np.arange(min(count, len(split)))).numpy()  # (N, C, H, W) uint8
     images = [Image.fromarray(p[0] if p.shape[0] == 1 else p.transpose(1, 2, 0)) for p in pixels]
-    return [image.convert(image_mode(model)) for image in images]
-
-
-def file_images(paths: list[str], model, processor, count: int = CHECK_IMAGES) -> list[Image.Image]:
-    """Up to `count` of the given image files or folders, found and decoded as `predict` does."""
-    from finetune.augment import photo_size
-    from finetune.tools.predict import collect_image_paths, image_mode, load_images, model_preprocessing
-
-    found = collect_image_paths(paths)
-    size = photo_size(model_preprocessing(model, processor))
-    images, _, _ = load_images(found[:count], image_mode(model), size)
-    if not images:
-        raise ValueError(f"None of {', '.join(paths)} could be read as an image to check the export on.")
-    return images
+    return [image.convert(mode) for image in images], "the run's dataset"
 
 
 def main(argv: list[str] | None = None) -> ExportResult:
@@ -244,19 +226,16 @@ def main(argv: list[str] | None = None) -> ExportResult:
     missing = [name for name in EXTRA_MODULES if importlib.util.find_spec(name) is None]
     if missing:
         raise RuntimeError(f"Exporting needs {', '.join(missing)} (the `export` extra): {INSTALL}")
-    from finetune.tools.predict import load_classifier, preprocess
-
     run_dir = Path(args.run_dir)
     # Eager attention exports for every architecture (SDPA's graph does not decompose for BEiT); onnxruntime fuses
     # the attention pattern itself.
-    model, processor = load_classifier(args.run_dir, args.trust_remote_code, attn_implementation="eager", device="cpu")
+    model, processor = predict.load_classifier(
+        run_dir, args.trust_remote_code, attn_implementation="eager", device="cpu"
+    )
     output = Path(args.output) if args.output else run_dir / "onnx"
     check_output(output, run_dir, model)
-    if args.images:
-        images, source = file_images(args.images, model, processor), "the given files"
-    else:
-        images, source = run_images(run_dir, model, processor), "the run's dataset"
-    pixel_values = preprocess(images, model, processor)  # (N, C, H, W), as predict feeds the model
+    images, source = check_images(run_dir, args.images, model, processor)
+    pixel_values = predict.preprocess(images, model, processor)  # (N, C, H, W), as predict feeds the model
 
     path = write_export(output, run_dir, model, processor, pixel_values)
     print(f"Wrote {path} (input pixel_values (batch, {', '.join(map(str, pixel_values.shape[1:]))}), output logits)")

@@ -29,7 +29,7 @@ import httpx2
 from huggingface_hub import CommitOperationAdd, HfApi, get_session, get_token, set_client_factory
 from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
-from finetune.errors import ArgumentParser, run_command
+from finetune.errors import ArgumentParser, one_line, run_command
 from finetune.results import RESULTS_NAME
 from finetune.tools.model_card import CARD_NAME, find_comparison_dir, run_dir_of, write_model_card
 
@@ -78,10 +78,6 @@ class HubRequestError(RuntimeError):
     huggingface_hub do not repeat what `BoundedRetryTransport` has retried."""
 
 
-def _exception_name(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-
-
 def _describe_status(status: int, where: str, detail: str, attempts: int = 1) -> str:
     text = f"HTTP {status}" + (f" on {where}" if where else "") + (f": {detail}" if detail else "")
     text += f" ({attempts} attempts)" if attempts > 1 else ""
@@ -90,13 +86,13 @@ def _describe_status(status: int, where: str, detail: str, attempts: int = 1) ->
 
 
 def _describe_network_error(error: BaseException, endpoint: str, where: str, tries: str, timeout: float) -> str:
-    cause = _exception_name(error)
+    cause = one_line(error)
     if isinstance(error, httpx2.TimeoutException):
         return (
             f"no answer from {endpoint} within {timeout:g} s on {where} ({tries}; {cause}); the Hub or the network is "
             f"slow or down: retry later, or allow more time (--timeout or {TIMEOUT_ENV})"
         )
-    if isinstance(error, (httpx2.ConnectError, ConnectionError)):
+    if isinstance(error, httpx2.ConnectError):
         return f"Could not reach {endpoint} ({tries}; {cause}): check the network connection (or HF_ENDPOINT)"
     return (
         f"the connection to {endpoint} broke on {where} ({tries}; {cause}); the Hub or a proxy dropped it: retry later"
@@ -126,7 +122,7 @@ class BoundedRetryTransport(httpx2.BaseTransport):
             try:
                 response = self.inner.handle_request(request)
             except RETRY_EXCEPTIONS as error:
-                reason = _exception_name(error)
+                reason = one_line(error)
                 failure = _describe_network_error(error, endpoint, where, tries, self.timeout)
             else:
                 logger.debug(f"{where}: {response.status_code} in {time.perf_counter() - start:.1f} s")
@@ -279,10 +275,10 @@ def _describe_failure(error: BaseException, endpoint: str) -> str:
         where = f"{request.method} {request.url.path}" if request is not None else ""
         return _describe_status(error.response.status_code, where, error.server_message or str(error).splitlines()[0])
     if isinstance(error, OfflineModeIsEnabled):  # a ConnectionError, but its message names its own fix
-        return _exception_name(error).rstrip(".")
+        return one_line(error).rstrip(".")
     if isinstance(error, (ConnectionError, TimeoutError)) or "connect" in type(error).__name__.lower():
-        return f"{_exception_name(error)}; Could not reach {endpoint}: check the network connection (or HF_ENDPOINT)"
-    return _exception_name(error)
+        return f"{one_line(error)}; Could not reach {endpoint}: check the network connection (or HF_ENDPOINT)"
+    return one_line(error)
 
 
 def push_output_dir(

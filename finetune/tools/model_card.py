@@ -201,16 +201,13 @@ processor = AutoImageProcessor.from_pretrained(repo)
 
 With this project's code, `python -m finetune.tools.predict MODEL_DIR image.jpg` loads the adapter folder as it is."""
     mode = "L" if config.get("num_channels") == 1 else "RGB"
-    # transformers' pipeline converts every image to RGB: a 1-channel model cannot run it.
-    pipeline = (
-        ""
-        if mode == "L"
-        else f"""
+    pipeline = ""
+    if mode == "RGB":  # transformers' pipeline converts every image to RGB: a 1-channel model cannot run it
+        pipeline = f"""
 
 # or, in one line:
 classifier = pipeline("image-classification", model=repo{remote})
 print(classifier("image.jpg"))"""
-    )
     answer, printed = "print(model.config.id2label[logits.argmax(-1).item()])", "the top-5 classes"
     if results.multi_label:  # the thresholds chosen on the validation split are in results.json
         thresholds = [round(results.per_class_threshold.get(name, 0.5), 4) for name in results.label_names]

@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> ExportResult:
     # Eager attention exports for every architecture (SDPA's graph does not decompose for BEiT); onnxruntime fuses
     # the attention pattern itself.
     model, processor = predict.load_classifier(
-        run_dir, args.trust_remote_code, attn_implementation="eager", device="cpu"
+        args.run_dir, args.trust_remote_code, attn_implementation="eager", device="cpu"
     )
     output = Path(args.output) if args.output else run_dir / "onnx"
     check_output(output, run_dir, model)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import csv
 import math
 import os
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,12 +23,18 @@ if TYPE_CHECKING:
 
 
 MISSING = "—"
-HUB_ID_PATTERN = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
 def is_hub_id(name: str | None) -> bool:
-    """Whether `name` looks like a Hub repo id (`namespace/name` or `name`) and is not an existing local path."""
-    return bool(name) and HUB_ID_PATTERN.match(name) is not None and not os.path.exists(name)
+    """Whether `name` is a valid Hub repo id (`namespace/name` or `name`) and not an existing local path."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return bool(name) and not os.path.exists(name)
 
 
 def display_dataset(name: str | None) -> str:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from finetune.errors import ArgumentParser, run_command
-from finetune.tools.predict import add_model_arguments, classifier_from_arguments, run_results, stored_frame
+from finetune.tools import predict
 
 
 if TYPE_CHECKING:
@@ -84,8 +84,8 @@ def cls_attention_maps(
     `(..., heads, T, T)` tensor per layer (a mean-pooled model's: the mean over the patches' rows)."""
     import torch
 
-    maps = [_patch_grid(a.float().mean(dim=-3), grid_size, num_prefix_tokens, mean_pooled) for a in attentions]
-    return torch.stack(maps)
+    layers = torch.stack([a.float().mean(dim=-3) for a in attentions])  # L x (..., nh, T, T) -> (L, ..., T, T)
+    return _patch_grid(layers, grid_size, num_prefix_tokens, mean_pooled)
 
 
 def rollout_map(
@@ -145,14 +145,6 @@ def compute_attention_maps(
     attention probabilities."""
     import torch
 
-    from finetune.tools.predict import (
-        check_image_size,
-        image_mode,
-        logit_probabilities,
-        needs_interpolation,
-        preprocess,
-    )
-
     windowed = getattr(model.config, "window_size", None)  # Swin: no token attends to the whole image
     why = f"a {model.config.model_type} model"
     if model.config.model_type == "timm_wrapper":
@@ -165,9 +157,9 @@ def compute_attention_maps(
     )
     if getattr(model.config, "patch_size", None) is None or windowed:
         raise no_attention
-    check_image_size(model, image_size)
-    pixel_values = preprocess([image.convert(image_mode(model))], model, processor, image_size, whole)  # (1, C, H, W)
-    kwargs = {"interpolate_pos_encoding": True} if needs_interpolation(model, image_size) else {}
+    predict.check_image_size(model, image_size)
+    pixel_values = predict.preprocess([image], model, processor, image_size, whole)  # (1, C, H, W)
+    kwargs = {"interpolate_pos_encoding": True} if predict.needs_interpolation(model, image_size) else {}
     with torch.no_grad():  # not inference_mode: cached model tensors stay usable for training (see export.py)
         outputs = model(pixel_values=pixel_values.to(model.device), output_attentions=True, **kwargs)
     if not hasattr(outputs, "attentions"):
@@ -188,7 +180,7 @@ def compute_attention_maps(
     reads = "mean of the patch tokens" if mean_pooled else "CLS token"
     if model.config.model_type.startswith("dinov2"):  # Dinov2ForImageClassification: [CLS token, mean of patches]
         reads = "CLS token and the mean of the patch tokens"
-    [probabilities] = logit_probabilities(model, outputs.logits)  # (1, num_labels) -> (num_labels,), as predict
+    [probabilities] = predict.logit_probabilities(model, outputs.logits)  # (1, num_labels) -> (num_labels,)
     top = int(probabilities.argmax())
     return AttentionMaps(
         layer_maps=cls_attention_maps(attentions, grid_size, num_prefix_tokens, mean_pooled),
@@ -249,18 +241,17 @@ def write_attention_maps(
     from PIL import Image
 
     from finetune.augment import photo_size
-    from finetune.tools.predict import load_images, model_preprocessing, model_view
 
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     written, used_names = [], set()
-    prep = model_preprocessing(model, processor, image_size)
+    prep = predict.model_preprocessing(model, processor, image_size)
     for image_path in map(Path, image_paths):
-        images, _, _ = load_images([image_path], "RGB", photo_size(prep))  # logs a file it cannot read
+        images, _, _ = predict.load_images([image_path], "RGB", photo_size(prep))  # logs a file it cannot read
         if not images:
             continue
         # The maps cover what the model sees: a photo that is not square is framed as its centre square.
-        image = model_view(images[0], prep, whole)
+        image = predict.model_view(images[0], prep, whole)
         name, n = image_path.stem, 1
         while name in used_names:
             n += 1
@@ -279,18 +270,16 @@ def main(argv: list[str] | None = None) -> list[Path]:
         prog="python -m finetune.tools.attention",
         description="Plot per-layer CLS attention maps and attention rollout of a saved ViT classifier.",
     )
-    add_model_arguments(parser)
+    predict.add_model_arguments(parser)
     parser.add_argument("images", nargs="+", metavar="IMAGE", help="Image files, or folders searched recursively.")
     parser.add_argument("--output", required=True, metavar="DIR", help="Where to write the PNGs.")
     args = parser.parse_args(argv)
-    from finetune.tools.predict import collect_image_paths
-
     try:
-        paths = collect_image_paths(args.images)  # as predict reads them
+        paths = predict.collect_image_paths(args.images)  # as predict reads them
     except FileNotFoundError as error:
         parser.error(str(error))
-    model, processor = classifier_from_arguments(parser, args, attn_implementation="eager")
-    whole = stored_frame(run_results(args.model_dir))
+    model, processor = predict.classifier_from_arguments(parser, args, attn_implementation="eager")
+    whole = predict.stored_frame(predict.run_results(args.model_dir))
     written = write_attention_maps(model, processor, paths, args.output, args.image_size, whole)
     if not written:
         names = ", ".join(args.images)

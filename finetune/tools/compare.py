@@ -49,11 +49,7 @@ def per_class_table(runs: Sequence[Results], names: Sequence[str]) -> str:
     """Markdown table of per-class accuracy (the recall): one row per class (in label order), one column per run,
     followed by a precision and an F1 column for each run whose results hold them, and a multi-label run's threshold
     and average precision per label."""
-    classes: list[str] = []
-    for run in runs:
-        for label in list(run.label_names) + list(run.per_class_accuracy):
-            if label not in classes:
-                classes.append(label)
+    classes = list(dict.fromkeys(label for run in runs for label in [*run.label_names, *run.per_class_accuracy]))
     headers = ["Class"] + [f"{name} ({run.confusion_split or '?'})" for run, name in zip(runs, names)]
     columns = [run.per_class_recall if run.multi_label else run.per_class_accuracy for run in runs]
     for run, name in zip(runs, names):

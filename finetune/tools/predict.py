@@ -54,9 +54,9 @@ class Prediction:
 
 
 class OnnxClassifier:
-    """A folder that `vit-finetune export` wrote (model.onnx, config.json, preprocessor_config.json), run by
-    onnxruntime on the CPU, with what this module reads of a transformers model: `config`, `device`, and a call that
-    returns `.logits`. Neither transformers nor torchvision is imported: predicting starts seconds sooner."""
+    """A folder that `vit-finetune export` wrote, run by onnxruntime on the CPU, with what this module reads of a
+    transformers model: `config`, `device`, and a call that returns `.logits`. Neither transformers nor torchvision is
+    imported: predicting starts seconds sooner."""
 
     device = "cpu"
 
@@ -89,14 +89,10 @@ class OnnxClassifier:
 
 
 def load_classifier(model_dir, trust_remote_code: bool = False, attn_implementation: str | None = None, device=None):
-    """Load a saved image classifier and its image processor with the Auto classes; returns `(model, processor)`
-    with the model in eval mode on `device` (default: CUDA when available, else CPU).
-
-    ScratchViT folders load without `trust_remote_code` (importing `scratch_vit` registers the local code); with it,
-    the code files saved next to the weights are used. A LoRA run's folder (a peft adapter) loads its base model and
-    merges the adapters in (`finetune.models.load_adapter_model`). A folder of `vit-finetune export` (model.onnx)
-    loads as an `OnnxClassifier`, its processor as the settings of its preprocessor_config.json.
-    """
+    """`(model, processor)` of a saved image classifier, the model in eval mode on `device` (default: CUDA when
+    available, else CPU). ScratchViT folders load without `trust_remote_code` (importing `scratch_vit` registers the
+    local code); a LoRA run's folder loads its base model with the adapters merged in; a `vit-finetune export` folder
+    loads as an `OnnxClassifier`, its processor as the settings of its preprocessor_config.json."""
     if (Path(model_dir) / ONNX_NAME).is_file():
         if attn_implementation is not None:
             raise ValueError(
@@ -139,23 +135,14 @@ def load_classifier(model_dir, trust_remote_code: bool = False, attn_implementat
 
 
 def check_model_dir(model_dir: str) -> None:
-    """Raise `FileNotFoundError` for a MODEL_DIR that is no local path and is written as one (it starts with `.`, `/`
-    or `~`, or its first folder exists) or cannot be a Hub id: a misspelt path, which transformers would look up on
-    the Hub and answer with a message about the network or about repo ids."""
-    from huggingface_hub.errors import HFValidationError
-    from huggingface_hub.utils import validate_repo_id
-
-    from finetune.locations import looks_like_local_path
+    """Raise `FileNotFoundError` for a MODEL_DIR that does not exist and cannot be a Hub id, or whose first folder
+    exists: a misspelt path, which transformers would answer with a message about the network or about repo ids."""
+    from finetune.tools.report import is_hub_id
 
     if os.path.exists(os.path.expanduser(model_dir)):
         return
     parts = Path(model_dir).parts
-    written_as_path = looks_like_local_path(model_dir) or (len(parts) > 1 and os.path.isdir(parts[0]))
-    try:
-        validate_repo_id(model_dir)
-    except HFValidationError:
-        written_as_path = True
-    if written_as_path:
+    if not is_hub_id(model_dir) or (len(parts) > 1 and os.path.isdir(parts[0])):
         raise FileNotFoundError(
             f"{model_dir} does not exist: pass the output directory of a run (config.json, weights) or a Hub model id."
         )
@@ -183,9 +170,8 @@ def collect_image_paths(paths: Iterable[str | os.PathLike]) -> list[Path]:
 
 
 def load_images(paths: Sequence[str | os.PathLike], mode: str, min_size: int | None = None):
-    """Decode image files in `mode` (`"L"` or `"RGB"`) as training does (`min_size`: the storage size of photos, at
-    which large JPEGs decode at a reduced scale). Returns the images, their paths (as str), and the files that could
-    not be read as `(path, reason)` pairs (each also logged as a warning)."""
+    """Decode image files in `mode` (`"L"` or `"RGB"`) as training does (`min_size`: the storage size of photos).
+    Returns the images, their paths (as str), and the unreadable files as `(path, reason)` pairs, each logged."""
     from PIL import Image, UnidentifiedImageError
 
     from finetune.data import decode_image
@@ -218,9 +204,8 @@ def model_preprocessing(model, processor, image_size: int | None = None) -> Prep
 
 def model_view(image: Image.Image, prep: Preprocessing, whole: bool = False) -> Image.Image:
     """The part of a decoded image the model sees, framed as training stores it: an image that is not square, or is
-    larger than the storage size (`finetune.models.photo_size`), becomes the centre square at that size; a smaller
-    square (CIFAR-10's 32 px) stays as it is. With `whole` (a run whose images all had one size that is not square,
-    `stored_frame`), the whole image, which evaluation resized as it was."""
+    larger than the storage size (`photo_size`), becomes the centre square at that size; a smaller square stays as it
+    is. With `whole` (`stored_frame`: the run stored its images whole), the whole image."""
     from finetune.augment import photo_size
     from finetune.data import center_fit
 
@@ -232,19 +217,19 @@ def model_view(image: Image.Image, prep: Preprocessing, whole: bool = False) -> 
 def preprocess(
     images: Sequence[Image.Image], model, processor, image_size: int | None = None, whole: bool = False
 ) -> torch.Tensor:
-    """Pixel values as training's evaluation makes them, `(B, C, H, W)` float32: each image (in the model's mode,
-    `image_mode`) framed by `model_view`, then resized (center cropped where the processor asks for it) and
-    normalized by `finetune.augment.BatchTransform`; with `image_size`, resized to that instead."""
+    """Pixel values as training's evaluation makes them, `(B, C, H, W)` float32: each image converted to the model's
+    mode (`image_mode`), framed by `model_view`, then resized, cropped and normalized by `BatchTransform`."""
     import numpy as np
     import torch
 
     from finetune.augment import BatchTransform
 
     prep = model_preprocessing(model, processor, image_size)
-    transform = BatchTransform.for_model(prep, prep.num_channels)  # images already in the model's mode
+    transform = BatchTransform.for_model(prep, prep.num_channels)  # images converted to the model's mode
+    mode = image_mode(model)
     batches = []
     for image in images:  # one at a time: framed images of different sizes do not stack
-        array = np.array(model_view(image, prep, whole))  # a writable copy: torch warns about read-only arrays
+        array = np.array(model_view(image.convert(mode), prep, whole))  # writable: torch warns about read-only arrays
         array = array[None] if array.ndim == 2 else np.ascontiguousarray(array.transpose(2, 0, 1))  # (C, h, w)
         batches.append(transform(torch.from_numpy(array)[None], train=False))  # (1, C, h, w) -> (1, C, H, W)
     return torch.cat(batches)
@@ -274,7 +259,7 @@ def needs_interpolation(model, image_size: int | None) -> bool:
 
 
 def class_probabilities(model, pixel_values: torch.Tensor, interpolate_pos_encoding: bool = False) -> torch.Tensor:
-    """The model's probabilities (`logit_probabilities`) of each class for `pixel_values`, `(B, num_labels)`."""
+    """`logit_probabilities` of the model's logits for `pixel_values`: `(B, num_labels)`."""
     import torch
 
     device = model.device
@@ -309,9 +294,8 @@ def stored_frame(results: Results | None) -> bool:
 
 
 def label_thresholds(model, results: Results | None, model_dir) -> list[float] | None:
-    """A multi-label model's probability threshold per label, as chosen on the validation split, from its run's
-    `results` (`run_results`); 0.5 for labels they lack, with a warning when there are none. None for a single-label
-    model."""
+    """A multi-label model's probability threshold per label, as its run chose them on validation (0.5 for those
+    `results` lack); None for a single-label model."""
     from finetune.data import is_multi_label
 
     if not is_multi_label(model.config):
@@ -337,10 +321,9 @@ def predict_files(
     thresholds=None,
     whole: bool = False,
 ):
-    """Classify image files in batches. Returns the predictions (in the order of `paths`) and the files skipped
-    because they could not be read, as `(path, reason)` pairs (each also logged as a warning). With `thresholds` (a
-    multi-label model's, `label_thresholds`), a prediction's labels are those at or above their threshold, most
-    probable first, instead of the top k; `whole` as in `model_view`."""
+    """Classify image files in batches: the predictions (in the order of `paths`) and the unreadable files, as
+    `load_images` returns them. With `thresholds` (`label_thresholds`), a prediction's labels are those at or above
+    their threshold, most probable first, instead of the top k; `whole` as in `model_view`."""
     import torch
 
     from finetune.augment import photo_size
@@ -398,8 +381,8 @@ def write_predictions(predictions: Sequence[Prediction], output, skipped: Sequen
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """The arguments of every command on a saved classifier (predict, attention): MODEL_DIR, `--image_size`,
-    `--device`, `--trust_remote_code`. Read them back with `classifier_from_arguments`."""
+    """The arguments of every command on a saved classifier (predict, attention), read by
+    `classifier_from_arguments`."""
     parser.add_argument("model_dir", metavar="MODEL_DIR", help="Output directory of a run (config.json, weights).")
     parser.add_argument(
         "--image_size",
@@ -418,8 +401,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def classifier_from_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace, attn_implementation=None):
-    """`(model, processor)` loaded as `add_model_arguments`' arguments say, without transformers' loading bar; an
-    `--image_size` that does not fit the model's patches is a usage error of `parser`."""
+    """`(model, processor)` as `add_model_arguments`' arguments say; an `--image_size` that does not fit the model is
+    a usage error."""
     model, processor = load_classifier(args.model_dir, args.trust_remote_code, attn_implementation, args.device)
     try:
         check_image_size(model, args.image_size)

@@ -203,9 +203,7 @@ def attention_heading(maps: AttentionMaps) -> str:
     )
 
 
-def plot_attention_figure(
-    image: Image.Image, maps: AttentionMaps, path: str | os.PathLike, title: str | None = None
-) -> Path:
+def plot_attention_figure(image: Image.Image, maps: AttentionMaps, path: str | os.PathLike, title: str) -> Path:
     """One PNG: the input, the rollout and each layer's map overlaid on the image, in a grid of equal panels."""
     import numpy as np
     from matplotlib.figure import Figure
@@ -224,7 +222,7 @@ def plot_attention_figure(
     for ax, (name, array) in zip(axes.flat, panels):
         ax.imshow(array)
         ax.set_title(name, fontsize=10)
-    lines = ([title] if title else []) + attention_heading(maps).splitlines()
+    lines = [title, *attention_heading(maps).splitlines()]
     # Wrap to the figure's width (about 13 characters per inch at this size) so no line is cut off.
     width = int(ncols * panel_width * 13)
     fig.suptitle("\n".join(textwrap.fill(line, width) for line in lines), fontsize=10)
@@ -270,19 +268,14 @@ def main(argv: list[str] | None = None) -> list[Path]:
         prog="python -m finetune.tools.attention",
         description="Plot per-layer CLS attention maps and attention rollout of a saved ViT classifier.",
     )
-    predict.add_model_arguments(parser)
-    parser.add_argument("images", nargs="+", metavar="IMAGE", help="Image files, or folders searched recursively.")
+    predict.add_model_arguments(parser, image_metavar="IMAGE")
     parser.add_argument("--output", required=True, metavar="DIR", help="Where to write the PNGs.")
     args = parser.parse_args(argv)
-    try:
-        paths = predict.collect_image_paths(args.images)  # as predict reads them
-    except FileNotFoundError as error:
-        parser.error(str(error))
-    model, processor = predict.classifier_from_arguments(parser, args, attn_implementation="eager")
-    whole = predict.stored_frame(predict.run_results(args.model_dir))
+    model, processor, results, paths = predict.classifier_from_arguments(parser, args, attn_implementation="eager")
+    whole = predict.stored_frame(results)
     written = write_attention_maps(model, processor, paths, args.output, args.image_size, whole)
     if not written:
-        names = ", ".join(args.images)
+        names = ", ".join(args.paths)
         raise ValueError(
             f"None of {names} could be read as an image; nothing was written. Pass PNG, JPEG, ... files or folders."
         )

@@ -36,15 +36,6 @@ SUMMARY_NAME = "comparison.json"
 LEARNING_CURVES_NAME = "learning_curves.png"
 
 
-def _unique_names(runs: Sequence[Results], run_dirs: Sequence[Path]) -> list[str]:
-    """Run names for tables and file names; a name shared by several runs gets its directory appended."""
-    names = [run.run_name or run_dir.name for run, run_dir in zip(runs, run_dirs)]
-    return [
-        f"{name} ({run_dir.parent.name}/{run_dir.name})" if names.count(name) > 1 else name
-        for name, run_dir in zip(names, run_dirs)
-    ]
-
-
 def per_class_table(runs: Sequence[Results], names: Sequence[str]) -> str:
     """Markdown table of per-class accuracy (the recall): one row per class (in label order), one column per run,
     followed by a precision and an F1 column for each run whose results hold them, and a multi-label run's threshold
@@ -78,7 +69,9 @@ def write_comparison(run_dirs: Sequence[str | os.PathLike], output_dir: str | os
         )
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    names = _unique_names(runs, run_dirs)
+    names = [run.run_name or run_dir.name for run, run_dir in zip(runs, run_dirs)]
+    # Names for tables and file names: a name shared by several runs gets its directory appended.
+    names = [f"{n} ({d.parent.name}/{d.name})" if names.count(n) > 1 else n for n, d in zip(names, run_dirs)]
     rows = [summary_row(run, name, run_dir.name) for run, name, run_dir in zip(runs, names, run_dirs)]
 
     plot_learning_curves(runs, names, output_dir / LEARNING_CURVES_NAME)

@@ -380,10 +380,13 @@ def write_predictions(predictions: Sequence[Prediction], output, skipped: Sequen
     return output
 
 
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """The arguments of every command on a saved classifier (predict, attention), read by
+def add_model_arguments(parser: argparse.ArgumentParser, image_metavar: str = "PATH") -> None:
+    """The arguments of every command that runs a saved classifier on image files (predict, attention), read by
     `classifier_from_arguments`."""
     parser.add_argument("model_dir", metavar="MODEL_DIR", help="Output directory of a run (config.json, weights).")
+    parser.add_argument(
+        "paths", nargs="+", metavar=image_metavar, help="Image files, or folders searched recursively."
+    )
     parser.add_argument(
         "--image_size",
         "--image-size",
@@ -401,14 +404,19 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def classifier_from_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace, attn_implementation=None):
-    """`(model, processor)` as `add_model_arguments`' arguments say; an `--image_size` that does not fit the model is
-    a usage error."""
+    """`(model, processor, results, paths)` as `add_model_arguments`' arguments say: the classifier, its run's results
+    (`run_results`) and the image files (`collect_image_paths`). A path that does not exist, or an `--image_size`
+    that does not fit the model, is a usage error."""
+    try:
+        paths = collect_image_paths(args.paths)
+    except FileNotFoundError as error:
+        parser.error(str(error))
     model, processor = load_classifier(args.model_dir, args.trust_remote_code, attn_implementation, args.device)
     try:
         check_image_size(model, args.image_size)
     except ValueError as error:
         parser.error(str(error))
-    return model, processor
+    return model, processor, run_results(args.model_dir), paths
 
 
 def main(argv: list[str] | None = None) -> list[Prediction]:
@@ -418,7 +426,6 @@ def main(argv: list[str] | None = None) -> list[Prediction]:
         description="Classify image files (any size or format) with a saved ScratchViT or ViT classifier.",
     )
     add_model_arguments(parser)
-    parser.add_argument("paths", nargs="+", metavar="PATH", help="Image files, or folders searched recursively.")
     parser.add_argument(
         "--top_k",
         "--top-k",
@@ -439,12 +446,7 @@ def main(argv: list[str] | None = None) -> list[Prediction]:
             f"--output {output} already exists in the model or run folder {output.parent}, whose files predict never "
             "replaces: pass a new name, or a path outside it."
         )
-    try:
-        paths = collect_image_paths(args.paths)
-    except FileNotFoundError as error:
-        parser.error(str(error))
-    model, processor = classifier_from_arguments(parser, args)
-    results = run_results(args.model_dir)
+    model, processor, results, paths = classifier_from_arguments(parser, args)
     thresholds = label_thresholds(model, results, args.model_dir)
     predictions, skipped = predict_files(
         model, processor, paths, args.top_k, args.batch_size, args.image_size, thresholds, stored_frame(results)

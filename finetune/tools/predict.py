@@ -2,10 +2,9 @@
 
     python -m finetune.tools.predict OUTPUT_DIR photo.jpg images/ --top_k 3 --output predictions.csv
 
-A file is decoded and framed as training stores it (`finetune.data.decode_image`; a photo that is not square: its
-centre square), then resized, center-cropped where the saved processor asks for it, and normalized by training's
-evaluation transform, so it gets the probabilities an evaluation run gives it. Folders are searched recursively;
-unreadable files are reported and skipped. torch and transformers are imported when needed: `--help` answers at once.
+A file gets the probabilities an evaluation run gives it: decoded, framed and normalized as training's evaluation
+does (`preprocess`). Folders are searched recursively; unreadable files are reported and skipped. torch and
+transformers are imported when needed: `--help` answers at once.
 """
 
 from __future__ import annotations
@@ -122,10 +121,7 @@ def load_classifier(model_dir, trust_remote_code: bool = False, attn_implementat
             check_local_checkpoint(model_dir, trust_remote_code)  # no config.json, no weights, ...: one line each
     kwargs = {"trust_remote_code": trust_remote_code, "attn_implementation": attn_implementation}
     if is_adapter_dir(model_dir):
-        # The base model loads with the run's labels, so transformers reports its classifier as MISMATCH / Reinit
-        # although the adapter's saved head replaces it right after: a table that tells the user nothing. Errors
-        # still raise.
-        with transformers_errors_only():
+        with transformers_errors_only():  # the base's head, replaced by the adapter's, is reported as MISMATCH
             model = load_adapter_model(model_dir, **kwargs)
     else:
         model = AutoModelForImageClassification.from_pretrained(model_dir, **kwargs)

@@ -105,12 +105,12 @@ def overlay_heatmap(image: Image.Image, heatmap: torch.Tensor, alpha: float = 0.
     import matplotlib
     import numpy as np
     import torch.nn.functional as F
+    from matplotlib.colors import Normalize
 
     base = np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0  # (H, W, 3)
     size = base.shape[:2]
     upsampled = F.interpolate(heatmap[None, None].float(), size=size, mode="bilinear", align_corners=False)[0, 0]
-    low, high = upsampled.min(), upsampled.max()
-    scaled = ((upsampled - low) / (high - low) if high > low else upsampled * 0).numpy()  # (H, W) in [0, 1]
+    scaled = Normalize()(upsampled.numpy())  # (H, W) in [0, 1], its own min and max; a flat map is all 0
     colored = matplotlib.colormaps[cmap](scaled)[..., :3]  # (H, W) -> (H, W, 3)
     return (255 * ((1 - alpha) * base + alpha * colored)).round().astype(np.uint8)
 
@@ -118,12 +118,11 @@ def overlay_heatmap(image: Image.Image, heatmap: torch.Tensor, alpha: float = 0.
 def display_image(image: Image.Image, min_side: int = 224) -> Image.Image:
     """The image in RGB, enlarged so its longer side is at least `min_side` pixels (a 32x32 CIFAR image would show as
     a few blocks)."""
-    from PIL import Image
+    from PIL import Image, ImageOps
 
     image = image.convert("RGB")
     scale = min_side / max(image.size)
-    size = (round(image.width * scale), round(image.height * scale))
-    return image.resize(size, Image.Resampling.BICUBIC) if scale > 1 else image
+    return ImageOps.scale(image, scale, Image.Resampling.BICUBIC) if scale > 1 else image
 
 
 @dataclass

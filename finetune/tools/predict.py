@@ -258,10 +258,9 @@ def class_probabilities(model, pixel_values: torch.Tensor, interpolate_pos_encod
     """`logit_probabilities` of the model's logits for `pixel_values`: `(B, num_labels)`."""
     import torch
 
-    device = model.device
     kwargs = {"interpolate_pos_encoding": True} if interpolate_pos_encoding else {}
     with torch.no_grad():  # not inference_mode: cached model tensors stay usable for training (see export.py)
-        logits = model(pixel_values=pixel_values.to(device), **kwargs).logits  # (B, num_labels)
+        logits = model(pixel_values=pixel_values.to(model.device), **kwargs).logits  # (B, num_labels)
     return logit_probabilities(model, logits)
 
 

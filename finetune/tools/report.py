@@ -325,7 +325,7 @@ def plot_confusion_matrix(
     ax.set_yticks(range(n), labels)
     ax.set(xlabel="Predicted label", ylabel="True label", title=title)
     if n <= 20:
-        empty_rows = np.asarray(matrix).reshape(n, n).sum(axis=1) == 0
+        empty_rows = normalized.sum(axis=1) == 0  # a row with samples sums to 1
         for (i, j), value in np.ndenumerate(normalized):
             text = "–" if empty_rows[i] else f"{value:.2f}"  # a class absent from the split has no fractions
             color = "white" if value > 0.5 else "black"

@@ -9,7 +9,6 @@ import os
 from huggingface_hub import constants as hub_constants
 
 
-TRUE_VALUES = ("1", "ON", "YES", "TRUE")  # as huggingface_hub parses its boolean environment variables
 ADAPTER_CONFIG_NAME = "adapter_config.json"  # peft's: a folder with one holds a LoRA run's adapters
 
 
@@ -21,13 +20,10 @@ def looks_like_local_path(name: str) -> bool:
 
 def offline_switch(datasets: bool = False) -> str | None:
     """The environment variable that switches the Hub off (`HF_HUB_OFFLINE`, and with `datasets` also
-    `HF_DATASETS_OFFLINE`), or None when downloads are allowed.
-
-    The environment is read at every call as well as the value huggingface_hub read at import, so a switch set
-    after the import (a test, a notebook cell) counts too.
-    """
+    `HF_DATASETS_OFFLINE`), or None when downloads are allowed. Read at every call, besides the value huggingface_hub
+    read at import, so that a switch set after the import (a test, a notebook cell) counts too."""
     names = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE") if datasets else ("HF_HUB_OFFLINE",)
     for name in names:
-        if os.environ.get(name, "").strip().upper() in TRUE_VALUES:
+        if os.environ.get(name, "").strip().upper() in hub_constants.ENV_VARS_TRUE_VALUES:
             return name
     return "HF_HUB_OFFLINE" if hub_constants.HF_HUB_OFFLINE else None

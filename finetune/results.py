@@ -129,12 +129,13 @@ class Results:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Results":
         """The inverse of `dataclasses.asdict`; unknown keys are ignored, missing ones keep their default."""
-        values = _known_fields(cls, data)
-        values["train"] = _dataclass_from(TrainMetrics, values.get("train")) or TrainMetrics()
-        for split in ("validation", "test"):
-            values[split] = _dataclass_from(EvalMetrics, values.get(split))
-        values["history"] = [_dataclass_from(HistoryRow, row) for row in values.get("history") or []]
-        return cls(**{"run_name": "", "model_type": "", **values})
+        nested = {
+            "train": _dataclass_from(TrainMetrics, data.get("train")) or TrainMetrics(),
+            "validation": _dataclass_from(EvalMetrics, data.get("validation")),
+            "test": _dataclass_from(EvalMetrics, data.get("test")),
+            "history": [_dataclass_from(HistoryRow, row) for row in data.get("history") or []],
+        }
+        return _dataclass_from(cls, {"run_name": "", "model_type": "", **data, **nested})
 
     @classmethod
     def load(cls, run_dir: str | os.PathLike) -> "Results":
@@ -158,12 +159,9 @@ class Results:
         return results
 
 
-def _known_fields(cls, data: dict[str, Any]) -> dict[str, Any]:
-    return {f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data}
-
-
 def _dataclass_from(cls, data: dict[str, Any] | None):
-    return None if data is None else cls(**_known_fields(cls, data))
+    """`cls` from the keys of `data` that name its fields."""
+    return None if data is None else cls(**{f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data})
 
 
 def history_from_log_history(log_history: Sequence[dict]) -> list[HistoryRow]:

@@ -33,6 +33,7 @@ if __name__ == "__main__":
     answer_help(sys.argv[1:])
 
 import datasets  # noqa: E402
+import torch.distributed  # noqa: E402
 import transformers  # noqa: E402
 from transformers import TrainingArguments, set_seed  # noqa: E402
 from transformers.dynamic_module_utils import custom_object_save  # noqa: E402
@@ -43,6 +44,7 @@ from finetune.augment import BatchTransform, describe_augmentation, use_random_r
 from finetune.callbacks import total_batch_size  # noqa: E402
 from finetune.checkpoints import (  # noqa: E402
     FINISHED,
+    earlier_run,
     lock_output_dir,
     release_output_dirs,
     remove_earlier_run,
@@ -68,8 +70,6 @@ logger = logging.getLogger(__name__)
 
 def main(argv: list[str] | None = None) -> dict[str, Results]:
     """Run the pipeline; returns the results of each trained (or evaluated) model keyed by model type."""
-    import torch.distributed
-
     try:
         return run_pipeline(argv)
     finally:
@@ -139,18 +139,17 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
             else:
                 results[model_type] = evaluate_only(model_type, model_args, data_args, args, settings, data)
 
-        is_main = training_args.process_index == 0
-        report = None
-        if is_main and len(model_types) > 1:
-            from finetune.tools.compare import write_comparison
+        if training_args.process_index == 0:
+            report = None
+            if len(model_types) > 1:
+                from finetune.tools.compare import write_comparison
 
-            report = write_comparison(
-                [run_dirs[t] for t in model_types], Path(training_args.output_dir) / "comparison"
-            )
-        if is_main:
+                report = write_comparison(
+                    [run_dirs[t] for t in model_types], Path(training_args.output_dir) / "comparison"
+                )
             print(summary(results, run_dirs, report), flush=True)
-        if is_main and push_to_hub:
-            push_results(run_dirs, model_types, training_args, hub_token)
+            if push_to_hub:
+                push_results(run_dirs, model_types, training_args, hub_token)
         return results
 
 
@@ -171,8 +170,6 @@ def warn_of_scratch_options(scratch_args) -> None:
 def peers_answering(training_args: TrainingArguments):
     """A multi-process run whose peer froze, was stopped or died ends with one line in every process still running,
     after `ddp_timeout` seconds (the process group's timeout, also on the CPU: `build_training_args`)."""
-    import torch.distributed
-
     try:
         yield
     except RuntimeError as error:
@@ -180,21 +177,13 @@ def peers_answering(training_args: TrainingArguments):
         transport = isinstance(error, torch.distributed.DistError) or re.search(r"gloo|NCCL|[Cc]onnection", str(error))
         if training_args.world_size == 1 or not transport:
             raise
-        out = Path(training_args.output_dir)
-        saved = training_args.do_train and any(itertools.chain(out.glob("checkpoint-*"), out.glob("*/checkpoint-*")))
-        then = (
-            "The checkpoints saved so far are kept: resume with `--resume_from_checkpoint true`"
-            if saved
-            else "Nothing was saved: rerun the same command"
-        )
+        # An evaluation saves no checkpoint: any in its folder are another run's.
+        then = resume_or_rerun(Path(training_args.output_dir)) if training_args.do_train else RERUN
         raise RuntimeError(
             f"Another process of this run stopped answering: it was stopped, died or froze (waited at most "
-            f"`ddp_timeout` = {training_args.ddp_timeout:g} s; {one_line(error, 200)}). {then}. Raise `ddp_timeout` "
+            f"`ddp_timeout` = {training_args.ddp_timeout:g} s; {one_line(error, 200)}). {then} Raise `ddp_timeout` "
             "only where a process legitimately works alone that long (the first decode of a large dataset)."
         ) from error
-
-
-REUSED = "(splits already decoded into the cache are reused)"
 
 
 @contextlib.contextmanager
@@ -210,11 +199,15 @@ def stage(doing: str, then: str | Callable[[], str]):
         raise Interrupted(f"stopped by {signal_name(signum)} while {doing}. {then}", signum) from None
 
 
-def after_training(run_dir: Path) -> str:
-    """What to do after a stop between the end of training and the results: resume, where checkpoints were saved."""
-    if any(run_dir.glob("checkpoint-*")):
-        return "Its checkpoints are kept: resume with `--resume_from_checkpoint true` for the evaluation and results."
-    return "No checkpoint was saved (`save_strategy`): rerun the same command."
+REUSED = "(splits already decoded into the cache are reused)"
+RERUN = "Nothing was saved: rerun the same command."
+
+
+def resume_or_rerun(out: Path, resume_for: str = "") -> str:
+    """The way on after a stop: resume where `out` (or, under `both`, a model's folder in it) holds checkpoints."""
+    if any(itertools.chain(out.glob("checkpoint-*"), out.glob("*/checkpoint-*"))):
+        return f"Its checkpoints are kept: resume with `--resume_from_checkpoint true`{resume_for}."
+    return RERUN
 
 
 # What the summary names in a run's folder where it is there, and the file that shows it is.
@@ -232,7 +225,7 @@ def summary(results: dict[str, Results], run_dirs: dict[str, Path], report: Path
         scores = f"validation {name} {getattr(result.validation, key):.2%}"
         if result.test is not None:
             scores += f", test {name} {getattr(result.test, key):.2%}"
-        if result.train is not None and result.train.seconds:
+        if result.train.seconds:
             scores += f", {result.train.seconds:.0f} s of training"
         lines.append(f"  {model_type}: {scores}")
         written = ", ".join(name for name, pattern in WRITTEN if any(run_dirs[model_type].glob(pattern)))
@@ -296,16 +289,16 @@ def check_model_and_output_dir(model_args: ModelArguments, training_args: Traini
     output = Path(training_args.output_dir).expanduser().resolve()
     # The folders the run writes into (saves, checkpoint rotation, cleanup): under `both`, one per model.
     run_dirs = [output / "pretrained", output / "scratch"] if model_args.model_type == "both" else [output]
-    sources = {}  # the local folders it reads models from, by their role
+    reads = {}  # the models it reads, by their role
     if not training_args.do_train:
-        sources["the model to evaluate"] = model_args.model_name_or_path
+        reads["the model to evaluate"] = model_args.model_name_or_path
     elif model_args.model_type != "scratch":
-        sources["the pretrained model"] = model_args.model_name_or_path
+        reads["the pretrained model"] = model_args.model_name_or_path
     if training_args.do_train:
-        sources["the teacher"] = getattr(training_args, "teacher_model_name_or_path", None)
+        reads["the teacher"] = getattr(training_args, "teacher_model_name_or_path", None)
+    # The local folders among them: a Hub id, or a missing folder, is explained when it is loaded.
+    sources = {what: path for what, path in reads.items() if path and Path(path).expanduser().is_dir()}
     for what, path in sources.items():
-        if not path or not Path(path).expanduser().is_dir():
-            continue  # a Hub id, or a missing folder that loading it explains
         model = Path(path).expanduser().resolve()
         for run_dir in run_dirs:
             if run_dir == model or model in run_dir.parents or run_dir in model.parents:
@@ -317,17 +310,13 @@ def check_model_and_output_dir(model_args: ModelArguments, training_args: Traini
                 )
     for run_dir in run_dirs if training_args.do_train else []:  # an evaluation writes neither file
         theirs = [name for name in ("README.md", "config.json") if (run_dir / name).is_file()]
-        earlier_run = any(run_dir.glob("checkpoint-*")) or any(
-            (run_dir / name).exists() for name in ("results.json", "trainer_state.json")
-        )
-        if theirs and not earlier_run:
+        if theirs and not (earlier_run(run_dir) or (run_dir / "trainer_state.json").exists()):
             raise FileExistsError(
                 f"`output_dir` {run_dir} holds {', '.join(theirs)} of no earlier run, which training would replace. "
                 "Nothing was written. Fix: a new or empty folder as `--output_dir`, or an earlier run's."
             )
     for what, path in sources.items():  # an export, an evaluation's results, a LoRA checkpoint-*, ...: one line each
-        if path and Path(path).expanduser().is_dir():
-            check_local_checkpoint(Path(path).expanduser(), model_args.trust_remote_code and what != "the teacher")
+        check_local_checkpoint(Path(path).expanduser(), model_args.trust_remote_code and what != "the teacher")
 
 
 def train_and_evaluate(
@@ -357,7 +346,8 @@ def train_and_evaluate(
     train_result = trainer.train(resume_from_checkpoint=checkpoint)
     # ---- After training: a signal from here on is answered here (`InterruptCallback` only acts while training).
     with stage(
-        f"saving and evaluating the {model_type} model after training", lambda: after_training(Path(args.output_dir))
+        f"saving and evaluating the {model_type} model after training",
+        lambda: resume_or_rerun(Path(args.output_dir), " for the evaluation and results"),
     ):
         history = history_from_log_history(trainer.state.log_history)  # before the final evaluations add their own
         trainer.save_model()

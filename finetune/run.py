@@ -39,7 +39,7 @@ from transformers import TrainingArguments, set_seed  # noqa: E402
 from transformers.dynamic_module_utils import custom_object_save  # noqa: E402
 
 from finetune import hardware  # noqa: E402
-from finetune.arguments import DataArguments, ModelArguments, parse_options  # noqa: E402
+from finetune.arguments import DataArguments, ModelArguments, parse_options, scratch_config_kwargs  # noqa: E402
 from finetune.augment import BatchTransform, describe_augmentation, use_random_resized_crop  # noqa: E402
 from finetune.callbacks import total_batch_size  # noqa: E402
 from finetune.checkpoints import (  # noqa: E402
@@ -156,8 +156,7 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
 def warn_of_scratch_options(scratch_args) -> None:
     """A pretrained model keeps its own architecture and resolution: say so for ScratchViT options that would shape
     it (all but `drop_path_rate`, which a pretrained ViT takes too)."""
-    given = [f"--{f.name}" for f in dataclasses.fields(scratch_args) if getattr(scratch_args, f.name) is not None]
-    ignored = [name for name in given if name != "--drop_path_rate"]
+    ignored = [f"--{name}" for name in scratch_config_kwargs(scratch_args) if name != "drop_path_rate"]
     if ignored:
         logger.warning(
             f"{', '.join(ignored)}: ScratchViT options, ignored by `model_type: pretrained`, which keeps the "
@@ -295,7 +294,7 @@ def check_model_and_output_dir(model_args: ModelArguments, training_args: Traini
     elif model_args.model_type != "scratch":
         reads["the pretrained model"] = model_args.model_name_or_path
     if training_args.do_train:
-        reads["the teacher"] = getattr(training_args, "teacher_model_name_or_path", None)
+        reads["the teacher"] = training_args.teacher_model_name_or_path
     # The local folders among them: a Hub id, or a missing folder, is explained when it is loaded.
     sources = {what: path for what, path in reads.items() if path and Path(path).expanduser().is_dir()}
     for what, path in sources.items():
@@ -481,10 +480,10 @@ def make_trainer(
     crop = use_random_resized_crop(data_args.random_resized_crop, data.train.image_size, prep.image_size)
     batch_transform = BatchTransform.for_model(prep, data.num_channels, random_resized_crop=crop, **augmentation)
     logger.info(describe_augmentation(batch_transform))
-    weighted = getattr(args, "class_weighting", "none") == "balanced" and args.do_train
+    weighted = args.class_weighting == "balanced" and args.do_train
     class_weights = balanced_class_weights(data.train.labels, data.label_names) if weighted else None
     teacher, teacher_transform = None, None
-    if args.do_train and getattr(args, "teacher_model_name_or_path", None):
+    if args.do_train and args.teacher_model_name_or_path:
         teacher, teacher_prep = load_teacher(args.teacher_model_name_or_path, model, data)
         # Only its `finish` runs: the teacher takes the student's augmented images, not augmentations of its own.
         teacher_transform = BatchTransform.for_model(
@@ -598,10 +597,9 @@ def evaluate_only(
     model, processor, prep = load_trained_model(model_args, data)
     trainer = make_trainer(model, processor, prep, data_args, args, data, compile_choice=settings.compile)
     output_dir = Path(args.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
     splits = {"validation": "eval", **({"test": "test"} if data.test is not None else {})}
     predictions = {split: trainer.predict(getattr(data, split), metric_key_prefix=p) for split, p in splits.items()}
-    is_scratch = getattr(model.config, "model_type", "") == "scratch_vit"
+    is_scratch = model.config.model_type == "scratch_vit"
     results = Results(
         model_type="scratch" if is_scratch else model_type,
         model_name_or_path=model_args.model_name_or_path,
@@ -682,8 +680,8 @@ def hyperparameters(args, settings: hardware.Settings, model, model_type: str, m
         "total_train_batch_size": total_batch_size(args),
         "num_train_epochs": args.num_train_epochs,
         **({"max_steps": args.max_steps} if args.max_steps > 0 else {}),  # it overrides the epochs
-        "optim": str(getattr(args.optim, "value", args.optim)),
-        "lr_scheduler_type": str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)),
+        "optim": args.optim.value,
+        "lr_scheduler_type": args.lr_scheduler_type.value,
         "warmup_steps": args.warmup_steps,
         "weight_decay": args.weight_decay,
         "label_smoothing_factor": args.label_smoothing_factor,

@@ -20,7 +20,8 @@ from PIL import Image
 from finetune.arguments import DataArguments
 from finetune.augment import LUMA_WEIGHTS, RGBToGrayscale
 from finetune.data import load_image_data
-from finetune.data.decode import IMAGE_EXTENSIONS, decode_image
+from finetune.data.decode import decode_image
+from finetune.data.sources import IMAGE_EXTENSIONS
 from finetune.models import channel_statistics
 from finetune.tools.predict import collect_image_paths, load_images
 

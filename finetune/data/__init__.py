@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from finetune.data.dataset import ImageSplit, check_num_classes, collate_batch
-from finetune.data.decode import IMAGE_EXTENSIONS, center_fit, decode_image
+from finetune.data.decode import center_fit, decode_image
 from finetune.data.splits import Rows, check_labels, choose_rows, stratified_split
 
 
@@ -34,7 +34,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "IMAGE_EXTENSIONS",
     "MULTI_LABEL",
     "ImageData",
     "ImageSplit",

@@ -33,10 +33,6 @@ from PIL import Image, ImageOps
 logger = logging.getLogger(__name__)
 
 
-# The file extensions read as images when a folder is searched (training image folders, predict's folders).
-IMAGE_EXTENSIONS = frozenset(
-    {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm", ".pbm"}
-)
 # Modes whose values are 16-bit intensities (mode "I" holds 32-bit ints; 16-bit PGM files open as "I").
 SIXTEEN_BIT_MODES = frozenset({"I", "I;16", "I;16L", "I;16B", "I;16N"})
 # Alpha modes, premultiplied ones included, and the mode of their colour part.

@@ -18,8 +18,8 @@ import datasets
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from datasets.packaged_modules.imagefolder.imagefolder import ImageFolder
 
-from finetune.data.decode import IMAGE_EXTENSIONS
 from finetune.locations import looks_like_local_path, offline_switch
 
 
@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+# The files read as images in a folder: datasets' image folder reads training's, and predict searches folders for them.
+IMAGE_EXTENSIONS = ImageFolder.EXTENSIONS
 IMAGE_COLUMNS = ("img", "image")
 LABEL_COLUMNS = ("label", "labels")
 TABLE_EXTENSIONS = {".parquet": "parquet", ".arrow": "arrow", ".csv": "csv"}

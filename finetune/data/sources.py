@@ -171,7 +171,7 @@ def _label_by_class_folder(splits: datasets.DatasetDict, root: str) -> dict[str,
     split_folders = {keyword for keywords in datasets.data_files.SPLIT_KEYWORDS.values() for keyword in keywords}
     root, class_of, classes = os.path.realpath(root), {}, {}
     for name, dataset in splits.items():
-        parents = [os.path.dirname(image["path"]) for image in read_column(dataset, "image")]
+        parents = [os.path.dirname(path) for path in _paths(_arrow_column(dataset, "image")).to_pylist()]
         for parent in set(parents) - class_of.keys():
             # Real paths: datasets names the images of a folder reached through a link by their real path.
             folders = os.path.relpath(os.path.realpath(parent), root).split(os.sep)
@@ -214,11 +214,10 @@ def _open_split_files(files: dict[str, str | list[str]], data_args: DataArgument
                     f"`dataset_name` accepts {ACCEPTED_SOURCES}."
                 )
             if extension == ".csv":
-                dataset, image_paths = _read_csv(path, data_args)
-                fingerprint_paths += image_paths
+                dataset = _read_csv(path, data_args)
             else:
                 dataset = datasets.load_dataset(TABLE_EXTENSIONS[extension], data_files=path, split="train")
-                fingerprint_paths += _image_files(dataset, data_args, path)
+            fingerprint_paths += _image_files(dataset, data_args, path)
             parts.append(dataset)
             fingerprint_paths.append(path)
         splits[split] = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
@@ -228,26 +227,22 @@ def _open_split_files(files: dict[str, str | list[str]], data_args: DataArgument
 
 
 def _image_files(dataset: datasets.Dataset, data_args: DataArguments, where: str) -> list[str]:
-    """The image files a table names instead of holding their bytes (a path string, or an `Image` without bytes, as
-    `datasets` writes an image folder to parquet): editing them must invalidate the decoded cache, as for a csv."""
+    """The image files a table names instead of holding their bytes (a csv's paths, or an `Image` without bytes, as
+    `datasets` writes an image folder to parquet): editing them must invalidate the decoded cache."""
     try:
         column = find_columns(dataset, data_args, where)[0]
     except ValueError:
         return []  # reported with the columns of every split by `load_image_data`
-    paths = []
-    # Read from the memory-mapped arrow table: the encoded images that a table holds are never copied (every run).
-    for chunk in dataset.select_columns([column]).with_format("arrow")[:].column(column).chunks:
-        if isinstance(chunk.type, pa.StructType) and chunk.type.get_field_index("path") >= 0:
-            named = pc.struct_field(chunk, "path")
-            if chunk.type.get_field_index("bytes") >= 0:
-                named = named.filter(pc.is_null(pc.struct_field(chunk, "bytes")))
-            paths += [path for path in named.to_pylist() if path]
-        elif chunk.type in (pa.string(), pa.large_string()):
-            paths += [path for path in chunk.to_pylist() if path]
-    return paths
+    values = _arrow_column(dataset, column)
+    paths = _paths(values)
+    if paths is None:
+        return []
+    if isinstance(values.type, pa.StructType) and values.type.get_field_index("bytes") >= 0:
+        paths = paths.filter(pc.is_null(pc.struct_field(values, "bytes")))
+    return [path for path in paths.to_pylist() if path]
 
 
-def _read_csv(path: str, data_args: DataArguments) -> tuple[datasets.Dataset, list[str]]:
+def _read_csv(path: str, data_args: DataArguments) -> datasets.Dataset:
     """A csv of image paths (relative to the csv file) and labels, with the paths made absolute. A label column whose
     cells hold several labels separated by `;` (`cat; dog`) becomes a list column, a multi-label one (an empty cell:
     none of the labels); class names of a single-label csv have no `;`."""
@@ -267,7 +262,7 @@ def _read_csv(path: str, data_args: DataArguments) -> tuple[datasets.Dataset, li
         frame[label] = [
             [s.strip() for s in v.split(";") if s.strip()] if isinstance(v, str) else [] for v in frame[label]
         ]
-    return datasets.Dataset.from_pandas(frame, preserve_index=False), list(frame[column])
+    return datasets.Dataset.from_pandas(frame, preserve_index=False)
 
 
 def _open_cifar_batches(path: str) -> Source:
@@ -380,7 +375,7 @@ def encode_labels(splits: dict[str, datasets.Dataset], label_column: str) -> tup
         item = feature.feature if isinstance(feature, (datasets.List, datasets.LargeList)) else feature
         return _multi_label_encoding(splits, label_column, item)
     features = {name: ds.features[label_column] for name, ds in splits.items()}
-    values = {name: read_column(ds, label_column) for name, ds in splits.items()}
+    values = {name: _arrow_column(ds, label_column).to_pylist() for name, ds in splits.items()}
     if all(isinstance(f, datasets.ClassLabel) and f.names == feature.names for f in features.values()):
         return list(feature.names), {name: np.asarray(v, dtype=np.int64) for name, v in values.items()}
     if any(isinstance(f, datasets.ClassLabel) for f in features.values()):  # read every split's labels as names
@@ -424,7 +419,7 @@ def _multi_label_encoding(splits: dict[str, datasets.Dataset], column: str, item
     def lists(values: list) -> list:  # a split saved with one label per image (a csv without `;`) has no lists
         return [v if isinstance(v, list) or v is None else [v] for v in values]
 
-    values = {name: lists(read_column(dataset, column)) for name, dataset in splits.items()}
+    values = {name: lists(_arrow_column(dataset, column).to_pylist()) for name, dataset in splits.items()}
     if isinstance(item, datasets.ClassLabel):
         keys, names = list(range(item.num_classes)), list(item.names)
     elif isinstance(item, datasets.Value) and (item.dtype in ("string", "large_string") or "int" in item.dtype):
@@ -460,20 +455,25 @@ def _multi_label_encoding(splits: dict[str, datasets.Dataset], column: str, item
     return names, {split: multi_hot(rows) for split, rows in values.items()}
 
 
-def read_column(dataset: datasets.Dataset, column: str) -> list:
-    """The values of one column, read through arrow without decoding the other columns."""
-    return dataset.select_columns([column]).with_format("arrow")[:].column(column).to_pylist()
+def _arrow_column(dataset: datasets.Dataset, column: str) -> pa.ChunkedArray:
+    """One column, read from the memory-mapped arrow table: no other column is read, no image decoded or copied."""
+    return dataset.select_columns([column]).with_format("arrow")[:].column(column)
+
+
+def _paths(values: pa.ChunkedArray) -> pa.ChunkedArray | None:
+    """The file paths of an image column (an `Image`'s `path` field, or path strings); None where it names none."""
+    if isinstance(values.type, pa.StructType) and values.type.get_field_index("path") >= 0:
+        return pc.struct_field(values, "path")
+    return values if values.type in (pa.string(), pa.large_string()) else None
 
 
 def image_files(source: Source, split: str, column: str, positions: np.ndarray) -> list[str | None] | None:
     """The file of each image at `positions` of a split, relative to the dataset's folder where it lies in it; None
     where the source names no files (images held as bytes only)."""
-    values = source.encoded[split].select_columns([column]).with_format("arrow")[:].column(column)
-    if isinstance(values.type, pa.StructType) and values.type.get_field_index("path") >= 0:
-        values = pc.struct_field(values, "path")
-    elif values.type not in (pa.string(), pa.large_string()):
+    paths = _paths(_arrow_column(source.encoded[split], column))
+    if paths is None:
         return None
-    paths = values.take(pa.array(positions, pa.int64())).to_pylist()
+    paths = paths.take(pa.array(positions, pa.int64())).to_pylist()
     folder = source.description if os.path.isdir(source.description) else os.path.dirname(source.description)
     # datasets names an image folder's files by their real path; a csv's are joined to its folder as written.
     roots = {os.path.join(os.path.realpath(folder), ""), os.path.join(os.path.abspath(folder), "")}

@@ -234,11 +234,10 @@ def _decode_in_pool(chunks, out_path, rows, mode, size, workers, collect) -> Non
             for indices, items in chunks:
                 future = pool.submit(_decode_chunk, out_path, int(rows[indices[0]]), items, mode, size)
                 pending.append((indices, [p for _, p in items], future))
-                while len(pending) >= 2 * workers:
+                if len(pending) == 2 * workers:
                     indices, paths, future = pending.popleft()
                     collect(indices, paths, future.result())
-            while pending:
-                indices, paths, future = pending.popleft()
+            for indices, paths, future in pending:
                 collect(indices, paths, future.result())
         except BaseException:
             pool.shutdown(wait=True, cancel_futures=True)

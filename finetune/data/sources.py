@@ -386,30 +386,27 @@ def encode_labels(splits: dict[str, datasets.Dataset], label_column: str) -> tup
     if any(v is None for vs in values.values() for v in vs):
         raise ValueError(f"The label column {label_column!r} has missing values; every image needs a label.")
     if all(isinstance(v, str) for vs in values.values() for v in vs):
-        names = list(feature.names) if isinstance(feature, datasets.ClassLabel) else []  # training's order first
-        names += sorted({v for vs in values.values() for v in vs} - set(names))
-        ids = {name: i for i, name in enumerate(names)}
-        return names, {name: np.asarray([ids[v] for v in vs], dtype=np.int64) for name, vs in values.items()}
-    if all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for vs in values.values() for v in vs):
-        ids = sorted({int(v) for vs in values.values() for v in vs})
-        if ids and ids[0] < 0:  # `check_labels` names the split with ids out of range
-            names = [str(i) for i in range(ids[-1] + 1)]
+        keys = list(feature.names) if isinstance(feature, datasets.ClassLabel) else []  # training's order first
+        keys += sorted({v for vs in values.values() for v in vs} - set(keys))
+    elif all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for vs in values.values() for v in vs):
+        keys = sorted({int(v) for vs in values.values() for v in vs})
+        if keys and keys[0] < 0:  # `check_labels` names the split with ids out of range
+            names = [str(i) for i in range(keys[-1] + 1)]
             return names, {name: np.asarray(vs, dtype=np.int64) for name, vs in values.items()}
-        if ids != list(range(len(ids))):
-            shown = ", ".join(map(str, ids[:5])) + (", ..." if len(ids) > 5 else "")
+        if keys != list(range(len(keys))):  # a 3,001-way head for ids 0, 1 and 3000 would learn 2,998 ghosts
+            shown = ", ".join(map(str, keys[:5])) + (", ..." if len(keys) > 5 else "")
             logger.warning(
-                f"The label ids are not consecutive: {len(ids)} distinct ids between {ids[0]} and {ids[-1]} "
-                f"({shown}). They are renumbered 0..{len(ids) - 1} for training; each class keeps its original id as "
-                "its name (id2label), which `include_labels`, predictions and results use."
+                f"The label ids are not consecutive: {len(keys)} distinct ids between {keys[0]} and {keys[-1]} "
+                f"({shown}). They are renumbered 0..{len(keys) - 1} for training; each class keeps its original id "
+                "as its name (id2label), which `include_labels`, predictions and results use."
             )
-        index = {v: i for i, v in enumerate(ids)}  # a 3,001-way head for ids 0, 1 and 3000 would learn 2,998 ghosts
-        return [str(v) for v in ids], {
-            name: np.asarray([index[int(v)] for v in vs], dtype=np.int64) for name, vs in values.items()
-        }
-    raise ValueError(
-        f"The label column {label_column!r} must hold class names (str), class ids (int) or a ClassLabel; "
-        f"got {feature}. Set `label_column_name` if another column holds the labels."
-    )
+    else:
+        raise ValueError(
+            f"The label column {label_column!r} must hold class names (str), class ids (int) or a ClassLabel; "
+            f"got {feature}. Set `label_column_name` if another column holds the labels."
+        )
+    index = {key: i for i, key in enumerate(keys)}
+    return [str(k) for k in keys], {name: np.asarray([index[v] for v in vs], np.int64) for name, vs in values.items()}
 
 
 def _multi_label_encoding(splits: dict[str, datasets.Dataset], column: str, item) -> tuple[list[str], dict]:

@@ -69,7 +69,7 @@ def decoded_split(
         cached = _load_entry(path, where) if path is not None else None
         if cached is not None:
             pixels, meta = cached
-            row_of[np.asarray(meta["positions"], dtype=np.int64)] = np.asarray(meta["rows"], dtype=np.int64)
+            row_of[meta["positions"]] = meta["rows"]
             return pixels, row_of
 
     selected = dataset.select(needed) if subset else dataset
@@ -125,12 +125,11 @@ def _load_entry(path: str, where: str) -> tuple[np.ndarray, dict] | None:
         with open(meta_path) as f:
             meta = json.load(f)
         pixels = np.load(os.path.join(path, "pixel_values.npy"), mmap_mode="r")
-        labels = np.load(os.path.join(path, "labels.npy"))
     except (OSError, ValueError) as error:
         logger.warning(f"Ignoring the unreadable decoded cache {path}: {error}")
         return None
     logger.info(
-        f"Mapped {len(labels):,} decoded images of {where} from the cache {path} in "
+        f"Mapped {len(pixels):,} decoded images of {where} from the cache {path} in "
         f"{time.perf_counter() - start:.1f}s; skipped decoding."
     )
     if meta.get("skipped"):

@@ -67,10 +67,9 @@ def _keep_classes(
 ) -> tuple[dict[str, Rows], list[str]]:
     """Only the images of the classes in `keep`, renumbered in the order of `keep`; a multi-label dataset keeps every
     image, with only those labels."""
-    unknown = [name for name in keep if name not in label_names]
-    if unknown or len(set(keep)) != len(keep):
-        problem = f"unknown label(s) {unknown}" if unknown else f"repeated labels in {keep}"
-        raise ValueError(f"`include_labels` has {problem}; the dataset's labels are {label_names}.")
+    unknown = [name for name in keep if name not in label_names]  # `DataArguments` refuses a name given twice
+    if unknown:
+        raise ValueError(f"`include_labels` has unknown label(s) {unknown}; the dataset's labels are {label_names}.")
     new_id = np.full(len(label_names), -1, dtype=np.int64)
     new_id[[label_names.index(name) for name in keep]] = np.arange(len(keep))
     kept = {}
@@ -113,10 +112,8 @@ def stratified_split(labels: np.ndarray, validation_size: float, seed: int) -> t
 
 def _subsample(split: Rows, max_samples: int | None, seed: int, salt: int) -> Rows:
     """The first `max_samples` images after a seeded shuffle (kept in source order)."""
-    if max_samples is None or max_samples >= len(split):
+    if max_samples is None or max_samples >= len(split):  # `DataArguments` refuses values below 1
         return split
-    if max_samples < 1:
-        raise ValueError(f"`max_*_samples` must be >= 1, got {max_samples}.")
     # Each split gets its own stream, so limiting one split never changes which images another keeps.
     index = np.random.default_rng([seed, salt]).permutation(len(split))[:max_samples]
     return split.select(np.sort(index))

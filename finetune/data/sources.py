@@ -217,7 +217,7 @@ def _open_split_files(files: dict[str, str | list[str]], data_args: DataArgument
                 dataset = _read_csv(path, data_args)
             else:
                 dataset = datasets.load_dataset(TABLE_EXTENSIONS[extension], data_files=path, split="train")
-            fingerprint_paths += _image_files(dataset, data_args, path)
+            fingerprint_paths += _referenced_files(dataset, data_args, path)
             parts.append(dataset)
             fingerprint_paths.append(path)
         splits[split] = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
@@ -226,7 +226,7 @@ def _open_split_files(files: dict[str, str | list[str]], data_args: DataArgument
     return Source(str(description), _files_fingerprint(fingerprint_paths), encoded=splits)
 
 
-def _image_files(dataset: datasets.Dataset, data_args: DataArguments, where: str) -> list[str]:
+def _referenced_files(dataset: datasets.Dataset, data_args: DataArguments, where: str) -> list[str]:
     """The image files a table names instead of holding their bytes (a csv's paths, or an `Image` without bytes, as
     `datasets` writes an image folder to parquet): editing them must invalidate the decoded cache."""
     try:
@@ -342,7 +342,7 @@ def _pick_column(columns: list[str], explicit: str | None, candidates: tuple[str
     hint = ""
     if kind == "label" and columns == ["image"] and os.path.isdir(where):
         # `_label_by_class_folder` gives no label column when an image sits beside the class folders.
-        stray = sorted(f for f in os.listdir(where) if os.path.splitext(f)[1].lower() in IMAGE_EXTENSIONS)
+        stray = sorted(f for f in os.listdir(where) if _extension(f) in IMAGE_EXTENSIONS)
         hint = " An image folder needs one subfolder per class, at least two (e.g. cat/ and dog/)"
         hint += f", and no image beside them: move {', '.join(stray[:3])} into one." if stray else "."
     raise ValueError(

@@ -230,7 +230,6 @@ def test_image_folder_with_one_subfolder_per_class(tmp_path):
     _assert_covers(data, images, labels)
 
 
-
 def test_a_folder_of_jfif_photos_is_read_as_an_image_folder(tmp_path):
     """Any extension the datasets image folder reads (here only .jfif, a phone's JPEGs) makes a folder of photos."""
     for i, label in enumerate(_labels(12)):
@@ -238,6 +237,7 @@ def test_a_folder_of_jfif_photos_is_read_as_an_image_folder(tmp_path):
         Image.fromarray(_images(1, seed=i)[0]).save(tmp_path / "pets" / NAMES[label] / f"{i}.jfif", format="JPEG")
     data = load_image_data(_args(dataset_name=str(tmp_path / "pets"), validation_size=3), seed=0)
     assert data.label_names == NAMES and (len(data.train), len(data.validation)) == (9, 3)
+
 
 def test_image_folder_with_split_subfolders(tmp_path):
     images, labels = _images(24), _labels(24)

@@ -23,6 +23,7 @@ from finetune.errors import Interrupted, signal_name
 
 
 logger = logging.get_logger(__name__)
+EMA_STATE_NAME = "ema_state.safetensors"  # in each checkpoint: the training weights and the average (`EMACallback`)
 
 
 def total_batch_size(args) -> int:
@@ -97,11 +98,8 @@ class RunClock(TrainerCallback, ExportableState):
         self._mark = None  # the end of the last step, or of the last evaluation or checkpoint after it
 
     def state(self) -> dict:
-        seconds = self.train_seconds + self._running()
-        return {
-            "args": {},
-            "attributes": {"train_seconds": seconds, "steps": self.steps, "loss_sum": float(self.loss_sum)},
-        }
+        attributes = {"train_seconds": self.training_seconds(), "steps": self.steps, "loss_sum": float(self.loss_sum)}
+        return {"args": {}, "attributes": attributes}
 
     def add_loss(self, loss: torch.Tensor) -> None:
         """A micro-batch's loss, as the Trainer adds it to its logged loss (already divided by the accumulation)."""
@@ -111,11 +109,13 @@ class RunClock(TrainerCallback, ExportableState):
         """Seconds since training began (0 before it does)."""
         return 0.0 if self.train_start is None else self.time_fn() - self.train_start
 
-    def _running(self) -> float:
-        """Training seconds of the running epoch up to its last step, without its evaluations and checkpoints."""
+    def training_seconds(self) -> float:
+        """The training loop's seconds, a resumed run's included: the running epoch's up to its last step, without
+        its evaluations and checkpoints."""
         if self._epoch_start is None:
-            return 0.0
-        return (self._mark if self._mark is not None else self.time_fn()) - self._epoch_start - self._paused
+            return self.train_seconds
+        end = self._mark if self._mark is not None else self.time_fn()
+        return self.train_seconds + end - self._epoch_start - self._paused
 
     def on_train_begin(self, args, state, control, **kwargs):
         restore_state(self, state)  # a resumed run's totals
@@ -141,14 +141,14 @@ class RunClock(TrainerCallback, ExportableState):
         # Called before the end-of-epoch evaluation and checkpoint, so those are not counted.
         if self._epoch_start is not None:
             self._mark = self.time_fn()
-            self.train_seconds += self._running()
+            self.train_seconds = self.training_seconds()
             self._epoch_start = None
 
     on_train_end = on_epoch_end  # a budget or `max_steps` can end training inside an epoch, with no `on_epoch_end`
 
     def figures(self, args) -> dict:
         """The whole run's training figures (a resumed run's included), named as transformers names its session's."""
-        seconds = self.train_seconds + self._running()
+        seconds = self.training_seconds()
         images = self.steps * total_batch_size(args)  # overcounts each epoch's last, partial batch by under one batch
         loss = self.loss_sum
         if args.world_size > 1 and torch.distributed.is_initialized():
@@ -176,7 +176,7 @@ class RunClock(TrainerCallback, ExportableState):
             entry["elapsed_seconds"] = round(self.elapsed(), 3)
             if "eval_accuracy" in entry or "eval_map" in entry:
                 # Logged before `on_evaluate`: the running epoch counts up to its last step.
-                seconds = self.train_seconds + self._running()
+                seconds = self.training_seconds()
                 entry["train_seconds"] = round(seconds, 3)
                 entry["train_steps"] = self.steps
                 images = self.steps * total_batch_size(args)
@@ -349,8 +349,6 @@ class EMACallback(TrainerCallback):
     back before the next step and writes `ema_state.safetensors` into each checkpoint, from which a resume continues
     exactly. Training ends with the model holding the average."""
 
-    STATE_NAME = "ema_state.safetensors"
-
     def __init__(self, ema: ModelEMA, model: nn.Module):
         self.ema, self.model = ema, model
         self.swapped = False
@@ -360,7 +358,7 @@ class EMACallback(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         if self.resume_from is None:
             return
-        saved = load_file(os.path.join(self.resume_from, self.STATE_NAME))
+        saved = load_file(os.path.join(self.resume_from, EMA_STATE_NAME))
         with torch.no_grad():
             for name, tensor in _averaged_tensors(self.model):
                 tensor.copy_(saved[f"training.{name}"])
@@ -392,7 +390,7 @@ class EMACallback(TrainerCallback):
         tensors.update({f"average.{n}": t.detach().float().contiguous().cpu() for n, t in average.items()})
         tensors["num_updates"] = torch.tensor(self.ema.num_updates)
         folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
-        save_file(tensors, os.path.join(folder, self.STATE_NAME))
+        save_file(tensors, os.path.join(folder, EMA_STATE_NAME))
 
     def on_train_end(self, args, state, control, **kwargs):
         # The best checkpoint reloaded at the end holds averaged weights already; else keep the final average.

@@ -17,14 +17,13 @@ from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_pt_utils import safe_globals
 from transformers.utils import logging
 
+from finetune.callbacks import EMA_STATE_NAME
 from finetune.errors import one_line
 from finetune.locations import ADAPTER_CONFIG_NAME
 
 
 logger = logging.get_logger(__name__)
 
-# Earlier versions wrote each checkpoint into `tmp-checkpoint-N` and renamed it once whole; a kill could leave one.
-PARTIAL_CHECKPOINT_PREFIX = "tmp-"
 LATEST = ("true", "last", "latest")
 LOCK_NAME = ".run.lock"
 FINISHED = "finished"  # `resolve_checkpoint` of a model that a resumed `model_type: both` run had finished
@@ -134,14 +133,6 @@ MODEL_ONLY = "it holds the model only (saved with `save_only_model`)"
 OTHER_EMA = "it was saved by a run"
 
 
-def saved_args(checkpoint: Path) -> TrainingArguments | None:
-    """The arguments of the run that saved `checkpoint` (its `training_args.bin`), None where that is unreadable."""
-    try:
-        return torch.load(checkpoint / "training_args.bin", weights_only=False)
-    except Exception:
-        return None
-
-
 def fix_for(problem: str, checkpoint: str | os.PathLike) -> str:
     """The fix for a checkpoint that cannot be resumed."""
     if problem.startswith(MODEL_ONLY):
@@ -177,11 +168,15 @@ def checkpoint_problem(checkpoint: Path, training_args: TrainingArguments) -> st
         required += [("scaler.pt", read_torch)]  # accelerate's loss scaler exists for fp16 on accelerators only
     required += [(name, read_torch) for name in rng_state_files(files, training_args.world_size)]
     ema = getattr(training_args, "ema_decay", None) is not None
-    saved = saved_args(checkpoint) if ema != ("ema_state.safetensors" in files) else None
-    if saved is not None and (getattr(saved, "ema_decay", None) is not None) != ema:
-        return f"{OTHER_EMA} {'without' if ema else 'with'} `ema_decay`"  # it trained other weights than saved
+    if ema != (EMA_STATE_NAME in files):
+        try:
+            saved = torch.load(checkpoint / "training_args.bin", weights_only=False)  # the saving run's arguments
+        except Exception:
+            saved = None  # unreadable: the files below tell
+        if saved is not None and (getattr(saved, "ema_decay", None) is not None) != ema:
+            return f"{OTHER_EMA} {'without' if ema else 'with'} `ema_decay`"  # it trained other weights than saved
     if ema:
-        required += [("ema_state.safetensors", read_weights)]  # the training weights and the average (EMACallback)
+        required += [(EMA_STATE_NAME, read_weights)]  # the training weights and the average
     for name, read in required:
         path = checkpoint / name
         if not path.is_file():
@@ -200,13 +195,10 @@ def weight_files(checkpoint: Path, files: list[str]) -> list[tuple[str, Callable
         return [("adapter_model.bin" if "adapter_model.bin" in files else "adapter_model.safetensors", read_weights)]
     if "model.safetensors.index.json" in files:
         try:
-            shards = sorted(
-                set(json.loads((checkpoint / "model.safetensors.index.json").read_text())["weight_map"].values())
-            )
+            shards = read_index(checkpoint / "model.safetensors.index.json")
         except (ValueError, KeyError, TypeError):
             shards = []  # the index itself is damaged: reported when read below
-        index = ("model.safetensors.index.json", lambda path: json.loads(path.read_text())["weight_map"].values())
-        return [index] + [(name, read_weights) for name in shards]
+        return [("model.safetensors.index.json", read_index)] + [(name, read_weights) for name in shards]
     if "model.safetensors" not in files and "pytorch_model.bin" in files:
         return [("pytorch_model.bin", read_weights)]
     return [("model.safetensors", read_weights)]
@@ -221,6 +213,11 @@ def rng_state_files(files: list[str], world_size: int) -> list[str]:
         # random draws (data order, augmentation) then differ from an uninterrupted run's.
         return saved
     return wanted
+
+
+def read_index(path: Path) -> list[str]:
+    """The shards a `model.safetensors.index.json` names."""
+    return sorted(set(json.loads(path.read_text())["weight_map"].values()))
 
 
 def read_trainer_state(path: Path) -> None:
@@ -242,9 +239,9 @@ def read_torch(path: Path) -> None:
 
 
 def remove_partial_checkpoints(run_dir: Path, training_args: TrainingArguments) -> None:
-    """Delete the `tmp-checkpoint-*` folders left by saves that failed or were interrupted (in versions that wrote
-    checkpoints there first): they are incomplete by construction and nothing can resume from them."""
-    partial = sorted(run_dir.glob(PARTIAL_CHECKPOINT_PREFIX + "checkpoint-*")) if run_dir.is_dir() else []
+    """Delete the `tmp-checkpoint-*` folders that earlier versions saved into and renamed once whole: one left by a
+    failed or killed save is incomplete by construction, and nothing can resume from it."""
+    partial = sorted(run_dir.glob("tmp-checkpoint-*")) if run_dir.is_dir() else []
     if partial and training_args.process_index == 0:
         logger.warning(
             f"Removing {len(partial)} incomplete checkpoint(s) left by an interrupted or failed save in {run_dir}: "
@@ -310,17 +307,9 @@ class RunLock:
     def is_stale(holder: dict, me: dict) -> bool:
         if holder.get("host") != me["host"] or not isinstance(holder.get("pid"), int):
             return False
-        if holder["pid"] == me["pid"]:
-            # This process's own: an earlier pipeline here (a notebook, a test) that ended in an error, or a killed
-            # container's run restarted with the same process id.
-            return True
-        try:
-            os.kill(holder["pid"], 0)  # signal 0 only asks whether the process exists
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            pass  # alive, another user's
-        return False
+        # This process's own lock is stale too: an earlier pipeline here (a notebook, a test) that ended in an error,
+        # or a killed container's run restarted with the same process id.
+        return holder["pid"] == me["pid"] or not process_exists(holder["pid"])
 
     def take_over(self, holder: dict) -> None:
         """Remove a stale lock: renamed away first, and put back if it turns out to be a new one (another run took the
@@ -365,6 +354,17 @@ def release_output_dirs() -> None:
     """Release the output folders this process holds: `run.main` calls it when a run ends, also after an error."""
     for lock in list(HELD):
         lock.release()
+
+
+def process_exists(pid: int) -> bool:
+    """Whether process `pid` lives on this host (another user's included)."""
+    try:
+        os.kill(pid, 0)  # signal 0 only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # alive, another user's
+    return True
 
 
 def in_use(folder: Path, lock: Path, holder: dict) -> str:

@@ -161,14 +161,8 @@ class ImageClassificationTrainer(Trainer):
         self.guard = NonFiniteGuard(self.model, a.max_nonfinite_steps, a.world_size, self.accelerator.scaler)
         choice = compile_choice or CompileChoice(False, reason="not requested")
         self.compiler = TrainingCompiler(choice, a.device, a.world_size)
-        self.interrupt = InterruptCallback(self.guard)
-        ema = EMACallback(ModelEMA(self.model, a.ema_decay), self.model) if a.ema_decay is not None else None
-        self.ema = ema
-        # Order matters: the EMA's training weights are back before the guard keeps the buffers of a step; the
-        # callbacks that ask for a save (budget, early stopping, interrupt) act before the EMA swaps its average in.
-        callbacks = [ema.restorer] if ema else []
-        callbacks += [ResumeCheck(), self.clock, self.guard, self.compiler]
-        budget = self.budget = None
+        self.ema = EMACallback(ModelEMA(self.model, a.ema_decay), self.model) if a.ema_decay is not None else None
+        self.budget = self.early_stopping = None
         if a.max_train_minutes is not None:
             if a.budget_schedule and a.world_size > 1:
                 raise ValueError(
@@ -176,20 +170,17 @@ class ImageClassificationTrainer(Trainer):
                     "share: with several processes use `max_train_minutes` alone (its stop is agreed)."
                 )
             guard = self.guard if a.world_size > 1 else None
-            budget = self.budget = TrainingBudgetCallback(
-                a.max_train_minutes, self.clock, a.budget_schedule, guard=guard
-            )
-            callbacks.append(budget)
-        self.early_stopping = None
+            self.budget = TrainingBudgetCallback(a.max_train_minutes, self.clock, a.budget_schedule, guard=guard)
         if a.early_stopping_patience is not None:
             self.early_stopping = ResumedEarlyStopping(a.early_stopping_patience, a.early_stopping_threshold)
-            callbacks.append(self.early_stopping)
         self.remove_callback(PrinterCallback if a.disable_tqdm else ProgressCallback)
-        callbacks.append(EvaluationLines() if a.disable_tqdm else QuietProgress(budget))
-        callbacks.append(self.interrupt)
-        if ema:
-            callbacks.append(ema)  # last: it acts on what the callbacks before it decided
-        for callback in callbacks:
+        # Order matters: the EMA's training weights are back before the guard keeps the buffers of a step; the
+        # callbacks that ask for a save (budget, early stopping, interrupt) act before the EMA swaps its average in,
+        # last, acting on what the callbacks before it decided.
+        progress = EvaluationLines() if a.disable_tqdm else QuietProgress(self.budget)
+        callbacks = [self.ema and self.ema.restorer, ResumeCheck(), self.clock, self.guard, self.compiler, self.budget]
+        callbacks += [self.early_stopping, progress, InterruptCallback(self.guard), self.ema]
+        for callback in filter(None, callbacks):
             self.add_callback(callback)
 
     # ---- The training step.
@@ -289,12 +280,14 @@ class ImageClassificationTrainer(Trainer):
             self.ema.resume_from = kwargs.get("resume_from_checkpoint")
         try:
             output = super().train(*args, **kwargs)
-        except TrainingDiverged as error:
-            self._close_progress_bars()
-            message = f"{error} {self._after_divergence(error)}"
-            raise TrainingDiverged(message, error.step, error.learning_rate) from None
-        except BaseException:
-            self._close_progress_bars()  # the error line then starts a line of its own
+        except BaseException as error:
+            for callback in self.callback_handler.callbacks:  # the error line then starts a line of its own
+                if getattr(callback, "training_bar", None) is not None:
+                    callback.training_bar.close()
+                    callback.training_bar = None
+            if isinstance(error, TrainingDiverged):
+                message = f"{error} {self._after_divergence(error)}"
+                raise TrainingDiverged(message, error.step, error.learning_rate) from None
             raise
         if self.stopped_by == "early_stopping":
             a = self.args
@@ -312,12 +305,6 @@ class ImageClassificationTrainer(Trainer):
         if stopping is not None and stopping.early_stopping_patience_counter >= stopping.early_stopping_patience:
             return "early_stopping"
         return "time_budget" if self.budget is not None and self.budget.stopped_at is not None else None
-
-    def _close_progress_bars(self) -> None:
-        for callback in self.callback_handler.callbacks:
-            if getattr(callback, "training_bar", None) is not None:
-                callback.training_bar.close()  # the error then gets a line of its own
-                callback.training_bar = None
 
     def _after_divergence(self, error: TrainingDiverged) -> str:
         """What a diverged run keeps (its trainer state is saved beside the checkpoints) and what to try."""

@@ -309,19 +309,17 @@ class ImageClassificationTrainer(Trainer):
     def _after_divergence(self, error: TrainingDiverged) -> str:
         """What a diverged run keeps (its trainer state is saved beside the checkpoints) and what to try."""
         output_dir = self.args.output_dir
+        state_file = os.path.join(output_dir, TRAINER_STATE_NAME)
         if self.args.should_save:
             os.makedirs(output_dir, exist_ok=True)
-            self.state.save_to_json(os.path.join(output_dir, TRAINER_STATE_NAME))
-        kept = []
+            self.state.save_to_json(state_file)
         last = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
-        if last:
-            kept.append(f"the last checkpoint {last}")
-        key = "eval_map" if self.loss is multi_label_loss else "eval_accuracy"
+        kept = [f"the last checkpoint {last}"] if last else []
+        key, name = ("eval_map", "mAP") if self.loss is multi_label_loss else ("eval_accuracy", "accuracy")
         evaluations = [e for e in self.state.log_history if key in e]
         if evaluations:
             kept.append(
-                f"the evaluations in {os.path.join(output_dir, TRAINER_STATE_NAME)} (last: validation "
-                f"{'mAP' if key == 'eval_map' else 'accuracy'} {evaluations[-1][key]:.2%} at epoch "
+                f"the evaluations in {state_file} (last: validation {name} {evaluations[-1][key]:.2%} at epoch "
                 f"{evaluations[-1].get('epoch', 0):.2f})"
             )
         text = f"Kept: {'; '.join(kept)}." if kept else "No checkpoint or evaluation had been made yet."

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from accelerate.utils import reduce
 from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import EarlyStoppingCallback, ProgressCallback, TrainerCallback
@@ -150,13 +151,9 @@ class RunClock(TrainerCallback, ExportableState):
         """The whole run's training figures (a resumed run's included), named as transformers names its session's."""
         seconds = self.training_seconds()
         images = self.steps * total_batch_size(args)  # overcounts each epoch's last, partial batch by under one batch
-        loss = self.loss_sum
-        if args.world_size > 1 and torch.distributed.is_initialized():
-            # Each process adds up its own batches' losses; the run's mean is over all of them (every process asks
-            # for the figures at the same point: the end of training).
-            loss = torch.as_tensor(loss, dtype=torch.float32, device=args.device).clone()
-            torch.distributed.all_reduce(loss)
-            loss = loss / args.world_size
+        # Each process adds up its own batches' losses; the run's mean is over all of them (every process asks for the
+        # figures at the same point: the end of training).
+        loss = reduce(torch.as_tensor(self.loss_sum, dtype=torch.float32, device=args.device), reduction="mean")
         return {
             "train_loss": float(loss) / self.steps if self.steps else None,
             "train_runtime": seconds,
@@ -481,9 +478,7 @@ class InterruptCallback(TrainerCallback):
         self._restore()
         # A signal after the last optimizer step, which no step passed on to the other processes: every process stops
         # here, before the final evaluation and the results, which the resumed run (no step left) then writes.
-        signum = torch.tensor(self.signal or 0, device=args.device)
-        if args.world_size > 1 and torch.distributed.is_initialized():
-            torch.distributed.all_reduce(signum, op=torch.distributed.ReduceOp.MAX)
+        signum = reduce(torch.tensor(self.signal or 0, device=args.device), reduction="max")
         if signum:
             raise Interrupted(
                 f"stopped by {signal_name(int(signum))} after the last optimizer step ({state.global_step}); the "

@@ -25,6 +25,11 @@ message the day transformers changes them):
         saved file, which skips the key renaming that `from_pretrained` applies (transformers' ViT saves its blocks as
         `vit.encoder.layer.*` and holds them as `vit.layers.*`): it would silently keep the current weights.
         `load_checkpoint_weights` loads through `from_pretrained` and checks that every tensor arrived.
+Other private transformers members read, for want of a public one (pinned by the same tests):
+    PretrainedConfig._attn_implementation (finetune/run.py): the attention kernel the model runs (`sdpa`, `eager`),
+        recorded with the run's results; transformers sets it with `set_attn_implementation` but has no getter.
+    PreTrainedModel._init_weights and the `_is_hf_initialized` marks (models.reset_head): a checkpoint that classifies
+        other classes than the dataset's gets its head initialised exactly as loading initialises a new head.
 """
 
 import os

@@ -54,3 +54,30 @@ def test_no_private_internals_of_argparse_or_huggingface_hub():
         for pattern in (r"\._actions\b", r"_GLOBAL_CLIENT_FACTORY", r"huggingface_hub\._[a-z]", r"argparse\._[a-z]"):
             found += [f"{path.relative_to(ROOT)}: {m.group()}" for m in re.finditer(pattern, text)]
     assert not found, found
+
+
+def test_the_private_model_members_we_read_still_exist():
+    """finetune/trainer.py names the private model and config members read (and why); these fail the day they go."""
+    assert isinstance(getattr(transformers.PretrainedConfig, "_attn_implementation", None), property), (
+        f"transformers {transformers.__version__} has no PretrainedConfig._attn_implementation, which finetune/run.py "
+        "records with the results: read the attention kernel from its replacement."
+    )
+    found = list(inspect.signature(transformers.PreTrainedModel._init_weights).parameters)
+    assert found == ["self", "module"], (
+        f"transformers {transformers.__version__} changed PreTrainedModel._init_weights{tuple(found)}: update "
+        "finetune/models.reset_head."
+    )
+    assert "_is_hf_initialized" in inspect.getsource(transformers.modeling_utils), (
+        f"transformers {transformers.__version__} no longer marks loaded tensors `_is_hf_initialized`: update "
+        "finetune/models.reset_head."
+    )
+    private = {
+        name
+        for cls in (transformers.PreTrainedModel, transformers.PretrainedConfig)
+        for name in dir(cls)
+        if name.startswith("_") and not name.startswith("__")
+    }
+    used = set()
+    for path in sorted((ROOT / "finetune").rglob("*.py")):
+        used |= {n.attr for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Attribute)} & private
+    assert used == {"_attn_implementation", "_init_weights"}, f"private model/config members used: {used}"

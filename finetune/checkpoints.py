@@ -18,8 +18,10 @@ from transformers.trainer_pt_utils import safe_globals
 from transformers.utils import logging
 
 from finetune.callbacks import EMA_STATE_NAME
+from finetune.data.cache import process_exists
 from finetune.errors import one_line
 from finetune.locations import ADAPTER_CONFIG_NAME
+from finetune.results import RESULTS_NAME
 
 
 logger = logging.get_logger(__name__)
@@ -43,7 +45,7 @@ def resolve_checkpoint(run_dir: Path, training_args: TrainingArguments, one_of_t
     if one_of_two and text in (*LATEST, "auto"):
         # A `both` run resumed: a model that finished is kept (resumed, it would train on past an early stop and
         # rewrite its results); a model stopped in training resumes, one not reached yet starts.
-        if (run_dir / "results.json").exists():
+        if (run_dir / RESULTS_NAME).exists():
             return FINISHED
         text = "auto"
     # `auto`: preemptible machines restart the same command; resume where there is a checkpoint, else start.
@@ -71,7 +73,7 @@ def resolve_checkpoint(run_dir: Path, training_args: TrainingArguments, one_of_t
 def earlier_run(run_dir: Path) -> list[str]:
     """The names of an earlier run's checkpoints and results in `run_dir`."""
     earlier = sorted(p.name for p in run_dir.glob("checkpoint-*"))
-    return earlier + (["results.json"] if (run_dir / "results.json").exists() else [])
+    return earlier + ([RESULTS_NAME] if (run_dir / RESULTS_NAME).exists() else [])
 
 
 def remove_earlier_run(run_dir: Path, training_args: TrainingArguments) -> None:
@@ -354,17 +356,6 @@ def release_output_dirs() -> None:
     """Release the output folders this process holds: `run.main` calls it when a run ends, also after an error."""
     for lock in list(HELD):
         lock.release()
-
-
-def process_exists(pid: int) -> bool:
-    """Whether process `pid` lives on this host (another user's included)."""
-    try:
-        os.kill(pid, 0)  # signal 0 only asks whether the process exists
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # alive, another user's
-    return True
 
 
 def in_use(folder: Path, lock: Path, holder: dict) -> str:

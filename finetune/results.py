@@ -122,8 +122,9 @@ class Results:
         path = Path(output_dir) / RESULTS_NAME
         # Written beside it, then renamed: a run stopped mid-write leaves the earlier file whole or none, never a cut
         # one (results.json marks a finished model: `resolve_checkpoint`, `check_no_earlier_results`).
-        path.with_name(RESULTS_NAME + ".tmp").write_text(json.dumps(dataclasses.asdict(self), indent=2) + "\n")
-        os.replace(path.with_name(RESULTS_NAME + ".tmp"), path)
+        tmp = path.with_name(RESULTS_NAME + ".tmp")
+        tmp.write_text(json.dumps(dataclasses.asdict(self), indent=2) + "\n")
+        os.replace(tmp, path)
         return path
 
     @classmethod

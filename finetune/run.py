@@ -60,7 +60,7 @@ from finetune.models import (  # noqa: E402
     count_parameters,
     storage_size,
 )
-from finetune.results import EvalMetrics, Results, TrainMetrics, history_from_log_history  # noqa: E402
+from finetune.results import RESULTS_NAME, EvalMetrics, Results, TrainMetrics, history_from_log_history  # noqa: E402
 from finetune.trainer import ImageClassificationTrainer, balanced_class_weights  # noqa: E402
 from finetune.training_args import ImageClassificationTrainingArguments, build_training_args  # noqa: E402
 
@@ -566,9 +566,9 @@ def check_evaluation_only(model_args: ModelArguments, push_to_hub: bool) -> None
 
 def check_no_earlier_results(run_dir: Path, args: ImageClassificationTrainingArguments) -> None:
     """An evaluation writes results.json and predictions: never over an earlier run's, unless asked to."""
-    earlier = [p.name for p in (run_dir / "results.json", *run_dir.glob("predictions_*.csv")) if p.exists()]
+    earlier = [p.name for p in (run_dir / RESULTS_NAME, *run_dir.glob("predictions_*.csv")) if p.exists()]
     # results.json is written last: without it the files are of an evaluation stopped midway, which this one redoes.
-    if "results.json" in earlier and not args.overwrite_output_dir:
+    if RESULTS_NAME in earlier and not args.overwrite_output_dir:
         raise FileExistsError(
             f"{run_dir} already holds {', '.join(earlier)}. Nothing was changed. Fix: a new `--output_dir` for the "
             "evaluation, or `--overwrite_output_dir true` to replace them (checkpoints and weights are kept)."

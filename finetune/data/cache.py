@@ -155,13 +155,22 @@ def _start_entry(path: str | None) -> str:
 
 def _remove_orphans(parent: str) -> None:
     """Remove the temporary folders in `parent` of this host's processes that are gone."""
-    from finetune.checkpoints import process_exists  # here: importing `finetune.data` imports no transformers
-
     owned = re.compile(rf"(\.tmp-\w+|vit-finetune-decoded)-{re.escape(socket.gethostname())}-(\d+)-")
     for name in os.listdir(parent):
         match = owned.match(name)
         if match and not process_exists(int(match[2])):
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+
+
+def process_exists(pid: int) -> bool:
+    """Whether process `pid` lives on this host (another user's included)."""
+    try:
+        os.kill(pid, 0)  # signal 0 only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # alive, another user's
+    return True
 
 
 def _finish_entry(tmp: str, path: str | None, labels: np.ndarray, meta: dict) -> None:

@@ -205,7 +205,7 @@ def check_images(
         ) from error
     pixels = split.take(np.arange(min(count, len(split)))).numpy()  # (N, C, H, W) uint8
     images = [Image.fromarray(p[0] if p.shape[0] == 1 else p.transpose(1, 2, 0)) for p in pixels]
-    return [image.convert(mode) for image in images], "the run's dataset"
+    return images, "the run's dataset"  # predict.preprocess converts them to the model's mode
 
 
 def main(argv: list[str] | None = None) -> ExportResult:

@@ -151,13 +151,13 @@ def collect_image_paths(paths: Iterable[str | os.PathLike]) -> list[Path]:
     found: list[Path] = []
     for path in map(Path, paths):
         if path.is_dir():
-            from datasets.packaged_modules.imagefolder.imagefolder import ImageFolder
+            from finetune.data.sources import IMAGE_EXTENSIONS
 
             walked = []
             for root, folders, names in os.walk(path, followlinks=True):
                 folders[:] = [name for name in folders if not name.startswith((".", "__"))]  # as datasets skips them
                 walked += [Path(root, name) for name in names if not name.startswith(".")]
-            found.extend(sorted(p for p in walked if p.is_file() and p.suffix.lower() in ImageFolder.EXTENSIONS))
+            found.extend(sorted(p for p in walked if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS))
         elif path.is_file():
             found.append(path)
         else:

@@ -256,9 +256,9 @@ def _affine(x: torch.Tensor, op: torch.Tensor, m: torch.Tensor, ops: tuple[str, 
     # Translations of up to 0.45 of the size: 0.9 in normalized coordinates, which span 2.
     theta[:, 0, 2], theta[:, 1, 2] = where("translate_x", 0.9 * m), where("translate_y", 0.9 * m)
     grid = F.affine_grid(theta[geometric], list(x[geometric].shape), align_corners=False)
-    out = x.clone()
-    out[geometric] = F.grid_sample(x[geometric], grid, mode="bilinear", padding_mode="zeros", align_corners=False)
-    return out
+    # In place: `forward` owns `x`, and `x[geometric]` is read (a copy) before it is written.
+    x[geometric] = F.grid_sample(x[geometric], grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+    return x
 
 
 def _blend(x: torch.Tensor, base: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
@@ -272,7 +272,7 @@ def _smooth(x: torch.Tensor) -> torch.Tensor:
     kernel = torch.ones(C, 1, 3, 3, device=x.device, dtype=x.dtype)
     kernel[:, :, 1, 1] = 5.0
     smooth = x.clone()
-    smooth[..., 1:-1, 1:-1] = F.conv2d(x, kernel / 13.0, padding=1, groups=C)[..., 1:-1, 1:-1]  # inside the border
+    smooth[..., 1:-1, 1:-1] = F.conv2d(x, kernel / 13.0, groups=C)  # inside the border
     return smooth
 
 

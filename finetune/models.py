@@ -27,7 +27,7 @@ from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGH
 from scratch_vit import ScratchViTConfig, ScratchViTForImageClassification
 
 from .arguments import ModelArguments, scratch_config_kwargs
-from .augment import CROP_MARGIN, LUMA_WEIGHTS, Preprocessing, grayscale, photo_size, preprocessing_from
+from .augment import CROP_MARGIN, LUMA_WEIGHTS, Preprocessing, RGBToGrayscale, photo_size, preprocessing_from
 from .checkpoints import read_weights
 from .data import MULTI_LABEL, ImageData, is_multi_label
 from .errors import one_line
@@ -462,7 +462,7 @@ def channel_statistics(pixel_values: torch.Tensor, num_channels: int) -> tuple[l
     sample = pixel_values.float().div(255)
     if sample.shape[1] != num_channels:
         # As the batch transform converts them: RGB -> gray by luma, gray -> RGB by repeating.
-        sample = grayscale(sample).expand(-1, num_channels, -1, -1)  # (N, C, H, W) -> (N, num_channels, H, W)
+        sample = RGBToGrayscale(num_channels)(sample)  # (N, C, H, W) -> (N, num_channels, H, W)
     mean = sample.mean(dim=(0, 2, 3))
     std = sample.std(dim=(0, 2, 3)).clamp_min(1e-3)  # a constant channel must not divide by zero
     return [round(v, 4) for v in mean.tolist()], [round(v, 4) for v in std.tolist()]

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 import torch
 from transformers import ViTConfig, ViTForImageClassification
 
+from finetune.compile import synchronize
 from scratch_vit import ScratchViTConfig, ScratchViTForImageClassification
 
 
@@ -157,11 +158,6 @@ def make_step(model: torch.nn.Module, device: torch.device, compile_model: bool,
         optimizer.step()
 
     return step
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
 
 
 def time_steps(

@@ -42,7 +42,6 @@ from finetune.tools.report import (  # noqa: E402
     format_number,
     format_percent,
     markdown_table,
-    plot_accuracy_over_time,
 )
 
 
@@ -170,6 +169,22 @@ def markdown(runs: list[dict]) -> str:
     return "\n\n".join(parts) + "\n"
 
 
+def plot_accuracy_over_time(runs: list[dict], path: Path) -> None:
+    """Validation accuracy against wall-clock minutes, one line per run (`collect`'s timeline)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 4.5), layout="constrained")
+    ax = fig.subplots()
+    for run in runs:
+        points = [(t["minutes"], 100 * t["accuracy"]) for t in run["timeline"] if t["accuracy"] is not None]
+        if points:
+            ax.plot(*zip(*points), marker=".", label=run["name"])
+    ax.set(xlabel="Wall-clock minutes of training (evaluations included)", ylabel="Validation accuracy (%)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.savefig(path, dpi=110)
+
+
 def report(output: Path, names: list[str] | None = None) -> str:
     """Write curve.png, results.md and summary.json for the runs in `output`; returns the Markdown."""
     if names is None:
@@ -177,7 +192,7 @@ def report(output: Path, names: list[str] | None = None) -> str:
     if not names:
         raise FileNotFoundError(f"No finished runs (*/results.json) in {output}.")
     runs = [collect(output / "runs" / name) for name in names]
-    plot_accuracy_over_time([Results.load(output / "runs" / name) for name in names], names, output / "curve.png")
+    plot_accuracy_over_time(runs, output / "curve.png")
     text = markdown(runs)
     (output / "results.md").write_text(text)
     (output / "summary.json").write_text(json.dumps(runs, indent=2))

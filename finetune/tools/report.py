@@ -258,20 +258,6 @@ def plot_learning_curves(runs: Sequence[Results], names: Sequence[str], path: st
     return _save(fig, path)
 
 
-def plot_accuracy_over_time(runs: Sequence[Results], names: Sequence[str], path: str | os.PathLike) -> Path:
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(7, 4.5), layout="constrained")
-    ax = fig.subplots()
-    for run, name in zip(runs, names):
-        x, y = _series(run.history, "elapsed_seconds", "eval_accuracy", x_scale=1 / 60, scale=100)
-        if x:
-            ax.plot(x, y, marker=".", label=name)
-    ax.set(xlabel="Wall-clock minutes of training (evaluations included)", ylabel="Validation accuracy (%)")
-    _finish_axes(ax)
-    return _save(fig, path)
-
-
 def _series(history: Sequence[HistoryRow], x_key: str, y_key: str, x_scale: float = 1.0, scale: float = 1.0):
     points = [
         (x_scale * getattr(h, x_key), scale * getattr(h, y_key))

@@ -7,7 +7,6 @@ crop and op; ours draw them per image. Mixing (`MixUpCutMix`) is torchvision's, 
 Randomness comes from torch's global generator, so the Trainer's `seed` makes a run reproducible.
 """
 
-import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,8 +15,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-logger = logging.getLogger(__name__)
 
 # ITU-R BT.601 luma weights for R, G, B: the grayscale conversion PIL's convert("L") uses too.
 LUMA_WEIGHTS = (0.299, 0.587, 0.114)
@@ -351,7 +348,8 @@ def photo_size(prep: Preprocessing) -> int:
 
 
 def preprocessing_from(processor, config) -> Preprocessing:
-    """Resolution and normalisation of an image processor (`size` as height/width or shortest_edge), or of timm's."""
+    """Resolution and normalisation of an image processor (`size` as height/width or shortest_edge, with its
+    `crop_pct` or center crop), or of timm's: the sizes its evaluation resizes to and crops."""
     num_channels = int(getattr(config, "num_channels", 3))
     data_config = getattr(processor, "data_config", None)
     if data_config:  # timm's preprocessing (TimmWrapperImageProcessor): input size, crop_pct, mean, std
@@ -361,6 +359,15 @@ def preprocessing_from(processor, config) -> Preprocessing:
         mean, std = data_config["mean"], data_config["std"]
     else:
         image_size = resize_size = _height_width(processor.size) or (int(config.image_size),) * 2
+        crop_pct = getattr(processor, "crop_pct", None)
+        if crop_pct:  # ConvNeXt's and PoolFormer's processors resize to size / crop_pct
+            from transformers import ConvNextImageProcessor, ConvNextImageProcessorPil
+
+            scaled = (int(resize_size[0] / crop_pct), int(resize_size[1] / crop_pct))
+            if not isinstance(processor, (ConvNextImageProcessor, ConvNextImageProcessorPil)):
+                image_size = resize_size = scaled  # PoolFormer: `crop_size` crops it (below)
+            elif image_size[0] < 384:  # ConvNeXt center-crops `size` back; from 384 px it warps to `size`, uncropped
+                resize_size = scaled
         if getattr(processor, "do_center_crop", False) and _height_width(getattr(processor, "crop_size", None)):
             image_size = _height_width(processor.crop_size)
         do_normalize = getattr(processor, "do_normalize", True)
@@ -521,12 +528,8 @@ def describe_augmentation(transform: BatchTransform) -> str:
 def _channel_conversion(in_channels: int, out_channels: int) -> nn.Module:
     if in_channels == out_channels:
         return nn.Identity()
-    if in_channels == 1:
-        logger.info(f"Converting 1-channel (grayscale) images to {out_channels} channels by repeating.")
+    if in_channels == 1 or (in_channels, out_channels) == (3, 1):  # `models.check_channels` logs the conversion
         return RGBToGrayscale(out_channels)
-    if in_channels == 3 and out_channels == 1:
-        logger.info("Converting 3-channel (RGB) images to 1 channel with the ITU-R 601 luma weights.")
-        return RGBToGrayscale()
     raise ValueError(
         f"Cannot convert {in_channels}-channel images to {out_channels} channels: supported are 1 -> N and 3 -> 1."
     )

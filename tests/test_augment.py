@@ -16,6 +16,7 @@ from finetune.augment import (
     RandomHorizontalFlip,
     RandomResizedCrop,
     describe_augmentation,
+    preprocessing_from,
     resized_crop,
     use_random_resized_crop,
 )
@@ -354,6 +355,34 @@ def test_eval_resize_and_center_crop_match_torchvision():
     # The same antialiased bilinear resize in float and the same crop window: equal up to float error.
     assert (ours - reference).abs().max().item() < 1e-3
 
+
+
+@pytest.mark.parametrize(
+    "name, kwargs, resize_size, image_size",
+    [
+        ("ConvNextImageProcessor", {"size": {"shortest_edge": 28}}, (32, 32), (28, 28)),  # int(28 / 0.875), crop 28
+        ("ConvNextImageProcessorPil", {"size": {"shortest_edge": 28}}, (32, 32), (28, 28)),
+        ("ConvNextImageProcessor", {}, None, (384, 384)),  # the defaults: from 384 px warped to the size, no crop
+        ("PoolFormerImageProcessor", {"size": {"shortest_edge": 28}, "crop_pct": 0.875, "crop_size": 28}, (32, 32),
+         (28, 28)),
+    ],
+)  # fmt: skip
+def test_evaluation_resizes_and_crops_as_a_processor_with_crop_pct_does(name, kwargs, resize_size, image_size):
+    import transformers
+
+    processor = getattr(transformers, name)(**kwargs)
+    prep = preprocessing_from(processor, transformers.ConvNextConfig())
+    assert (prep.resize_size, prep.image_size) == (resize_size, image_size)
+    # Smooth ramps (across, down, diagonal): our bilinear and the processor's bicubic resize agree on them to about a
+    # level, while a crop window off by a few pixels, or none, moves the values by ten levels and more.
+    ramp = torch.linspace(0, 255, 40)
+    x = torch.stack([ramp.expand(40, 40), ramp[:, None].expand(40, 40), (ramp + ramp[:, None]) / 2])[None]
+    x = x.round().to(torch.uint8)  # (1, 3, 40, 40)
+    ours = BatchTransform.for_model(prep, 3)(x, train=False)
+    theirs = processor(images=[x[0].numpy() if name.endswith("Pil") else x[0]], return_tensors="pt").pixel_values
+    assert ours.shape == theirs.shape == (1, 3, *image_size)
+    levels = (ours - theirs) * torch.tensor(prep.image_std).view(1, 3, 1, 1) * 255
+    assert levels.abs().max().item() < 2.0
 
 def test_random_resized_crop_in_the_batch_transform_outputs_the_model_size():
     transform = BatchTransform(16, MEAN, STD, 3, 3, random_resized_crop=True, crop_scale=(0.5, 1.0))

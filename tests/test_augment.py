@@ -20,6 +20,7 @@ from finetune.augment import (
     resized_crop,
     use_random_resized_crop,
 )
+from finetune.models import check_channels
 
 
 MEAN = (0.485, 0.456, 0.406)
@@ -129,11 +130,13 @@ def test_downscale_is_antialiased():
     torch.testing.assert_close(out, torch.full_like(out, 127.5), atol=1.0, rtol=0)
 
 
-def test_grayscale_to_rgb_repeats(caplog):
+def test_grayscale_to_rgb_repeats_and_is_logged_once(caplog):
     x = _images(channels=1)
-    with caplog.at_level(logging.INFO, logger="finetune.augment"):
+    with caplog.at_level(logging.INFO, logger="finetune"):
+        check_channels(1, 3, convert=True)  # as building the model does, before its transform is made
         transform = BatchTransform(12, MEAN, STD, in_channels=1, out_channels=3)
-    assert "converting 1-channel (grayscale) images to 3 channels by repeating" in caplog.text.lower()
+    messages = [record.getMessage() for record in caplog.records if "channel" in record.getMessage()]
+    assert messages == ["Converting 1-channel images to 3 channels by repeating the gray channel."]
     out = transform(x, train=False)
     assert out.shape == (8, 3, 12, 12)
     torch.testing.assert_close(out, _normalized(x.expand(-1, 3, -1, -1)), rtol=0, atol=0)
@@ -356,7 +359,6 @@ def test_eval_resize_and_center_crop_match_torchvision():
     assert (ours - reference).abs().max().item() < 1e-3
 
 
-
 @pytest.mark.parametrize(
     "name, kwargs, resize_size, image_size",
     [
@@ -383,6 +385,7 @@ def test_evaluation_resizes_and_crops_as_a_processor_with_crop_pct_does(name, kw
     assert ours.shape == theirs.shape == (1, 3, *image_size)
     levels = (ours - theirs) * torch.tensor(prep.image_std).view(1, 3, 1, 1) * 255
     assert levels.abs().max().item() < 2.0
+
 
 def test_random_resized_crop_in_the_batch_transform_outputs_the_model_size():
     transform = BatchTransform(16, MEAN, STD, 3, 3, random_resized_crop=True, crop_scale=(0.5, 1.0))

@@ -117,6 +117,15 @@ def test_a_checkpoint_exports_checked_on_its_runs_dataset(scratch_run, tmp_path,
     assert exported["train"]["loss"] is None
     with pytest.raises(ValueError, match=r"onnx: no figures to compare \(the export of a checkpoint\)"):
         write_comparison([scratch_run, tmp_path / "onnx"], tmp_path / "comparison")
+    # A rerun replaces this export of the same model, in its default folder too; another checkpoint's is refused.
+    run_dir = Path(shutil.copytree(scratch_run, tmp_path / "run", ignore=shutil.ignore_patterns("onnx")))
+    checkpoint_dir = run_dir / checkpoint_dir.name
+    for output in (tmp_path / "onnx", checkpoint_dir / "onnx"):
+        for _ in range(2):
+            assert export.main([str(checkpoint_dir), "--format", "onnx", "--output", str(output)]).path.is_file()
+    other = shutil.copytree(checkpoint_dir, run_dir / "checkpoint-1", ignore=shutil.ignore_patterns("onnx"))
+    assert run_command(export.main, [str(other), "--format", "onnx", "--output", str(tmp_path / "onnx")]) == 1
+    assert "already holds" in capsys.readouterr().err
 
 
 def test_vit_run_exports_to_the_output_checked_on_given_files(vit_run, tmp_path, capsys):

@@ -114,20 +114,30 @@ def check_onnx(path: str | Path, model: torch.nn.Module, pixel_values: torch.Ten
     return difference
 
 
-def check_output(output: Path, run_dir: Path, model) -> None:
+def export_results(run_dir: Path) -> Results | None:
+    """The results.json an export of `run_dir` carries for predict (how the run stored its images, a multi-label run's
+    thresholds): the run's; a checkpoint's is its run's less the kept model's figures, named after the checkpoint.
+    None for a model that no run of this project wrote."""
+    results = predict.run_results(run_dir)  # in it, or in the run folder around a checkpoint-*
+    if results is None or (run_dir / RESULTS_NAME).is_file():
+        return results
+    return dataclasses.replace(results, **FIGURES, train=TrainMetrics(), run_name=f"{results.run_name}/{run_dir.name}")
+
+
+def check_output(output: Path, run_dir: Path, model, results: Results | None) -> None:
     """Refuse an `output` folder that holds another model or run (its files would be overwritten); a new or unrelated
-    folder, or an earlier export of this same run (same config.json and results.json), is fine."""
+    folder, or an earlier export of this same model (same config.json and `results`), is fine."""
     names = sorted(p.name for p in output.iterdir()) if output.is_dir() else []
     taken = [name for name in names if name in WRITTEN or any(fnmatch.fnmatch(name, p) for p in OTHER_MODEL)]
     if not taken:
         return
+    config, written = output / "config.json", output / RESULTS_NAME
 
-    def same(name: str) -> bool:  # both folders hold the same file, or neither holds it
-        mine, theirs = output / name, run_dir / name
-        return mine.is_file() == theirs.is_file() and (not mine.is_file() or mine.read_bytes() == theirs.read_bytes())
+    def text(results: Results | None) -> str | None:  # as JSON: a diverged run's NaN loss equals itself
+        return None if results is None else json.dumps(dataclasses.asdict(results))
 
-    config = output / "config.json"
-    earlier = set(taken) <= set(WRITTEN) and predict.ONNX_NAME in taken and same("results.json")
+    earlier = set(taken) <= set(WRITTEN) and predict.ONNX_NAME in taken
+    earlier = earlier and text(Results.load(output) if written.is_file() else None) == text(results)
     earlier = earlier and config.is_file() and config.read_text() == model.config.to_json_string()
     if not earlier:
         raise FileExistsError(
@@ -136,7 +146,7 @@ def check_output(output: Path, run_dir: Path, model) -> None:
         )
 
 
-def write_export(output: Path, run_dir: Path, model, processor, pixel_values: torch.Tensor) -> Path:
+def write_export(output: Path, results: Results | None, model, processor, pixel_values: torch.Tensor) -> Path:
     """Write model.onnx, and the files predict reads beside it, into `output` by way of a folder beside it: an
     interrupted export leaves no half-written folder, which a rerun would refuse as another model's."""
     target = output.resolve()  # `--output .` has no name to put a folder beside
@@ -150,11 +160,8 @@ def write_export(output: Path, run_dir: Path, model, processor, pixel_values: to
             (partial / "preprocessor_config.json").write_text(data_config)
         else:
             processor.save_pretrained(partial)
-        if (run_dir / RESULTS_NAME).is_file():  # a multi-label run's thresholds and how it stored its images
-            shutil.copyfile(run_dir / RESULTS_NAME, partial / RESULTS_NAME)
-        elif (run_dir.parent / RESULTS_NAME).is_file():  # a checkpoint's: its run's, less the kept model's figures
-            settings = dataclasses.replace(Results.load(run_dir.parent), **{**FIGURES, "train": TrainMetrics()})
-            settings.save(partial)
+        if results is not None:
+            results.save(partial)
         if output.exists():  # an earlier export of this run, or an unrelated folder: the files move in
             for file in partial.iterdir():
                 file.replace(output / file.name)
@@ -166,11 +173,11 @@ def write_export(output: Path, run_dir: Path, model, processor, pixel_values: to
 
 
 def check_images(
-    run_dir: Path, paths: list[str] | None, model, processor, count: int = CHECK_IMAGES
+    run_dir: Path, results: Results | None, paths: list[str] | None, model, processor, count: int = CHECK_IMAGES
 ) -> tuple[list[Image.Image], str]:
     """Up to `count` images to check the export on, and where they came from: the given image files or folders,
-    found and decoded as `predict` does, else validation images of the dataset the run trained on (its results.json
-    names it), as training stores them."""
+    found and decoded as `predict` does, else validation images of the dataset the run trained on (its `results`
+    name it), as training stores them."""
     import numpy as np
     from PIL import Image
 
@@ -184,7 +191,6 @@ def check_images(
         if not images:
             raise ValueError(f"None of {', '.join(paths)} could be read as an image to check the export on.")
         return images, "the given files"
-    results = predict.run_results(run_dir)  # in it, or in the run folder around a checkpoint-*
     dataset = results.dataset if results else None
     if not dataset:
         raise FileNotFoundError(
@@ -233,11 +239,12 @@ def main(argv: list[str] | None = None) -> ExportResult:
         args.run_dir, args.trust_remote_code, attn_implementation="eager", device="cpu"
     )
     output = Path(args.output) if args.output else run_dir / "onnx"
-    check_output(output, run_dir, model)
-    images, source = check_images(run_dir, args.images, model, processor)
+    results = export_results(run_dir)
+    check_output(output, run_dir, model, results)
+    images, source = check_images(run_dir, results, args.images, model, processor)
     pixel_values = predict.preprocess(images, model, processor)  # (N, C, H, W), as predict feeds the model
 
-    path = write_export(output, run_dir, model, processor, pixel_values)
+    path = write_export(output, results, model, processor, pixel_values)
     print(f"Wrote {path} (input pixel_values (batch, {', '.join(map(str, pixel_values.shape[1:]))}), output logits)")
     difference = check_onnx(path, model, pixel_values, args.atol)
     print(

@@ -175,11 +175,12 @@ def test_lora_card_names_the_base_model_and_peft(lora_run):
     card = build_model_card(out, "me/vit-lora")
     assert card.data.library_name == "peft" and card.data.base_model == "google/vit-base-patch16-224-in21k"
     assert "PeftModel.from_pretrained" in card.text and "lora" in card.data.tags
-    # The count of results.json and `compare`: the base model with the adapters and the head's trained copy.
-    total, trained = format_count(results.num_parameters), format_count(results.num_trainable_parameters)
-    assert f"({total} parameters with the LoRA adapters, of which {trained} trained: the adapters and the head)" in (
-        card.text
-    )
+    # The model's own parameters, as many as merged (results.json counts the base with the adapters and the head's
+    # trained copy), and the ones LoRA trained.
+    size = count_parameters(AutoModelForImageClassification.from_pretrained(out / "merged"))
+    trained = format_count(results.num_trainable_parameters)
+    parameters = f"{format_count(size)} parameters in the base model, and {trained} trained by LoRA"
+    assert f"({parameters}: the adapters and the head)" in card.text
     from finetune.tools.hub import upload_plan
 
     assert {"adapter_config.json", "adapter_model.safetensors", "config.json"} <= {n for n, _ in upload_plan(out)}

@@ -410,6 +410,12 @@ def test_local_base_model_is_not_a_hub_id(both_output):
     assert data.base_model is None and data.datasets is None
     assert str(both_output) not in hub.write_model_card(run)  # no local paths in a public card
     assert data.eval_results[0].dataset_name == "my_images"
+    # A path relative to the folder the run was launched from, not the current one, is local too: named, not linked.
+    results["model_name_or_path"] = "out/scratch"  # from tmp_path, around the run: `--output_dir out/pretrained`
+    (run / "results.json").write_text(json.dumps(results))
+    card = ModelCard(hub.write_model_card(run))
+    assert card.data.base_model is None and "huggingface.co/out" not in card.text
+    assert "is the local checkpoint `scratch` (" in card.text
 
 
 @pytest.mark.parametrize(

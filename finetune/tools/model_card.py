@@ -5,10 +5,8 @@ The metadata is huggingface_hub's `ModelCardData` with `EvalResult`s, so it pars
 metrics). The body is written from `results.json`, `config.json` and the comparison's summary when there is one.
 """
 
-import dataclasses
 import json
 import logging
-import math
 import os
 import sys
 from importlib.metadata import version
@@ -16,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
-from safetensors import safe_open
 
 from finetune.errors import ArgumentParser, run_command
 from finetune.locations import ADAPTER_CONFIG_NAME
@@ -73,13 +70,12 @@ def run_dir_of(output_dir: str | os.PathLike) -> Path:
     return run_dir if merged else output_dir
 
 
-def stored_parameters(model_dir: Path) -> int:
-    """The number of values in `model_dir`'s safetensors weights, read from their headers."""
-    count = 0
-    for path in model_dir.glob("*.safetensors"):
-        with safe_open(path, "pt") as weights:
-            count += sum(math.prod(weights.get_slice(name).get_shape()) for name in weights.keys())
-    return count
+def hub_base(name: str | None, run_dir: Path) -> str | None:
+    """`name`, the model a run fine-tuned from, where it is a Hub id: None for a local folder, also one given relative
+    to the folder the run was launched from (`--model_name_or_path bases/vit --output_dir runs/vit`), which need not be
+    the current one."""
+    local = any((folder / name).exists() for folder in run_dir.resolve().parents) if name else False
+    return name if is_hub_id(name) and not local else None
 
 
 def _read_json(path: Path) -> Any:
@@ -104,8 +100,11 @@ def card_license(results: Results) -> str | None:
     return next((name for prefix, name in KNOWN_BASE_LICENSES.items() if base.startswith(prefix)), None)
 
 
-def card_data(results: Results, model_name: str, adapter_base_model: str | None = None) -> ModelCardData:
-    """The card's YAML metadata; a LoRA run's (`adapter_base_model` given) is a `library_name: peft` repo."""
+def card_data(
+    results: Results, model_name: str, adapter_base_model: str | None = None, base_model: str | None = None
+) -> ModelCardData:
+    """The card's YAML metadata; a LoRA run's (`adapter_base_model` given) is a `library_name: peft` repo.
+    `base_model`, a Hub id (`hub_base`) or None, goes in as it is: the Hub rejects any other."""
     scratch = is_scratch(results)
     dataset, dataset_name = results.dataset, display_dataset(results.dataset)
     task = {"task_type": "image-classification", "task_name": "Image Classification", "dataset_name": dataset_name}
@@ -128,7 +127,6 @@ def card_data(results: Results, model_name: str, adapter_base_model: str | None 
                     EvalResult(**task, dataset_split=split, metric_type=metric_type, metric_value=value,
                                metric_name=metric_name, metric_args=metric_args)
                 )  # fmt: skip
-    base_model = adapter_base_model or results.model_name_or_path
     tags = ["image-classification", "vision", "vit"] + (["scratch-vit", "custom_code"] if scratch else [])
     tags += ["peft", "lora"] if adapter_base_model is not None else []
     return ModelCardData(
@@ -136,7 +134,7 @@ def card_data(results: Results, model_name: str, adapter_base_model: str | None 
         license=card_license(results),
         tags=tags,
         datasets=[dataset] if is_hub_id(dataset) else None,
-        base_model=base_model if (adapter_base_model or not scratch) and is_hub_id(base_model) else None,
+        base_model=base_model if adapter_base_model or not scratch else None,
         pipeline_tag="image-classification",
         model_name=model_name,
         eval_results=eval_results or None,
@@ -144,23 +142,25 @@ def card_data(results: Results, model_name: str, adapter_base_model: str | None 
 
 
 def _parameters(results: Results, merged: bool) -> str:
-    """The parameters counted as results.json and `compare` count them, and which of them trained. A LoRA run counts
-    its base model with the adapters and the head's trained copy; its merged model, the merged weights."""
+    """The model's parameters and which of them trained, from results.json. A LoRA run counts its base model with
+    the adapters and the head's trained copy, which are what it trained: the model itself, its base with the new head
+    (as many as merged), is that count less the trained ones."""
     total, trained = format_count(results.num_parameters), format_count(results.num_trainable_parameters)
     if results.hyperparameters.get("finetune_method") == "lora":
+        counts = (results.num_parameters, results.num_trainable_parameters)
+        model = format_count(None if None in counts else counts[0] - counts[1])
         if merged:
-            return f"{total} parameters; LoRA trained {trained}: the adapters, merged in, and the head"
-        return f"{total} parameters with the LoRA adapters, of which {trained} trained: the adapters and the head"
+            return f"{model} parameters; LoRA trained {trained}: the adapters, merged in, and the head"
+        return f"{model} parameters in the base model, and {trained} trained by LoRA: the adapters and the head"
     if results.num_trainable_parameters in (None, results.num_parameters):
         return f"{total} parameters"
     return f"{total} parameters, of which {trained} trained"
 
 
-def _description(results: Results, config: dict, model_name: str, merged: bool) -> str:
+def _description(results: Results, config: dict, model_name: str, merged: bool, hub: str | None) -> str:
     dataset = f"`{display_dataset(results.dataset)}`"
     size = f"{results.image_size or config.get('image_size', '?')} px"
     params = _parameters(results, merged)
-    base = results.model_name_or_path
     if is_scratch(results):
         variant = ", ".join(
             f"{key.replace('_', ' ')} {config[key]}"
@@ -175,7 +175,8 @@ def _description(results: Results, config: dict, model_name: str, merged: bool) 
             "Its modeling code is stored with the weights, so it loads with `trust_remote_code=True`."
         )
     architecture = results.architecture or (config.get("architectures") or ["a pretrained model"])[0]
-    base = f"[`{base}`](https://huggingface.co/{base})" if is_hub_id(base) else "a pretrained checkpoint"
+    local = f"the local checkpoint `{Path(results.model_name_or_path).name}`" if results.model_name_or_path else None
+    base = f"[`{hub}`](https://huggingface.co/{hub})" if hub else local or "a pretrained checkpoint"
     return (
         f"**{model_name}** is {base} (`{architecture}`) fine-tuned for image classification on {dataset} at {size} "
         f"({params})."
@@ -307,13 +308,15 @@ def build_model_card(output_dir: str | os.PathLike, repo_id: str | None = None) 
     output_dir, run_dir = Path(output_dir), run_dir_of(output_dir)
     results = Results.load(run_dir)
     merged = run_dir != output_dir
-    if merged:  # a LoRA run's merged model: its run counted the adapters and the head's trained copy
-        results = dataclasses.replace(results, num_parameters=stored_parameters(output_dir))
     config = _read_json(output_dir / "config.json") or {}
     model_name = repo_id.split("/")[-1] if repo_id else str(results.run_name or output_dir.name)
     repo = repo_id or f"path/to/{output_dir.resolve().name}"
 
-    sections = [f"# {model_name}", _description(results, config, model_name, merged), *_results_section(results)]
+    adapter = _read_json(output_dir / ADAPTER_CONFIG_NAME)  # a LoRA run's peft adapter names its base model
+    base = adapter.get("base_model_name_or_path") if isinstance(adapter, dict) else None
+    hub = hub_base(base or results.model_name_or_path, run_dir)
+    description = _description(results, config, model_name, merged, hub)
+    sections = [f"# {model_name}", description, *_results_section(results)]
     comparison_dir = find_comparison_dir(run_dir)
     summary = _read_json(comparison_dir / SUMMARY_NAME) if comparison_dir else None
     if summary and summary.get("runs"):
@@ -323,8 +326,6 @@ def build_model_card(output_dir: str | os.PathLike, repo_id: str | None = None) 
             f"curves and confusion matrices: [comparison/{REPORT_NAME}](comparison/{REPORT_NAME})).",
             summary_table(summary["runs"]),
         ]
-    adapter = _read_json(output_dir / ADAPTER_CONFIG_NAME)  # a LoRA run's peft adapter names its base model
-    base = adapter.get("base_model_name_or_path") if isinstance(adapter, dict) else None
     sections += ["## How to use", _usage(results, config, repo, base), *_training_section(results)]
     architecture_rows = [[f"`{key}`", config[key]] for key in ARCHITECTURE_KEYS if key in config]
     if architecture_rows:
@@ -332,7 +333,7 @@ def build_model_card(output_dir: str | os.PathLike, repo_id: str | None = None) 
         sections += ["## Architecture", f"`{architecture}`:", markdown_table(["Field", "Value"], architecture_rows)]
     packages = (("Transformers", "transformers"), ("PyTorch", "torch"), ("huggingface_hub", "huggingface_hub"))
     sections += ["## Framework versions", "\n".join(f"- {name} {version(package)}" for name, package in packages)]
-    data = card_data(results, model_name, base)
+    data = card_data(results, model_name, base, hub)
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n\n".join(sections) + "\n")
 
 

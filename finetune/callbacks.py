@@ -197,8 +197,9 @@ class TrainingBudgetCallback(TrainerCallback):
         self.clock = clock
         self.fit_schedule = fit_schedule
         self.calibration_fraction = calibration_fraction
-        # With several processes, the `NonFiniteGuard` agrees on the step at which the budget is spent (each process
-        # has its own clock; stopping at different steps would leave the others waiting).
+        # With several processes, each with its own clock, the `NonFiniteGuard` agrees on the step at which the budget
+        # is spent (stopping at different steps would leave the others waiting) and on the (step, seconds) the
+        # schedule is planned from, so that every process plans the same schedule at the same step.
         self.guard = guard
         self.planned_steps = None
         self.next_plan = calibration_fraction  # the budget's fraction at which the schedule is planned next
@@ -207,15 +208,18 @@ class TrainingBudgetCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, lr_scheduler=None, **kwargs):
         elapsed = self.clock.elapsed()
-        if self.reference is None:
+        if self.guard is not None:
+            self.guard.elapsed_ms = round(elapsed * 1000)
+        step, seconds = self._planning_point(state, elapsed)
+        if self.reference is None and step > 0:
             # The first step carries one-off costs (allocation, kernel selection): measure the rate after it.
-            self.reference = (elapsed, state.global_step)
+            self.reference = (seconds, step)
         # Planned once `calibration_fraction` of the budget has passed, then again after each further tenth of it (and
         # at each epoch's end): a first estimate from a few slow steps would otherwise end the schedule far too soon.
-        if self.fit_schedule and elapsed >= self.next_plan * self.budget_seconds and elapsed < self.budget_seconds:
-            self._plan(state, lr_scheduler, elapsed)
+        if self.fit_schedule and seconds >= self.next_plan * self.budget_seconds and seconds < self.budget_seconds:
+            self._plan(state, lr_scheduler, step, seconds)
             if self.planned_steps is not None:
-                self.next_plan = elapsed / self.budget_seconds + 0.1
+                self.next_plan = seconds / self.budget_seconds + 0.1
         schedule_done = self.planned_steps is not None and state.global_step >= self.planned_steps
         if self._spent(elapsed >= self.budget_seconds or schedule_done):
             self._stop(args, state, control, elapsed)
@@ -227,9 +231,14 @@ class TrainingBudgetCallback(TrainerCallback):
         self.guard.budget_requested = self.guard.budget_requested or int(spent_here)
         return bool(self.guard.budget_agreed)
 
+    def _planning_point(self, state, elapsed: float) -> tuple[int, float]:
+        """The step and seconds to plan from: this process's own, or the last pair every process agreed on through the
+        guard (the slowest one's seconds at that step; (0, 0.0) before the first)."""
+        return (state.global_step, elapsed) if self.guard is None else self.guard.elapsed_agreed
+
     def on_epoch_end(self, args, state, control, lr_scheduler=None, **kwargs):
         if self.fit_schedule and self.planned_steps is not None:
-            self._plan(state, lr_scheduler, self.clock.elapsed())
+            self._plan(state, lr_scheduler, *self._planning_point(state, self.clock.elapsed()))
 
     def expected_steps(self, state) -> int | None:
         """The optimizer steps training will take: the planned schedule's, or those that fit in the budget at the
@@ -268,13 +277,13 @@ class TrainingBudgetCallback(TrainerCallback):
         if args.save_strategy == "steps":
             control.should_save = True
 
-    def _plan(self, state, lr_scheduler, elapsed: float) -> None:
+    def _plan(self, state, lr_scheduler, step: int, elapsed: float) -> None:
         reference_seconds, reference_step = self.reference
-        steps_done = state.global_step - reference_step
+        steps_done = step - reference_step
         if steps_done <= 0 or lr_scheduler is None:
             return
         seconds_per_step = (elapsed - reference_seconds) / steps_done
-        total = state.global_step + int((self.budget_seconds - elapsed) / seconds_per_step)
+        total = step + int((self.budget_seconds - elapsed) / seconds_per_step)
         # Never past the Trainer's own end (`num_train_epochs` / `max_steps`): on a faster machine the schedule then
         # ends there, before the budget, instead of being cut off mid-decay.
         total = max(min(total, state.max_steps or total), state.global_step + 1)

@@ -2,11 +2,11 @@
 
 `NonFiniteGuard` keeps the buffers (BatchNorm statistics) at each step's begin; flags a non-finite loss
 (`observe_loss`, from `training_step`) and gradient (`on_pre_optimizer_step`) on the device, max-reduced over the
-processes with the requests every process must act on at the same step (a signal's stop, a spent time budget); skips
-the update (fused optimizers take the flag as `found_inf`; others have their gradients cleared; under fp16 the scaler
-skips it already); restores the buffers of a skipped step; and reads the flags `LAG` steps later on CUDA, so the host
-never waits for the device. Skipped steps leave the weights as they were, so a run whose steps are all bad cannot
-recover: `max_consecutive` in a row raise `TrainingDiverged`.
+processes with the requests every process must act on at the same step (a signal's stop, a spent time budget) and the
+seconds the budget's schedule is planned from; skips the update (fused optimizers take the flag as `found_inf`; others
+have their gradients cleared; under fp16 the scaler skips it already); restores the buffers of a skipped step; and
+reads the flags `LAG` steps later on CUDA, so the host never waits for the device. Skipped steps leave the weights as
+they were, so a run whose steps are all bad cannot recover: `max_consecutive` in a row raise `TrainingDiverged`.
 """
 
 from collections import deque
@@ -45,9 +45,12 @@ class NonFiniteGuard(TrainerCallback):
         # them: a signal to stop (its number) and a spent time budget (1); 0 is none.
         self.stop_requested = self.stop_agreed = 0
         self.budget_requested = self.budget_agreed = 0
+        # The budget's clock at the end of the last step, in milliseconds (0: none yet); agreed as the slowest
+        # process's, with that step: (step, seconds), for a schedule that every process plans alike.
+        self.elapsed_ms, self.elapsed_agreed = 0, (0, 0.0)
         self._loss_bad = self._saved = self._flags = None
         self._skip = False
-        self._consecutive = None  # (,) int32 on the device
+        self._consecutive = None  # (,) int64 on the device
         self._pending = deque()
 
     def skip_step(self) -> None:
@@ -77,9 +80,10 @@ class NonFiniteGuard(TrainerCallback):
             grads_bad = grads_bad & (self.scaler.get_scale() < 1.0)
         loss_bad = self._loss_bad.to(device) if self._loss_bad is not None else torch.zeros_like(grads_bad)
         # `torch.full` on the device, not `torch.tensor` of a list: a copy from the host would wait for the device.
-        scalars = (int(self._skip), self.stop_requested, self.budget_requested)
-        skip, stop, budget = (torch.full((), value, dtype=torch.int32, device=device) for value in scalars)
-        flags = torch.stack([(loss_bad | grads_bad).int(), loss_bad.int(), skip, stop, budget])
+        # int64: milliseconds overflow int32 after 24 days.
+        scalars = (int(self._skip), self.stop_requested, self.budget_requested, self.elapsed_ms)
+        skip, stop, budget, elapsed = (torch.full((), value, dtype=torch.int64, device=device) for value in scalars)
+        flags = torch.stack([(loss_bad | grads_bad).long(), loss_bad.long(), skip, stop, budget, elapsed])
         if self.world_size > 1 and torch.distributed.is_initialized():
             torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
         self._flags = flags
@@ -97,17 +101,17 @@ class NonFiniteGuard(TrainerCallback):
         optimizer = getattr(optimizer, "optimizer", optimizer)
         if hasattr(optimizer, "found_inf"):
             del optimizer.found_inf
-        bad, loss_bad, skip, stop, budget = self._flags
+        bad, loss_bad, skip, stop, budget, elapsed = self._flags
         bad, loss_bad, skip = bad.bool(), loss_bad.bool(), skip.bool()
         with torch.no_grad():
             for buffer, before in zip(self.model.buffers(), self._saved or []):
                 buffer.copy_(torch.where(bad | skip, before, buffer))
         if self._consecutive is None:
-            self._consecutive = torch.zeros((), dtype=torch.int32, device=bad.device)
+            self._consecutive = torch.zeros((), dtype=torch.int64, device=bad.device)
         self._consecutive.add_(1).mul_(bad)  # back to 0 after a good step
-        flags = torch.stack([bad.int(), loss_bad.int(), self._consecutive, stop, budget])
+        flags = torch.stack([bad.long(), loss_bad.long(), self._consecutive, stop, budget, elapsed])
         deferred = flags.device.type == "cuda"
-        host = torch.empty(5, dtype=torch.int32, pin_memory=deferred)
+        host = torch.empty(6, dtype=torch.int64, pin_memory=deferred)
         host.copy_(flags, non_blocking=deferred)
         event = torch.cuda.Event() if deferred else None
         if event is not None:
@@ -132,8 +136,10 @@ class NonFiniteGuard(TrainerCallback):
                     return
                 event.synchronize()
             self._pending.popleft()
-            bad, loss_bad, consecutive, stop, budget = (int(v) for v in host.numpy())  # host memory: no device read
+            bad, loss_bad, consecutive, stop, budget, elapsed = (int(v) for v in host.numpy())  # host: no device read
             self.stop_agreed, self.budget_agreed = self.stop_agreed or stop, self.budget_agreed or budget
+            if elapsed:  # set at the end of the step before this one
+                self.elapsed_agreed = (step - 1, elapsed / 1000)
             if bad:
                 self._report(state, step, learning_rate, bool(loss_bad), consecutive)
 

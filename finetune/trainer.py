@@ -169,11 +169,6 @@ class ImageClassificationTrainer(Trainer):
         self.ema = EMACallback(ModelEMA(self.model, a.ema_decay), self.model) if a.ema_decay is not None else None
         self.budget = self.early_stopping = None
         if a.max_train_minutes is not None:
-            if a.budget_schedule and a.world_size > 1:
-                raise ValueError(
-                    "`budget_schedule` plans the schedule from one process's clock, which the other processes do not "
-                    "share: with several processes use `max_train_minutes` alone (its stop is agreed)."
-                )
             guard = self.guard if a.world_size > 1 else None
             self.budget = TrainingBudgetCallback(a.max_train_minutes, self.clock, a.budget_schedule, guard=guard)
         if a.early_stopping_patience is not None:

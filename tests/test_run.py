@@ -7,6 +7,7 @@ The data is scikit-learn's digits (shipped with the package); the "Hub checkpoin
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
@@ -196,6 +197,31 @@ def test_two_processes_give_the_metrics_of_one(tmp_path):
     assert len(logged) == results["train"]["steps"]
     assert results["train"]["loss"] == pytest.approx(np.mean(logged), abs=2e-4)
     assert proc.stdout.count("at chance level") + proc.stderr.count("at chance level") <= 1
+
+
+def test_two_processes_plan_the_same_budget_schedule(tmp_path):
+    """Under `budget_schedule` each process plans from the (step, seconds) they all agreed on through the guard, not
+    from its own clock: the same schedule, re-planned at the same steps, ending at the budget in both."""
+    out = tmp_path / "ddp"
+    budget = ["--max_train_minutes", "0.2", "--budget_schedule", "true", "--lr_scheduler_type", "cosine"]
+    budget += ["--num_train_epochs", "1000", "--eval_strategy", "no", "--save_strategy", "no"]
+    budget += ["--load_best_model_at_end", "false", "--log_level_replica", "info"]  # the plan, logged by both
+    proc = launch_two_processes([*TINY_SCRATCH, *budget, "--output_dir", str(out)], tmp_path)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-3000:]
+    results = read_results(out)
+    assert results["hyperparameters"]["world_size"] == 2, "accelerate must really have started two processes"
+    plans = re.findall(
+        r"Budget schedule: [\d.]+ ms per step so far; the learning-rate schedule now ends at step \d+", output
+    )
+    assert len(plans) == 2 and plans[0] == plans[1], plans
+    stops = re.findall(r"step (\d+), epoch [\d.]+\)", output)
+    assert len(stops) == 2 and stops[0] == stops[1], stops
+    assert results["train"]["stopped_by"] == "time_budget" and results["train"]["steps"] == int(stops[0])
+    # The schedule was fitted to the budget: the run ends near it, with the learning rate annealed.
+    assert 0.5 * 12 < results["train"]["seconds"] < 12 + 5, results["train"]
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert [row["learning_rate"] for row in state["log_history"] if "learning_rate" in row][-1] < 0.2 * 3e-3
 
 
 def test_two_processes_pretrained_path(tmp_path):

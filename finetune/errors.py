@@ -1,7 +1,8 @@
 """How every command ends on an error: one line `error: <the problem and the fix>` on stderr and exit status 1, or 2
 for a malformed command line (`UsageError`). Each command's `main(argv)` raises with a message that names the fix;
 `run_command` prints it. A bare `--debug`, `--log_level debug` or `LOG_LEVEL=debug` shows the traceback instead. A
-signal ends a command as Ctrl-C does: one line and exit status 128 + the signal's number (SIGTERM: 143).
+signal ends a command as Ctrl-C does: one line and exit status 128 + the signal's number (SIGTERM: 143). In a
+multi-process run an error that every process raises alike is said once per machine (`said_elsewhere`).
 """
 
 import argparse
@@ -65,6 +66,15 @@ def error_line(error: BaseException) -> str:
     return message
 
 
+def said_elsewhere(error: BaseException) -> bool:
+    """Whether another process of a multi-process run says `error`: each machine's first (`LOCAL_RANK` 0) says what
+    every process raises alike, a signal (the terminal, the launcher and schedulers signal every process) or an error
+    marked `every_process` (the same work on the same inputs, or an agreement); the others keep the same exit status.
+    An error of one process is said by that process."""
+    alike = isinstance(error, KeyboardInterrupt) or getattr(error, "every_process", False)
+    return alike and os.environ.get("LOCAL_RANK", "0") != "0"
+
+
 def run_command(
     main: Callable[[list[str]], object], argv: Sequence[str] | None = None, keep_debug: bool = False
 ) -> int:
@@ -88,14 +98,17 @@ def run_command(
         if debug:
             raise
         # A training run stopped by a signal says where it saved and how to resume (`Interrupted`).
-        print(f"error: {str(error) or 'interrupted (Ctrl-C); the files already complete are kept.'}", file=sys.stderr)
+        line = str(error) or "interrupted (Ctrl-C); the files already complete are kept."
+        if not said_elsewhere(error):
+            print(f"error: {line}", file=sys.stderr)
         return 128 + getattr(error, "signum", signal.SIGINT)
     except SystemExit:
         raise  # `--help`, and the usage errors of parsers other than `ArgumentParser`, have said what they had to
     except Exception as error:
         if debug:
             raise
-        print(f"error: {error_line(error)}", file=sys.stderr)
+        if not said_elsewhere(error):
+            print(f"error: {error_line(error)}", file=sys.stderr)
         return 2 if isinstance(error, UsageError) else 1  # 2 as argparse
     finally:
         if handle_sigterm:

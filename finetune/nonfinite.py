@@ -28,6 +28,8 @@ LOGGED_STEPS = 20  # bad steps logged one by one; beyond that, every 100th
 class TrainingDiverged(RuntimeError):
     """Training stopped after `max_consecutive` optimizer steps in a row with a non-finite loss or gradient."""
 
+    every_process = True  # raised by every process at the same step (the flags are reduced): said once
+
     def __init__(self, message: str, step: int, learning_rate: float | None):
         super().__init__(message)
         self.step, self.learning_rate = step, learning_rate

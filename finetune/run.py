@@ -81,33 +81,36 @@ def main(argv: list[str] | None = None) -> dict[str, Results]:
 
 def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
     """The pipeline's stages (`main` adds the process group's end)."""
-    # ---- Arguments, then the settings this machine gives each `auto` (precision, compilation, CPU or GPU): a step of
-    # its own, so that building the arguments probes nothing (finetune/training_args.py says why).
-    model_args, data_args, scratch_args, options = parse_options(argv)
-    settings = hardware.choose_settings(options)
-    training_args = build_training_args(options, settings)
-    check_model_and_output_dir(model_args, training_args)
-    setup_logging(training_args, settings)
-    if model_args.model_type == "pretrained":
-        warn_of_scratch_options(scratch_args)
+    with stage("starting, before anything was written", RERUN, every_process=True):
+        # ---- Arguments, then the settings this machine gives each `auto` (precision, compilation, CPU or GPU): a step
+        # of its own, so that building the arguments probes nothing (finetune/training_args.py says why).
+        model_args, data_args, scratch_args, options = parse_options(argv)
+        settings = hardware.choose_settings(options)
+        training_args = build_training_args(options, settings)
+        check_model_and_output_dir(model_args, training_args)
+        setup_logging(training_args, settings)
+        if model_args.model_type == "pretrained":
+            warn_of_scratch_options(scratch_args)
 
-    # Publishing is done once, at the end, by our own code: the Trainer would create the repo at start-up (failing
-    # offline before any training) and push every checkpoint. The token is kept out of every saved file.
-    push_to_hub, hub_token = training_args.push_to_hub, training_args.hub_token
-    training_args.push_to_hub, training_args.hub_token = False, None
+        # Publishing is done once, at the end, by our own code: the Trainer would create the repo at start-up (failing
+        # offline before any training) and push every checkpoint. The token is kept out of every saved file.
+        push_to_hub, hub_token = training_args.push_to_hub, training_args.hub_token
+        training_args.push_to_hub, training_args.hub_token = False, None
 
-    if not training_args.do_train:
-        check_evaluation_only(model_args, push_to_hub)
-    model_types = ["pretrained", "scratch"] if model_args.model_type == "both" else [model_args.model_type]
-    run_dirs = {
-        t: Path(training_args.output_dir) / t if len(model_types) > 1 else Path(training_args.output_dir)
-        for t in model_types
-    }
-    lock_output_dir(training_args.output_dir, training_args)  # one run per folder; `main` releases it
-    if training_args.do_train:
-        checkpoints = {t: resolve_checkpoint(run_dirs[t], training_args, len(model_types) > 1) for t in model_types}
-    else:
-        check_no_earlier_results(run_dirs[model_args.model_type], training_args)
+        if not training_args.do_train:
+            check_evaluation_only(model_args, push_to_hub)
+        model_types = ["pretrained", "scratch"] if model_args.model_type == "both" else [model_args.model_type]
+        run_dirs = {
+            t: Path(training_args.output_dir) / t if len(model_types) > 1 else Path(training_args.output_dir)
+            for t in model_types
+        }
+        lock_output_dir(training_args.output_dir, training_args)  # one run per folder; `main` releases it
+        if training_args.do_train:
+            checkpoints = {
+                t: resolve_checkpoint(run_dirs[t], training_args, len(model_types) > 1) for t in model_types
+            }
+        else:
+            check_no_earlier_results(run_dirs[model_args.model_type], training_args)
 
     with peers_answering(training_args):
         # ---- Data: decoded once into uint8 tensors (and cached); the main process decodes first, the others read it.
@@ -117,7 +120,7 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
         target_size = storage_size(model_type, model_args, scratch_args)
         doing = "loading and decoding the dataset"
         with (
-            stage(f"{doing}, before training started", f"Rerun the same command {REUSED}."),
+            stage(f"{doing}, before training started", f"Rerun the same command {REUSED}.", every_process=True),
             training_args.main_process_first(desc=doing),
         ):
             data = load_image_data(
@@ -186,12 +189,17 @@ def peers_answering(training_args: TrainingArguments):
 
 
 @contextlib.contextmanager
-def stage(doing: str, then: str | Callable[[], str]):
+def stage(doing: str, then: str | Callable[[], str], every_process: bool = False):
     """A stage of the run outside the training loop (where `InterruptCallback` answers signals): a signal there ends
     the run with one line saying what it was `doing` and what to do `then` (`run_command` gives the exit status).
-    Cache entries and results.json are renamed into place only when complete."""
+    Cache entries and results.json are renamed into place only when complete. Errors of a stage run `every_process`
+    alike (before training each does the same work on the same inputs) are said once (`errors.said_elsewhere`)."""
     try:
         yield
+    except Exception as error:
+        if every_process:
+            error.every_process = True
+        raise
     except KeyboardInterrupt as error:
         signum = getattr(error, "signum", signal.SIGINT)
         then = then() if callable(then) else then
@@ -334,7 +342,8 @@ def train_and_evaluate(
     set_seed(args.seed)
     # Under `both` the other model's folder refuses a plain rerun; resuming resumes or starts each model.
     resume = " with `--resume_from_checkpoint true`" if model_args.model_type == "both" else ""
-    with stage(f"building the {model_type} model, before it trained", f"Rerun the same command{resume} {REUSED}."):
+    building = f"building the {model_type} model, before it trained"
+    with stage(building, f"Rerun the same command{resume} {REUSED}.", every_process=True):
         model_args, attention_why = choose_attention(model_type, model_args, scratch_args, args)
         model, processor, prep = build_model(model_type, model_args, scratch_args, data)
         trainer = make_trainer(model, processor, prep, data_args, args, data, model_args.layer_decay, settings.compile)

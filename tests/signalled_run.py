@@ -2,8 +2,8 @@
 
 Environment: `SIGNAL_AT`, the training batch (counted from 1) during whose transform the signal is sent, or
 `module:function` (`module:Class.method`) on whose `SIGNAL_N`-th call (default 1) it is sent; `SIGNAL` (`TERM` or
-`INT`, default TERM), `SIGNAL_TWICE=1` (send it twice), `SIGNAL_RANK` (only the process of this rank) and
-`SIGNAL_COMMAND`, the module whose `main` runs (default finetune.run).
+`INT`, default TERM; `ERROR`: raise an `OSError` instead), `SIGNAL_TWICE=1` (send it twice), `SIGNAL_RANK` (only
+the process of this rank) and `SIGNAL_COMMAND`, the module whose `main` runs (default finetune.run).
 """
 
 import importlib
@@ -26,6 +26,8 @@ def signalling(owner, name: str, at: int, signum: int, twice: bool, rank: int | 
     def signalled(*args, **kwargs):
         if counted(*args, **kwargs) and (rank is None or int(os.environ.get("RANK", "0")) == rank):
             calls[0] += 1
+            if calls[0] == at and signum is None:
+                raise OSError(f"No space left on device (tests/signalled_run.py, process {os.environ.get('RANK', 0)})")
             if calls[0] == at:
                 for _ in range(2 if twice else 1):
                     os.kill(os.getpid(), signum)
@@ -36,7 +38,7 @@ def signalling(owner, name: str, at: int, signum: int, twice: bool, rank: int | 
 
 if __name__ == "__main__":
     at, rank = os.environ["SIGNAL_AT"], os.environ.get("SIGNAL_RANK")
-    options = (getattr(signal, "SIG" + os.environ.get("SIGNAL", "TERM")), os.environ.get("SIGNAL_TWICE") == "1")
+    options = (getattr(signal, "SIG" + os.environ.get("SIGNAL", "TERM"), None), os.environ.get("SIGNAL_TWICE") == "1")
     options += (int(rank) if rank else None,)
     if ":" in at:
         module, qualified = at.split(":")

@@ -51,6 +51,18 @@ def test_a_malformed_command_line_is_one_line_and_status_2(capsys, monkeypatch, 
     assert err.startswith(line) and err.count("\n") == 1, err
 
 
+def test_another_process_keeps_the_status_of_an_error_of_every_process_and_says_its_own(capsys, monkeypatch):
+    """A process other than its machine's first (`LOCAL_RANK` 1) leaves to that one the errors every process raises
+    alike (a refused command line, a signal), and still says an error of its own."""
+    monkeypatch.delenv("LOG_LEVEL", raising=False)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert run_command(run.main, ["--ema_decay", "x"]) == 2
+    assert run_command(failing(KeyboardInterrupt()), []) == 130
+    assert capsys.readouterr().err == ""
+    assert run_command(failing(OSError("No space left on device.")), []) == 1
+    assert capsys.readouterr().err == "error: No space left on device.\n"
+
+
 @pytest.mark.parametrize("command", ["predict", "attention", "compare", "card", "export", "push"])
 def test_each_tools_malformed_command_line_is_one_line_and_status_2(capsys, monkeypatch, command):
     monkeypatch.delenv("LOG_LEVEL", raising=False)

@@ -188,6 +188,16 @@ def test_a_signal_during_start_up_ends_the_run_with_one_line_and_leaves_no_half_
     assert proc.returncode == 0 and len(list(cache.iterdir())) == 1, proc.stderr[-3000:]
 
 
+def test_a_signal_while_the_run_starts_names_that_stage_and_the_way_on(tmp_path):
+    """SIGTERM while the options and files were checked (before the data stage) ended with a line naming neither."""
+    out = tmp_path / "run"
+    proc = train(out, env={"SIGNAL_AT": "finetune.run:lock_output_dir"}, script=SIGNALLED)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-3000:]
+    [line] = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert line == f"error: stopped by SIGTERM while starting, before anything was written. {run.RERUN}", line
+    assert not out.exists()
+
+
 def test_sigterm_after_training_and_in_other_commands_ends_them_with_one_line_as_ctrl_c_does(tmp_path):
     """SIGTERM while the results were saved, or while `predict` ran, used to end the command without a word (exit 143
     from the signal itself), leaving the run folder's lock behind."""
@@ -254,8 +264,8 @@ def test_two_processes_save_the_same_step_when_one_of_them_is_signalled(tmp_path
     output = proc.stdout + proc.stderr
     assert "Process 0 of 2" in output, "accelerate must really have started two processes"
     assert proc.returncode != 0
-    # Only the second process was signalled, during step 2; both saved step 2 together and said so.
-    assert proc.stderr.count("stopped by SIGTERM at step 2") == 2, output[-3000:]
+    # Only the second process was signalled, during step 2; both saved step 2 together (said once: both stopped).
+    assert proc.stderr.count("stopped by SIGTERM at step 2") == 1, output[-3000:]
     for name in ("rng_state_0.pth", "rng_state_1.pth", "optimizer.pt", "trainer_state.json"):
         assert (out / "checkpoint-2" / name).is_file(), name
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]
@@ -267,6 +277,24 @@ def test_two_processes_save_the_same_step_when_one_of_them_is_signalled(tmp_path
     # With twice the batch, one process takes the same steps: resumed, to the end of its 2 epochs (4 steps each).
     assert train(out, "--resume_from_checkpoint", "true", "--per_device_train_batch_size", "64").returncode == 0
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 8
+
+
+def test_two_processes_say_an_error_of_both_once_and_an_error_of_one_in_that_one(tmp_path):
+    """Each process printed the errors that every process raises (here a refused option), and the launcher its
+    traceback after them: they are said once now, with each process's exit status; an error of one process alone
+    (the second's, during the final evaluation) is still said, by that process."""
+    proc = run_script(["-m", "finetune.run", *RUN, "--output_dir", str(tmp_path / "bad"), "--learning_rate", "-1"],
+                      launcher=LAUNCHER)  # fmt: skip
+    errors = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert errors == ["error: `learning_rate` must be >= 0, got -1.0."], proc.stderr[-3000:]
+    assert "Process 0 of 2" not in proc.stdout and proc.returncode == 1
+    assert str(ROOT / "finetune") not in proc.stderr  # the launcher's traceback only, none of ours
+
+    at_final_evaluation = {"SIGNAL_AT": "transformers.trainer:Trainer.predict", "SIGNAL": "ERROR", "SIGNAL_RANK": "1"}
+    out = tmp_path / "one"
+    proc = run_script([SIGNALLED, *RUN, "--output_dir", str(out)], env=at_final_evaluation, launcher=LAUNCHER)
+    assert "Process 0 of 2" in proc.stdout + proc.stderr and proc.returncode != 0
+    assert proc.stderr.count("error: No space left on device (tests/signalled_run.py, process 1)") == 1, proc.stderr
 
 
 def test_a_killed_process_ends_the_other_at_once_with_one_line(tmp_path):

@@ -195,10 +195,10 @@ def test_two_processes_stop_together_when_one_of_them_goes_non_finite(tmp_path):
     output = proc.stdout + proc.stderr
     assert "Process 0 of 2" in output, "accelerate must really have started two processes"
     assert proc.returncode != 0
-    # Each process ends on the same steps, although only the second one saw NaN batches. (The two processes' output
-    # interleaves, so one's error line may follow the other's progress bar on the same line.)
-    assert proc.stderr.count("error: Training diverged: 2 optimizer steps in a row (2-3)") == 2, output[-3000:]
-    assert proc.stderr.count("error:") == 2
+    # Each process ends on the same steps (said once: every process raises it), although only the second one saw NaN
+    # batches. (One's error line may follow the other's progress bar on the same line.)
+    assert proc.stderr.count("error: Training diverged: 2 optimizer steps in a row (2-3)") == 1, output[-3000:]
+    assert proc.stderr.count("error:") == 1
 
 
 def test_under_a_loss_scaler_overflowing_gradients_are_the_scalers_business():

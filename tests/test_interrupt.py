@@ -287,7 +287,7 @@ def test_two_processes_say_an_error_of_both_once_and_an_error_of_one_in_that_one
                       launcher=LAUNCHER)  # fmt: skip
     errors = [line for line in proc.stderr.splitlines() if "error:" in line]
     assert errors == ["error: `learning_rate` must be >= 0, got -1.0."], proc.stderr[-3000:]
-    assert "Process 0 of 2" not in proc.stdout and proc.returncode == 1
+    assert proc.returncode == 1
     assert str(ROOT / "finetune") not in proc.stderr  # the launcher's traceback only, none of ours
 
     at_final_evaluation = {"SIGNAL_AT": "transformers.trainer:Trainer.predict", "SIGNAL": "ERROR", "SIGNAL_RANK": "1"}

@@ -192,8 +192,8 @@ def peers_answering(training_args: TrainingArguments):
 def stage(doing: str, then: str | Callable[[], str], every_process: bool = False):
     """A stage of the run outside the training loop (where `InterruptCallback` answers signals): a signal there ends
     the run with one line saying what it was `doing` and what to do `then` (`run_command` gives the exit status).
-    Cache entries and results.json are renamed into place only when complete. Errors of a stage run `every_process`
-    alike (before training each does the same work on the same inputs) are said once (`errors.said_elsewhere`)."""
+    Cache entries and results.json are renamed into place only when complete. Errors of a stage where `every_process`
+    does the same work on the same inputs (start-up, data) are said once (`errors.said_elsewhere`)."""
     try:
         yield
     except Exception as error:
@@ -342,8 +342,8 @@ def train_and_evaluate(
     set_seed(args.seed)
     # Under `both` the other model's folder refuses a plain rerun; resuming resumes or starts each model.
     resume = " with `--resume_from_checkpoint true`" if model_args.model_type == "both" else ""
-    building = f"building the {model_type} model, before it trained"
-    with stage(building, f"Rerun the same command{resume} {REUSED}.", every_process=True):
+    # Not `every_process`: placing the model on a device can fail in one process alone (a GPU another job fills).
+    with stage(f"building the {model_type} model, before it trained", f"Rerun the same command{resume} {REUSED}."):
         model_args, attention_why = choose_attention(model_type, model_args, scratch_args, args)
         model, processor, prep = build_model(model_type, model_args, scratch_args, data)
         trainer = make_trainer(model, processor, prep, data_args, args, data, model_args.layer_decay, settings.compile)

@@ -166,6 +166,17 @@ def test_a_lora_checkpoint_without_the_models_config_names_the_run_folder(lora_r
         run.main(["--model_name_or_path", str(checkpoint), *TRAIN, "--output_dir", str(tmp_path / "again")])
 
 
+def test_the_card_of_an_adapter_of_a_local_base_shows_no_path_of_the_training_machine(lora_run, tmp_path):
+    base, out, _ = lora_run
+    out = Path(shutil.copytree(out, tmp_path / "lora"))
+    adapter = json.loads((out / "adapter_config.json").read_text())
+    (out / "adapter_config.json").write_text(json.dumps({**adapter, "base_model_name_or_path": str(base)}))
+    card = build_model_card(out, "me/vit-lora")
+    assert str(base.parent) not in card.text and card.data.base_model is None
+    assert 'from_pretrained("path/to/base", config=config' in card.text
+    assert "A LoRA adapter (peft) of the local model `base`" in card.text
+
+
 def test_lora_card_names_the_base_model_and_peft(lora_run):
     _, out, results = lora_run
     adapter_path = out / "adapter_config.json"

@@ -183,11 +183,15 @@ def _description(results: Results, config: dict, model_name: str, merged: bool, 
     )
 
 
-def _usage(results: Results, config: dict, repo: str, base: str | None) -> str:
-    """How to load the model: transformers' Auto classes (and pipeline), or peft for a LoRA adapter of `base`."""
+def _usage(results: Results, config: dict, repo: str, base: str | None, hub: str | None) -> str:
+    """How to load the model: transformers' Auto classes (and pipeline), or peft for a LoRA adapter of `base` (the
+    Hub id `hub`, or a local folder, named by a placeholder: its path on the training machine means nothing to
+    readers)."""
     remote = ", trust_remote_code=True" if is_scratch(results) else ""
     if base is not None:
-        return f"""A LoRA adapter (peft) of `{base}`, with the fine-tuned classification head:
+        named = f"`{hub}`" if hub else f"the local model `{Path(base).name}`"
+        base = hub or f"path/to/{Path(base).name}"
+        return f"""A LoRA adapter (peft) of {named}, with the fine-tuned classification head:
 
 ```python
 from peft import PeftModel
@@ -326,7 +330,7 @@ def build_model_card(output_dir: str | os.PathLike, repo_id: str | None = None) 
             f"curves and confusion matrices: [comparison/{REPORT_NAME}](comparison/{REPORT_NAME})).",
             summary_table(summary["runs"]),
         ]
-    sections += ["## How to use", _usage(results, config, repo, base), *_training_section(results)]
+    sections += ["## How to use", _usage(results, config, repo, base, hub), *_training_section(results)]
     architecture_rows = [[f"`{key}`", config[key]] for key in ARCHITECTURE_KEYS if key in config]
     if architecture_rows:
         architecture = results.architecture or (config.get("architectures") or ["?"])[0]

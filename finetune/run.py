@@ -602,12 +602,14 @@ def evaluate_only(
     start = time.perf_counter()
     logger.info(f"==== evaluating {model_args.model_name_or_path} (no training) -> {args.output_dir}")
     set_seed(args.seed)
-    model_args, attention_why = choose_attention("pretrained", model_args, None, args)
-    model, processor, prep = load_trained_model(model_args, data)
-    trainer = make_trainer(model, processor, prep, data_args, args, data, compile_choice=settings.compile)
+    with stage("loading the model to evaluate", RERUN, every_process=True):  # the same files in every process
+        model_args, attention_why = choose_attention("pretrained", model_args, None, args)
+        model, processor, prep = load_trained_model(model_args, data)
+    with stage("evaluating the model, before its results were written", RERUN):
+        trainer = make_trainer(model, processor, prep, data_args, args, data, compile_choice=settings.compile)
+        splits = {"validation": "eval", **({"test": "test"} if data.test is not None else {})}
+        predictions = {s: trainer.predict(getattr(data, s), metric_key_prefix=p) for s, p in splits.items()}
     output_dir = Path(args.output_dir)
-    splits = {"validation": "eval", **({"test": "test"} if data.test is not None else {})}
-    predictions = {split: trainer.predict(getattr(data, split), metric_key_prefix=p) for split, p in splits.items()}
     is_scratch = model.config.model_type == "scratch_vit"
     results = Results(
         model_type="scratch" if is_scratch else model_type,

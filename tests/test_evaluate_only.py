@@ -3,6 +3,8 @@ enters its training loop; results.json, the confusion matrix and per-image predi
 
 import csv
 import json
+import os
+import signal
 
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ from test_run import TINY_SCRATCH, tiny_vit_checkpoint
 from transformers import Trainer
 
 from finetune import run
+from finetune.errors import run_command
 from finetune.results import Results
 from finetune.tools.report import write_predictions_csv
 
@@ -120,3 +123,24 @@ def test_predictions_csv_by_hand(tmp_path):
         "index,file,label,predicted,top1,top1_probability",
         "7,x.png,c,b,b,0.500000",
     ]
+
+
+@pytest.mark.parametrize(
+    ("where", "doing"),
+    [("finetune.models.load_trained_model", "loading the model to evaluate"),
+     ("transformers.Trainer.predict", "evaluating the model, before its results were written")],
+)  # fmt: skip
+def test_a_signal_while_evaluating_names_the_stage(trained_scratch, tmp_path, monkeypatch, capsys, where, doing):
+    def signalled(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise AssertionError("SIGTERM did not stop the run")
+
+    monkeypatch.setattr(where, signalled)
+    monkeypatch.delenv("LOG_LEVEL", raising=False)
+    out = tmp_path / "eval"
+    argv = ["--do_train", "false", "--model_type", "scratch", "--model_name_or_path", str(trained_scratch), *DIGITS,
+            "--output_dir", str(out)]  # fmt: skip
+    assert run_command(run.main, argv) == 143
+    err = capsys.readouterr().err
+    assert err == f"error: stopped by SIGTERM while {doing}. Nothing was saved: rerun the same command.\n", err
+    assert not (out / "results.json").exists()

@@ -349,7 +349,7 @@ def photo_size(prep: Preprocessing) -> int:
 
 def preprocessing_from(processor, config) -> Preprocessing:
     """Resolution and normalisation of an image processor (`size` as height/width or shortest_edge, with its
-    `crop_pct` or center crop), or of timm's: the sizes its evaluation resizes to and crops."""
+    `crop_pct`, LeViT's 256/224 or center crop), or of timm's: the sizes its evaluation resizes to and crops."""
     num_channels = int(getattr(config, "num_channels", 3))
     data_config = getattr(processor, "data_config", None)
     if data_config:  # timm's preprocessing (TimmWrapperImageProcessor): input size, crop_pct, mean, std
@@ -368,6 +368,10 @@ def preprocessing_from(processor, config) -> Preprocessing:
                 image_size = resize_size = scaled  # PoolFormer: `crop_size` crops it (below)
             elif image_size[0] < 384:  # ConvNeXt center-crops `size` back; from 384 px it warps to `size`, uncropped
                 resize_size = scaled
+        elif type(processor).__name__ in ("LevitImageProcessor", "LevitImageProcessorPil") and processor.size.get(
+            "shortest_edge"
+        ):  # LeViT's resize the short side to 256/224 of `size` before their center crop
+            resize_size = (int(256 / 224 * resize_size[0]),) * 2
         if getattr(processor, "do_center_crop", False) and _height_width(getattr(processor, "crop_size", None)):
             image_size = _height_width(processor.crop_size)
         do_normalize = getattr(processor, "do_normalize", True)

@@ -367,9 +367,13 @@ def test_eval_resize_and_center_crop_match_torchvision():
         ("ConvNextImageProcessor", {}, None, (384, 384)),  # the defaults: from 384 px warped to the size, no crop
         ("PoolFormerImageProcessor", {"size": {"shortest_edge": 28}, "crop_pct": 0.875, "crop_size": 28}, (32, 32),
          (28, 28)),
+        ("LevitImageProcessor", {"size": {"shortest_edge": 28}, "crop_size": 28}, (32, 32), (28, 28)),  # 256/224
+        ("LevitImageProcessorPil", {"size": {"shortest_edge": 28}, "crop_size": 28}, (32, 32), (28, 28)),
     ],
 )  # fmt: skip
-def test_evaluation_resizes_and_crops_as_a_processor_with_crop_pct_does(name, kwargs, resize_size, image_size):
+def test_evaluation_resizes_and_crops_as_a_processor_that_resizes_beyond_its_crop_does(
+    name, kwargs, resize_size, image_size
+):
     import transformers
 
     processor = getattr(transformers, name)(**kwargs)

@@ -155,6 +155,29 @@ def test_ema_equals_the_closed_form_after_k_steps(tmp_path):
         torch.testing.assert_close(model.state_dict()[name], raw[name])
 
 
+def test_ema_without_warmup_averages_as_torchs_averaged_model():
+    """The same average as `torch.optim.swa_utils.AveragedModel` with its EMA function, which `ModelEMA` is measured
+    against (`benchmarks/ema_update.py`), buffers included."""
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    ema = ModelEMA(model, 0.9, warmup=False)
+    reference = torch.optim.swa_utils.AveragedModel(
+        model, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(0.9), use_buffers=True
+    )
+    reference.update_parameters(model)  # its first update copies the weights, as `ModelEMA.__init__` does
+    for _ in range(4):
+        model.train()(torch.randn(8, 3)).sum().backward()  # BatchNorm's running statistics move too
+        with torch.no_grad():
+            for p in model.parameters():
+                p.sub_(0.1 * p.grad)
+                p.grad = None
+        ema.update(model)
+        reference.update_parameters(model)
+    averaged = dict(reference.module.named_parameters()) | dict(reference.module.named_buffers())
+    assert set(ema.shadow) == {name for name, t in averaged.items() if t.is_floating_point()}
+    for name, tensor in ema.shadow.items():
+        torch.testing.assert_close(tensor, averaged[name])
+
+
 def test_ema_warmup_decay_follows_timm():
     ema = ModelEMA(nn.Linear(1, 1), 0.999)
     assert ema.current_decay() == pytest.approx(1 / 10)

@@ -243,7 +243,12 @@ def main(argv=None) -> dict:
         return {}
     if not os.path.isfile(args.data):
         raise SystemExit(f"--data {args.data} is not a file: point it at a parquet file of images (CIFAR-10's copy).")
-    results = {"data": args.data, "num_proc": args.num_proc, "batch_size": args.batch_size, "batches": args.batches}
+    results = {
+        "data": os.path.relpath(args.data),
+        "num_proc": args.num_proc,
+        "batch_size": args.batch_size,
+        "batches": args.batches,
+    }
     results["load_average_before"] = os.getloadavg()
     rows = []
     with tempfile.TemporaryDirectory(dir=args.work_dir, prefix="decoded-cache-") as tmp:

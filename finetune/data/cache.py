@@ -1,7 +1,12 @@
 """The decoded cache: each decoded split as `.npy` files under a key of its source, columns, decoding and chosen
 images, so a second run with the same data skips decoding. An entry is a folder with `pixel_values.npy` (uint8
 `(N, C, H, W)`, memory-mapped by every reader), `labels.npy` and `meta.json`, decoded inside a temporary folder renamed
-to the key when complete (a crash leaves no half-written entry)."""
+to the key when complete (a crash leaves no half-written entry).
+
+Not `datasets`' own cache (`Dataset.map` into arrow files): training gathers random batches from the memory map at
+2.4 M images/s, against 0.56 M from `datasets`' fastest layout (a flat uint8 list read in the arrow format) and 20 k
+from `Array3D` (`benchmarks/decoded_cache.py`, CIFAR-10's 50,000 images, batches of 256, 2-core CPU), for the same
+size on disk; its first decode took 2.1 s against our 2.8 s, a second run 0.1 s either way."""
 
 from __future__ import annotations
 

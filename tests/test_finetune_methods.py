@@ -255,6 +255,9 @@ def test_lora_on_scratch_vit_targets_the_fused_qkv(tmp_path):
     card = build_model_card(out, str(out)).text
     assert "is a ScratchViT" in card and "fine-tuned on" in card and "random initialisation" not in card
     snippet = card.split("```python\n", 1)[1].split("```", 1)[0]
+    # The local base is a placeholder in the card; the reader puts in where their copy is.
+    assert snippet.count('"path/to/scratch-base"') == 1
+    snippet = snippet.replace('"path/to/scratch-base"', repr(str(base)))
     x = "torch.randn(4, 1, 8, 8, generator=torch.Generator().manual_seed(0))"
     code = (
         BLOCK_PROJECT_PACKAGES + snippet + f"import torch\nprint(json.dumps(model(pixel_values={x}).logits.tolist()))"

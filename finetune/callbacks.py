@@ -320,7 +320,7 @@ class ModelEMA:
     `warmup=True`, `min(decay, (1 + t) / (10 + t))` at update `t` (as timm does), so early, random weights fade fast.
     Not `torch.optim.swa_utils.AveragedModel` (with `get_ema_multi_avg_fn`, the same average: tests/test_callbacks.py):
     its `update_parameters` reads its update count from the device at every call (a host-device sync per step on a
-    GPU) and averages integer buffers too, and it is slower on the CPU too (`benchmarks/ema_update.py`, 2-core CPU:
+    GPU) and averages integer buffers too, and it is slower on the CPU (`benchmarks/ema_update.py`, 2-core CPU:
     15.9 against 16.7 ms per update for ViT-B/16, 0.16 against 0.29 ms for the notebooks' scratch ViT).
     """
 

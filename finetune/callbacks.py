@@ -444,7 +444,7 @@ class InterruptCallback(TrainerCallback):
 
     def _handle(self, signum, frame) -> None:
         if self.signal is not None:  # the second one: Python's default (SIGINT: KeyboardInterrupt; SIGTERM: the end)
-            self._restore()
+            self.restore_handlers()
             signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
             signal.raise_signal(signum)
             return
@@ -456,7 +456,8 @@ class InterruptCallback(TrainerCallback):
             "once without saving."
         )
 
-    def _restore(self) -> None:
+    def restore_handlers(self) -> None:
+        """Put back the handlers training replaced (also after an error: `ImageClassificationTrainer.train`)."""
         for s, handler in self._previous.items():
             signal.signal(s, handler)
         self._previous = {}
@@ -477,7 +478,7 @@ class InterruptCallback(TrainerCallback):
         signum = self.guard.stop_agreed  # the same in every process, signalled or not
         if not signum:
             return
-        self._restore()
+        self.restore_handlers()
         checkpoint = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
         raise Interrupted(
             f"stopped by {signal_name(signum)} at step {state.global_step}; saved {checkpoint}. Resume with the same "
@@ -486,7 +487,7 @@ class InterruptCallback(TrainerCallback):
         )
 
     def on_train_end(self, args, state, control, **kwargs):
-        self._restore()
+        self.restore_handlers()
         # A signal after the last optimizer step, which no step passed on to the other processes: every process stops
         # here, before the final evaluation and the results, which the resumed run (no step left) then writes.
         signum = reduce(torch.tensor(self.signal or 0, device=args.device), reduction="max")

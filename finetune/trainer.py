@@ -282,6 +282,8 @@ class ImageClassificationTrainer(Trainer):
             output = super().train(*args, **kwargs)
         except BaseException as error:
             for callback in self.callback_handler.callbacks:  # the error line then starts a line of its own
+                if isinstance(callback, InterruptCallback):  # no `on_train_end` comes: a later run must find the
+                    callback.restore_handlers()  # handlers as they were (a stale one swallows its first signal)
                 if getattr(callback, "training_bar", None) is not None:
                     callback.training_bar.close()
                     callback.training_bar = None

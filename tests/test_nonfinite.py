@@ -5,6 +5,7 @@ import json
 import logging
 import math
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -144,8 +145,11 @@ def test_a_poisoned_batch_is_skipped_and_the_run_goes_on(tmp_path, monkeypatch, 
 def test_divergence_stops_the_run_and_keeps_the_good_checkpoint(tmp_path, monkeypatch):
     monkeypatch.setattr(BatchTransform, "finish", poisoned_forward(STEPS_PER_EPOCH + 2))
     out = tmp_path / "run"
+    handlers = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     with pytest.raises(TrainingDiverged) as error:
         run.main([*STEM_RUN, "--output_dir", str(out), "--max_nonfinite_steps", "3"])
+    # Training's signal handlers are gone with it: a stale one would swallow the next Ctrl-C of a notebook.
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == handlers
     message = str(error.value)
     first = STEPS_PER_EPOCH + 2
     assert f"3 optimizer steps in a row ({first}-{first + 2})" in message

@@ -190,7 +190,7 @@ def _usage(results: Results, config: dict, repo: str, base: str | None, hub: str
     remote = ", trust_remote_code=True" if is_scratch(results) else ""
     if base is not None:
         named = f"`{hub}`" if hub else f"the local model `{Path(base).name}`"
-        base = hub or f"path/to/{Path(base).name}"
+        source = hub or f"path/to/{Path(base).name}"
         return f"""A LoRA adapter (peft) of {named}, with the fine-tuned classification head:
 
 ```python
@@ -199,7 +199,7 @@ from transformers import AutoConfig, AutoImageProcessor, AutoModelForImageClassi
 
 repo = "{repo}"
 config = AutoConfig.from_pretrained(repo{remote})  # the fine-tuned labels
-base = AutoModelForImageClassification.from_pretrained("{base}", config=config, ignore_mismatched_sizes=True{remote})
+base = AutoModelForImageClassification.from_pretrained("{source}", config=config, ignore_mismatched_sizes=True{remote})
 model = PeftModel.from_pretrained(base, repo).merge_and_unload()
 processor = AutoImageProcessor.from_pretrained(repo)
 ```

@@ -271,9 +271,9 @@ def main(argv=None) -> dict:
                     "build_s": built["seconds"],
                     "second_run_s": opened["seconds"],
                     "images_per_s": opened["images_per_s"],
-                    "cache_mb": built["cache_bytes"] / 2**20,
-                    "rss_before_reading_mb": opened["rss_before_reading_bytes"] / 2**20,
-                    "peak_rss_mb": opened["peak_rss_bytes"] / 2**20,
+                    "cache_mib": built["cache_bytes"] / 2**20,
+                    "rss_before_reading_mib": opened["rss_before_reading_bytes"] / 2**20,
+                    "peak_rss_mib": opened["peak_rss_bytes"] / 2**20,
                     "pixel_shape": opened["pixel_shape"],
                 })  # fmt: skip
     results.update(num_images=built["num_images"], rows=rows, load_average_after=os.getloadavg())
@@ -292,15 +292,15 @@ def markdown(results: dict) -> str:
         f"in every row. Load average before/after: {' '.join(f'{x:.2f}' for x in results['load_average_before'])} / "
         f"{' '.join(f'{x:.2f}' for x in results['load_average_after'])}.",
         "",
-        "| cache | batch read by | first build (s) | second run (s) | reading (images/s) | on disk (MB) "
-        "| peak RSS before / after reading (MB) |",
+        "| cache | batch read by | first build (s) | second run (s) | reading (images/s) | on disk (MiB) "
+        "| peak RSS before / after reading (MiB) |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in results["rows"]:
         lines.append(
             f"| {r['cache']} | {r['read_by']} | {r['build_s']:.2f} | {r['second_run_s']:.2f} | "
-            f"{r['images_per_s']:,.0f} | {r['cache_mb']:,.1f} | "
-            f"{r['rss_before_reading_mb']:,.0f} / {r['peak_rss_mb']:,.0f} |"
+            f"{r['images_per_s']:,.0f} | {r['cache_mib']:,.1f} | "
+            f"{r['rss_before_reading_mib']:,.0f} / {r['peak_rss_mib']:,.0f} |"
         )
     return "\n".join(lines)
 

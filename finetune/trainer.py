@@ -262,7 +262,8 @@ class ImageClassificationTrainer(Trainer):
         if self.optimizer is not None:
             return self.optimizer
         model = self.model if model is None else model
-        optimizer_cls, kwargs = self.get_optimizer_cls_and_kwargs(self.args, model)
+        # `optimizer_cls_and_kwargs`, passed to the Trainer, replaces the one `optim` names, as in the Trainer's own.
+        optimizer_cls, kwargs = self.optimizer_cls_and_kwargs or self.get_optimizer_cls_and_kwargs(self.args, model)
         special = {"params", "model", "optimizer_dict"} & set(kwargs) or is_optimizer_factory(optimizer_cls)
         if special or self.is_deepspeed_enabled or self.is_fsdp_enabled:
             # Optimizers that group parameters themselves (GaLore, LOMO, Muon, layer-wise) keep the Trainer's groups.

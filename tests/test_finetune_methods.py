@@ -339,6 +339,35 @@ def test_the_trainer_uses_the_groups(tmp_path):
             )
 
 
+def test_optimizer_cls_and_kwargs_keeps_the_groups(tmp_path):
+    """A Trainer given `optimizer_cls_and_kwargs` builds that optimizer, over the same groups as `optim`'s."""
+    from finetune.augment import BatchTransform
+    from finetune.trainer import ImageClassificationTrainer
+    from finetune.training_args import ImageClassificationTrainingArguments
+
+    model = AutoModelForImageClassification.from_pretrained(tiny_vit_checkpoint(tmp_path / "m"))
+    args = ImageClassificationTrainingArguments(
+        output_dir=str(tmp_path / "run"), report_to="none", eval_strategy="no", load_best_model_at_end=False,
+        learning_rate=1e-3, weight_decay=0.05,
+        bf16=False, fp16=False, tf32=None, torch_compile=False,  # built in code: no `auto` (hardware.choose_settings)
+    )  # fmt: skip
+    trainer = ImageClassificationTrainer(
+        model=model,
+        args=args,
+        batch_transform=BatchTransform(8, (0.5,), (0.5,), in_channels=1, out_channels=1),
+        layer_decay=0.5,
+        optimizer_cls_and_kwargs=(torch.optim.SGD, {"momentum": 0.9}),
+    )
+    optimizer = trainer.create_optimizer()
+    assert type(optimizer) is torch.optim.SGD and {g["momentum"] for g in optimizer.param_groups} == {0.9}
+    expected = parameter_groups(model, learning_rate=1e-3, weight_decay=0.05, layer_decay=0.5)
+
+    def key(groups):
+        return sorted((g["lr"], g["weight_decay"], sorted(g["param_names"])) for g in groups)
+
+    assert key(optimizer.param_groups) == key(expected)
+
+
 @pytest.mark.parametrize(
     "checkpoint_labels, kept",
     [

@@ -83,6 +83,9 @@ class Results:
     model_type: str
     architecture: str | None = None
     model_name_or_path: str | None = None
+    # Whether `model_name_or_path` was a local folder when the run read it (None in files of earlier versions): the
+    # model card links a Hub id only, also after that folder was moved or deleted.
+    model_is_local: bool | None = None
     dataset: str | None = None
     label_names: list[str] = field(default_factory=list)
     image_size: int | None = None

@@ -387,6 +387,7 @@ def train_and_evaluate(
         results = Results(
             model_type=model_type,
             model_name_or_path=model_args.model_name_or_path if model_type == "pretrained" else None,
+            model_is_local=is_local(model_args.model_name_or_path) if model_type == "pretrained" else None,
             **evaluated_model_fields(args, model, prep, data, on_validation, on_test, start),
             epochs=float(train_result.metrics.get("epoch", args.num_train_epochs)),
             num_trainable_parameters=count_parameters(model, trainable=True),
@@ -557,6 +558,11 @@ def save_lora_model(model, processor, output_dir: Path, merge: bool) -> None:
         logger.info(f"Merged model (adapters folded into the weights) written to {output_dir / 'merged'}")
 
 
+def is_local(model_name_or_path: str) -> bool:
+    """Whether the model the run reads is a local folder (else a Hub id)."""
+    return os.path.isdir(os.path.expanduser(model_name_or_path))
+
+
 def check_evaluation_only(model_args: ModelArguments, push_to_hub: bool) -> None:
     """`do_train: false` scores one saved model; refuse what it cannot do before any data is loaded."""
     if model_args.model_type == "both":
@@ -564,7 +570,7 @@ def check_evaluation_only(model_args: ModelArguments, push_to_hub: bool) -> None
             "`do_train: false` evaluates one saved model, but `model_type: both` trains two. Fix: `model_type: "
             "pretrained` (or `scratch`) with `model_name_or_path` set to the model's folder."
         )
-    if model_args.model_type == "scratch" and not os.path.isdir(os.path.expanduser(model_args.model_name_or_path)):
+    if model_args.model_type == "scratch" and not is_local(model_args.model_name_or_path):
         raise ValueError(
             "`do_train: false` with `model_type: scratch` needs a trained ScratchViT to score: set "
             "`model_name_or_path` to its run's output directory or one of its checkpoint-* folders."
@@ -614,6 +620,7 @@ def evaluate_only(
     results = Results(
         model_type="scratch" if is_scratch else model_type,
         model_name_or_path=model_args.model_name_or_path,
+        model_is_local=is_local(model_args.model_name_or_path),
         **evaluated_model_fields(args, model, prep, data, predictions["validation"], predictions.get("test"), start),
         hyperparameters={
             "evaluation_only": True,

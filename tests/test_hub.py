@@ -416,6 +416,15 @@ def test_local_base_model_is_not_a_hub_id(both_output):
     card = ModelCard(hub.write_model_card(run))
     assert card.data.base_model is None and "huggingface.co/out" not in card.text
     assert "is the local checkpoint `scratch` (" in card.text
+    # A run records that its base was a local folder (tests/test_run.py): still named, not linked, once it is gone.
+    results.update(model_name_or_path="bases/vit", model_is_local=True)  # exists nowhere now: moved or deleted
+    (run / "results.json").write_text(json.dumps(results))
+    card = ModelCard(hub.write_model_card(run))
+    assert card.data.base_model is None and "huggingface.co/bases" not in card.text
+    assert "is the local checkpoint `vit` (" in card.text
+    results["model_is_local"] = False  # read from the Hub: linked
+    (run / "results.json").write_text(json.dumps(results))
+    assert ModelCard(hub.write_model_card(run)).data.base_model == "bases/vit"
 
 
 @pytest.mark.parametrize(

@@ -143,7 +143,7 @@ def test_pretrained_path_replaces_the_head_and_uses_the_checkpoint_processor(tmp
     assert model.config.num_labels == 10 and model.config.id2label[3] == "3"
     assert model.config.num_channels == 3  # grayscale digits were converted for the RGB checkpoint
     assert list(ViTImageProcessor.from_pretrained(out).image_mean) == [0.5, 0.5, 0.5]
-    assert results.model_name_or_path == str(checkpoint)
+    assert results.model_name_or_path == str(checkpoint) and results.model_is_local is True
     assert results.validation.accuracy == pytest.approx(evaluate_independently(out, "validation")[0])
 
 

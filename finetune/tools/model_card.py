@@ -70,12 +70,14 @@ def run_dir_of(output_dir: str | os.PathLike) -> Path:
     return run_dir if merged else output_dir
 
 
-def hub_base(name: str | None, run_dir: Path) -> str | None:
-    """`name`, the model a run fine-tuned from, where it is a Hub id: None for a local folder, also one given relative
-    to the folder the run was launched from (`--model_name_or_path bases/vit --output_dir runs/vit`), which need not be
-    the current one."""
-    local = any((folder / name).exists() for folder in run_dir.resolve().parents) if name else False
-    return name if is_hub_id(name) and not local else None
+def hub_base(name: str | None, run_dir: Path, local: bool | None = None) -> str | None:
+    """`name`, the model a run fine-tuned from, where it is a Hub id: None for a local folder (`local`, as the run
+    recorded it). Without that record (an earlier version's results.json), a name is local where it exists relative
+    to a folder the run could have been launched from (`--model_name_or_path bases/vit --output_dir runs/vit`), which
+    need not be the current one."""
+    if local is None and name:
+        local = any((folder / name).exists() for folder in run_dir.resolve().parents)
+    return name if name and not local and is_hub_id(name) else None
 
 
 def _read_json(path: Path) -> Any:
@@ -318,7 +320,7 @@ def build_model_card(output_dir: str | os.PathLike, repo_id: str | None = None) 
 
     adapter = _read_json(output_dir / ADAPTER_CONFIG_NAME)  # a LoRA run's peft adapter names its base model
     base = adapter.get("base_model_name_or_path") if isinstance(adapter, dict) else None
-    hub = hub_base(base or results.model_name_or_path, run_dir)
+    hub = hub_base(base or results.model_name_or_path, run_dir, results.model_is_local)
     description = _description(results, config, model_name, merged, hub)
     sections = [f"# {model_name}", description, *_results_section(results)]
     comparison_dir = find_comparison_dir(run_dir)

@@ -177,12 +177,15 @@ def test_the_card_of_an_adapter_of_a_local_base_shows_no_path_of_the_training_ma
     assert "A LoRA adapter (peft) of the local model `base`" in card.text
 
 
-def test_lora_card_names_the_base_model_and_peft(lora_run):
-    _, out, results = lora_run
-    adapter_path = out / "adapter_config.json"
-    adapter = json.loads(adapter_path.read_text())
-    adapter["base_model_name_or_path"] = "google/vit-base-patch16-224-in21k"
-    adapter_path.write_text(json.dumps(adapter))
+def test_lora_card_names_the_base_model_and_peft(lora_run, tmp_path):
+    _, run_dir, results = lora_run
+    out = Path(shutil.copytree(run_dir, tmp_path / "lora", ignore=shutil.ignore_patterns("checkpoint-*")))
+    # As a run from the Hub's checkpoint writes them.
+    for name, changes in (
+        ("adapter_config.json", {"base_model_name_or_path": "google/vit-base-patch16-224-in21k"}),
+        ("results.json", {"model_name_or_path": "google/vit-base-patch16-224-in21k", "model_is_local": False}),
+    ):
+        (out / name).write_text(json.dumps({**json.loads((out / name).read_text()), **changes}))
     card = build_model_card(out, "me/vit-lora")
     assert card.data.library_name == "peft" and card.data.base_model == "google/vit-base-patch16-224-in21k"
     assert "PeftModel.from_pretrained" in card.text and "lora" in card.data.tags
@@ -195,6 +198,20 @@ def test_lora_card_names_the_base_model_and_peft(lora_run):
     from finetune.tools.hub import upload_plan
 
     assert {"adapter_config.json", "adapter_model.safetensors", "config.json"} <= {n for n, _ in upload_plan(out)}
+
+
+def test_the_merged_model_exports_with_its_runs_figures(lora_run):
+    """merged/ is the run's kept model: its export carries the run's figures (compare and card read them), where a
+    checkpoint's carries none of them."""
+    from finetune.results import Results
+    from finetune.tools.export import export_results
+
+    _, out, results = lora_run
+    exported = export_results(out / "merged")
+    assert exported == Results.load(out) and exported.validation.accuracy == results.validation.accuracy
+    checkpoint = next(out.glob("checkpoint-*"))
+    of_checkpoint = export_results(checkpoint)
+    assert of_checkpoint.validation is None and of_checkpoint.run_name.endswith(checkpoint.name)
 
 
 def test_the_merged_model_pushes_with_its_runs_results_and_a_plain_card(lora_run, tmp_path, monkeypatch, capsys):

@@ -37,7 +37,7 @@ from transformers import (
     ViTImageProcessor,
 )
 
-from finetune.tools import hub
+from finetune.tools import hub, model_card
 from finetune.tools.compare import write_comparison
 
 
@@ -499,6 +499,8 @@ def test_a_folder_without_weights_is_refused_before_the_card_is_written(both_out
     interrupted = both_output / "interrupted"  # a run stopped before its end: checkpoints only
     for step in (3, 6):
         shutil.copytree(run / "checkpoint-3", interrupted / f"checkpoint-{step}")
+    checkpoint = run / "checkpoint-3"  # exported into checkpoint-3/onnx: not a run of its own
+    shutil.copytree(onnx, checkpoint / "onnx")
     for folder, problem in (
         (
             evaluation,
@@ -512,6 +514,7 @@ def test_a_folder_without_weights_is_refused_before_the_card_is_written(both_out
             "Its run has not finished (checkpoint-* folders, no results.json): resume it with the same command and "
             "`--resume_from_checkpoint true`, then push it.",
         ),
+        (checkpoint, f"{checkpoint} holds no model to push: missing "),
     ):
         argv = [command, str(folder)] + (["--repo_id", "me/vit"] if command == "push" else [])
         with pytest.raises(SystemExit):
@@ -519,6 +522,11 @@ def test_a_folder_without_weights_is_refused_before_the_card_is_written(both_out
         [line] = capsys.readouterr().err.strip().splitlines()
         assert line.startswith(f"error: {problem}")
         assert not (folder / "README.md").exists()
+    assert line.endswith(f"It is a checkpoint of the run {run}: push that run's folder (its kept model).")
+    # The card describes no ONNX export either (it would load PyTorch weights the folder does not have).
+    with pytest.raises(FileNotFoundError, match=f"{onnx} is an ONNX export, which the model card does not describe"):
+        model_card.main([str(onnx)])
+    assert not (onnx / "README.md").exists()
 
 
 def test_cli(both_output, monkeypatch, capsys):

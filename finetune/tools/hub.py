@@ -31,7 +31,7 @@ from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
 from finetune.errors import ArgumentParser, one_line, run_command
 from finetune.results import RESULTS_NAME
-from finetune.tools.model_card import CARD_NAME, find_comparison_dir, run_dir_of, write_model_card
+from finetune.tools.model_card import CARD_NAME, check_not_export, find_comparison_dir, run_dir_of, write_model_card
 
 
 logger = logging.getLogger(__name__)
@@ -226,26 +226,23 @@ def upload_plan(output_dir: str | os.PathLike) -> list[tuple[str, Path]]:
 def check_pushable(output_dir: Path) -> None:
     """Raise `FileNotFoundError` for a folder that is not a finished training run's output (the card would describe,
     and the push upload, a model that is not there), naming what is missing."""
+    check_not_export(output_dir, "push")
     names = {p.name for p in output_dir.iterdir()} if output_dir.is_dir() else set()
     weights = [
         name for name in names if any(fnmatch.fnmatch(name, p) for p in ("*.safetensors", *LEGACY_WEIGHT_PATTERNS))
     ]
-    if "model.onnx" in names and not weights:
-        run = output_dir.resolve().parent
-        fix = f"push the run folder {output_dir.parent}" if (run / "config.json").is_file() else "push its run folder"
-        raise FileNotFoundError(
-            f"{output_dir} is an ONNX export, which the model card does not describe: {fix} (its card says how to "
-            "export it)."
-        )
     missing = [] if "config.json" in names else ["config.json"]
     missing += [] if (run_dir_of(output_dir) / RESULTS_NAME).is_file() else [RESULTS_NAME]
     missing += [] if weights else ["weights (model.safetensors)"]
     if not missing:
         return
-    # A run's checkpoint-* folders hold config.json too, but are resumed, not pushed.
+    # A run's checkpoint-* folders hold config.json too, but are resumed, not pushed; nor is an ONNX export.
     runs = [n for n in sorted(names) if (output_dir / n / "config.json").is_file() and "checkpoint-" not in n]
+    runs = [n for n in runs if not (output_dir / n / "model.onnx").is_file()]
     hint = f" It holds run directories: push {', '.join(runs)} separately." if runs else ""
-    if RESULTS_NAME not in names and any(name.startswith("checkpoint-") for name in names):
+    if output_dir.resolve().name.startswith("checkpoint-") and RESULTS_NAME not in names:
+        hint = f" It is a checkpoint of the run {output_dir.parent}: push that run's folder (its kept model)."
+    elif RESULTS_NAME not in names and any(name.startswith("checkpoint-") for name in names):
         hint = (
             " Its run has not finished (checkpoint-* folders, no results.json): resume it with the same command and "
             "`--resume_from_checkpoint true`, then push it."

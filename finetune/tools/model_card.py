@@ -70,6 +70,21 @@ def run_dir_of(output_dir: str | os.PathLike) -> Path:
     return run_dir if merged else output_dir
 
 
+def check_not_export(output_dir: Path, command: str = "card") -> None:
+    """Refuse an ONNX export folder (`export` writes RUN/onnx): the card describes the run's PyTorch model."""
+    if (output_dir / "model.onnx").is_file() and not any(output_dir.glob("*.safetensors")):
+        run = output_dir.resolve().parent
+        fix = (
+            f"{command} the run folder {output_dir.parent}"
+            if (run / "config.json").is_file()
+            else f"{command} its run folder"
+        )
+        raise FileNotFoundError(
+            f"{output_dir} is an ONNX export, which the model card does not describe: {fix} (its card says how to "
+            "export it)."
+        )
+
+
 def hub_base(name: str | None, run_dir: Path, local: bool | None = None) -> str | None:
     """`name`, the model a run fine-tuned from, where it is a Hub id: None for a local folder (`local`, as the run
     recorded it). Without that record (an earlier version's results.json), a name is local where it exists relative
@@ -311,6 +326,7 @@ def _training_section(results: Results) -> list[str]:
 
 
 def build_model_card(output_dir: str | os.PathLike, repo_id: str | None = None) -> ModelCard:
+    check_not_export(Path(output_dir))
     output_dir, run_dir = Path(output_dir), run_dir_of(output_dir)
     results = Results.load(run_dir)
     merged = run_dir != output_dir

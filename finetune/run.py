@@ -147,9 +147,11 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
             if len(model_types) > 1:
                 from finetune.tools.compare import write_comparison
 
-                report = write_comparison(
-                    [run_dirs[t] for t in model_types], Path(training_args.output_dir) / "comparison"
-                )
+                kept = "Both models finished and are kept: `--resume_from_checkpoint true` writes it without training."
+                with stage("writing the comparison", kept):
+                    report = write_comparison(
+                        [run_dirs[t] for t in model_types], Path(training_args.output_dir) / "comparison"
+                    )
             print(summary(results, run_dirs, report), flush=True)
             if push_to_hub:
                 push_results(run_dirs, model_types, training_args, hub_token)

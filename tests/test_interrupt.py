@@ -407,6 +407,19 @@ def test_a_both_run_stopped_in_either_model_resumes_with_the_command_it_names(tm
     finished = (out / "pretrained" / "results.json").read_bytes()
 
     monkeypatch.setattr(run, "build_model", build_model)
+    from finetune.tools import compare
+
+    write_comparison = compare.write_comparison
+
+    def stopped_in_the_comparison(*args):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return write_comparison(*args)
+
+    monkeypatch.setattr(compare, "write_comparison", stopped_in_the_comparison)
+    assert run_command(run.main, resume) == 128 + signal.SIGTERM
+    [line] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert "while writing the comparison" in line and "`--resume_from_checkpoint true` writes it" in line, line
+    monkeypatch.setattr(compare, "write_comparison", write_comparison)
     with caplog.at_level("INFO"):
         ended = run.main(resume)
     assert "pretrained model: finished earlier, kept as it is" in caplog.text

@@ -302,6 +302,29 @@ def test_split_folders_are_found_whatever_their_case(tmp_path):
         load_image_data(_args(dataset_name=str(tmp_path / "pets")), seed=0)
 
 
+def test_a_class_folder_named_like_a_split_is_a_class(tmp_path):
+    # Only top-level folders are split folders: datasets' `**/train/**` took the class `train` below `test/` for a
+    # training split (its images in training and test), and refused `car/ bus/ train/` or `valid/ invalid/`.
+    images = _images(24)
+    layouts = {
+        "split": (["bus", "car", "train"], lambda i, name: f"{'train' if i < 12 else 'test'}/{name}"),
+        "flat": (["bus", "car", "train"], lambda i, name: name),
+        "checks": (["invalid", "valid"], lambda i, name: name),
+    }
+    for layout, (names, folder_of) in layouts.items():
+        labels = [i % len(names) for i in range(24)]
+        for i, (image, label) in enumerate(zip(images, labels)):
+            folder = tmp_path / layout / folder_of(i, names[label])
+            os.makedirs(folder, exist_ok=True)
+            Image.fromarray(image).save(folder / f"{i}.png")
+        data = load_image_data(_args(dataset_name=str(tmp_path / layout), validation_size=6), seed=0)
+        assert data.label_names == names
+        _assert_covers(data, images, labels)  # every image in one split only
+        assert (data.test is not None) == (layout == "split")
+        if data.test is not None:
+            assert _assert_split_matches(data.test, images, labels) == set(range(12, 24))
+
+
 def test_an_image_folder_with_a_linked_class_folder_is_refused(tmp_path):
     # `datasets` does not follow links to folders: the class would be left out without a word.
     images, labels = _images(12), _labels(12)

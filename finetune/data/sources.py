@@ -4,6 +4,7 @@ encoded images of a column (`image_items`), the input of decoding."""
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import logging
@@ -132,17 +133,9 @@ def _open_local(path: str, data_args: DataArguments) -> Source:
             f"{linked} is a link to a folder, which `datasets` does not follow: its images would be left out. Replace "
             "the link with the folder itself (or a copy)."
         )
-    # `datasets` finds split folders by their lower-case names only: `Train/` and `Test/` would be one pooled split.
-    split_dirs = [d for d in sorted(os.listdir(path)) if d.lower() in SPLIT_ALIASES and os.path.isdir(f"{path}/{d}")]
-    split_patterns = None
-    if any(d != d.lower() for d in split_dirs):
-        split_patterns = {}
-        for d in split_dirs:
-            if SPLIT_ALIASES[d.lower()] in split_patterns:
-                raise ValueError(f"{path} has two {SPLIT_ALIASES[d.lower()]} folders ({split_dirs}); keep one.")
-            split_patterns[SPLIT_ALIASES[d.lower()]] = [f"{d}/**"]
+    split_folders = _split_folders(path)
     try:
-        patterns = split_patterns or datasets.data_files.get_data_patterns(path)
+        patterns = split_folders or datasets.data_files.get_data_patterns(path)
         resolved = datasets.data_files.DataFilesDict.from_patterns(patterns, base_path=path)
     except FileNotFoundError as error:  # EmptyDatasetError and friends
         raise FileNotFoundError(
@@ -156,27 +149,53 @@ def _open_local(path: str, data_args: DataArguments) -> Source:
         raise FileNotFoundError(
             f"{path!r} holds neither parquet/arrow/csv files nor images. `dataset_name` accepts {ACCEPTED_SOURCES}."
         )
-    loaded = datasets.load_dataset("imagefolder", data_dir=path, data_files=split_patterns, drop_labels=True)
-    return Source(path, _files_fingerprint([path]), encoded=_named_splits(_label_by_class_folder(loaded, path), path))
+    # Without split folders every folder is a class, `train/` or `test/` included: no split by folder or file name.
+    patterns = split_folders or {"train": ["**"]}
+    loaded = datasets.load_dataset("imagefolder", data_dir=path, data_files=patterns, drop_labels=True)
+    labelled = _label_by_class_folder(loaded, path, depth=1 if split_folders else 0)
+    return Source(path, _files_fingerprint([path]), encoded=_named_splits(labelled, path))
 
 
-def _label_by_class_folder(splits: datasets.DatasetDict, root: str) -> dict[str, datasets.Dataset]:
-    """Label each image by its class folder, the first folder under its split's (`train/cat/2023/a.jpg`: cat), as
-    torchvision's ImageFolder does: datasets' image folder takes the parent folder (2023), and gives no labels to
-    images at mixed depths. No label column (`find_columns` says why) where an image has no class folder or there is
-    one class, or where a metadata file gives the labels."""
+def _split_folders(path: str) -> dict[str, list[str]]:
+    """The data files patterns of the split folders of `path`: its top-level folders where every one is named as a
+    split (`train/`, `Test/`, `val-2024/`: datasets' names, any case); else none, and `car/ bus/ train/` are classes.
+    datasets' own patterns (`**/train/**`) would take a class folder named `train` at any depth for a split."""
+    folders = sorted(d for d in os.listdir(path) if os.path.isdir(f"{path}/{d}") and not d.startswith((".", "__")))
+    split_of = {d: _split_named(d) for d in folders}
+    if not folders or None in split_of.values():
+        return {}
+    patterns = {}
+    for d, split in split_of.items():
+        patterns.setdefault(split, []).append(f"{d}/**")
+    for split, names in patterns.items():
+        if len({name.lower() for name in names}) < len(names):  # `Train/` and `train/`
+            raise ValueError(f"{path} has two {split} folders ({folders}); keep one.")
+    return patterns
+
+
+def _split_named(folder: str) -> str | None:
+    """The split a folder's name names, by datasets' patterns of split folders (`train`, `train-1`, `old_test`)."""
+    for split, patterns in datasets.data_files.DEFAULT_PATTERNS_SPLIT_IN_DIR_NAME.items():
+        names = (pattern.removeprefix("**/").removesuffix("/**") for pattern in patterns)
+        if any(fnmatch.fnmatchcase(folder.lower(), name) for name in names):
+            return str(split)
+    return None
+
+
+def _label_by_class_folder(splits: datasets.DatasetDict, root: str, depth: int) -> dict[str, datasets.Dataset]:
+    """Label each image by its class folder, the folder at `depth` (1 under split folders: `train/cat/2023/a.jpg`:
+    cat), as torchvision's ImageFolder does: datasets' image folder takes the parent folder (2023), and gives no labels
+    to images at mixed depths. No label column (`find_columns` says why) where an image has no class folder or there
+    is one class, or where a metadata file gives the labels."""
     if any(dataset.column_names != ["image"] for dataset in splits.values()):
         return dict(splits)  # a metadata file's columns: the user's labels, whatever their name
-    # datasets finds split folders at any depth (`**/train/**`); the class folder is the one below it.
-    split_folders = {keyword for keywords in datasets.data_files.SPLIT_KEYWORDS.values() for keyword in keywords}
     root, class_of, classes = os.path.realpath(root), {}, {}
     for name, dataset in splits.items():
         parents = [os.path.dirname(path) for path in _paths(_arrow_column(dataset, "image")).to_pylist()]
         for parent in set(parents) - class_of.keys():
             # Real paths: datasets names the images of a folder reached through a link by their real path.
             folders = os.path.relpath(os.path.realpath(parent), root).split(os.sep)
-            first = next((i + 1 for i, folder in enumerate(folders) if folder.lower() in split_folders), 0)
-            class_of[parent] = folders[first] if first < len(folders) and folders[first] != "." else None
+            class_of[parent] = folders[depth] if depth < len(folders) and folders[depth] != "." else None
         classes[name] = [class_of[parent] for parent in parents]
     names = sorted({c for cs in classes.values() for c in cs if c is not None})
     if len(names) < 2 or any(None in cs for cs in classes.values()):

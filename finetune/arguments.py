@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import difflib
 import enum
+import math
 import os
 import re
 import sys
@@ -165,7 +166,7 @@ class DataArguments:
         self.random_resized_crop = str(self.random_resized_crop).lower()  # YAML reads `true` as a bool
         check_choices(self)
         size = self.validation_size
-        if size <= 0 or size == 1 or (size > 1 and size != int(size)):
+        if not math.isfinite(size) or size <= 0 or size == 1 or (size > 1 and size != int(size)):
             # 1 would be read as one image, although it most often means "all of it".
             raise ValueError(
                 f"`validation_size` must be a fraction in (0, 1) (e.g. 0.1) or a whole number of images >= 2 "

@@ -21,6 +21,7 @@ import finetune.data.cache as data_cache
 from finetune import run
 from finetune.arguments import DataArguments
 from finetune.data import ImageSplit, collate_batch, load_image_data, stratified_split
+from finetune.errors import run_command
 from finetune.tools import predict
 
 
@@ -788,3 +789,13 @@ def test_max_samples_select_before_decoding(tmp_path, monkeypatch):
     assert set(map(bytes, data.validation.pixel_values.numpy())) <= set(
         map(bytes, full.validation.pixel_values.numpy())
     )
+
+
+@pytest.mark.parametrize("size", ["nan", "inf"])
+def test_a_validation_size_that_is_no_number_is_refused_in_one_line(size, tmp_path, capsys):
+    # float("nan") passed every comparison, and int(inf) raised OverflowError: neither named the option.
+    argv = ["--dataset_name", "sklearn:digits", "--validation_size", size, "--output_dir", str(tmp_path / "out")]
+    assert run_command(run.main, argv) != 0
+    err = capsys.readouterr().err
+    assert err.startswith("error: `validation_size` must be a fraction in (0, 1)") and err.count("\n") == 1, err
+    assert f"got {float(size)}." in err and not (tmp_path / "out").exists()

@@ -666,13 +666,16 @@ def test_cache_key_follows_decode_size_and_source_changes(tmp_path, monkeypatch)
     assert len(calls) == 3 and len(os.listdir(tmp_path / "cache")) == 3
 
 
-def test_cache_follows_the_image_files_a_parquet_names(tmp_path, monkeypatch):
-    # `datasets` writes an image folder to parquet with the files' paths in place of their bytes.
+@pytest.mark.parametrize("given", ["dataset_name", "train_file"])
+def test_cache_follows_the_image_files_a_parquet_names(tmp_path, monkeypatch, given):
+    # `datasets` writes an image folder to parquet with the files' paths in place of their bytes; the parquet file is
+    # given as `dataset_name`, or its folder as `train_file` (whose key followed only the folder's own files).
     images, labels = _images(9), _labels(9)
     paths = _write_png_folder(tmp_path / "pets", images, labels)
-    path = tmp_path / "train.parquet"
+    path = tmp_path / "tables" / "train.parquet"
     datasets.load_dataset("imagefolder", data_dir=str(tmp_path / "pets"), split="train").to_parquet(path)
-    args = _args(dataset_name=str(path), validation_size=3, decoded_cache_dir=str(tmp_path / "cache"))
+    where = {"dataset_name": str(path)} if given == "dataset_name" else {"train_file": str(path.parent)}
+    args = _args(**where, validation_size=3, decoded_cache_dir=str(tmp_path / "cache"))
     calls = _count_decodes(monkeypatch)
     load_image_data(args, seed=0)
     load_image_data(args, seed=0)

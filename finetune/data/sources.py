@@ -208,7 +208,8 @@ def _label_by_class_folder(splits: datasets.DatasetDict, root: str, depth: int) 
 
 def _open_split_files(files: dict[str, str | list[str]], data_args: DataArguments, description: str = "") -> Source:
     """Parquet/arrow/csv files (or a folder of them) per split."""
-    splits, fingerprint_paths = {}, []
+    # The folders' own fingerprints cover the image files their tables name, as `_referenced_files` does for a file's.
+    splits, fingerprint_paths, folder_fingerprints = {}, [], []
     for split, paths in files.items():
         paths = [paths] if isinstance(paths, str) else list(paths)
         parts = []
@@ -224,7 +225,7 @@ def _open_split_files(files: dict[str, str | list[str]], data_args: DataArgument
                 if sub.decoded:
                     raise ValueError(f"{path!r} cannot be used as a single split; pass it as `dataset_name`.")
                 parts.append(sub.encoded["train"])
-                fingerprint_paths.append(path)
+                folder_fingerprints.append(sub.fingerprint)
                 continue
             extension = _extension(path)
             if extension not in TABLE_EXTENSIONS:
@@ -242,7 +243,8 @@ def _open_split_files(files: dict[str, str | list[str]], data_args: DataArgument
         splits[split] = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
     if not description:
         description = ", ".join(f"{split}: {p}" for split, p in files.items()) if len(files) > 1 else files["train"]
-    return Source(str(description), _files_fingerprint(fingerprint_paths), encoded=splits)
+    fingerprint = content_hash([_files_fingerprint(fingerprint_paths), *folder_fingerprints])
+    return Source(str(description), fingerprint, encoded=splits)
 
 
 def _referenced_files(dataset: datasets.Dataset, data_args: DataArguments, where: str) -> list[str]:

@@ -488,6 +488,23 @@ def test_same_size_images_stay_native_whatever_the_target(tmp_path):
     assert data.train.image_size == (8, 8)
 
 
+def test_a_cached_native_entry_larger_than_the_target_is_not_used(tmp_path, monkeypatch):
+    # A larger model's run cached these 12x12 images as they are; a run for an 8 px storage size stores them at 8x8,
+    # as it does with an empty cache (it mapped the 12x12 entry: results depended on what the cache held).
+    images, labels = _images(6, size=12), _labels(6)
+    path = tmp_path / "train.parquet"
+    _dataset(images, labels).to_parquet(path)
+    args = _args(dataset_name=str(path), validation_size=3, decoded_cache_dir=str(tmp_path / "cache"))
+    calls = _count_decodes(monkeypatch)
+    assert load_image_data(args, seed=0, target_size=16).train.image_size == (12, 12)
+    cached = load_image_data(args, seed=0, target_size=8)
+    fresh = load_image_data(_args(**{**vars(args), "decoded_cache_dir": "none"}), seed=0, target_size=8)
+    assert cached.train.image_size == (8, 8) and torch.equal(cached.train.pixel_values, fresh.train.pixel_values)
+    calls.clear()
+    load_image_data(args, seed=0, target_size=16)  # both entries are kept and found again
+    assert load_image_data(args, seed=0, target_size=8).train.image_size == (8, 8) and not calls
+
+
 def test_large_photos_of_one_size_are_stored_at_the_models_size(tmp_path, caplog):
     """One phone's landscape photos, all 600x400 (far more than a 16 px model needs), are decoded and cached as centre
     squares at the model's storage size (18 px), as photos of mixed sizes are; a run trains on them, and predict gives

@@ -70,8 +70,10 @@ def decoded_split(
         os.path.join(root, content_hash({**key_fields, "decode": mode})) if root else None for mode in decode_modes
     ]
     row_of = np.full(len(dataset), -1, dtype=np.int64)
-    for path in paths:
-        cached = _load_entry(path, where) if path is not None else None
+    for mode, path in zip(decode_modes, paths):
+        # A native entry of images larger than `target_size` (cached for a larger model, or without one) is not what
+        # this run would decode: it stores them at `target_size`, whatever the cache holds.
+        cached = _load_entry(path, where, target_size if mode == "native" else None) if path is not None else None
         if cached is not None:
             pixels, meta = cached
             row_of[meta["positions"]] = meta["rows"]
@@ -121,7 +123,8 @@ def _cache_root(data_args: DataArguments) -> str | None:
     return os.path.expanduser(root) if root else os.path.join(hub_constants.HF_HOME, "vit-finetune", "decoded")
 
 
-def _load_entry(path: str, where: str) -> tuple[np.ndarray, dict] | None:
+def _load_entry(path: str, where: str, largest: int | None = None) -> tuple[np.ndarray, dict] | None:
+    """The entry at `path`; None where there is none, it is unreadable, or its shorter side is over `largest`."""
     meta_path = os.path.join(path, "meta.json")
     if not os.path.isfile(meta_path):
         return None
@@ -132,6 +135,8 @@ def _load_entry(path: str, where: str) -> tuple[np.ndarray, dict] | None:
         pixels = np.load(os.path.join(path, "pixel_values.npy"), mmap_mode="r")
     except (OSError, ValueError) as error:
         logger.warning(f"Ignoring the unreadable decoded cache {path}: {error}")
+        return None
+    if largest is not None and min(pixels.shape[2:]) > largest:  # (N, C, H, W)
         return None
     logger.info(
         f"Mapped {len(pixels):,} decoded images of {where} from the cache {path} in "

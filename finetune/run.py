@@ -126,6 +126,8 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
             data = load_image_data(
                 data_args, seed=training_args.data_seed or training_args.seed, target_size=target_size
             )
+        if not training_args.do_train:
+            check_held_out_as_trained(model_args, data_args, training_args, data)
 
         results = {}
         for model_type in model_types:
@@ -386,6 +388,8 @@ def train_and_evaluate(
 
         # ---- Results: every figure once, the timings from the run's one clock.
         chosen = {"attention_choice": attention_why, "torch_compile": trainer.compiler.summary()}
+        if data.validation_held_out:  # an evaluation holds out the same split: `check_held_out_as_trained`
+            chosen["validation_size"] = data_args.validation_size
         results = Results(
             model_type=model_type,
             model_name_or_path=model_args.model_name_or_path if model_type == "pretrained" else None,
@@ -592,6 +596,31 @@ def check_no_earlier_results(run_dir: Path, args: ImageClassificationTrainingArg
         )
 
 
+def check_held_out_as_trained(
+    model_args: ModelArguments, data_args: DataArguments, args: ImageClassificationTrainingArguments, data: ImageData
+) -> None:
+    """An evaluation that holds out its validation split from train holds out the one the model was trained without,
+    as its run's results.json records it (seed, data_seed, validation_size): another would hold training images."""
+    folder = Path(model_args.model_name_or_path).expanduser()
+    run_dir = folder.parent if folder.name.startswith("checkpoint-") else folder
+    if not data.validation_held_out or not (run_dir / RESULTS_NAME).is_file():
+        return
+    trained = Results.load(run_dir)
+    recorded = trained.hyperparameters
+    if trained.dataset != data.source or recorded.get("evaluation_only") or "seed" not in recorded:
+        return
+    trained_seed, trained_size = recorded.get("data_seed") or recorded["seed"], recorded.get("validation_size")
+    seed, size = args.data_seed or args.seed, data_args.validation_size
+    fixes = [f"`--{'data_seed' if args.data_seed else 'seed'} {trained_seed}`"] if trained_seed != seed else []
+    fixes += [f"`--validation_size {trained_size}`"] if trained_size not in (None, size) else []
+    if fixes:
+        raise ValueError(
+            f"{model_args.model_name_or_path} was trained on {data.source} holding out its validation split with seed "
+            f"{trained_seed}{f', validation_size {trained_size}' if trained_size else ''}: this evaluation's (seed "
+            f"{seed}, validation_size {size}) would hold out images it trained on. Fix: {' and '.join(fixes)}."
+        )
+
+
 def evaluate_only(
     model_type: str,
     model_args: ModelArguments,
@@ -682,8 +711,8 @@ def choose_attention(
 
 
 # Recorded only where they are on (not None, False, 0 or `none`); the distillation settings only with a teacher.
-OPTIONAL_SETTINGS = ("max_train_minutes", "budget_schedule", "ema_decay", "mixup_alpha", "cutmix_alpha", "flip_tta",
-                     "early_stopping_patience", "early_stopping_threshold", "class_weighting")  # fmt: skip
+OPTIONAL_SETTINGS = ("data_seed", "max_train_minutes", "budget_schedule", "ema_decay", "mixup_alpha", "cutmix_alpha",
+                     "flip_tta", "early_stopping_patience", "early_stopping_threshold", "class_weighting")  # fmt: skip
 DISTILLATION_SETTINGS = (
     "teacher_model_name_or_path", "distillation_type", "distillation_alpha", "distillation_temperature"
 )  # fmt: skip

@@ -4,6 +4,7 @@ enters its training loop; results.json, the confusion matrix and per-image predi
 import csv
 import json
 import os
+import shutil
 import signal
 
 import numpy as np
@@ -80,6 +81,29 @@ def test_scores_a_saved_scratch_model_without_training(trained_scratch, tmp_path
     (out / "results.json").unlink()
     assert run.main(again)["scratch"].validation.accuracy == pytest.approx(written["validation"]["accuracy"])
     assert json.loads((out / "results.json").read_text())["confusion_matrix"] == written["confusion_matrix"]
+
+
+@pytest.mark.parametrize(
+    "change, fix",
+    [
+        (["--seed", "42"], "Fix: `--seed 0`."),
+        (["--data_seed", "7"], "Fix: `--data_seed 0`."),
+        (["--validation_size", "0.3"], "Fix: `--validation_size 0.2`."),
+    ],
+)
+def test_a_held_out_split_other_than_trainings_is_refused(trained_scratch, tmp_path, no_training, change, fix):
+    # digits has no validation split: another seed or size held out images the model trained on, and scored them.
+    assert Results.load(trained_scratch).hyperparameters["validation_size"] == 0.2
+    run_dir = tmp_path / "run"  # a checkpoint-* is checked against its run's results.json
+    shutil.copytree(trained_scratch, run_dir / "checkpoint-8", ignore=shutil.ignore_patterns("results.json"))
+    shutil.copy(trained_scratch / "results.json", run_dir)
+    for model in (trained_scratch, run_dir / "checkpoint-8"):
+        argv = ["--do_train", "false", "--model_type", "scratch", "--model_name_or_path", str(model), *DIGITS, *change,
+                "--output_dir", str(tmp_path / "eval")]  # fmt: skip
+        with pytest.raises(ValueError, match="would hold out images it trained on") as error:
+            run.main(argv)
+        assert str(error.value).endswith(fix) and "\n" not in str(error.value)
+        assert not (tmp_path / "eval" / "results.json").exists()
 
 
 def test_pretrained_path_checks_the_heads_labels(tmp_path, no_training):

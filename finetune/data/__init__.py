@@ -67,6 +67,8 @@ class ImageData:
     label_names: list[str]
     num_channels: int
     source: str
+    # Whether the validation split was held out from train (`validation_size`, seeded): the source has none.
+    validation_held_out: bool = False
 
     @property
     def multi_label(self) -> bool:
@@ -141,7 +143,8 @@ def load_image_data(
         f"{len(test) if test is not None else 0:,} test images; image size {size_text}, {num_channels} channel(s), "
         f"{len(label_names)} classes."
     )
-    return ImageData(train, validation, test, list(label_names), num_channels, source.description)
+    held_out = "validation" not in labels
+    return ImageData(train, validation, test, list(label_names), num_channels, source.description, held_out)
 
 
 def _materialize(

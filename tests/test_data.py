@@ -324,6 +324,14 @@ def test_a_class_folder_named_like_a_split_is_a_class(tmp_path):
         assert (data.test is not None) == (layout == "split")
         if data.test is not None:
             assert _assert_split_matches(data.test, images, labels) == set(range(12, 24))
+    # Split folders of class folders beside another folder: neither reading is safe (classes `train`, `test`, `extra`
+    # would train on nonsense labels; splits would drop `extra`).
+    os.makedirs(tmp_path / "split" / "extra")
+    Image.fromarray(images[0]).save(tmp_path / "split" / "extra" / "0.png")
+    with pytest.raises(
+        ValueError, match=r"holds split folders with class folders in them \(test, train\) beside other"
+    ):
+        load_image_data(_args(dataset_name=str(tmp_path / "split")), seed=0)
 
 
 def test_an_image_folder_with_a_linked_class_folder_is_refused(tmp_path):

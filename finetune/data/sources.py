@@ -163,6 +163,15 @@ def _split_folders(path: str) -> dict[str, list[str]]:
     folders = sorted(d for d in os.listdir(path) if os.path.isdir(f"{path}/{d}") and not d.startswith((".", "__")))
     split_of = {d: _split_named(d) for d in folders}
     if not folders or None in split_of.values():
+        # Split-named folders of class folders beside other folders: which are classes, which splits, is a guess.
+        splits = [d for d in folders if split_of[d] and any(e.is_dir() for e in os.scandir(f"{path}/{d}"))]
+        if splits:
+            others = [d for d in folders if not split_of[d]]
+            raise ValueError(
+                f"{path} holds split folders with class folders in them ({', '.join(splits)}) beside other folders "
+                f"({', '.join(others[:5])}): put every image under the split folders (train/CLASS/...), or, if they "
+                "are classes, give the ones named like splits another name."
+            )
         return {}
     patterns = {}
     for d, split in split_of.items():

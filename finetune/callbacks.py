@@ -50,9 +50,20 @@ class ResumeCheck(TrainerCallback, ExportableState):
 
     def __init__(self):
         self.steps_per_epoch = None
+        self.ended = False
 
     def state(self) -> dict:
         return {"args": {}, "attributes": {"steps_per_epoch": self.steps_per_epoch}}
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        # Training stopped before its first step: a resumed run whose training had ended (early stopping, a time
+        # budget). The epoch takes no batch (`ImageClassificationTrainer.get_batch_samples`), and ends without
+        # evaluating or saving again the step its checkpoint evaluated and saved.
+        self.ended = control.should_training_stop
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        if self.ended:
+            control.should_evaluate = control.should_save = False
 
     def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
         if not has_length(train_dataloader):
@@ -75,11 +86,15 @@ class ResumeCheck(TrainerCallback, ExportableState):
 
 class ResumedEarlyStopping(EarlyStoppingCallback):
     """transformers' early stopping, whose count of evaluations without improvement goes on after a resume (it
-    started again from 0, so a resumed run trained past the point where the uninterrupted one stopped)."""
+    started again from 0, so a resumed run trained past the point where the uninterrupted one stopped); a run resumed
+    from the checkpoint of its stop trains no further step."""
 
     def on_train_begin(self, args, state, control, **kwargs):
         super().on_train_begin(args, state, control, **kwargs)
         restore_state(self, state)
+        if self.early_stopping_patience_counter >= self.early_stopping_patience:
+            logger.info(f"The resumed run had stopped early (step {state.global_step}): no step is trained.")
+            control.should_training_stop = True
 
 
 class RunClock(TrainerCallback, ExportableState):
@@ -94,12 +109,14 @@ class RunClock(TrainerCallback, ExportableState):
         self.train_seconds = 0.0
         self.steps = 0
         self.loss_sum = 0.0  # a tensor on the device while training (no host read per step)
+        self.elapsed_seconds = None  # a resumed run's seconds since training began, when its checkpoint was saved
         self._epoch_start = None
         self._paused = 0.0  # evaluations and checkpoints inside the running epoch
         self._mark = None  # the end of the last step, or of the last evaluation or checkpoint after it
 
     def state(self) -> dict:
         attributes = {"train_seconds": self.training_seconds(), "steps": self.steps, "loss_sum": float(self.loss_sum)}
+        attributes["elapsed_seconds"] = self.elapsed()  # evaluations and checkpoints included: what a budget counts
         return {"args": {}, "attributes": attributes}
 
     def add_loss(self, loss: torch.Tensor) -> None:
@@ -120,7 +137,8 @@ class RunClock(TrainerCallback, ExportableState):
 
     def on_train_begin(self, args, state, control, **kwargs):
         restore_state(self, state)  # a resumed run's totals
-        self.train_start = self.time_fn() - self.train_seconds
+        # Checkpoints saved before `elapsed_seconds` was: the training seconds, without evaluations and checkpoints.
+        self.train_start = self.time_fn() - (self.elapsed_seconds or self.train_seconds)
 
     def on_epoch_begin(self, args, state, control, **kwargs):
         self._epoch_start, self._paused, self._mark = self.time_fn(), 0.0, None
@@ -139,8 +157,11 @@ class RunClock(TrainerCallback, ExportableState):
     on_save = on_evaluate
 
     def on_epoch_end(self, args, state, control, **kwargs):
-        # Called before the end-of-epoch evaluation and checkpoint, so those are not counted.
-        if self._epoch_start is not None:
+        # Called before the end-of-epoch evaluation and checkpoint, so those are not counted; an epoch that took no
+        # step (a resumed run whose training had ended) adds nothing.
+        if self._epoch_start is not None and self._mark is None:
+            self._epoch_start = None
+        elif self._epoch_start is not None:
             self._mark = self.time_fn()
             self.train_seconds = self.training_seconds()
             self._epoch_start = None
@@ -180,10 +201,12 @@ class RunClock(TrainerCallback, ExportableState):
                 entry["train_images_per_second"] = round(images / seconds, 1) if seconds > 0 else None
 
 
-class TrainingBudgetCallback(TrainerCallback):
+class TrainingBudgetCallback(TrainerCallback, ExportableState):
     """Stop training when `max_minutes` of wall-clock time have passed since training began (by `clock`, registered
     before this callback); with `fit_schedule`, re-plan the learning-rate schedule to end at the budget, from the
-    seconds per step measured after `calibration_fraction` of it and again after each further tenth."""
+    seconds per step measured after `calibration_fraction` of it and again after each further tenth. The plan and the
+    stop are saved with each checkpoint: a resumed run keeps the planned schedule, and one whose budget had ended
+    its training trains no further step."""
 
     def __init__(
         self,
@@ -205,6 +228,20 @@ class TrainingBudgetCallback(TrainerCallback):
         self.next_plan = calibration_fraction  # the budget's fraction at which the schedule is planned next
         self.stopped_at = None
         self.reference = None
+
+    def state(self) -> dict:
+        names = ("planned_steps", "next_plan", "stopped_at", "reference")
+        return {"args": {}, "attributes": {name: getattr(self, name) for name in names}}
+
+    def on_train_begin(self, args, state, control, lr_scheduler=None, **kwargs):
+        restore_state(self, state)
+        if self.planned_steps is not None and lr_scheduler is not None:
+            # The saved scheduler state holds its step, not its length: the resumed one ends where the Trainer's would.
+            set_schedule_length(lr_scheduler, self.planned_steps)
+        if self.stopped_at is not None:
+            logger.info(f"The resumed run's time budget had ended its training (step {self.stopped_at}): no step is "
+                        "trained.")  # fmt: skip
+            control.should_training_stop = True
 
     def on_step_end(self, args, state, control, lr_scheduler=None, **kwargs):
         elapsed = self.clock.elapsed()
@@ -237,7 +274,7 @@ class TrainingBudgetCallback(TrainerCallback):
         return (state.global_step, elapsed) if self.guard is None else self.guard.elapsed_agreed
 
     def on_epoch_end(self, args, state, control, lr_scheduler=None, **kwargs):
-        if self.fit_schedule and self.planned_steps is not None:
+        if self.fit_schedule and self.planned_steps is not None and self.stopped_at is None:
             self._plan(state, lr_scheduler, *self._planning_point(state, self.clock.elapsed()))
 
     def expected_steps(self, state) -> int | None:

@@ -196,6 +196,14 @@ class ImageClassificationTrainer(Trainer):
         self.clock.add_loss(loss)
         return loss
 
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        # The Trainer reads `should_training_stop` only after a step: one set before the first (a resumed run whose
+        # training had ended: `ResumedEarlyStopping`, `TrainingBudgetCallback`) gets an empty step, which ends the
+        # loop without training.
+        if self.control.should_training_stop:
+            return [], None
+        return super().get_batch_samples(epoch_iterator, num_batches, device)
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """A training micro-batch, from uint8 images and labels on the device to its loss."""
         images = self.batch_transform.augmented(inputs["pixel_values"])  # uint8 (B, C, h, w) -> float, augmented

@@ -108,6 +108,60 @@ def test_budget_schedule_is_planned_again_when_its_first_steps_were_slow(tmp_pat
     assert state.global_step > 60 and clock.now - 1000.0 >= 0.85 * 60
 
 
+def test_a_resumed_budget_keeps_its_planned_schedule_its_stop_and_its_elapsed_time(tmp_path):
+    """The plan, the stop and the seconds spent (evaluations included) are saved with each checkpoint: the resumed
+    schedule used to go back to the epochs' length (its learning rate jumped up), a stopped run trained on, and the
+    budget looked less spent by the evaluations' seconds (`elapsed_seconds` went backwards)."""
+    clock = FakeClock()
+    optimizer = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=1.0)
+    scheduler = get_scheduler("cosine", optimizer, num_warmup_steps=0, num_training_steps=1000)
+    run_clock, callback = _budget(1, clock, fit_schedule=True, calibration_fraction=0.1)
+    args, state, control = (
+        _args(tmp_path),
+        TrainerState(max_steps=1000, stateful_callbacks=[run_clock, callback]),
+        TrainerControl(),
+    )
+    _begin([run_clock, callback], args, state, control)
+    run_clock.on_epoch_begin(args, state, control)
+    for _ in range(20):
+        clock.now += 0.5
+        optimizer.step()
+        scheduler.step()
+        state.global_step += 1
+        run_clock.on_step_end(args, state, control)
+        callback.on_step_end(args, state, control, lr_scheduler=scheduler)
+    clock.now += 5.0  # an evaluation
+    run_clock.on_evaluate(args, state, control)
+    assert callback.planned_steps == 120 and run_clock.elapsed() == pytest.approx(15.0)
+    for saved in (run_clock, callback):  # as the Trainer does when it saves a checkpoint
+        state.stateful_callbacks[type(saved).__name__] = saved.state()
+    state.save_to_json(str(tmp_path / "trainer_state.json"))
+
+    def resumed(control):
+        new_scheduler = get_scheduler("cosine", optimizer, num_warmup_steps=0, num_training_steps=1000)
+        new_scheduler.load_state_dict(scheduler.state_dict())
+        clock.now += 100.0  # the restart is not the run's time
+        new_clock, new_callback = _budget(1, clock, fit_schedule=True)
+        loaded = TrainerState.load_from_json(str(tmp_path / "trainer_state.json"))
+        new_clock.on_train_begin(args, loaded, control)
+        new_callback.on_train_begin(args, loaded, control, lr_scheduler=new_scheduler)
+        return new_clock, new_callback, new_scheduler
+
+    new_clock, new_callback, new_scheduler = resumed(TrainerControl())
+    assert new_clock.elapsed() == pytest.approx(15.0) and new_callback.planned_steps == 120
+    optimizer.step()
+    new_scheduler.step()
+    scheduler.step()
+    assert new_scheduler.get_last_lr() == pytest.approx(scheduler.get_last_lr())
+
+    callback.stopped_at = 20
+    state.stateful_callbacks["TrainingBudgetCallback"] = callback.state()
+    state.save_to_json(str(tmp_path / "trainer_state.json"))
+    control = TrainerControl()
+    resumed(control)
+    assert control.should_training_stop, "training had ended: stopped before its first step"
+
+
 def test_set_schedule_length_refuses_a_constant_schedule():
     optimizer = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=1.0)
     assert not set_schedule_length(get_scheduler("constant", optimizer), 10)

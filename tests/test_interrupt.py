@@ -426,3 +426,43 @@ def test_a_both_run_stopped_in_either_model_resumes_with_the_command_it_names(tm
     assert (out / "pretrained" / "results.json").read_bytes() == finished, "the finished model is not trained again"
     assert ended["pretrained"].validation.accuracy == results(out / "pretrained")["validation"]["accuracy"]
     assert ended["scratch"].train.steps == 16 and (out / "comparison" / "report.md").is_file()
+
+
+@pytest.mark.parametrize(
+    "stopped_by, options",
+    [
+        ("early_stopping", ["--num_train_epochs", "14", "--early_stopping_patience", "1", "--learning_rate", "1e-2"]),
+        ("time_budget", ["--num_train_epochs", "1000", "--max_train_minutes", "0.05", "--budget_schedule", "true"]),
+    ],
+)
+def test_a_run_whose_training_had_ended_trains_no_step_when_resumed(tmp_path, stopped_by, options):
+    """Stopped early (or by its budget), then by a signal during the final evaluation: the resume used to train past
+    the stop (another epoch, rotating the stop's checkpoint away; under a budget from a re-planned schedule) and
+    exit 0 with another model. It trains no step now: the final evaluation and results are the uninterrupted run's."""
+    out = tmp_path / "run"
+    proc = train(out, *options, env={"SIGNAL_AT": "transformers.trainer:Trainer.predict"}, script=SIGNALLED)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-3000:]
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert state["global_step"] < state["max_steps"], f"{stopped_by} must have ended training for this test to mean it"
+    kept, checkpoints = (out / "model.safetensors").read_bytes(), sorted(out.glob("checkpoint-*"))
+    for _ in range(2):  # resumed after the signal, then the finished run resumed again
+        proc = train(out, *options, "--resume_from_checkpoint", "true")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        resumed = json.loads((out / "trainer_state.json").read_text())
+        assert resumed["global_step"] == state["global_step"] and sorted(out.glob("checkpoint-*")) == checkpoints
+        assert "no step is trained" in proc.stdout + proc.stderr
+        assert results(out)["train"]["steps"] == state["global_step"]
+        assert results(out)["train"]["stopped_by"] == stopped_by
+        assert [e["epoch"] for e in results(out)["history"]] == [
+            e["epoch"] for e in state["log_history"] if "eval_accuracy" in e
+        ]
+        assert (out / "model.safetensors").read_bytes() == kept
+
+
+def test_a_finished_run_resumed_with_more_epochs_trains_on(tmp_path, uninterrupted):
+    out = tmp_path / "run"
+    out.mkdir()
+    shutil.copytree(uninterrupted / "checkpoint-16", out / "checkpoint-16")
+    proc = train(out, *STEPS_SAVE, "--num_train_epochs", "3", "--resume_from_checkpoint", "true")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert results(out)["train"]["steps"] == 24 and results(out)["epochs"] == 3.0

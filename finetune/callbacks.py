@@ -3,6 +3,7 @@ wall-clock budget with a schedule that ends at it, an exponential moving average
 saved in place of the weights, a stop on SIGTERM/SIGINT that saves a checkpoint first, and quieter progress bars.
 """
 
+import enum
 import functools
 import math
 import os
@@ -42,18 +43,30 @@ def restore_state(callback: ExportableState, state) -> None:
         setattr(callback, name, value)
 
 
+# The options whose values a checkpoint's optimizer and scheduler states hold, and a resume would take from there.
+OPTIMIZER_OPTIONS = ("learning_rate", "weight_decay", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps")
+OPTIMIZER_OPTIONS += ("optim", "optim_args", "adam_beta1", "adam_beta2", "adam_epsilon")
+
+
+def option(args, name: str):
+    """`args.name` as the checkpoint's JSON saves it (an enum as its value)."""
+    value = getattr(args, name, None)
+    return value.value if isinstance(value, enum.Enum) else value
+
+
 class ResumeCheck(TrainerCallback, ExportableState):
-    """Refuses a resumed checkpoint whose optimizer steps do not count this run's epochs. The Trainer reads the saved
-    step count through this run's steps an epoch: step 20 of a one-process run (16 an epoch) resumed by two processes
-    (8) was read as epoch 2.5. Whatever sets them (processes, batch size, accumulation, the images, a batch size found
-    by `auto_find_batch_size`), the steps tell; they are saved with each checkpoint."""
+    """Refuses a resumed checkpoint trained with other `OPTIMIZER_OPTIONS` (recorded since they are), or whose
+    optimizer steps do not count this run's epochs. The Trainer reads the saved step count through this run's steps
+    an epoch: step 20 of a one-process run (16 an epoch) resumed by two processes (8) was read as epoch 2.5. Whatever
+    sets them (processes, batch size, accumulation, the images, a batch size found by `auto_find_batch_size`), the
+    steps tell; they are saved with each checkpoint."""
 
     def __init__(self):
-        self.steps_per_epoch = None
+        self.steps_per_epoch = self.options = None
         self.ended = False
 
     def state(self) -> dict:
-        return {"args": {}, "attributes": {"steps_per_epoch": self.steps_per_epoch}}
+        return {"args": {}, "attributes": {"steps_per_epoch": self.steps_per_epoch, "options": self.options}}
 
     def on_epoch_begin(self, args, state, control, **kwargs):
         # Training stopped before its first step: a resumed run whose training had ended (early stopping, a time
@@ -66,11 +79,22 @@ class ResumeCheck(TrainerCallback, ExportableState):
             control.should_evaluate = control.should_save = False
 
     def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
+        self.steps_per_epoch, self.options, resumed = None, None, state.global_step > 0
+        restore_state(self, state)
+        then, self.options = self.options or {}, {name: option(args, name) for name in OPTIMIZER_OPTIONS}
+        changed = [
+            f"{name} {then[name]} (now {now})" for name, now in self.options.items() if then.get(name, now) != now
+        ]
+        if resumed and changed:
+            raise ValueError(
+                f"The resumed checkpoint (step {state.global_step}) was trained with {', '.join(changed)}: its saved "
+                "optimizer and schedule states would go on with the old values while the results recorded the new. "
+                "Fix: resume with the options it was trained with, or start a new run from its weights "
+                "(`--model_type pretrained --model_name_or_path` its checkpoint folder, a new `--output_dir`)."
+            )
         if not has_length(train_dataloader):
             return  # no epochs to count
         now = math.ceil(len(train_dataloader) / args.gradient_accumulation_steps)  # as the Trainer counts them
-        self.steps_per_epoch, resumed = None, state.global_step > 0
-        restore_state(self, state)
         # From a checkpoint that did not save them: `epoch` counts the running epoch's batches, so the ratio lies
         # between batches / accumulation and its ceiling (not after a resume with `ignore_data_skip`).
         then = self.steps_per_epoch or (state.epoch and math.ceil(state.global_step / state.epoch - 1e-6))

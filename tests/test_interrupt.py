@@ -466,3 +466,25 @@ def test_a_finished_run_resumed_with_more_epochs_trains_on(tmp_path, uninterrupt
     proc = train(out, *STEPS_SAVE, "--num_train_epochs", "3", "--resume_from_checkpoint", "true")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert results(out)["train"]["steps"] == 24 and results(out)["epochs"] == 3.0
+
+
+def test_a_resume_with_another_learning_rate_is_refused_and_an_older_checkpoint_still_resumes(tmp_path, uninterrupted):
+    """The checkpoint's optimizer and schedule states go on with the rate it was trained with: resumed with another
+    one, it trained on with the old rate and results.json recorded the new one."""
+    out = tmp_path / "run"
+    out.mkdir()
+    shutil.copytree(uninterrupted / "checkpoint-8", out / "checkpoint-8")
+    proc = train(
+        out, *STEPS_SAVE, "--learning_rate", "1e-2", "--weight_decay", "0.1", "--resume_from_checkpoint", "true"
+    )
+    [line] = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 1 and "learning_rate 0.003 (now 0.01), weight_decay 0.0 (now 0.1)" in line, line
+    assert "Fix: resume with the options it was trained with, or start a new run from its weights" in line
+    # A checkpoint saved before the options were recorded resumes as before.
+    path = out / "checkpoint-8" / "trainer_state.json"
+    state = json.loads(path.read_text())
+    del state["stateful_callbacks"]["ResumeCheck"]["attributes"]["options"]
+    path.write_text(json.dumps(state))
+    proc = train(out, *STEPS_SAVE, "--resume_from_checkpoint", "true")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert same_weights(out, uninterrupted)

@@ -143,6 +143,12 @@ class RunClock(TrainerCallback, ExportableState):
         attributes["elapsed_seconds"] = self.elapsed()  # evaluations and checkpoints included: what a budget counts
         return {"args": {}, "attributes": attributes}
 
+    def share_loss(self, args) -> None:
+        """Every process's `loss_sum` replaced by their mean, before a checkpoint saves process 0's: a resumed run
+        takes it up in every process, and the mean of the sums (`figures`) stays the run's."""
+        if args.world_size > 1:
+            self.loss_sum = reduce(torch.as_tensor(self.loss_sum, device=args.device), reduction="mean")
+
     def add_loss(self, loss: torch.Tensor) -> None:
         """A micro-batch's loss, as the Trainer adds it to its logged loss (already divided by the accumulation)."""
         self.loss_sum = self.loss_sum + loss.detach()
@@ -223,6 +229,21 @@ class RunClock(TrainerCallback, ExportableState):
                 entry["train_steps"] = self.steps
                 images = self.steps * total_batch_size(args)
                 entry["train_images_per_second"] = round(images / seconds, 1) if seconds > 0 else None
+
+
+class ClockBeforeSave(TrainerCallback):
+    """`RunClock.share_loss` before each checkpoint, once the callbacks that ask for one (budget, early stopping,
+    interrupt, all registered after the clock) have: registered after them."""
+
+    def __init__(self, clock: RunClock):
+        self.clock, self.shared_at = clock, None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if control.should_save and self.shared_at != state.global_step:  # the same decision in every process
+            self.clock.share_loss(args)
+            self.shared_at = state.global_step
+
+    on_epoch_end = on_evaluate = on_step_end
 
 
 class TrainingBudgetCallback(TrainerCallback, ExportableState):

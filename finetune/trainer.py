@@ -45,6 +45,7 @@ from transformers.utils import logging
 
 from finetune.augment import MixUpCutMix
 from finetune.callbacks import (
+    ClockBeforeSave,
     EMACallback,
     EvaluationLines,
     InterruptCallback,
@@ -179,7 +180,13 @@ class ImageClassificationTrainer(Trainer):
         # last, acting on what the callbacks before it decided.
         progress = EvaluationLines() if a.disable_tqdm else QuietProgress(self.budget)
         callbacks = [self.ema and self.ema.restorer, ResumeCheck(), self.clock, self.guard, self.compiler, self.budget]
-        callbacks += [self.early_stopping, progress, InterruptCallback(self.guard), self.ema]
+        callbacks += [
+            self.early_stopping,
+            progress,
+            InterruptCallback(self.guard),
+            ClockBeforeSave(self.clock),
+            self.ema,
+        ]
         for callback in filter(None, callbacks):
             self.add_callback(callback)
 

@@ -488,3 +488,20 @@ def test_a_resume_with_another_learning_rate_is_refused_and_an_older_checkpoint_
     proc = train(out, *STEPS_SAVE, "--resume_from_checkpoint", "true")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert same_weights(out, uninterrupted)
+
+
+def test_a_resumed_two_process_run_reports_the_uninterrupted_runs_training_loss(tmp_path):
+    """Each process adds up its own batches' losses, and only process 0's sum was saved: resumed, every process took
+    it, and the mean over processes came out wrong (2.308158 against 2.310521)."""
+    whole, out = tmp_path / "whole", tmp_path / "run"
+    two = {"launcher": LAUNCHER}
+    assert run_script(["-m", "finetune.run", *RUN, "--output_dir", str(whole)], **two).returncode == 0
+    env = {"SIGNAL_AT": "3", "SIGNAL_RANK": "1"}
+    proc = run_script([SIGNALLED, *RUN, "--output_dir", str(out)], env=env, **two)
+    assert "Process 0 of 2" in proc.stdout + proc.stderr and (out / "checkpoint-3").is_dir(), proc.stderr[-3000:]
+    proc = run_script(
+        ["-m", "finetune.run", *RUN, "--output_dir", str(out), "--resume_from_checkpoint", "true"], **two
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert results(out)["train"]["steps"] == results(whole)["train"]["steps"] == 8
+    assert results(out)["train"]["loss"] == pytest.approx(results(whole)["train"]["loss"], rel=1e-6)

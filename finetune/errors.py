@@ -24,12 +24,13 @@ class UsageError(ValueError):
 
 
 class Interrupted(KeyboardInterrupt):
-    """Stopped by the signal `signum`; the message says what was kept and how to go on. `run_command` exits with
-    128 + `signum`, as a shell reports a process that the signal ended."""
+    """Stopped by the signal `signum`; the message says what was kept and how to go on (unless `generic`: a stage of
+    the run says it instead). `run_command` exits with 128 + `signum`, as a shell reports a process that the signal
+    ended."""
 
-    def __init__(self, message: str, signum: int = signal.SIGINT):
+    def __init__(self, message: str, signum: int = signal.SIGINT, generic: bool = False):
         super().__init__(message)
-        self.signum = signum
+        self.signum, self.generic = signum, generic
 
 
 def signal_name(signum: int) -> str:
@@ -40,7 +41,7 @@ def signal_name(signum: int) -> str:
 def stop_on_sigterm(signum, frame):
     """SIGTERM's handler while a command runs: raise as Ctrl-C does, so `finally` blocks run (the run folder's lock is
     released) and the command ends with one line. Training replaces it while it can save first (InterruptCallback)."""
-    raise Interrupted(f"stopped by {signal_name(signum)}; the files already complete are kept.", signum)
+    raise Interrupted(f"stopped by {signal_name(signum)}; the files already complete are kept.", signum, generic=True)
 
 
 class ArgumentParser(argparse.ArgumentParser):

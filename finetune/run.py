@@ -205,6 +205,8 @@ def stage(doing: str, then: str | Callable[[], str], every_process: bool = False
             error.every_process = True
         raise
     except KeyboardInterrupt as error:
+        if isinstance(error, Interrupted) and not error.generic:
+            raise  # it says how to go on already (InterruptCallback's stop, a stage's)
         signum = getattr(error, "signum", signal.SIGINT)
         then = then() if callable(then) else then
         raise Interrupted(f"stopped by {signal_name(signum)} while {doing}. {then}", signum) from None
@@ -355,7 +357,13 @@ def train_and_evaluate(
     # ---- Training. With `load_best_model_at_end` the best checkpoint by validation accuracy is reloaded here.
     if checkpoint is None:
         remove_earlier_run(Path(args.output_dir), args)
-    train_result = trainer.train(resume_from_checkpoint=checkpoint)
+    # A signal before the first step (the optimizer, a resumed checkpoint's loading) is answered by the stage; after
+    # it, by `InterruptCallback`, which saves a checkpoint first.
+    with stage(
+        f"training the {model_type} model",
+        lambda: f"Rerun the same command{resume} {REUSED}." if resume else resume_or_rerun(Path(args.output_dir)),
+    ):
+        train_result = trainer.train(resume_from_checkpoint=checkpoint)
     # ---- After training: a signal from here on is answered here (`InterruptCallback` only acts while training).
     with stage(
         f"saving and evaluating the {model_type} model after training",

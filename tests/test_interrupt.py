@@ -250,6 +250,16 @@ def test_a_signal_while_the_kept_model_is_evaluated_names_the_resume(tmp_path):
     assert [row["epoch"] for row in results(out)["history"]] == [1.0, 2.0]
 
 
+def test_a_signal_before_the_first_step_names_the_way_on(tmp_path):
+    """Between the model's build and the first step (the optimizer, a resumed checkpoint's loading) neither a stage
+    nor `InterruptCallback` answered: the line named no way on."""
+    at = {"SIGNAL_AT": "finetune.trainer:ImageClassificationTrainer.create_optimizer"}
+    proc = train(tmp_path / "run", env=at, script=SIGNALLED)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-3000:]
+    [line] = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert line == "error: stopped by SIGTERM while training the scratch model. " + run.RERUN, line
+
+
 LAUNCHER = [
     sys.executable, "-m", "accelerate.commands.launch", "--config_file",
     str(ROOT / "configs" / "accelerate" / "cpu_2proc.yaml"), "--main_process_port", "0",

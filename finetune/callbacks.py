@@ -92,6 +92,12 @@ class ResumeCheck(TrainerCallback, ExportableState):
                 "Fix: resume with the options it was trained with, or start a new run from its weights "
                 "(`--model_type pretrained --model_name_or_path` its checkpoint folder, a new `--output_dir`)."
             )
+        if resumed and 0 < args.max_steps < state.global_step:
+            raise ValueError(
+                f"The resumed checkpoint is at step {state.global_step}, past `max_steps` {args.max_steps}: the run "
+                "would train nothing and record a limit it did not keep. Fix: a `max_steps` above it (or -1 for the "
+                "epochs), or resume from an earlier checkpoint (`--resume_from_checkpoint` its folder)."
+            )
         if not has_length(train_dataloader):
             return  # no epochs to count
         now = math.ceil(len(train_dataloader) / args.gradient_accumulation_steps)  # as the Trainer counts them

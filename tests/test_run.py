@@ -157,6 +157,9 @@ def test_resume_continues_an_interrupted_run(tmp_path):
     with pytest.raises(FileExistsError, match="resume_from_checkpoint"):
         run.main([*TINY_SCRATCH, "--output_dir", str(out)])
     assert (out / "checkpoint-8").is_dir(), "a refused run must not touch the earlier run"
+    with pytest.raises(ValueError, match="resumed checkpoint is at step 8, past `max_steps` 4"):
+        run.main([*TINY_SCRATCH, *every_8_steps, "--output_dir", str(out), "--resume_from_checkpoint", "true",
+                  "--max_steps", "4"])  # fmt: skip
 
     run.main([*TINY_SCRATCH, *every_8_steps, "--output_dir", str(out), "--resume_from_checkpoint", "true",
               "--max_steps", "16"])  # fmt: skip

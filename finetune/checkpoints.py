@@ -104,7 +104,9 @@ def newest_whole_checkpoint(run_dir: Path, training_args: TrainingArguments) -> 
             logger.info(f"Resuming from {checkpoint}")
             return str(checkpoint)
         if training_args.process_index == 0:
-            logger.warning(f"Skipping the damaged checkpoint {checkpoint}: {problems[-1]}. It is left in place.")
+            logger.warning(
+                f"Skipping {checkpoint}, which cannot be resumed exactly: {problems[-1]}. It is left in place."
+            )
     raise ValueError(
         f"{run_dir} holds no whole checkpoint to resume from (the newest, {numbered[0].name}: {problems[0]}). "
         f"{fix_for(problems[0], numbered[0])}"

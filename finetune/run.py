@@ -278,6 +278,8 @@ def setup_logging(training_args: TrainingArguments, settings: hardware.Settings)
     transformers.utils.logging.disable_progress_bar()  # a bar per weight file written or read; the Trainer's stay
     # Said at every checkpoint rotation on file systems with coarse timestamps; the order falls back correctly.
     logging.getLogger("transformers.trainer_utils").addFilter(lambda r: "mtime may not be reliable" not in r.msg)
+    # Said when a resumed run whose training had ended takes no step (`ResumedEarlyStopping`, the budget say why).
+    logging.getLogger("transformers.trainer").addFilter(lambda r: "not to be a single sample" not in str(r.msg))
     logger.info(
         f"Process {training_args.process_index} of {training_args.world_size}, device {training_args.device}, "
         f"mixed precision: {training_args.mixed_precision} ({settings.summary})"

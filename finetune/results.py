@@ -87,6 +87,7 @@ class Results:
     # model card links a Hub id only, also after that folder was moved or deleted.
     model_is_local: bool | None = None
     dataset: str | None = None
+    dataset_fingerprint: str | None = None  # `ImageData.fingerprint`: an evaluation knows the same data by it
     label_names: list[str] = field(default_factory=list)
     image_size: int | None = None
     # (H, W) the training images were stored at: not square only where all had that one size; predict then resizes

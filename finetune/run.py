@@ -123,9 +123,7 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
             stage(f"{doing}, before training started", f"Rerun the same command {REUSED}.", every_process=True),
             training_args.main_process_first(desc=doing),
         ):
-            data = load_image_data(
-                data_args, seed=training_args.data_seed or training_args.seed, target_size=target_size
-            )
+            data = load_image_data(data_args, seed=data_seed(training_args), target_size=target_size)
         if not training_args.do_train:
             check_held_out_as_trained(model_args, data_args, training_args, data)
 
@@ -460,6 +458,7 @@ def evaluated_model_fields(args, model, prep, data: ImageData, on_validation, on
         "run_name": args.run_name or Path(args.output_dir).name,
         "architecture": type(model.get_base_model() if hasattr(model, "peft_config") else model).__name__,
         "dataset": data.source,
+        "dataset_fingerprint": data.fingerprint,
         "label_names": list(data.label_names),
         "image_size": prep.image_size[0],
         "stored_image_size": list(data.train.image_size),
@@ -617,18 +616,29 @@ def check_held_out_as_trained(
         return
     trained = Results.load(run_dir)
     recorded = trained.hyperparameters
-    if trained.dataset != data.source or recorded.get("evaluation_only") or "seed" not in recorded:
+    # A local dataset: the same files, whatever the path's spelling; a Hub id (or results.json of earlier versions):
+    # the same name.
+    fingerprint, local = trained.dataset_fingerprint, os.path.exists(os.path.expanduser(data.source))
+    same = fingerprint == data.fingerprint if fingerprint and local else trained.dataset == data.source
+    if not same or recorded.get("evaluation_only") or "seed" not in recorded:
         return
-    trained_seed, trained_size = recorded.get("data_seed") or recorded["seed"], recorded.get("validation_size")
-    seed, size = args.data_seed or args.seed, data_args.validation_size
-    fixes = [f"`--{'data_seed' if args.data_seed else 'seed'} {trained_seed}`"] if trained_seed != seed else []
-    fixes += [f"`--validation_size {trained_size}`"] if trained_size not in (None, size) else []
+    trained_data_seed = recorded.get("data_seed")
+    trained_seed = recorded["seed"] if trained_data_seed is None else trained_data_seed
+    trained_size, seed, size = recorded.get("validation_size"), data_seed(args), data_args.validation_size
+    flag = "seed" if trained_data_seed is None and args.data_seed is None else "data_seed"  # `data_seed` overrides
+    fixes = [f"`--{flag} {trained_seed}`"] if trained_seed != seed else []
+    fixes += [f"`--validation_size {trained_size:g}`"] if trained_size not in (None, size) else []
     if fixes:
         raise ValueError(
             f"{model_args.model_name_or_path} was trained on {data.source} holding out its validation split with seed "
-            f"{trained_seed}{f', validation_size {trained_size}' if trained_size else ''}: this evaluation's (seed "
-            f"{seed}, validation_size {size}) would hold out images it trained on. Fix: {' and '.join(fixes)}."
+            f"{trained_seed}{f', validation_size {trained_size:g}' if trained_size else ''}: this evaluation's (seed "
+            f"{seed}, validation_size {size:g}) would hold out images it trained on. Fix: {' and '.join(fixes)}."
         )
+
+
+def data_seed(args: ImageClassificationTrainingArguments) -> int:
+    """The seed of the data's split and subsets, as the Trainer reads `data_seed` for its sampler: `seed` if unset."""
+    return args.seed if args.data_seed is None else args.data_seed
 
 
 def evaluate_only(
@@ -721,7 +731,7 @@ def choose_attention(
 
 
 # Recorded only where they are on (not None, False, 0 or `none`); the distillation settings only with a teacher.
-OPTIONAL_SETTINGS = ("data_seed", "max_train_minutes", "budget_schedule", "ema_decay", "mixup_alpha", "cutmix_alpha",
+OPTIONAL_SETTINGS = ("max_train_minutes", "budget_schedule", "ema_decay", "mixup_alpha", "cutmix_alpha",
                      "flip_tta", "early_stopping_patience", "early_stopping_threshold", "class_weighting")  # fmt: skip
 DISTILLATION_SETTINGS = (
     "teacher_model_name_or_path", "distillation_type", "distillation_alpha", "distillation_temperature"
@@ -745,6 +755,7 @@ def hyperparameters(args, settings: hardware.Settings, model, model_type: str, m
         "weight_decay": args.weight_decay,
         "label_smoothing_factor": args.label_smoothing_factor,
         "seed": args.seed,
+        **({"data_seed": args.data_seed} if args.data_seed is not None else {}),  # 0 too
         "mixed_precision": str(args.mixed_precision),
         "tf32": args.tf32,
         "precision_choice": settings.precision.summary,

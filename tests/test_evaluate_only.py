@@ -89,6 +89,7 @@ def test_scores_a_saved_scratch_model_without_training(trained_scratch, tmp_path
         (["--seed", "42"], "Fix: `--seed 0`."),
         (["--data_seed", "7"], "Fix: `--data_seed 0`."),
         (["--validation_size", "0.3"], "Fix: `--validation_size 0.2`."),
+        (["--seed", "42", "--data_seed", "0"], None),  # `data_seed: 0` is the seed 0, not "unset": the same split
     ],
 )
 def test_a_held_out_split_other_than_trainings_is_refused(trained_scratch, tmp_path, no_training, change, fix):
@@ -100,10 +101,38 @@ def test_a_held_out_split_other_than_trainings_is_refused(trained_scratch, tmp_p
     for model in (trained_scratch, run_dir / "checkpoint-8"):
         argv = ["--do_train", "false", "--model_type", "scratch", "--model_name_or_path", str(model), *DIGITS, *change,
                 "--output_dir", str(tmp_path / "eval")]  # fmt: skip
+        if fix is None:
+            assert run.main([*argv, "--overwrite_output_dir", "true"])["scratch"].validation.accuracy == pytest.approx(
+                Results.load(trained_scratch).validation.accuracy
+            )
+            continue
         with pytest.raises(ValueError, match="would hold out images it trained on") as error:
             run.main(argv)
         assert str(error.value).endswith(fix) and "\n" not in str(error.value)
         assert not (tmp_path / "eval" / "results.json").exists()
+
+
+def test_a_local_dataset_is_known_by_its_files_not_the_spelling_of_its_path(tmp_path, monkeypatch):
+    """Trained on `digits` (relative), evaluated on its absolute path with another seed: refused (it was evaluated on
+    images it trained on); a different folder of the same relative name is another dataset: evaluated."""
+    from PIL import Image
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    for folder, count in (("a", 60), ("b", 45)):
+        for i in range(count):
+            class_dir = tmp_path / folder / "digits" / str(digits.target[i] % 3)
+            class_dir.mkdir(parents=True, exist_ok=True)
+            Image.fromarray((digits.images[i] * 15).astype(np.uint8)).save(class_dir / f"{i}.png")
+    monkeypatch.chdir(tmp_path / "a")
+    args = ["digits" if a == "sklearn:digits" else a for a in TINY_SCRATCH]
+    run.main([*args, "--output_dir", "model", "--num_train_epochs", "1", "--save_strategy", "no",
+              "--eval_strategy", "no", "--load_best_model_at_end", "false"])  # fmt: skip
+    evaluate = [*args, "--do_train", "false", "--model_name_or_path", str(tmp_path / "a" / "model"), "--seed", "42"]
+    with pytest.raises(ValueError, match="would hold out images it trained on. Fix: `--seed 0`"):
+        run.main([*evaluate, "--dataset_name", str(tmp_path / "a" / "digits"), "--output_dir", "eval"])
+    monkeypatch.chdir(tmp_path / "b")
+    assert run.main([*evaluate, "--output_dir", "eval"])["scratch"].validation is not None
 
 
 def test_pretrained_path_checks_the_heads_labels(tmp_path, no_training):

@@ -69,6 +69,7 @@ class ImageData:
     source: str
     # Whether the validation split was held out from train (`validation_size`, seeded): the source has none.
     validation_held_out: bool = False
+    fingerprint: str | None = None  # of the source's files (paths, sizes, times), however its path was spelt
 
     @property
     def multi_label(self) -> bool:
@@ -144,7 +145,9 @@ def load_image_data(
         f"{len(label_names)} classes."
     )
     held_out = "validation" not in labels
-    return ImageData(train, validation, test, list(label_names), num_channels, source.description, held_out)
+    return ImageData(
+        train, validation, test, list(label_names), num_channels, source.description, held_out, source.fingerprint
+    )
 
 
 def _materialize(

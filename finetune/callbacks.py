@@ -48,10 +48,21 @@ OPTIMIZER_OPTIONS = ("learning_rate", "weight_decay", "lr_scheduler_type", "lr_s
 OPTIMIZER_OPTIONS += ("optim", "optim_args", "adam_beta1", "adam_beta2", "adam_epsilon")
 
 
+def number(value):
+    """A value as an error line shows it: 3.0 as 3, 3e-05 as 3e-05."""
+    return f"{value:g}" if isinstance(value, float) else value
+
+
 def option(args, name: str):
     """`args.name` as the checkpoint's JSON saves it (an enum as its value)."""
     value = getattr(args, name, None)
     return value.value if isinstance(value, enum.Enum) else value
+
+
+class ResumeRefused(ValueError):
+    """A checkpoint this run cannot resume; every process refuses it alike (said once: `errors.said_elsewhere`)."""
+
+    every_process = True
 
 
 class ResumeCheck(TrainerCallback, ExportableState):
@@ -83,17 +94,19 @@ class ResumeCheck(TrainerCallback, ExportableState):
         restore_state(self, state)
         then, self.options = self.options or {}, {name: option(args, name) for name in OPTIMIZER_OPTIONS}
         changed = [
-            f"{name} {then[name]} (now {now})" for name, now in self.options.items() if then.get(name, now) != now
+            f"{name} {number(then[name])} (now {number(now)})"
+            for name, now in self.options.items()
+            if then.get(name, now) != now
         ]
         if resumed and changed:
-            raise ValueError(
+            raise ResumeRefused(
                 f"The resumed checkpoint (step {state.global_step}) was trained with {', '.join(changed)}: its saved "
                 "optimizer and schedule states would go on with the old values while the results recorded the new. "
                 "Fix: resume with the options it was trained with, or start a new run from its weights "
                 "(`--model_type pretrained --model_name_or_path` its checkpoint folder, a new `--output_dir`)."
             )
         if resumed and 0 < args.max_steps < state.global_step:
-            raise ValueError(
+            raise ResumeRefused(
                 f"The resumed checkpoint is at step {state.global_step}, past `max_steps` {args.max_steps}: the run "
                 "would train nothing and record a limit it did not keep. Fix: a `max_steps` above it (or -1 for the "
                 "epochs), or resume from an earlier checkpoint (`--resume_from_checkpoint` its folder)."
@@ -106,7 +119,7 @@ class ResumeCheck(TrainerCallback, ExportableState):
         then = self.steps_per_epoch or (state.epoch and math.ceil(state.global_step / state.epoch - 1e-6))
         self.steps_per_epoch = now
         if resumed and then != now:
-            raise ValueError(
+            raise ResumeRefused(
                 f"The resumed checkpoint (step {state.global_step}) was trained at {then} optimizer steps an epoch, "
                 f"and this run has {now}: its steps would not count this run's epochs (another batch size, number of "
                 "processes, gradient accumulation or number of training images). Fix: resume with the options it "
@@ -277,11 +290,11 @@ class TrainingBudgetCallback(TrainerCallback, ExportableState):
         self.guard = guard
         self.planned_steps = None
         self.next_plan = calibration_fraction  # the budget's fraction at which the schedule is planned next
-        self.stopped_at = None
+        self.stopped_at = self.stopped_budget = None  # the step and budget (seconds) of the stop
         self.reference = None
 
     def state(self) -> dict:
-        names = ("planned_steps", "next_plan", "stopped_at", "reference")
+        names = ("planned_steps", "next_plan", "stopped_at", "stopped_budget", "reference")
         return {"args": {}, "attributes": {name: getattr(self, name) for name in names}}
 
     def on_train_begin(self, args, state, control, lr_scheduler=None, **kwargs):
@@ -289,6 +302,18 @@ class TrainingBudgetCallback(TrainerCallback, ExportableState):
         if self.planned_steps is not None and lr_scheduler is not None:
             # The saved scheduler state holds its step, not its length: the resumed one ends where the Trainer's would.
             set_schedule_length(lr_scheduler, self.planned_steps)
+        if self.stopped_at is not None and self.budget_seconds > (self.stopped_budget or self.budget_seconds):
+            # Resumed with a larger budget than the one that stopped it.
+            if self.fit_schedule:
+                raise ResumeRefused(
+                    f"The resumed run's learning-rate schedule was fitted to its time budget and ended with it (step "
+                    f"{self.stopped_at}): a larger `max_train_minutes` cannot extend it. Fix: resume with the budget "
+                    "it was trained with, or start a new run from its weights (`--model_type pretrained "
+                    "--model_name_or_path` its checkpoint folder, a new `--output_dir`)."
+                )
+            logger.info(f"The resumed run's time budget had ended its training (step {self.stopped_at}); the larger "
+                        f"one of {self.budget_seconds / 60:g} min trains on.")  # fmt: skip
+            self.stopped_at = None
         if self.stopped_at is not None:
             logger.info(f"The resumed run's time budget had ended its training (step {self.stopped_at}): no step is "
                         "trained.")  # fmt: skip
@@ -356,7 +381,7 @@ class TrainingBudgetCallback(TrainerCallback, ExportableState):
                 else f"Budget schedule: the learning-rate schedule ended ({where}) after {elapsed / 60:.2f} min of "
                 f"the {budget} budget: stopping."
             )
-        self.stopped_at = state.global_step
+        self.stopped_at, self.stopped_budget = state.global_step, self.budget_seconds
         control.should_training_stop = True
         # Evaluate and save at the stopping point, so the final model is a candidate for the best one. With the
         # `epoch` strategies the Trainer does so anyway at the end of the interrupted epoch.

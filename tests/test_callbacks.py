@@ -10,6 +10,7 @@ from finetune.augment import BatchTransform
 from finetune.callbacks import (
     EMACallback,
     ModelEMA,
+    ResumeRefused,
     RunClock,
     TrainingBudgetCallback,
     set_schedule_length,
@@ -137,11 +138,11 @@ def test_a_resumed_budget_keeps_its_planned_schedule_its_stop_and_its_elapsed_ti
         state.stateful_callbacks[type(saved).__name__] = saved.state()
     state.save_to_json(str(tmp_path / "trainer_state.json"))
 
-    def resumed(control):
+    def resumed(control, minutes=1, fit_schedule=True):
         new_scheduler = get_scheduler("cosine", optimizer, num_warmup_steps=0, num_training_steps=1000)
         new_scheduler.load_state_dict(scheduler.state_dict())
         clock.now += 100.0  # the restart is not the run's time
-        new_clock, new_callback = _budget(1, clock, fit_schedule=True)
+        new_clock, new_callback = _budget(minutes, clock, fit_schedule=fit_schedule)
         loaded = TrainerState.load_from_json(str(tmp_path / "trainer_state.json"))
         new_clock.on_train_begin(args, loaded, control)
         new_callback.on_train_begin(args, loaded, control, lr_scheduler=new_scheduler)
@@ -154,12 +155,18 @@ def test_a_resumed_budget_keeps_its_planned_schedule_its_stop_and_its_elapsed_ti
     scheduler.step()
     assert new_scheduler.get_last_lr() == pytest.approx(scheduler.get_last_lr())
 
-    callback.stopped_at = 20
+    callback.stopped_at, callback.stopped_budget = 20, 60.0  # the schedule ended before the budget
     state.stateful_callbacks["TrainingBudgetCallback"] = callback.state()
     state.save_to_json(str(tmp_path / "trainer_state.json"))
     control = TrainerControl()
     resumed(control)
     assert control.should_training_stop, "training had ended: stopped before its first step"
+    # A larger budget trains on, unless the schedule was fitted to the one that ended (refused: it cannot be extended).
+    control = TrainerControl()
+    _, larger, _ = resumed(control, minutes=2, fit_schedule=False)
+    assert not control.should_training_stop and larger.stopped_at is None
+    with pytest.raises(ResumeRefused, match="a larger `max_train_minutes` cannot extend it"):
+        resumed(TrainerControl(), minutes=2)
 
 
 def test_set_schedule_length_refuses_a_constant_schedule():

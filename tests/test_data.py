@@ -291,6 +291,17 @@ def test_a_metadata_file_of_an_image_folder_keeps_its_say_over_the_class_folders
     assert data.label_names == ["big", "small"]
 
 
+def test_a_table_in_one_split_folder_only_is_refused(tmp_path):
+    # train/metadata.csv made the folder a table source of its train split alone: test/'s images were dropped, exit 0.
+    images, labels = _images(18), _labels(18)
+    train = _write_png_folder(tmp_path / "pets" / "train", images[:12], labels[:12])
+    _write_png_folder(tmp_path / "pets" / "test", images[12:], labels[12:])
+    rows = [f"{path.relative_to(tmp_path / 'pets' / 'train')},{NAMES[label]}" for path, label in zip(train, labels)]
+    (tmp_path / "pets" / "train" / "metadata.csv").write_text("file_name,label\n" + "\n".join(rows) + "\n")
+    with pytest.raises(ValueError, match=r"the test split has images but no table, which would be left out"):
+        load_image_data(_args(dataset_name=str(tmp_path / "pets"), image_column_name="file_name"), seed=0)
+
+
 def test_split_folders_are_found_whatever_their_case(tmp_path):
     images, labels = _images(18), _labels(18)
     _write_png_folder(tmp_path / "pets" / "Train", images[:12], labels[:12])

@@ -143,6 +143,16 @@ def _open_local(path: str, data_args: DataArguments) -> Source:
         ) from error
     tables = {split: [f for f in files if _extension(f) in TABLE_EXTENSIONS] for split, files in resolved.items()}
     tables = {split: files for split, files in tables.items() if files}
+    untabled = [
+        s for s, files in resolved.items() if s not in tables and any(_extension(f) in IMAGE_EXTENSIONS for f in files)
+    ]
+    if tables and untabled:  # the images of those splits would be dropped without a word
+        first = next(iter(tables.values()))[0]
+        raise ValueError(
+            f"{path}: the {', '.join(tables)} split is read from its table ({os.path.relpath(first, path)}) and the "
+            f"{', '.join(untabled)} split has images but no table, which would be left out. Fix: give every split a "
+            "table (metadata.csv naming its images), or remove the table to label the images by their class folders."
+        )
     if tables:
         return _open_split_files(tables, data_args, description=path)
     if not any(_extension(f) in IMAGE_EXTENSIONS for files in resolved.values() for f in files):

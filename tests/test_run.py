@@ -346,6 +346,14 @@ def test_quickstart_runs_offline_end_to_end(tmp_path, monkeypatch):
     assert set(results) == {"pretrained", "scratch"}
     assert (tmp_path / "outputs/quickstart/comparison/report.md").is_file()
     assert all(0 < r.validation.accuracy <= 1 for r in results.values())
+    # Run again, it keeps the trained models (it retrained them over the first run's, with a warning only); with other
+    # options it refuses to replace them, as `finetune.run` does.
+    kept = {t: (tmp_path / "outputs/quickstart" / t / "results.json").read_bytes() for t in results}
+    again = quickstart.main([])
+    assert {t: (tmp_path / "outputs/quickstart" / t / "results.json").read_bytes() for t in again} == kept
+    with pytest.raises(FileExistsError, match="overwrite_output_dir"):
+        quickstart.main(["--num_train_epochs", "1"])
+    assert {t: (tmp_path / "outputs/quickstart" / t / "results.json").read_bytes() for t in again} == kept
 
 
 def test_the_quickstart_source_model_starts_from_the_same_weights_every_time(tmp_path):

@@ -8,7 +8,9 @@
 4. Writes 30 digits of each class as PNG files into `outputs/quickstart/digits/<class>/`, an image folder to try
    `predict`, `attention` and a run on your own images with.
 
-Steps whose output already exists are skipped; extra `--key value` arguments go to the last step.
+Steps whose output already exists are skipped (a model of step 3 stopped midway resumes from its checkpoint); extra
+`--key value` arguments go to step 3, which then refuses to replace models it trained earlier unless also given
+`--overwrite_output_dir true`.
 """
 
 import argparse
@@ -64,7 +66,10 @@ def main(argv: list[str] | None = None) -> dict:
         make_source_init(root / "source_init")
     if not (root / "source_model" / "results.json").exists():
         run.main(["--config", str(CONFIGS / "quickstart_source.yaml"), "--overwrite_output_dir", "true"])
-    results = run.main(["--config", str(CONFIGS / "quickstart.yaml"), "--overwrite_output_dir", "true", *argv])
+    # Without arguments, `auto` keeps each finished model (a rerun used to retrain them silently), resumes a stopped
+    # one and starts one not begun; other options make another run, which `finetune.run` guards as any.
+    keep = [] if argv else ["--resume_from_checkpoint", "auto"]
+    results = run.main(["--config", str(CONFIGS / "quickstart.yaml"), *keep, *argv])
     write_sample_images(root / "digits")
     return results
 

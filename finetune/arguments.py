@@ -489,6 +489,11 @@ def checked_value(key: str, value: Any, hint, choices: list[str] | None, default
         value = "no" if value is False and "no" in choices else str(value).lower()  # YAML 1.1 reads `no` as false
     if isinstance(value, (list, dict)) and expected:
         raise ValueError(f"{where} must be {expected}, got the {type(value).__name__} {value!r}.")
+    members = typing.get_args(hint) or (hint,)
+    if kind is str and not any(m in (list, dict) or typing.get_origin(m) in (list, dict) for m in members):
+        if isinstance(value, (list, dict)):
+            raise ValueError(f"{where} must be text, got the {type(value).__name__} {value!r}.")
+        value = str(value)  # YAML reads `output_dir: 2024` as a number
     try:
         if convert is not None:
             convert(str(value))
@@ -530,6 +535,8 @@ def parse_options(argv: list[str] | None = None) -> tuple[ModelArguments, DataAr
         hint = f" Did you mean `--config {extras[0]}`?" if extras[0].endswith((".yaml", ".yml")) else ""
         raise UsageError(f"Unexpected argument {extras[0]!r}: every value follows its `--option`.{hint}")
     values = {k: None if v == [None] else v for k, v in vars(namespace).items()}  # `--list_option null` unsets too
+    if values.get("report_to") is None:  # cleared (`null`): to its default, no integration (transformers refuses None)
+        values["report_to"] = "none"
     del values["config"], values["help_all"]
     model_args, data_args, scratch_args = (
         cls(**{f.name: values.pop(f.name) for f in dataclasses.fields(cls)})

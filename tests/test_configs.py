@@ -100,6 +100,23 @@ def test_null_in_a_config_and_none_for_a_string_option(tmp_path):
     assert data_args.decoded_cache_dir == "none" and options["report_to"] == "none"
     model_args, data_args, _, _ = parse_options(["--decoded_cache_dir", "null", "--lora_target_modules", "null"])
     assert data_args.decoded_cache_dir is None and model_args.lora_target_modules is None
+    # `report_to: null` clears it to its default, no integration (it reached transformers as None, refused late).
+    *_, training_args = parse_args(["--report_to", "null", "--output_dir", str(tmp_path)])
+    assert training_args.report_to == []
+    config = _write(tmp_path / "c.yaml", "report_to: null\n")
+    assert parse_args(["--config", str(config), "--output_dir", str(tmp_path)])[-1].report_to == []
+
+
+def test_a_text_option_takes_a_yaml_number_as_text_and_refuses_a_list(tmp_path):
+    # `output_dir: 2024` reached os.path as an int, `dataset_name: [a, b]` str methods: "unexpected" errors, late.
+    _, data_args, _, options = parse_options(["--config", str(_write(tmp_path / "a.yaml", "output_dir: 2024\n"))])
+    assert options["output_dir"] == "2024"
+    config = _write(tmp_path / "b.yaml", "model_type: scratch\ndataset_name: [a, b]\n")
+    with pytest.raises(ValueError, match=r"`dataset_name` in .*b.yaml \(line 2\) must be text, got the list"):
+        parse_options(["--config", str(config)])
+    # A text option that also takes a mapping keeps it.
+    config = _write(tmp_path / "c.yaml", "lr_scheduler_kwargs: {min_lr: 0.0001}\n")
+    assert parse_options(["--config", str(config)])[-1]["lr_scheduler_kwargs"] == {"min_lr": 0.0001}
 
 
 def test_a_bare_switch_means_true_and_auto_waits_for_the_settings(tmp_path):

@@ -105,6 +105,23 @@ def test_top1_is_argmax_of_the_models_logits(run_dirs, images, name):
     np.testing.assert_allclose(p.probabilities, logits.softmax(-1).numpy(), rtol=1e-5, atol=1e-6)
 
 
+def test_a_run_evaluated_with_flip_tta_is_predicted_with_it(run_dirs, images, tmp_path):
+    """Its figures and multi-label thresholds are of the mean logits with the mirror image: predict used one view."""
+    run = Path(shutil.copytree(run_dirs["scratch-learned"], tmp_path / "run"))
+    results = json.loads((run / "results.json").read_text())
+    results["hyperparameters"]["flip_tta"] = True
+    (run / "results.json").write_text(json.dumps(results))
+    [p] = predict.main([str(run), str(images["jpg"])])
+    model, processor = predict.load_classifier(run)
+    size = photo_size(predict.model_preprocessing(model, processor))
+    pixel_values = predict.preprocess(predict.load_images([images["jpg"]], "RGB", size)[0], model, processor)
+    with torch.no_grad():
+        logits = (model(pixel_values=pixel_values).logits + model(pixel_values=pixel_values.flip(-1)).logits) / 2
+    np.testing.assert_allclose(p.probabilities, logits[0].softmax(-1).numpy(), rtol=1e-5, atol=1e-6)
+    [one_view] = predict.main([str(run_dirs["scratch-learned"]), str(images["jpg"])])
+    assert not np.allclose(one_view.probabilities, p.probabilities, atol=1e-4)
+
+
 @pytest.mark.parametrize("name", ["scratch-learned", "scratch-sinusoidal-mean", "vit"])
 def test_other_resolution(run_dirs, images, name):
     model, processor = predict.load_classifier(run_dirs[name])

@@ -254,13 +254,20 @@ def needs_interpolation(model, image_size: int | None) -> bool:
     return image_size is not None and image_size != getattr(model.config, "image_size", image_size)
 
 
-def class_probabilities(model, pixel_values: torch.Tensor, interpolate_pos_encoding: bool = False) -> torch.Tensor:
-    """`logit_probabilities` of the model's logits for `pixel_values`: `(B, num_labels)`."""
+def class_probabilities(
+    model, pixel_values: torch.Tensor, interpolate_pos_encoding: bool = False, flip_tta: bool = False
+) -> torch.Tensor:
+    """`logit_probabilities` of the model's logits for `pixel_values`: `(B, num_labels)`; with `flip_tta`, of the mean
+    logits of each image and its mirror image, as the run's evaluation computed them (`flip_tta: true`)."""
     import torch
 
     kwargs = {"interpolate_pos_encoding": True} if interpolate_pos_encoding else {}
+    if flip_tta:
+        pixel_values = torch.cat([pixel_values, pixel_values.flip(-1)])  # (B, C, H, W) -> (2B, C, H, W)
     with torch.no_grad():  # not inference_mode: cached model tensors stay usable for training (see export.py)
         logits = model(pixel_values=pixel_values.to(model.device), **kwargs).logits  # (B, num_labels)
+    if flip_tta:
+        logits = (logits[: len(logits) // 2] + logits[len(logits) // 2 :]) / 2
     return logit_probabilities(model, logits)
 
 
@@ -315,10 +322,12 @@ def predict_files(
     image_size=None,
     thresholds=None,
     whole: bool = False,
+    flip_tta: bool = False,
 ):
     """Classify image files in batches: the predictions (in the order of `paths`) and the unreadable files, as
     `load_images` returns them. With `thresholds` (`label_thresholds`), a prediction's labels are those at or above
-    their threshold, most probable first, instead of the top k; `whole` as in `model_view`."""
+    their threshold, most probable first, instead of the top k; `whole` as in `model_view`, `flip_tta` as in
+    `class_probabilities`."""
     import torch
 
     from finetune.augment import photo_size
@@ -340,7 +349,7 @@ def predict_files(
         if not images:
             continue
         pixel_values = preprocess(images, model, processor, image_size, whole)
-        probabilities = class_probabilities(model, pixel_values, interpolate)
+        probabilities = class_probabilities(model, pixel_values, interpolate, flip_tta)
         for name, row in zip(names, probabilities):
             top_scores, top_indices = row.sort(descending=True)
             keep = top_scores >= cuts[top_indices] if cuts is not None else slice(top_k)
@@ -443,9 +452,12 @@ def main(argv: list[str] | None = None) -> list[Prediction]:
         )
     model, processor, results, paths = classifier_from_arguments(parser, args)
     thresholds = label_thresholds(model, results, args.model_dir)
+    # As the run's evaluation did: its thresholds and figures are of the mean logits with the mirror image.
+    flip_tta = bool(results is not None and results.hyperparameters.get("flip_tta"))
     predictions, skipped = predict_files(
-        model, processor, paths, args.top_k, args.batch_size, args.image_size, thresholds, stored_frame(results)
-    )
+        model, processor, paths, args.top_k, args.batch_size, args.image_size, thresholds, stored_frame(results),
+        flip_tta,
+    )  # fmt: skip
     for p in predictions:
         labels = ", ".join(f"{label} {score:.4f}" for label, score in zip(p.labels, p.scores))
         print(f"{p.path}: {labels or 'no label above its threshold'}")

@@ -105,7 +105,7 @@ def newest_whole_checkpoint(run_dir: Path, training_args: TrainingArguments) -> 
             return str(checkpoint)
         if training_args.process_index == 0:
             logger.warning(
-                f"Skipping {checkpoint}, which cannot be resumed exactly: {problems[-1]}. It is left in place."
+                f"Skipping {checkpoint}: {problems[-1]}; it cannot be resumed exactly, and is left in place."
             )
     raise ValueError(
         f"{run_dir} holds no whole checkpoint to resume from (the newest, {numbered[0].name}: {problems[0]}). "

@@ -438,6 +438,7 @@ def test_a_both_run_stopped_in_either_model_resumes_with_the_command_it_names(tm
     assert ended["scratch"].train.steps == 16 and (out / "comparison" / "report.md").is_file()
 
 
+@pytest.mark.slow  # tens of seconds of runs in one file's worker: CI runs it (-m 'not gpu')
 @pytest.mark.parametrize(
     "stopped_by, options",
     [
@@ -500,6 +501,7 @@ def test_a_resume_with_another_learning_rate_is_refused_and_an_older_checkpoint_
     assert same_weights(out, uninterrupted)
 
 
+@pytest.mark.slow  # tens of seconds of runs in one file's worker: CI runs it (-m 'not gpu')
 def test_a_resumed_two_process_run_reports_the_uninterrupted_runs_training_loss(tmp_path):
     """Each process adds up its own batches' losses, and only process 0's sum was saved: resumed, every process took
     it, and the mean over processes came out wrong (2.308158 against 2.310521)."""

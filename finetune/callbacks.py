@@ -92,11 +92,11 @@ class ResumeCheck(TrainerCallback, ExportableState):
     def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
         self.steps_per_epoch, self.options, resumed = None, None, state.global_step > 0
         restore_state(self, state)
-        then, self.options = self.options or {}, {name: option(args, name) for name in OPTIMIZER_OPTIONS}
+        saved, self.options = self.options or {}, {name: option(args, name) for name in OPTIMIZER_OPTIONS}
         changed = [
-            f"{name} {number(then[name])} (now {number(now)})"
+            f"{name} {number(saved[name])} (now {number(now)})"
             for name, now in self.options.items()
-            if then.get(name, now) != now
+            if saved.get(name, now) != now
         ]
         if resumed and changed:
             raise ResumeRefused(

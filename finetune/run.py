@@ -310,7 +310,7 @@ def check_model_and_output_dir(model_args: ModelArguments, training_args: Traini
     if training_args.do_train:
         reads["the teacher"] = training_args.teacher_model_name_or_path
     # The local folders among them: a Hub id, or a missing folder, is explained when it is loaded.
-    sources = {what: path for what, path in reads.items() if path and Path(path).expanduser().is_dir()}
+    sources = {what: path for what, path in reads.items() if path and is_local(path)}
     for what, path in sources.items():
         model = Path(path).expanduser().resolve()
         for run_dir in run_dirs:
@@ -348,8 +348,9 @@ def train_and_evaluate(
     set_seed(args.seed)
     # Under `both` the other model's folder refuses a plain rerun; resuming resumes or starts each model.
     resume = " with `--resume_from_checkpoint true`" if model_args.model_type == "both" else ""
+    rerun = f"Rerun the same command{resume} {REUSED}."
     # Not `every_process`: placing the model on a device can fail in one process alone (a GPU another job fills).
-    with stage(f"building the {model_type} model, before it trained", f"Rerun the same command{resume} {REUSED}."):
+    with stage(f"building the {model_type} model, before it trained", rerun):
         model_args, attention_why = choose_attention(model_type, model_args, scratch_args, args)
         model, processor, prep = build_model(model_type, model_args, scratch_args, data)
         trainer = make_trainer(model, processor, prep, data_args, args, data, model_args.layer_decay, settings.compile)
@@ -360,8 +361,7 @@ def train_and_evaluate(
     # A signal before the first step (the optimizer, a resumed checkpoint's loading) is answered by the stage; after
     # it, by `InterruptCallback`, which saves a checkpoint first.
     with stage(
-        f"training the {model_type} model",
-        lambda: f"Rerun the same command{resume} {REUSED}." if resume else resume_or_rerun(Path(args.output_dir)),
+        f"training the {model_type} model", lambda: rerun if resume else resume_or_rerun(Path(args.output_dir))
     ):
         train_result = trainer.train(resume_from_checkpoint=checkpoint)
     # ---- After training: a signal from here on is answered here (`InterruptCallback` only acts while training).

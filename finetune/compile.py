@@ -61,14 +61,10 @@ class TrainingCompiler(TrainerCallback):
         self._segment_start = self._last_end = None
         self._times: dict[str, float] = {}
 
-    @property
-    def _checking(self) -> bool:
-        return bool(self._phases)
-
     def module_for(self, model: nn.Module, batch_size: int) -> nn.Module:
         """The module to run a training micro-batch of `batch_size` images through."""
         self.used = False
-        trying_eager = self._checking and self._phases[0][0].startswith("eager")
+        trying_eager = self._phases and self._phases[0][0].startswith("eager")
         if not self.active or trying_eager or not model.training:
             return model
         if self.batch_size is None:
@@ -120,12 +116,12 @@ class TrainingCompiler(TrainerCallback):
         )
 
     def on_step_begin(self, *args, **kwargs) -> None:
-        if self._checking and self._segment_start is None:
+        if self._phases and self._segment_start is None:
             synchronize(self.device)
             self._segment_start = self.time_fn()
 
     def on_step_end(self, *args, **kwargs) -> None:
-        if not self._checking or self._segment_start is None:
+        if not self._phases or self._segment_start is None:
             return
         synchronize(self.device)  # only in the few steps of the check
         self._last_end = self.time_fn()
@@ -142,13 +138,13 @@ class TrainingCompiler(TrainerCallback):
 
     def interrupted(self, *args, **kwargs) -> None:
         """An evaluation, a checkpoint or an epoch's end: the timed phase pauses at the last step's end."""
-        if self._checking:
+        if self._phases:
             self._close_segment()
 
     on_evaluate = on_save = on_epoch_end = interrupted
 
     def _close_segment(self) -> None:
-        if self._segment_start is not None and self._last_end is not None and self._last_end > self._segment_start:
+        if self._last_end is not None and self._last_end > self._segment_start:  # a step ended since it started
             self._phase_seconds += self._last_end - self._segment_start
         self._segment_start = self._last_end = None
 

@@ -161,11 +161,11 @@ def test_in_a_multi_process_run_a_compiler_error_waits_for_the_agreement_point()
     compiler.on_step_begin()
     compiler.module_for(model, 8)
     compiler.fall_back(RuntimeError("inductor failed"))
-    assert compiler.module_for(model, 8) is model and compiler._checking
+    assert compiler.module_for(model, 8) is model and compiler._phases
     for _ in range(3):
         compiler.on_step_end()
         compiler.on_step_begin()
-    assert not compiler._checking and compiler.outcome.startswith("eager after a compiler error")
+    assert not compiler._phases and compiler.outcome.startswith("eager after a compiler error")
 
 
 def test_gradient_accumulation_keeps_auto_away_from_cuda_graphs(caplog):

@@ -122,10 +122,8 @@ def load_trained_model(
     if is_adapter_dir(path):  # its own message names the base it could not load
         model = load_adapter_model(path, trust_remote_code=model_args.trust_remote_code, **attention)
     else:
-        try:
+        with _hub_errors("model", path):
             model = AutoModelForImageClassification.from_pretrained(path, **_load_kwargs(model_args), **attention)
-        except OSError as error:
-            raise OSError(_unreachable_message("model", path, error)) from error
     processor = _load_processor(model_args)
     check_labels(model.config, data.label_names, path)
     if is_multi_label(model.config) != data.multi_label:
@@ -252,10 +250,8 @@ def _load_kwargs(model_args: ModelArguments) -> dict:
 
 def _load_config(model_args: ModelArguments):
     _check_model_path(model_args.model_name_or_path)
-    try:
+    with _hub_errors("model", model_args.model_name_or_path):
         return AutoConfig.from_pretrained(model_args.model_name_or_path, **_load_kwargs(model_args))
-    except OSError as error:
-        raise OSError(_unreachable_message("model", model_args.model_name_or_path, error)) from error
 
 
 @contextlib.contextmanager
@@ -286,19 +282,17 @@ def _load_pretrained(model_args: ModelArguments, data: ImageData, drop_path_rate
     # timm's config saves its class names as `label_names` beside `id2label`: they go with the old labels.
     saved = {key: value for key, value in original.to_dict().items() if key != "label_names"}
     config = type(original).from_dict(saved, **overrides)
-    with _plain_model_folder(path, model_args.trust_remote_code) as weights:
-        try:
-            with transformers_errors_only():  # the load report is summarised below, in the pipeline's words
-                model, info = AutoModelForImageClassification.from_pretrained(
-                    weights,
-                    config=config,
-                    ignore_mismatched_sizes=model_args.ignore_mismatched_sizes,
-                    output_loading_info=True,
-                    attn_implementation=model_args.attn_implementation,
-                    **_load_kwargs(model_args),
-                )
-        except OSError as error:
-            raise OSError(_unreachable_message("model", path, error)) from error
+    # The load report is summarised below, in the pipeline's words.
+    with _plain_model_folder(path, model_args.trust_remote_code) as weights, _hub_errors("model", path):
+        with transformers_errors_only():
+            model, info = AutoModelForImageClassification.from_pretrained(
+                weights,
+                config=config,
+                ignore_mismatched_sizes=model_args.ignore_mismatched_sizes,
+                output_loading_info=True,
+                attn_implementation=model_args.attn_implementation,
+                **_load_kwargs(model_args),
+            )
     # Per kind, the parameter names (a mismatched key may come as (name, saved shape, model shape)).
     kinds = ("missing_keys", "unexpected_keys", "mismatched_keys")
     keys = {kind: [k[0] if isinstance(k, tuple) else str(k) for k in info.get(kind, [])] for kind in kinds}
@@ -330,9 +324,8 @@ def _names_other_classes(checkpoint_labels: list[str], dataset_labels: list[str]
     """Whether a head of the dataset's size was trained for other classes: its labels are named (not transformers'
     placeholders `LABEL_0`, ...) and differ by name or order. A head of another size is replaced on loading."""
     placeholders = [f"LABEL_{i}" for i in range(len(checkpoint_labels))]
-    if len(checkpoint_labels) != len(dataset_labels) or checkpoint_labels == placeholders:
-        return False
-    return checkpoint_labels != list(dataset_labels)
+    same_size = len(checkpoint_labels) == len(dataset_labels)
+    return same_size and checkpoint_labels != placeholders and checkpoint_labels != list(dataset_labels)
 
 
 def _shorten(names: list[str], limit: int = 5) -> str:
@@ -366,16 +359,13 @@ def _check_model_path(path: str) -> None:
 def _load_processor(model_args: ModelArguments):
     """The pretrained model's image processor: a small json file, read without the weights."""
     processor_path = model_args.image_processor_name or model_args.model_name_or_path
-    try:
+    local_fix = (
+        f"No image processor in {processor_path!r} (preprocessor_config.json is missing). Save one next to the "
+        "model, e.g. `ViTImageProcessor(size={'height': 224, 'width': 224}).save_pretrained(dir)`, or set "
+        "`image_processor_name`."
+    )
+    with _hub_errors("image processor", processor_path, local_fix):
         return AutoImageProcessor.from_pretrained(processor_path, **_load_kwargs(model_args))
-    except OSError as error:
-        if os.path.isdir(processor_path):
-            raise OSError(
-                f"No image processor in {processor_path!r} (preprocessor_config.json is missing). Save one next to "
-                "the model, e.g. `ViTImageProcessor(size={'height': 224, 'width': 224}).save_pretrained(dir)`, or "
-                "set `image_processor_name`."
-            ) from error
-        raise OSError(_unreachable_message("image processor", processor_path, error)) from error
 
 
 def check_local_checkpoint(path: str | os.PathLike, trust_remote_code: bool = False) -> None:
@@ -431,14 +421,22 @@ def check_local_checkpoint(path: str | os.PathLike, trust_remote_code: bool = Fa
         )
 
 
-def _unreachable_message(what: str, path: str, error: Exception) -> str:
-    offline = offline_switch()
-    reason = f"the Hub is switched off ({offline}=1)" if offline else "the Hub could not be reached or refused"
-    return (
-        f"Could not load the {what} {path!r}: {reason} ({one_line(error)}). Fix: connect to the Hub (and "
-        "`hf auth login` for gated or private repos), or download it once and pass the local directory as "
-        "`model_name_or_path`."
-    )
+@contextlib.contextmanager
+def _hub_errors(what: str, path: str, local_fix: str | None = None):
+    """An `OSError` of loading the `what` at `path` re-raised with the fix: `local_fix` where given and `path` is a
+    local folder, else the Hub's (switched off, or unreachable)."""
+    try:
+        yield
+    except OSError as error:
+        if local_fix is not None and os.path.isdir(path):
+            raise OSError(local_fix) from error
+        offline = offline_switch()
+        reason = f"the Hub is switched off ({offline}=1)" if offline else "the Hub could not be reached or refused"
+        raise OSError(
+            f"Could not load the {what} {path!r}: {reason} ({one_line(error)}). Fix: connect to the Hub (and "
+            "`hf auth login` for gated or private repos), or download it once and pass the local directory as "
+            "`model_name_or_path`."
+        ) from error
 
 
 def _build_scratch(scratch_args, data: ImageData, attn_implementation: str | None = None):

@@ -28,8 +28,7 @@ from finetune.errors import ArgumentParser, UsageError
 
 
 def option(default: Any = dataclasses.MISSING, help: str = "", *, factory=dataclasses.MISSING, **metadata) -> Any:
-    """A dataclass field with its help (and argparse settings such as `choices`), as transformers' `HfArg` writes one
-    (which would import transformers)."""
+    """A dataclass field with its help and argparse settings (`choices`), as transformers' `HfArg` (not imported)."""
     return field(default=default, default_factory=factory, metadata={"help": help, **metadata})
 
 
@@ -311,7 +310,6 @@ class TrainingLoopArguments:
     hub_commit_message: str = option("Upload fine-tuned model", "Commit message of the push to the Hub.")
 
 
-# ---------------------------------------------------------------------------------------------------------------------
 # Reading the options: the short help, YAML configs and their checks. The command line itself is parsed by
 # `finetune.training_args.OptionParser` (transformers' `HfArgumentParser`).
 

@@ -164,7 +164,7 @@ class OptionParser(ArgumentParser, HfArgumentParser):
     option, as `null` does in a YAML config."""
 
     def __init__(self, dataclass_types, **kwargs):
-        self.options = option_specs(dataclass_types)  # name -> (type hint, choices), read by `parse_options`
+        self.options = option_specs(dataclass_types)  # name -> (type hint, choices, default), read by `parse_options`
         super().__init__(dataclass_types, allow_abbrev=False, **kwargs)
 
     def add_argument(self, *names, **kwargs):

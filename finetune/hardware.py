@@ -139,14 +139,11 @@ def choose_precision(
     is untested; `--bf16 true` or `--fp16 true` try it).
     """
     bf16, fp16, tf32 = parse_switch(bf16, "bf16"), parse_switch(fp16, "fp16"), parse_switch(tf32, "tf32")
-    reasons = []
     launcher = launcher_precision if launcher_precision in ("bf16", "fp16") else None
     # A precision chosen explicitly or by the launcher turns `auto` off; a switch on wins over the launcher's.
     if launcher or AUTO not in (bf16, fp16) or True in (bf16, fp16):
         given = True in (bf16, fp16) or not launcher
-        reasons.append(
-            "as given" if given else f"mixed precision {launcher} from `accelerate launch --mixed_precision`"
-        )
+        reasons = ["as given" if given else f"mixed precision {launcher} from `accelerate launch --mixed_precision`"]
         bf16, fp16 = bf16 is True, fp16 is True
     else:
         if device == "cuda" and cuda_bf16:
@@ -162,7 +159,7 @@ def choose_precision(
             auto, why = None, f"float32 on {device} (mixed precision there is not tested)"
         # auto's pick switched off by hand (`--bf16 false` where auto would use bf16) leaves float32
         refused = {"bf16": bf16, "fp16": fp16}.get(auto) is False
-        reasons.append(f"{auto} false as given" if refused else f"auto: {why}")
+        reasons = [f"{auto} false as given" if refused else f"auto: {why}"]
         bf16, fp16 = bf16 == AUTO and auto == "bf16", fp16 == AUTO and auto == "fp16"
     if tf32 == AUTO:
         tf32 = True if device == "cuda" and cuda_capability >= (8, 0) else None

@@ -208,12 +208,10 @@ class RunClock(TrainerCallback, ExportableState):
     def on_epoch_end(self, args, state, control, **kwargs):
         # Called before the end-of-epoch evaluation and checkpoint, so those are not counted; an epoch that took no
         # step (a resumed run whose training had ended) adds nothing.
-        if self._epoch_start is not None and self._mark is None:
-            self._epoch_start = None
-        elif self._epoch_start is not None:
+        if self._epoch_start is not None and self._mark is not None:
             self._mark = self.time_fn()
             self.train_seconds = self.training_seconds()
-            self._epoch_start = None
+        self._epoch_start = None
 
     on_train_end = on_epoch_end  # a budget or `max_steps` can end training inside an epoch, with no `on_epoch_end`
 

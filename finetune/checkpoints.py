@@ -2,6 +2,7 @@
 run's work by accident, and the lock that keeps a second run out of a folder in use."""
 
 import atexit
+import contextlib
 import json
 import os
 import shutil
@@ -324,10 +325,8 @@ class RunLock:
         except FileNotFoundError:
             return
         if read_lock(aside) != holder:
-            try:
+            with contextlib.suppress(FileExistsError):
                 os.link(aside, self.path)
-            except FileExistsError:
-                pass
         elif holder["pid"] != os.getpid():
             logger.info(f"Taking over {self.path}: its run (process {holder['pid']}) is no longer alive.")
         aside.unlink()

@@ -667,9 +667,8 @@ def evaluate_only(
         splits = {"validation": "eval", **({"test": "test"} if data.test is not None else {})}
         predictions = {s: trainer.predict(getattr(data, s), metric_key_prefix=p) for s, p in splits.items()}
     output_dir = Path(args.output_dir)
-    is_scratch = model.config.model_type == "scratch_vit"
     results = Results(
-        model_type="scratch" if is_scratch else model_type,
+        model_type="scratch" if model.config.model_type == "scratch_vit" else model_type,
         model_name_or_path=model_args.model_name_or_path,
         model_is_local=is_local(model_args.model_name_or_path),
         **evaluated_model_fields(args, model, prep, data, predictions["validation"], predictions.get("test"), start),
@@ -720,11 +719,9 @@ def choose_attention(
                 "transformers attention layers to switch): it keeps its own. Fix: leave the option at `auto`."
             )
         return dataclasses.replace(model_args, attn_implementation=None), "the model's default"
+    bf16 = args.bf16 or args.mixed_precision == "bf16"
     attention, attention_why = hardware.choose_attention(
-        model_args.attn_implementation,
-        args.device.type,
-        args.bf16 or args.mixed_precision == "bf16",
-        head_size,
+        model_args.attn_implementation, args.device.type, bf16, head_size
     )
     logger.info(f"Attention: {attention} ({attention_why})")
     return dataclasses.replace(model_args, attn_implementation=attention), attention_why
@@ -767,12 +764,8 @@ def hyperparameters(args, settings: hardware.Settings, model, model_type: str, m
         "finetune_method": method,
     }
     if method == "lora":
-        values.update(
-            lora_r=model_args.lora_r,
-            lora_alpha=model_args.lora_alpha,
-            lora_dropout=model_args.lora_dropout,
-            lora_target_modules=model_args.lora_target_modules or "default (query and value projections)",
-        )
+        values.update({name: getattr(model_args, name) for name in ("lora_r", "lora_alpha", "lora_dropout")})
+        values["lora_target_modules"] = model_args.lora_target_modules or "default (query and value projections)"
     if model_args.layer_decay is not None:
         values["layer_decay"] = model_args.layer_decay
     return values

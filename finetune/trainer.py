@@ -179,14 +179,9 @@ class ImageClassificationTrainer(Trainer):
         # callbacks that ask for a save (budget, early stopping, interrupt) act before the EMA swaps its average in,
         # last, acting on what the callbacks before it decided.
         progress = EvaluationLines() if a.disable_tqdm else QuietProgress(self.budget)
-        callbacks = [self.ema and self.ema.restorer, ResumeCheck(), self.clock, self.guard, self.compiler, self.budget]
-        callbacks += [
-            self.early_stopping,
-            progress,
-            InterruptCallback(self.guard),
-            ClockBeforeSave(self.clock),
-            self.ema,
-        ]
+        callbacks = [self.ema and self.ema.restorer, ResumeCheck(), self.clock, self.guard, self.compiler]
+        callbacks += [self.budget, self.early_stopping, progress, InterruptCallback(self.guard)]
+        callbacks += [ClockBeforeSave(self.clock), self.ema]
         for callback in filter(None, callbacks):
             self.add_callback(callback)
 

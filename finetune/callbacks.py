@@ -1,7 +1,6 @@
 """Trainer callbacks that `ImageClassificationTrainer` builds from its arguments: the run's one clock (`RunClock`), a
 wall-clock budget with a schedule that ends at it, an exponential moving average (EMA) of the weights evaluated and
-saved in place of the weights, a stop on SIGTERM/SIGINT that saves a checkpoint first, and quieter progress bars.
-"""
+saved in place of the weights, a stop on SIGTERM/SIGINT that saves a checkpoint first, and quieter progress bars."""
 
 import enum
 import functools
@@ -267,8 +266,8 @@ class TrainingBudgetCallback(TrainerCallback, ExportableState):
     """Stop training when `max_minutes` of wall-clock time have passed since training began (by `clock`, registered
     before this callback); with `fit_schedule`, re-plan the learning-rate schedule to end at the budget, from the
     seconds per step measured after `calibration_fraction` of it and again after each further tenth. The plan and the
-    stop are saved with each checkpoint: a resumed run keeps the planned schedule, and one whose budget had ended
-    its training trains no further step."""
+    stop are saved with each checkpoint: a resumed run keeps the planned schedule, and one whose budget had ended its
+    training trains no further step."""
 
     def __init__(
         self,
@@ -432,8 +431,7 @@ class ModelEMA:
     Not `torch.optim.swa_utils.AveragedModel` (with `get_ema_multi_avg_fn`, the same average: tests/test_callbacks.py):
     its `update_parameters` reads its update count from the device at every call (a host-device sync per step on a
     GPU) and averages integer buffers too, and it is slower on the CPU (`benchmarks/ema_update.py`, 2-core CPU:
-    15.9 against 16.7 ms per update for ViT-B/16, 0.16 against 0.29 ms for the notebooks' scratch ViT).
-    """
+    15.9 against 16.7 ms per update for ViT-B/16, 0.16 against 0.29 ms for the notebooks' scratch ViT)."""
 
     def __init__(self, model: nn.Module, decay: float, warmup: bool = True):
         self.decay, self.warmup, self.num_updates = decay, warmup, 0
@@ -537,10 +535,9 @@ class EMARestorer(TrainerCallback):
 class InterruptCallback(TrainerCallback):
     """The first SIGTERM (a scheduler's preemption) or SIGINT (Ctrl-C) asks `guard` to stop: once every process has
     agreed (the guard reduces the request with its flags), the Trainer saves a checkpoint after the running optimizer
-    step, and `Interrupted` ends training right after that save (before the Trainer's end, which could reload
-    or rotate checkpoints); after the last step, at the end of training. A second signal ends the process at once.
-    `signal` is the first one's number in the process that received it; `guard.stop_agreed` the one every process
-    stops for."""
+    step, and `Interrupted` ends training right after that save (before the Trainer's end, which could reload or
+    rotate checkpoints); after the last step, at the end of training. A second signal ends the process at once.
+    `signal` is the first one's number in the process that received it; `guard.stop_agreed` the one all stop for."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -644,8 +641,7 @@ class EvaluationLines(TrainerCallback):
 
 
 def evaluation_line(state, logs: dict | None) -> str | None:
-    """An evaluation's logs as one line (None for other logs): the validation score and loss, and the last training
-    loss logged."""
+    """An evaluation's logs as one line (None for other logs): validation score and loss, the last training loss."""
     score = next((name for name in ("accuracy", "map") if f"eval_{name}" in (logs or {})), None)
     if score is None:
         return None

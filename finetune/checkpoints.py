@@ -261,8 +261,7 @@ class RunLock:
 
     A file created atomically (`O_CREAT | O_EXCL`, also on NFS v3+), not `fcntl.flock`, which is per host (two machines
     sharing the folder would both get it). A lock whose process is gone from this host (`kill -9`) is stale and taken
-    over; whether a process of another host lives cannot be checked, so its lock is reported with the fix.
-    """
+    over; whether a process of another host lives cannot be checked, so its lock is reported with the fix."""
 
     def __init__(self, output_dir: str | os.PathLike):
         self.path = Path(output_dir) / LOCK_NAME

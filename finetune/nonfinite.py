@@ -6,8 +6,7 @@ processes with the requests every process must act on at the same step (a signal
 seconds the budget's schedule is planned from; skips the update (fused optimizers take the flag as `found_inf`; others
 have their gradients cleared; under fp16 the scaler skips it already); restores the buffers of a skipped step; and
 reads the flags `LAG` steps later on CUDA, so the host never waits for the device. Skipped steps leave the weights as
-they were, so a run whose steps are all bad cannot recover: `max_consecutive` in a row raise `TrainingDiverged`.
-"""
+they were, so a run whose steps are all bad cannot recover: `max_consecutive` in a row raise `TrainingDiverged`."""
 
 from collections import deque
 
@@ -60,8 +59,7 @@ class NonFiniteGuard(TrainerCallback):
         self._skip = True
 
     def observe_loss(self, loss: torch.Tensor) -> torch.Tensor:
-        """Flag a non-finite micro-batch loss; returns the loss with such a value replaced by 0 for the logged mean
-        (the step is reported on its own)."""
+        """Flag a non-finite micro-batch loss; returns it replaced by 0 for the logged mean (the step is reported)."""
         finite = torch.isfinite(loss.detach())
         self._loss_bad = ~finite if self._loss_bad is None else self._loss_bad | ~finite
         return torch.where(finite, loss.detach(), torch.zeros_like(loss.detach()))
@@ -129,8 +127,7 @@ class NonFiniteGuard(TrainerCallback):
     on_train_end = on_epoch_end
 
     def poll(self, state, wait_all: bool = False) -> None:
-        """Read the flags that are due: at once off CUDA; on CUDA those more than `LAG` steps old (the same steps in
-        every process)."""
+        """Read the flags that are due: at once off CUDA; on CUDA those over `LAG` steps old (the same in all)."""
         while self._pending:
             step, learning_rate, host, event = self._pending[0]
             if event is not None:

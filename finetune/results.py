@@ -6,8 +6,7 @@ the model card and the benchmarks. Each figure is stored once:
   it (`finetune.callbacks.RunClock`).
 - `wall_seconds`: this model alone from start to `results.json`, evaluations and checkpoints included.
 - `history`: one row per evaluation, stamped with `elapsed_seconds` since training began.
-- `hardware`: where it ran (`finetune.hardware.describe`).
-"""
+- `hardware`: where it ran (`finetune.hardware.describe`)."""
 
 import dataclasses
 import json
@@ -50,8 +49,7 @@ class EvalMetrics:
 
 @dataclass
 class TrainMetrics:
-    """The training of the whole run (a resumed run's before and after the resume); `data_seconds` only from
-    benchmarks/timed_run.py."""
+    """The whole run's training (a resumed run's before and after); `data_seconds` only from benchmarks/timed_run."""
 
     loss: float | None = None
     seconds: float | None = None
@@ -103,8 +101,7 @@ class Results:
     validation: EvalMetrics | None = None
     test: EvalMetrics | None = None
     per_class_accuracy: dict[str, float] = field(default_factory=dict)
-    # On `confusion_split`, as `per_class_accuracy` (which is the recall); None where undefined. Empty in files written
-    # before schema version 3.
+    # On `confusion_split`, as `per_class_accuracy` (the recall); None where undefined. Empty before schema version 3.
     per_class_precision: dict[str, float | None] = field(default_factory=dict)
     per_class_recall: dict[str, float | None] = field(default_factory=dict)
     per_class_f1: dict[str, float | None] = field(default_factory=dict)

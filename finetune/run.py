@@ -4,8 +4,7 @@
     python -m finetune.run --config configs/quickstart.yaml        (or `python finetune/run.py`, `vit-finetune train`)
 
 `main` runs the stages of transformers' example scripts: arguments, settings and logging, data, model, Trainer,
-training, evaluation, results, publishing. The options are described in finetune/arguments.py.
-"""
+training, evaluation, results, publishing. The options are described in finetune/arguments.py."""
 
 import contextlib
 import copy
@@ -257,9 +256,8 @@ class ConsoleFormatter(logging.Formatter):
 
 
 def setup_logging(training_args: TrainingArguments, settings: hardware.Settings) -> None:
-    """The pipeline's own lines at INFO on the main process (warnings only on the others, as the example scripts do);
-    the libraries' at WARNING, unless `log_level` asks for more; then what the run uses and why, and the settings'
-    warnings."""
+    """The pipeline's own lines at INFO on the main process (warnings only on the others, as the example scripts do),
+    the libraries' at WARNING unless `log_level` asks for more; then what the run uses and why, and its warnings."""
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(ConsoleFormatter())
     logging.basicConfig(handlers=[handler])  # a no-op where the root logger has handlers already (tests, notebooks)
@@ -616,8 +614,7 @@ def check_held_out_as_trained(
         return
     trained = Results.load(run_dir)
     recorded = trained.hyperparameters
-    # A local dataset: the same files, whatever the path's spelling; a Hub id (or results.json of earlier versions):
-    # the same name.
+    # A local dataset: the same files, however the path is spelled; a Hub id (or older results.json): the same name.
     fingerprint, local = trained.dataset_fingerprint, os.path.exists(os.path.expanduser(data.source))
     same = fingerprint == data.fingerprint if fingerprint and local else trained.dataset == data.source
     if not same or recorded.get("evaluation_only") or "seed" not in recorded:

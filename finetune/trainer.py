@@ -135,8 +135,7 @@ class ImageClassificationTrainer(Trainer):
             `pos_weight`), or None.
         teacher: a trained classifier of the same labels that teaches the model (`distillation_loss`), or None; kept
             on the device in eval mode, never trained or saved.
-        teacher_transform: the `BatchTransform` that feeds the teacher (its `finish` only).
-    """
+        teacher_transform: the `BatchTransform` that feeds the teacher (its `finish` only)."""
 
     def __init__(self, *args, batch_transform, compile_choice: CompileChoice | None = None, layer_decay=None,
                  class_weights: torch.Tensor | None = None, teacher=None, teacher_transform=None, **kw):  # fmt: skip
@@ -200,8 +199,7 @@ class ImageClassificationTrainer(Trainer):
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         # The Trainer reads `should_training_stop` only after a step: one set before the first (a resumed run whose
-        # training had ended: `ResumedEarlyStopping`, `TrainingBudgetCallback`) gets an empty step, which ends the
-        # loop without training.
+        # training had ended: `ResumedEarlyStopping`, `TrainingBudgetCallback`) gets an empty step, ending the loop.
         if self.control.should_training_stop:
             return [], None
         return super().get_batch_samples(epoch_iterator, num_batches, device)
@@ -285,8 +283,7 @@ class ImageClassificationTrainer(Trainer):
         return self.optimizer
 
     def train(self, *args, **kwargs):
-        """The Trainer's training; a divergence says what was kept and what to try, and a signal ends it with the
-        checkpoint saved and how to resume."""
+        """The Trainer's training; a divergence says what was kept and what to try, a signal how to resume."""
         if self.ema is not None:
             self.ema.resume_from = kwargs.get("resume_from_checkpoint")
         try:

@@ -100,14 +100,13 @@ def newest_whole_checkpoint(run_dir: Path, training_args: TrainingArguments) -> 
         )
     problems = []
     for checkpoint in numbered:
-        problems.append(checkpoint_problem(checkpoint, training_args))
-        if not problems[-1]:
+        problem = checkpoint_problem(checkpoint, training_args)
+        if not problem:
             logger.info(f"Resuming from {checkpoint}")
             return str(checkpoint)
+        problems.append(problem)
         if training_args.process_index == 0:
-            logger.warning(
-                f"Skipping {checkpoint}: {problems[-1]}; it cannot be resumed exactly, and is left in place."
-            )
+            logger.warning(f"Skipping {checkpoint}: {problem}; it cannot be resumed exactly, and is left in place.")
     raise ValueError(
         f"{run_dir} holds no whole checkpoint to resume from (the newest, {numbered[0].name}: {problems[0]}). "
         f"{fix_for(problems[0], numbered[0])}"

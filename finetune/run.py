@@ -300,13 +300,12 @@ def check_model_and_output_dir(model_args: ModelArguments, training_args: Traini
     output = Path(training_args.output_dir).expanduser().resolve()
     # The folders the run writes into (saves, checkpoint rotation, cleanup): under `both`, one per model.
     run_dirs = [output / "pretrained", output / "scratch"] if model_args.model_type == "both" else [output]
-    reads = {}  # the models it reads, by their role
+    # The models it reads, by their role (a ScratchViT trains from no model).
     if not training_args.do_train:
-        reads["the model to evaluate"] = model_args.model_name_or_path
-    elif model_args.model_type != "scratch":
-        reads["the pretrained model"] = model_args.model_name_or_path
-    if training_args.do_train:
-        reads["the teacher"] = training_args.teacher_model_name_or_path
+        reads = {"the model to evaluate": model_args.model_name_or_path}
+    else:
+        pretrained = model_args.model_name_or_path if model_args.model_type != "scratch" else None
+        reads = {"the pretrained model": pretrained, "the teacher": training_args.teacher_model_name_or_path}
     # The local folders among them: a Hub id, or a missing folder, is explained when it is loaded.
     sources = {what: path for what, path in reads.items() if path and is_local(path)}
     for what, path in sources.items():

@@ -29,8 +29,7 @@ Other private transformers members read, for want of a public one (pinned by the
     PretrainedConfig._attn_implementation (finetune/run.py): the attention kernel the model runs (`sdpa`, `eager`),
         recorded with the run's results; transformers sets it with `set_attn_implementation` but has no getter.
     PreTrainedModel._init_weights and the `_is_hf_initialized` marks (models.reset_head): a checkpoint that classifies
-        other classes than the dataset's gets its head initialised exactly as loading initialises a new head.
-"""
+        other classes than the dataset's gets its head initialised exactly as loading initialises a new head."""
 
 import os
 

@@ -81,15 +81,9 @@ class RandomResizedCrop(nn.Module):
         found = fits.any(1)
         pick = fits.float().argmax(1, keepdim=True)  # (B, 1) the first try that fits
         h, w = h.gather(1, pick)[:, 0], w.gather(1, pick)[:, 0]  # (B, tries) -> (B,)
-        # No try fits: the whole image, cropped to the nearest aspect ratio in range (torchvision's fallback).
-        if not fallback:
-            default = (0, 0)
-        elif W / H < self.ratio[0]:
-            default = (round(W / self.ratio[0]), W)
-        elif W / H > self.ratio[1]:
-            default = (H, round(H * self.ratio[1]))
-        else:
-            default = (H, W)
+        # No try fits: the whole image, cropped to the nearest aspect ratio in range (torchvision's fallback): at most
+        # W / ratio[0] high and H * ratio[1] wide.
+        default = (min(H, round(W / self.ratio[0])), min(W, round(H * self.ratio[1]))) if fallback else (0, 0)
         h, w = torch.where(found, h, default[0]), torch.where(found, w, default[1])
         # A uniform offset in [0, H - h], as torch.randint(0, H - h + 1) draws it; the fallback is centred.
         top = (torch.rand(B, device=device) * (H - h + 1)).long().clamp(max=H - h)
@@ -386,13 +380,11 @@ def preprocessing_from(processor, config) -> Preprocessing:
 def _height_width(size) -> tuple[int, int] | None:
     """`(height, width)` of an image processor's `size` (an int, a dict or a `SizeDict`; height/width or
     shortest_edge), or None when it names neither."""
-    if size is None:
-        return None
     if isinstance(size, int):
         return (size, size)
-    if size.get("height") and size.get("width"):
-        return (int(size.get("height")), int(size.get("width")))
-    return (int(size.get("shortest_edge")),) * 2 if size.get("shortest_edge") else None
+    if size and size.get("height") and size.get("width"):
+        return (int(size["height"]), int(size["width"]))
+    return (int(size["shortest_edge"]),) * 2 if size and size.get("shortest_edge") else None
 
 
 class BatchTransform(nn.Module):

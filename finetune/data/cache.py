@@ -73,7 +73,7 @@ def decoded_split(
     for mode, path in zip(decode_modes, paths):
         # A native entry of images larger than `target_size` (cached for a larger model, or without one) is not what
         # this run would decode: it stores them at `target_size`, whatever the cache holds.
-        cached = _load_entry(path, where, target_size if mode == "native" else None) if path is not None else None
+        cached = _load_entry(path, where, target_size if mode == "native" else None)
         if cached is not None:
             pixels, meta = cached
             row_of[meta["positions"]] = meta["rows"]
@@ -123,14 +123,13 @@ def _cache_root(data_args: DataArguments) -> str | None:
     return os.path.expanduser(root) if root else os.path.join(hub_constants.HF_HOME, "vit-finetune", "decoded")
 
 
-def _load_entry(path: str, where: str, largest: int | None = None) -> tuple[np.ndarray, dict] | None:
-    """The entry at `path`; None where there is none, it is unreadable, or its shorter side is over `largest`."""
-    meta_path = os.path.join(path, "meta.json")
-    if not os.path.isfile(meta_path):
+def _load_entry(path: str | None, where: str, largest: int | None) -> tuple[np.ndarray, dict] | None:
+    """The entry at `path`, or None: no cache or entry, an unreadable one, or its shorter side over `largest`."""
+    if path is None or not os.path.isfile(os.path.join(path, "meta.json")):
         return None
     start = time.perf_counter()
     try:
-        with open(meta_path) as f:
+        with open(os.path.join(path, "meta.json")) as f:
             meta = json.load(f)
         pixels = np.load(os.path.join(path, "pixel_values.npy"), mmap_mode="r")
     except (OSError, ValueError) as error:

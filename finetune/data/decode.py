@@ -141,16 +141,14 @@ def decode_images(
     skipped corrupt images, and whether `fallback_size` was used.
     """
 
-    def name(i: int, path: str | None) -> str:
-        return f"index {int(positions[i])}" + (f" ({path})" if path else "")
-
     def corrupt(i: int, path: str | None, error: str) -> None:
+        name = f"index {int(positions[i])}" + (f" ({path})" if path else "")
         if corrupt_images == "error":
             raise ValueError(
-                f"Could not decode image {name(i, path)} of {where}: {error}. "
+                f"Could not decode image {name} of {where}: {error}. "
                 "Set `corrupt_images=skip` to drop images that cannot be decoded."
             )
-        skipped.append(name(i, path))
+        skipped.append(name)
 
     skipped, modes, sizes = [], set(), set()
     readable = np.zeros(num_images, dtype=bool)
@@ -186,9 +184,8 @@ def decode_images(
         )
 
     rows = np.cumsum(readable) - 1  # (num_images,) the row of each readable image
-    channels = 1 if mode == "L" else 3
-    pixels = np.lib.format.open_memmap(out_path, "w+", np.uint8, (int(readable.sum()), channels, size[1], size[0]))
-    del pixels  # the file exists at full size; workers map it and write their rows
+    shape = (int(readable.sum()), 1 if mode == "L" else 3, size[1], size[0])  # (N, C, H, W)
+    np.lib.format.open_memmap(out_path, "w+", np.uint8, shape)  # the file at full size: workers map it, write rows
     failed = np.zeros(num_images, dtype=bool)
     from transformers.utils import logging as hf_logging  # its bar follows transformers' progress-bar switch
 

@@ -70,16 +70,16 @@ def _keep_classes(
     unknown = [name for name in keep if name not in label_names]  # `DataArguments` refuses a name given twice
     if unknown:
         raise ValueError(f"`include_labels` has unknown label(s) {unknown}; the dataset's labels are {label_names}.")
+    old_ids = [label_names.index(name) for name in keep]
     new_id = np.full(len(label_names), -1, dtype=np.int64)
-    new_id[[label_names.index(name) for name in keep]] = np.arange(len(keep))
+    new_id[old_ids] = np.arange(len(keep))
     kept = {}
     for name, split in splits.items():
         if split.labels.ndim == 2:
-            kept[name] = Rows(split.source, split.positions, split.labels[:, [label_names.index(k) for k in keep]])
-            continue
-        labels = new_id[split.labels]
-        index = np.flatnonzero(labels >= 0)
-        kept[name] = Rows(split.source, split.positions[index], labels[index])
+            kept[name] = Rows(split.source, split.positions, split.labels[:, old_ids])
+        else:
+            labels = new_id[split.labels]
+            kept[name] = Rows(split.source, split.positions[labels >= 0], labels[labels >= 0])
     logger.info(f"Kept the {len(keep)} classes of `include_labels` {keep}, renumbered in that order.")
     return kept, keep
 
@@ -105,9 +105,7 @@ def stratified_split(labels: np.ndarray, validation_size: float, seed: int) -> t
     order = np.lexsort((rng.random(len(classes)), -(share - quota)))  # largest remainder first
     quota[order[: n_validation - quota.sum()]] += 1
     validation = np.concatenate([rng.permutation(np.flatnonzero(class_of == k))[:q] for k, q in enumerate(quota)])
-    is_validation = np.zeros(n, dtype=bool)
-    is_validation[validation] = True
-    return np.flatnonzero(~is_validation), np.flatnonzero(is_validation)
+    return np.setdiff1d(np.arange(n), validation), np.sort(validation)
 
 
 def _subsample(split: Rows, max_samples: int | None, seed: int, salt: int) -> Rows:

@@ -73,8 +73,7 @@ class RandomResizedCrop(nn.Module):
         """`(B, 4)` int64 boxes `(top, left, height, width)`, drawn as `RandomResizedCrop.get_params` draws one.
         Where no try fits, torchvision's fallback box, or with `fallback=False` an empty one."""
         area = H * W * torch.empty(B, self.ATTEMPTS, device=device).uniform_(*self.scale)  # (B, tries)
-        log_ratio = torch.empty(B, self.ATTEMPTS, device=device).uniform_(*map(math.log, self.ratio))
-        aspect = torch.exp(log_ratio)
+        aspect = torch.exp(torch.empty(B, self.ATTEMPTS, device=device).uniform_(*map(math.log, self.ratio)))
         w = torch.sqrt(area * aspect).round().long()
         h = torch.sqrt(area / aspect).round().long()
         fits = (w > 0) & (w <= W) & (h > 0) & (h <= H)  # (B, tries)

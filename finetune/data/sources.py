@@ -256,9 +256,8 @@ def _open_split_files(files: dict[str, str | list[str]], data_args: DataArgument
                 dataset = _read_csv(path, data_args)
             else:
                 dataset = datasets.load_dataset(TABLE_EXTENSIONS[extension], data_files=path, split="train")
-            fingerprint_paths += _referenced_files(dataset, data_args, path)
+            fingerprint_paths += [*_referenced_files(dataset, data_args, path), path]
             parts.append(dataset)
-            fingerprint_paths.append(path)
         splits[split] = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
     if not description:
         description = ", ".join(f"{split}: {p}" for split, p in files.items()) if len(files) > 1 else files["train"]
@@ -409,12 +408,12 @@ def encode_labels(splits: dict[str, datasets.Dataset], label_column: str) -> tup
     """Label names and each split's labels: int64 ids, or, for a list column (several labels per image), multi-hot
     float32 rows `(N, K)`. Splits made separately (a folder or file per split, each with its own `ClassLabel`) are
     matched by class name; a class no training image has keeps its name (`check_num_classes` warns)."""
-    feature = splits["train"].features[label_column]
+    features = {name: ds.features[label_column] for name, ds in splits.items()}
+    feature = features["train"]
     # A csv split without `;` holds scalars: the data is multi-label when any split holds lists.
-    if any(isinstance(ds.features[label_column], (datasets.List, datasets.LargeList)) for ds in splits.values()):
+    if any(isinstance(f, (datasets.List, datasets.LargeList)) for f in features.values()):
         item = feature.feature if isinstance(feature, (datasets.List, datasets.LargeList)) else feature
         return _multi_label_encoding(splits, label_column, item)
-    features = {name: ds.features[label_column] for name, ds in splits.items()}
     values = {name: _arrow_column(ds, label_column).to_pylist() for name, ds in splits.items()}
     if all(isinstance(f, datasets.ClassLabel) and f.names == feature.names for f in features.values()):
         return list(feature.names), {name: np.asarray(v, dtype=np.int64) for name, v in values.items()}

@@ -172,7 +172,7 @@ def _split_folders(path: str) -> dict[str, list[str]]:
     datasets' own patterns (`**/train/**`) would take a class folder named `train` at any depth for a split."""
     folders = sorted(d for d in os.listdir(path) if os.path.isdir(f"{path}/{d}") and not d.startswith((".", "__")))
     split_of = {d: _split_named(d) for d in folders}
-    if not folders or None in split_of.values():
+    if None in split_of.values():
         # Split-named folders of class folders beside other folders: which are classes, which splits, is a guess.
         splits = [d for d in folders if split_of[d] and any(e.is_dir() for e in os.scandir(f"{path}/{d}"))]
         if splits:

@@ -121,6 +121,15 @@ def test_save_to_disk_folder_keeps_its_test_split(tmp_path):
     _assert_covers(data, images, labels)
 
 
+@pytest.mark.parametrize("name", ["validation", "Validation", "TEST"])
+def test_a_save_to_disk_folder_of_only_a_validation_or_test_split_is_refused(tmp_path, name):
+    """A lone split is the training data unless named as another split, in any case: `Validation` trained on."""
+    images, labels = _images(10), _labels(10)
+    datasets.DatasetDict({name: _dataset(images, labels)}).save_to_disk(tmp_path / "saved")
+    with pytest.raises(ValueError, match=r"has no train split; its splits are \['" + name):
+        load_image_data(_args(dataset_name=str(tmp_path / "saved"), validation_size=3), seed=0)
+
+
 def test_arrow_file(tmp_path):
     images, labels = _images(10), _labels(10)
     _dataset(images, labels).save_to_disk(tmp_path / "saved")

@@ -327,7 +327,7 @@ def _open_cifar_batches(path: str) -> Source:
 
 def _named_splits(splits: dict[str, datasets.Dataset], where: str) -> dict[str, datasets.Dataset]:
     """Keep train/validation/test under their canonical names (`val` -> `validation`, ...)."""
-    if len(splits) == 1 and next(iter(splits)) not in SPLIT_ALIASES:
+    if len(splits) == 1 and str(next(iter(splits))).lower() not in SPLIT_ALIASES:
         return {"train": next(iter(splits.values()))}
     named = {}
     for name, dataset in splits.items():

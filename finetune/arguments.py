@@ -455,7 +455,8 @@ def read_yaml(path: str) -> tuple[dict, dict[str, int]]:
         raise ValueError(f"Config file {path!r} is not valid YAML: {error}") from None
     if not isinstance(values, dict):
         raise ValueError(f"Config file {path!r} must be a flat YAML map of `key: value`, got {type(values).__name__}.")
-    return values, {key.value: key.start_mark.line + 1 for key, _ in node.value if isinstance(key, yaml.ScalarNode)}
+    keys = node.value if node is not None else []  # an empty file (or comments only) sets nothing
+    return values, {key.value: key.start_mark.line + 1 for key, _ in keys if isinstance(key, yaml.ScalarNode)}
 
 
 def checked_value(key: str, value: Any, hint, choices: list[str] | None, default: Any, where: str) -> Any:
@@ -518,6 +519,11 @@ def parse_options(argv: list[str] | None = None) -> tuple[ModelArguments, DataAr
 
     argv = list(sys.argv[1:] if argv is None else argv)
     known = help_parser().parse_known_args(argv)[0]  # answers --help
+    if sum(a == "--config" or a.startswith("--config=") for a in argv) > 1:  # argparse would keep the last alone
+        raise UsageError(
+            "`--config` is given more than once; only one is read. Fix: one `--config`; a config can start from "
+            "another with `base: other.yaml` and state only its differences."
+        )
     parser = option_parser()
     if known.help_all:
         parser.print_help()
@@ -533,6 +539,11 @@ def parse_options(argv: list[str] | None = None) -> tuple[ModelArguments, DataAr
         hint = f" Did you mean `--config {extras[0]}`?" if extras[0].endswith((".yaml", ".yml")) else ""
         raise UsageError(f"Unexpected argument {extras[0]!r}: every value follows its `--option`.{hint}")
     values = {k: None if v == [None] else v for k, v in vars(namespace).items()}  # `--list_option null` unsets too
+    if values["output_dir"] is None:  # transformers' default would write to ./trainer_output
+        raise UsageError(
+            "`output_dir` cannot be unset: the run writes its model, checkpoints and results.json there. Fix: name a "
+            "folder, or leave the option out for the default outputs/run."
+        )
     if values.get("report_to") is None:  # cleared (`null`): to its default, no integration (transformers refuses None)
         values["report_to"] = "none"
     del values["config"], values["help_all"]

@@ -12,6 +12,7 @@ import yaml
 
 from finetune import run
 from finetune.arguments import ScratchViTArguments, load_yaml_config, parse_args, parse_options, scratch_config_kwargs
+from finetune.errors import UsageError
 from scratch_vit import ScratchViTConfig
 
 
@@ -87,6 +88,23 @@ def test_an_option_a_config_sets_can_be_cleared_on_the_command_line(tmp_path, wo
     )
     assert options["teacher_model_name_or_path"] is None and scratch_args.pooling is None
     assert scratch_args.patch_embedding_type == "conv_stem"
+
+
+def test_an_empty_config_sets_nothing(tmp_path):
+    for text in ("", "# only a comment\n"):  # both crashed (AttributeError)
+        empty = _write(tmp_path / "empty.yaml", text)
+        assert parse_options(["--config", str(empty)]) == parse_options([])
+
+
+def test_a_second_config_and_an_unset_output_dir_are_refused(tmp_path):
+    """argparse kept the last `--config` alone (the first was silently ignored); `--output_dir none` wrote to
+    transformers' default ./trainer_output."""
+    first, second = _write(tmp_path / "a.yaml", "seed: 1\n"), _write(tmp_path / "b.yaml", "seed: 2\n")
+    with pytest.raises(UsageError, match=r"`--config` is given more than once.*`base: other.yaml`"):
+        parse_options(["--config", str(first), f"--config={second}"])
+    for word in ("none", "null"):
+        with pytest.raises(UsageError, match="`output_dir` cannot be unset.*default outputs/run"):
+            parse_options(["--output_dir", word])
 
 
 def test_null_in_a_config_and_none_for_a_string_option(tmp_path):

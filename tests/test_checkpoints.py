@@ -234,7 +234,9 @@ def test_a_checkpoint_of_other_steps_an_epoch_is_refused_in_one_line(trained, tm
     assert checkpoints(out) == ["checkpoint-16", "checkpoint-8"]  # nothing trained
     # The same steps an epoch in other parts resumes, and what it saved resumes again with the same command.
     args = ["--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "2"]
-    assert run.main([*resume_args(out), *args])["scratch"].epochs == 3.0
+    resumed = run.main([*resume_args(out), *args])["scratch"]
+    assert resumed.epochs == 3.0 and resumed.hyperparameters["gradient_accumulation_steps"] == 2  # results say so
+    assert resumed.hyperparameters["metric_for_best_model"] == "accuracy"  # what chose the kept model
     assert run.main([*resume_args(out), *args, "--num_train_epochs", "4"])["scratch"].epochs == 4.0
 
 

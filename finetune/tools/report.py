@@ -19,7 +19,6 @@ from finetune.results import HistoryRow, Results
 
 if TYPE_CHECKING:
     import numpy as np
-    from matplotlib.figure import Figure
 
 
 MISSING = "—"
@@ -168,8 +167,8 @@ def summary_table(rows: Sequence[dict]) -> str:
 
 def history_table(history: Sequence[HistoryRow], max_rows: int | None = None) -> str:
     """The per-evaluation history as a Markdown table, thinned to at most `max_rows` rows."""
-    if max_rows:
-        history = history[:: math.ceil(len(history) / max_rows)] if history else history
+    if max_rows and history:
+        history = history[:: math.ceil(len(history) / max_rows)]
     multi_label = any(h.eval_map is not None for h in history)
     score, name = ("eval_map", "mAP") if multi_label else ("eval_accuracy", "accuracy")
     return markdown_table(
@@ -241,10 +240,10 @@ def plot_learning_curves(runs: Sequence[Results], names: Sequence[str], path: st
     for i, (run, name) in enumerate(zip(runs, names)):
         color = f"C{i % 10}"
         for key, style, marker, what in (("train_loss", "-", "o", "train"), ("eval_loss", "--", "s", "validation")):
-            x, y = _series(run.history, "epoch", key)
+            x, y = _series(run.history, key)
             if x:
                 ax_loss.plot(x, y, linestyle=style, marker=marker, markersize=4, color=color, label=f"{name} {what}")
-        x, y = _series(run.history, "epoch", "eval_map" if run.multi_label else "eval_accuracy", scale=100)
+        x, y = _series(run.history, "eval_map" if run.multi_label else "eval_accuracy", scale=100)
         if x:
             ax_acc.plot(x, y, marker="o", markersize=4, color=color, label=name)
     kinds = {run.multi_label for run in runs}
@@ -253,32 +252,20 @@ def plot_learning_curves(runs: Sequence[Results], names: Sequence[str], path: st
     ax_loss.set(title="Loss", xlabel="Epoch", ylabel=f"{loss} loss")
     ax_acc.set(title=f"Validation {score}", xlabel="Epoch", ylabel=f"{score.replace('accuracy', 'Accuracy')} (%)")
     for ax in (ax_loss, ax_acc):
-        _finish_axes(ax)
+        ax.grid(True, alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="small")
+        else:
+            ax.text(0.5, 0.5, "no history logged", ha="center", va="center", transform=ax.transAxes)
     fig.suptitle("Learning curves")
-    return _save(fig, path)
-
-
-def _series(history: Sequence[HistoryRow], x_key: str, y_key: str, x_scale: float = 1.0, scale: float = 1.0):
-    points = [
-        (x_scale * getattr(h, x_key), scale * getattr(h, y_key))
-        for h in history
-        if is_number(getattr(h, x_key)) and is_number(getattr(h, y_key))
-    ]
-    return tuple(zip(*points)) if points else ((), ())
-
-
-def _finish_axes(ax) -> None:
-    ax.grid(True, alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize="small")
-    else:
-        ax.text(0.5, 0.5, "no history logged", ha="center", va="center", transform=ax.transAxes)
-
-
-def _save(fig: Figure, path: str | os.PathLike) -> Path:
-    path = Path(path)
     fig.savefig(path, dpi=110)
-    return path
+    return Path(path)
+
+
+def _series(history: Sequence[HistoryRow], key: str, scale: float = 1.0):
+    """`(epochs, values)` of the history rows where both are numbers."""
+    points = [(h.epoch, scale * getattr(h, key)) for h in history if is_number(h.epoch) and is_number(getattr(h, key))]
+    return tuple(zip(*points)) if points else ((), ())
 
 
 def normalize_confusion(matrix: Sequence[Sequence[int]]) -> np.ndarray:
@@ -316,4 +303,5 @@ def plot_confusion_matrix(
             text = "–" if empty_rows[i] else f"{value:.2f}"  # a class absent from the split has no fractions
             color = "white" if value > 0.5 else "black"
             ax.text(j, i, text, ha="center", va="center", fontsize=8 if n > 10 else 9, color=color)
-    return _save(fig, path)
+    fig.savefig(path, dpi=110)
+    return Path(path)

@@ -32,6 +32,7 @@ from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 from finetune.errors import ArgumentParser, one_line, run_command
 from finetune.results import RESULTS_NAME
 from finetune.tools.model_card import CARD_NAME, check_not_export, find_comparison_dir, run_dir_of, write_model_card
+from finetune.tools.predict import add_flag
 
 
 logger = logging.getLogger(__name__)
@@ -350,12 +351,6 @@ def push_output_dir(
     return info.commit_url
 
 
-def _add_argument(parser: ArgumentParser, name: str, **kwargs) -> None:
-    """A snake_case flag (`--repo_id`) that also answers to its kebab-case spelling (`--repo-id`)."""
-    flags = [f"--{name}"] + ([f"--{name.replace('_', '-')}"] if "_" in name else [])
-    parser.add_argument(*flags, dest=name, **kwargs)
-
-
 def main(argv: list[str] | None = None) -> str | list[str]:
     """`push` uploads a run, `files` writes the card and lists what would be uploaded. A failed push ends with one
     line naming the problem and the fix, then the retry command, and exit status 1; `--debug` shows the traceback."""
@@ -368,18 +363,18 @@ def main(argv: list[str] | None = None) -> str | list[str]:
         "`hf auth login`.",
     )
     push.add_argument("output_dir", metavar="OUTPUT_DIR", help="A run's output directory.")
-    _add_argument(push, "repo_id", required=True, help="Target model repo, e.g. your-name/vit-cifar10.")
-    _add_argument(push, "private", action="store_true", default=None, help="Create the repo as private.")
-    _add_argument(push, "revision", help="Branch to push to (created if missing); default main.")
-    _add_argument(push, "commit_message", help="Commit message (default: Upload <run>).")
+    add_flag(push, "repo_id", required=True, help="Target model repo, e.g. your-name/vit-cifar10.")
+    add_flag(push, "private", action="store_true", default=None, help="Create the repo as private.")
+    add_flag(push, "revision", help="Branch to push to (created if missing); default main.")
+    add_flag(push, "commit_message", help="Commit message (default: Upload <run>).")
     timeout_help = f"Seconds each Hub request may wait (default: ${TIMEOUT_ENV}, else {DEFAULT_TIMEOUT:g})."
-    _add_argument(push, "timeout", type=float, metavar="SECONDS", help=timeout_help)
+    add_flag(push, "timeout", type=float, metavar="SECONDS", help=timeout_help)
     retries_help = f"Retries of a request that timed out or got a server error (default {DEFAULT_RETRIES})."
-    _add_argument(push, "retries", type=int, metavar="N", help=retries_help)
-    _add_argument(push, "debug", action="store_true", help="Log every request and show the traceback of a failure.")
+    add_flag(push, "retries", type=int, metavar="N", help=retries_help)
+    add_flag(push, "debug", action="store_true", help="Log every request and show the traceback of a failure.")
     files = commands.add_parser("files", help="Write the model card and list the files a push would upload.")
     files.add_argument("output_dir", metavar="OUTPUT_DIR", help="A run's output directory.")
-    _add_argument(files, "repo_id", help="Repo id the card is written for.")
+    add_flag(files, "repo_id", help="Repo id the card is written for.")
     args = parser.parse_args(argv)
 
     try:

@@ -102,7 +102,8 @@ def load_classifier(model_dir, trust_remote_code: bool = False, attn_implementat
             logger.warning(f"{model_dir} is an ONNX export: it runs on the CPU (onnxruntime), not on {device}.")
         processor = json.loads((Path(model_dir) / "preprocessor_config.json").read_text())
         return OnnxClassifier(model_dir), argparse.Namespace(**processor)
-    check_model_dir(str(model_dir))
+    model_dir = str(model_dir)
+    check_model_dir(model_dir)
     import torch
     from transformers import AutoImageProcessor, AutoModelForImageClassification
     from transformers.utils import logging as hf_logging
@@ -112,7 +113,6 @@ def load_classifier(model_dir, trust_remote_code: bool = False, attn_implementat
     import scratch_vit  # noqa: F401  (registers ScratchViT with the Auto classes)
     from finetune.models import check_local_checkpoint, is_adapter_dir, load_adapter_model, transformers_errors_only
 
-    model_dir = str(model_dir)
     if os.path.isdir(model_dir):
         run_dir = os.path.dirname(os.path.abspath(model_dir))
         missing = not os.path.isfile(os.path.join(model_dir, "config.json"))
@@ -384,27 +384,22 @@ def write_predictions(predictions: Sequence[Prediction], output, skipped: Sequen
     return output
 
 
+def add_flag(parser: argparse.ArgumentParser, name: str, **kwargs) -> None:
+    """A snake_case flag (`--repo_id`) that also answers to its kebab-case spelling (`--repo-id`)."""
+    flags = [f"--{name}"] + ([f"--{name.replace('_', '-')}"] if "_" in name else [])
+    parser.add_argument(*flags, dest=name, **kwargs)
+
+
 def add_model_arguments(parser: argparse.ArgumentParser, image_metavar: str = "PATH") -> None:
     """The arguments of every command that runs a saved classifier on image files (predict, attention), read by
     `classifier_from_arguments`."""
     parser.add_argument("model_dir", metavar="MODEL_DIR", help="Output directory of a run (config.json, weights).")
-    parser.add_argument(
-        "paths", nargs="+", metavar=image_metavar, help="Image files, or folders searched recursively."
-    )
-    parser.add_argument(
-        "--image_size",
-        "--image-size",
-        type=int,
-        metavar="N",
-        help="Resize images to N x N instead of the training resolution (position embeddings are interpolated).",
-    )
+    paths_help = "Image files, or folders searched recursively."
+    parser.add_argument("paths", nargs="+", metavar=image_metavar, help=paths_help)
+    size_help = "Resize images to N x N instead of the training resolution (position embeddings are interpolated)."
+    add_flag(parser, "image_size", type=int, metavar="N", help=size_help)
     parser.add_argument("--device", help="torch device (default: cuda when available, else cpu).")
-    parser.add_argument(
-        "--trust_remote_code",
-        "--trust-remote-code",
-        action="store_true",
-        help="Use the code files saved next to the weights.",
-    )
+    add_flag(parser, "trust_remote_code", action="store_true", help="Use the code files saved next to the weights.")
 
 
 def classifier_from_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace, attn_implementation=None):
@@ -430,17 +425,10 @@ def main(argv: list[str] | None = None) -> list[Prediction]:
         description="Classify image files (any size or format) with a saved ScratchViT or ViT classifier.",
     )
     add_model_arguments(parser)
-    parser.add_argument(
-        "--top_k",
-        "--top-k",
-        type=int,
-        default=5,
-        help="How many classes to report per image (default 5); a multi-label model reports those above threshold.",
-    )
+    top_k_help = "How many classes to report per image (default 5); a multi-label model reports those above threshold."
+    add_flag(parser, "top_k", type=int, default=5, help=top_k_help)
     parser.add_argument("--output", metavar="FILE", help="Also write the predictions to a .csv or .json file.")
-    parser.add_argument(
-        "--batch_size", "--batch-size", type=int, default=32, help="Images per forward pass (default 32)."
-    )
+    add_flag(parser, "batch_size", type=int, default=32, help="Images per forward pass (default 32).")
     args = parser.parse_args(argv)
     output = Path(args.output) if args.output else None
     if output and output.suffix.lower() not in (".csv", ".json"):

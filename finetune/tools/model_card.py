@@ -73,12 +73,9 @@ def run_dir_of(output_dir: str | os.PathLike) -> Path:
 def check_not_export(output_dir: Path, command: str = "card") -> None:
     """Refuse an ONNX export folder (`export` writes RUN/onnx): the card describes the run's PyTorch model."""
     if (output_dir / "model.onnx").is_file() and not any(output_dir.glob("*.safetensors")):
-        run = output_dir.resolve().parent
-        fix = (
-            f"{command} the run folder {output_dir.parent}"
-            if (run / "config.json").is_file()
-            else f"{command} its run folder"
-        )
+        fix = f"{command} its run folder"
+        if (output_dir.resolve().parent / "config.json").is_file():
+            fix = f"{command} the run folder {output_dir.parent}"
         raise FileNotFoundError(
             f"{output_dir} is an ONNX export, which the model card does not describe: {fix} (its card says how to "
             "export it)."

@@ -145,12 +145,11 @@ class BoundedRetryTransport(httpx2.BaseTransport):
 
 def _server_message(body: bytes) -> str:
     """The `error` field of the Hub's JSON error answers, else the start of the body."""
-    try:
+    with contextlib.suppress(ValueError):
         payload = json.loads(body)
-    except ValueError:
-        payload = None
-    message = payload.get("error") if isinstance(payload, dict) else None
-    return str(message) if message else body[:200].decode(errors="replace").strip()
+        if isinstance(payload, dict) and payload.get("error"):
+            return str(payload["error"])
+    return body[:200].decode(errors="replace").strip()
 
 
 @contextlib.contextmanager
@@ -229,12 +228,10 @@ def check_pushable(output_dir: Path) -> None:
     and the push upload, a model that is not there), naming what is missing."""
     check_not_export(output_dir, "push")
     names = {p.name for p in output_dir.iterdir()} if output_dir.is_dir() else set()
-    weights = [
-        name for name in names if any(fnmatch.fnmatch(name, p) for p in ("*.safetensors", *LEGACY_WEIGHT_PATTERNS))
-    ]
+    has_weights = any(fnmatch.fnmatch(name, p) for name in names for p in ("*.safetensors", *LEGACY_WEIGHT_PATTERNS))
     missing = [] if "config.json" in names else ["config.json"]
     missing += [] if (run_dir_of(output_dir) / RESULTS_NAME).is_file() else [RESULTS_NAME]
-    missing += [] if weights else ["weights (model.safetensors)"]
+    missing += [] if has_weights else ["weights (model.safetensors)"]
     if not missing:
         return
     # A run's checkpoint-* folders hold config.json too, but are resumed, not pushed; nor is an ONNX export.

@@ -734,3 +734,28 @@ def test_a_failed_push_of_both_models_tries_each_after_the_summary(tmp_path, mon
     assert "Pushing pretrained and scratch to the Hub failed" in error and "still in place" in error
     for name in ("pretrained", "scratch"):
         assert f"python -m finetune.tools.hub push {out / name} --repo_id me/digits-{name}" in error
+
+
+@pytest.mark.parametrize("flip_tta", [False, True])
+def test_the_cards_snippet_computes_the_logits_its_scores_are_of(both_output, tmp_path, monkeypatch, flip_tta):
+    """A `flip_tta` run's scores (and multi-label thresholds) are of the mean of each image's logits and its mirror
+    image's: the card's snippet, run as written, computed one view's."""
+    run = both_output / "scratch"
+    results = json.loads((run / "results.json").read_text())
+    results["hyperparameters"]["flip_tta"] = flip_tta
+    (run / "results.json").write_text(json.dumps(results))
+    card = model_card.write_model_card(run, repo_id=str(run))  # the snippet loads the local folder
+    snippet = re.search(r"```python\n(.*?)```", card, re.S).group(1).replace("print(", "str(")
+    monkeypatch.chdir(tmp_path)
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 30, 3), dtype=np.uint8)).save("image.jpg")
+    namespace = {}
+    exec(snippet, namespace)
+    model, pixels = namespace["model"], namespace["inputs"]["pixel_values"]
+    with torch.no_grad():
+        one_view = model(pixel_values=pixels).logits
+        expected = (one_view + model(pixel_values=pixels.flip(-1)).logits) / 2 if flip_tta else one_view
+    assert torch.allclose(namespace["logits"], expected, atol=1e-6)
+    assert not torch.allclose(
+        expected, model(pixel_values=pixels.flip(-1)).logits.detach(), atol=1e-6
+    )  # not symmetric
+    assert ("without the mirror image" in card) == flip_tta

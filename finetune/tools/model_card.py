@@ -228,6 +228,12 @@ With this project's code, `python -m finetune.tools.predict MODEL_DIR image.jpg`
 classifier = pipeline("image-classification", model=repo{remote})
 print(classifier("image.jpg"))"""
     answer, printed = "print(model.config.id2label[logits.argmax(-1).item()])", "the top-5 classes"
+    forward = "logits = model(**inputs).logits"
+    if results.hyperparameters.get("flip_tta"):  # the scores above and the thresholds are of flip-averaged logits
+        forward = "# as the scores above: the mean of the image's logits and its mirror image's (flip_tta)\n    " + (
+            'logits = (model(**inputs).logits + model(pixel_values=inputs["pixel_values"].flip(-1)).logits) / 2'
+        )
+        pipeline = pipeline.replace("in one line:", "in one line (without the mirror image):")
     if results.multi_label:  # the thresholds chosen on the validation split are in results.json
         thresholds = [round(results.per_class_threshold.get(name, 0.5), 4) for name in results.label_names]
         answer = (
@@ -249,7 +255,7 @@ model = AutoModelForImageClassification.from_pretrained(repo{remote})
 
 inputs = processor(Image.open("image.jpg").convert("{mode}"), return_tensors="pt")
 with torch.no_grad():
-    logits = model(**inputs).logits
+    {forward}
 {answer}{pipeline}
 ```
 

@@ -583,4 +583,5 @@ def parameter_groups(
         )
         group["params"].append(parameter)
         group["param_names"].append(name)
-    return [groups[key] for key in sorted(groups)]
+    # The head's (full-rate) group first: the Trainer logs, and the non-finite guard reports, the first group's rate.
+    return [groups[key] for key in sorted(groups, reverse=True)]

@@ -348,6 +348,10 @@ def test_the_trainer_uses_the_groups(tmp_path):
         run.main(args)
     finally:
         trainer_module.ImageClassificationTrainer.create_optimizer = original
+    # The head's group first, so the Trainer logs the run's rate, not the embeddings' (1e-3 * 0.5 ** 3).
+    logged = [e["learning_rate"] for e in json.loads((out / "trainer_state.json").read_text())["log_history"]
+              if "learning_rate" in e]  # fmt: skip
+    assert seen["groups"][0][0] == 1e-3 and logged and all(lr == pytest.approx(1e-3) for lr in logged)
     for lr, weight_decay, names in seen["groups"]:
         for name in names:
             assert lr == pytest.approx(expected_layer_rates(name, 1e-3, 0.5), rel=1e-12), name

@@ -32,6 +32,7 @@ Other private transformers members read, for want of a public one (pinned by the
         other classes than the dataset's gets its head initialised exactly as loading initialises a new head."""
 
 import os
+import warnings
 
 import numpy as np
 import torch
@@ -138,7 +139,10 @@ class ImageClassificationTrainer(Trainer):
 
     def __init__(self, *args, batch_transform, compile_choice: CompileChoice | None = None, layer_decay=None,
                  class_weights: torch.Tensor | None = None, teacher=None, teacher_transform=None, **kw):  # fmt: skip
-        super().__init__(*args, **kw)
+        with warnings.catch_warnings():
+            # Said of multi-label data: transformers drops its label smoother, unused here; `multi_label_loss` smooths.
+            warnings.filterwarnings("ignore", "Label smoothing is not compatible with multi-label", UserWarning)
+            super().__init__(*args, **kw)
         # `compute_loss` returns a micro-batch's mean loss; the Trainer then divides it by the accumulation steps.
         self.model_accepts_loss_kwargs = False
         self.batch_transform = batch_transform.to(self.args.device)
@@ -310,6 +314,8 @@ class ImageClassificationTrainer(Trainer):
     @property
     def stopped_by(self) -> str | None:
         """What ended training before its epochs: `early_stopping`, `time_budget`, or None."""
+        if self.state.global_step >= self.state.max_steps > 0:  # it ran its steps (the stop came at the last one)
+            return None
         stopping = self.early_stopping
         if stopping is not None and stopping.early_stopping_patience_counter >= stopping.early_stopping_patience:
             return "early_stopping"

@@ -38,6 +38,15 @@ def test_early_stopping_ends_a_run_that_stopped_improving_and_says_so(tmp_path, 
     assert saved["hyperparameters"]["early_stopping_patience"] == 2
 
 
+def test_early_stopping_that_comes_at_the_last_step_did_not_end_the_run(tmp_path, caplog):
+    """The patience ran out at the last epoch's evaluation: the run trained all its steps, stopped by nothing."""
+    args = [*RUN, "--output_dir", str(tmp_path / "run"), "--num_train_epochs", "3", "--learning_rate", "0"]
+    with caplog.at_level(logging.INFO, logger="finetune"):
+        results = run.main([*args, "--early_stopping_patience", "2"])["scratch"]
+    assert results.epochs == pytest.approx(3.0) and results.train.stopped_by is None
+    assert "Early stopping" not in caplog.text
+
+
 def test_early_stopping_needs_a_best_model(tmp_path):
     with pytest.raises(ValueError, match="`early_stopping_patience` keeps the best model"):
         parse_args([*RUN, "--early_stopping_patience", "2", "--load_best_model_at_end", "false"])

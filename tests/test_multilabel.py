@@ -7,6 +7,7 @@ import csv
 import json
 import logging
 import shutil
+import warnings
 from pathlib import Path
 
 import datasets
@@ -213,6 +214,19 @@ def test_a_multi_label_run_fine_tunes_on_single_labels_with_their_loss(trained, 
     run.main([*args, "--model_name_or_path", str(out), "--max_steps", "2", "--output_dir", str(tmp_path / "digits")])
     config = json.loads((tmp_path / "digits" / "config.json").read_text())
     assert config.get("problem_type") != "multi_label_classification" and config["id2label"]["9"] == "9"
+
+
+def test_label_smoothing_of_multi_label_data_is_applied_without_transformers_false_warning(trained, tmp_path):
+    """transformers warns that it disables label smoothing for multi-label models; the pipeline's BCE smooths."""
+    _, _, data = trained
+    losses = []
+    for smoothing in ("0", "0.3"):
+        args = [*run_args(str(data), tmp_path / smoothing), "--max_steps", "2", "--label_smoothing_factor", smoothing]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            losses.append(run.main(args)["scratch"].train.loss)
+        assert not [w for w in caught if "Label smoothing" in str(w.message)]
+    assert losses[0] != pytest.approx(losses[1], abs=1e-4)  # the same seed and steps: the smoothing changed the loss
 
 
 def test_csv_labels_separated_by_semicolons_and_a_label_unknown_to_train(tmp_path):

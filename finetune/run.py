@@ -124,7 +124,9 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
         ):
             data = load_image_data(data_args, seed=data_seed(training_args), target_size=target_size)
         if not training_args.do_train:
-            check_held_out_as_trained(model_args, data_args, training_args, data)
+            check_held_out_as_trained(model_args.model_name_or_path, data_args, training_args, data)
+        elif training_args.teacher_model_name_or_path:  # the run's figures would be of images its teacher learned
+            check_held_out_as_trained(training_args.teacher_model_name_or_path, data_args, training_args, data)
 
         results = {}
         for model_type in model_types:
@@ -603,11 +605,12 @@ def check_no_earlier_results(run_dir: Path, args: ImageClassificationTrainingArg
 
 
 def check_held_out_as_trained(
-    model_args: ModelArguments, data_args: DataArguments, args: ImageClassificationTrainingArguments, data: ImageData
+    path: str, data_args: DataArguments, args: ImageClassificationTrainingArguments, data: ImageData
 ) -> None:
-    """An evaluation that holds out its validation split from train holds out the one the model was trained without,
-    as its run's results.json records it (seed, data_seed, validation_size): another would hold training images."""
-    folder = Path(model_args.model_name_or_path).expanduser()
+    """An evaluation of the model at `path`, or a run it teaches (`args.do_train`), that holds out its validation split
+    from train holds out the one the model was trained without, as its run's results.json records it (seed,
+    data_seed, validation_size): another would hold images the model trained on."""
+    folder = Path(path).expanduser()
     run_dir = folder.parent if folder.name.startswith("checkpoint-") else folder
     if not data.validation_held_out or not (run_dir / RESULTS_NAME).is_file():
         return
@@ -624,12 +627,15 @@ def check_held_out_as_trained(
     flag = "seed" if trained_data_seed is None and args.data_seed is None else "data_seed"  # `data_seed` overrides
     fixes = [f"`--{flag} {trained_seed}`"] if trained_seed != seed else []
     fixes += [f"`--validation_size {trained_size:g}`"] if trained_size not in (None, size) else []
-    if fixes:
-        raise ValueError(
-            f"{model_args.model_name_or_path} was trained on {data.source} holding out its validation split with seed "
-            f"{trained_seed}{f', validation_size {trained_size:g}' if trained_size else ''}: this evaluation's (seed "
-            f"{seed}, validation_size {size:g}) would hold out images it trained on. Fix: {' and '.join(fixes)}."
-        )
+    if not fixes:
+        return
+    model, this = (f"The teacher {path}", "this run's") if args.do_train else (path, "this evaluation's")
+    fix = " and ".join(fixes) + (", or a teacher trained with this run's split" if args.do_train else "")
+    raise ValueError(
+        f"{model} was trained on {data.source} holding out its validation split with seed {trained_seed}"
+        f"{f', validation_size {trained_size:g}' if trained_size else ''}: {this} (seed {seed}, validation_size "
+        f"{size:g}) would hold out images it trained on. Fix: {fix}."
+    )
 
 
 def data_seed(args: ImageClassificationTrainingArguments) -> int:

@@ -132,6 +132,16 @@ def test_a_teacher_with_other_labels_is_refused_in_one_line(tmp_path):
     assert not (tmp_path / "out" / "results.json").exists()
 
 
+def test_a_teacher_trained_on_this_runs_validation_images_is_refused(teacher_dir, tmp_path):
+    """The teacher held out its validation split with seed 0; a student holding out another (seed 1) would be
+    validated on images its teacher trained on (it was, with exit 0)."""
+    args = [*TINY_SCRATCH, "--teacher_model_name_or_path", str(teacher_dir), "--output_dir", str(tmp_path / "out")]
+    with pytest.raises(ValueError, match=r"^The teacher .* would hold out images it trained on") as error:
+        run.main([*args, "--seed", "1"])
+    assert str(error.value).endswith("Fix: `--seed 0`, or a teacher trained with this run's split.")
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_teacher_folder_that_holds_no_model_is_one_line(tmp_path):
     # An evaluation-only run's output: results and predictions, no model ("Unrecognized model ... model_type").
     results = tmp_path / "evaluation"

@@ -258,6 +258,10 @@ def test_csv_labels_separated_by_semicolons_and_a_label_unknown_to_train(tmp_pat
     assert proc.returncode == 1 and len(errors) == 1, proc.stderr[-2000:]
     assert "The validation split has the label(s) ['odd'] that no training image has" in errors[0]
     assert "Traceback" not in proc.stderr
+    # Unless `include_labels` leaves it out, as single-label data leaves out the images of such a class.
+    data_args.validation_file = str(tmp_path / "validation.csv")
+    kept = load_image_data(data_args, seed=0, target_size=8)
+    assert kept.label_names == ["round", "even"] and kept.validation.labels[-1].tolist() == [0.0, 1.0]
 
 
 def test_an_image_without_labels_and_a_label_without_training_images_are_refused(tmp_path):

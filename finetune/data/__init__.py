@@ -116,7 +116,7 @@ def load_image_data(
                     f"The {name} split of {source.description} lacks column(s) {missing}; its columns are "
                     f"{dataset.column_names}."
                 )
-        label_names, labels = encode_labels(source.encoded, columns[1])
+        label_names, labels = encode_labels(source.encoded, columns[1], data_args.include_labels)
     else:
         label_names = source.label_names
         labels = {name: np.asarray(y, dtype=np.int64) for name, (_, y) in source.decoded.items()}

@@ -404,16 +404,19 @@ def find_columns(dataset: datasets.Dataset, data_args: DataArguments, where: str
     return image_column, label_column
 
 
-def encode_labels(splits: dict[str, datasets.Dataset], label_column: str) -> tuple[list[str], dict[str, np.ndarray]]:
+def encode_labels(
+    splits: dict[str, datasets.Dataset], label_column: str, include_labels: list[str] | None = None
+) -> tuple[list[str], dict[str, np.ndarray]]:
     """Label names and each split's labels: int64 ids, or, for a list column (several labels per image), multi-hot
-    float32 rows `(N, K)`. Splits made separately (a folder or file per split, each with its own `ClassLabel`) are
-    matched by class name; a class no training image has keeps its name (`check_num_classes` warns)."""
+    float32 rows `(N, K)` (of the `include_labels` only, where given). Splits made separately (a folder or file per
+    split, each with its own `ClassLabel`) are matched by class name; a class no training image has keeps its name
+    (`check_num_classes` warns)."""
     features = {name: ds.features[label_column] for name, ds in splits.items()}
     feature = features["train"]
     # A csv split without `;` holds scalars: the data is multi-label when any split holds lists.
     if any(isinstance(f, (datasets.List, datasets.LargeList)) for f in features.values()):
         item = feature.feature if isinstance(feature, (datasets.List, datasets.LargeList)) else feature
-        return _multi_label_encoding(splits, label_column, item)
+        return _multi_label_encoding(splits, label_column, item, include_labels)
     values = {name: _arrow_column(ds, label_column).to_pylist() for name, ds in splits.items()}
     if all(isinstance(f, datasets.ClassLabel) and f.names == feature.names for f in features.values()):
         return list(feature.names), {name: np.asarray(v, dtype=np.int64) for name, v in values.items()}
@@ -448,12 +451,17 @@ def encode_labels(splits: dict[str, datasets.Dataset], label_column: str) -> tup
     return [str(k) for k in keys], {name: np.asarray([index[v] for v in vs], np.int64) for name, vs in values.items()}
 
 
-def _multi_label_encoding(splits: dict[str, datasets.Dataset], column: str, item) -> tuple[list[str], dict]:
+def _multi_label_encoding(
+    splits: dict[str, datasets.Dataset], column: str, item, include_labels: list[str] | None = None
+) -> tuple[list[str], dict]:
     """The labels of a list column (of a ClassLabel, class names or int ids: those of the training images), and each
-    split's multi-hot rows. An empty list is an image with none of the labels."""
+    split's multi-hot rows. An empty list is an image with none of the labels. Names or ids outside `include_labels`
+    are dropped first: a label of the validation split alone is then no error."""
+    keep = None if include_labels is None or isinstance(item, datasets.ClassLabel) else set(include_labels)
 
     def lists(values: list) -> list:  # a split saved with one label per image (a csv without `;`) has no lists
-        return [v if isinstance(v, list) or v is None else [v] for v in values]
+        rows = [v if isinstance(v, list) or v is None else [v] for v in values]
+        return rows if keep is None else [row if row is None else [v for v in row if str(v) in keep] for row in rows]
 
     values = {name: lists(_arrow_column(dataset, column).to_pylist()) for name, dataset in splits.items()}
     if isinstance(item, datasets.ClassLabel):

@@ -19,6 +19,7 @@ from test_backbones import checkpoint, needs_timm
 
 from finetune.augment import photo_size
 from finetune.models import LORA_DEFAULT_TARGETS
+from finetune.results import Results
 from finetune.tools import predict
 
 
@@ -289,3 +290,28 @@ def test_a_lora_runs_checkpoint_predicts_with_the_run_folders_labels(tmp_path, i
     (copy / "config.json").write_bytes((run / "config.json").read_bytes())
     [expected] = predict.main([str(copy), str(images["png"])])
     assert prediction.probabilities == pytest.approx(expected.probabilities, abs=1e-6)
+
+
+def test_a_larger_square_image_is_framed_at_the_size_the_run_stored(run_dirs, tmp_path):
+    """A run of 16 px images stored them whole at 16 px: a 64 px copy is resized once to 16 px, not through the
+    18 px `photo_size` first (the quickstart's 32 px digits, so resized twice, lost 13 points of accuracy)."""
+    run = Path(shutil.copytree(run_dirs["scratch-gray"], tmp_path / "run"))
+    results = json.loads((run / "results.json").read_text())
+    results["stored_image_size"] = [16, 16]
+    (run / "results.json").write_text(json.dumps(results))
+    model, processor = predict.load_classifier(run)
+    from sklearn.datasets import load_digits
+
+    digit = (load_digits().images[0] * 255 / 16).astype(np.uint8)  # (8, 8)
+    small = np.kron(digit, np.ones((2, 2), np.uint8))  # (16, 16): a digit as the run stored them
+    images = [Image.fromarray(small, "L"), Image.fromarray(np.kron(small, np.ones((4, 4), np.uint8)), "L")]
+    stored = predict.run_stored_size(Results.load(run))
+    prep = predict.model_preprocessing(model, processor)
+    assert stored == [16, 16] and predict.model_view(images[1], prep, stored).size == (16, 16)
+    framed = predict.preprocess(images, model, processor, stored_size=stored)
+    twice = predict.preprocess(images, model, processor)  # through photo_size, as without the run's results
+    assert (framed[1] - framed[0]).abs().mean() < 0.75 * (twice[1] - twice[0]).abs().mean()  # 0.09 against 0.15
+    images[1].save(tmp_path / "large.png")
+    [p] = predict.main([str(run), str(tmp_path / "large.png")])  # reads the stored size from the run's results
+    expected = torch.softmax(model(pixel_values=framed[1:]).logits, -1)[0].detach().numpy()
+    np.testing.assert_allclose(p.probabilities, expected, rtol=1e-5, atol=1e-6)

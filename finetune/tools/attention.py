@@ -137,11 +137,11 @@ class AttentionMaps:
 
 
 def compute_attention_maps(
-    model, processor, image: Image.Image, image_size: int | None = None, whole: bool = False
+    model, processor, image: Image.Image, image_size: int | None = None, stored_size=None
 ) -> AttentionMaps:
-    """Run one image through the model with `output_attentions=True` and reduce the attentions to maps (`whole` as in
-    `finetune.tools.predict.model_view`). Load transformers' ViT with `attn_implementation="eager"`: SDPA returns no
-    attention probabilities."""
+    """Run one image through the model with `output_attentions=True` and reduce the attentions to maps
+    (`stored_size` as in `finetune.tools.predict.model_view`). Load transformers' ViT with
+    `attn_implementation="eager"`: SDPA returns no attention probabilities."""
     import torch
 
     windowed = getattr(model.config, "window_size", None)  # Swin: no token attends to the whole image
@@ -157,7 +157,7 @@ def compute_attention_maps(
     if getattr(model.config, "patch_size", None) is None or windowed:
         raise no_attention
     predict.check_image_size(model, image_size)
-    pixel_values = predict.preprocess([image], model, processor, image_size, whole)  # (1, C, H, W)
+    pixel_values = predict.preprocess([image], model, processor, image_size, stored_size)  # (1, C, H, W)
     kwargs = {"interpolate_pos_encoding": True} if predict.needs_interpolation(model, image_size) else {}
     with torch.no_grad():  # not inference_mode: cached model tensors stay usable for training (see export.py)
         outputs = model(pixel_values=pixel_values.to(model.device), output_attentions=True, **kwargs)
@@ -230,10 +230,10 @@ def plot_attention_figure(image: Image.Image, maps: AttentionMaps, path: str | o
 
 
 def write_attention_maps(
-    model, processor, image_paths: Sequence, output_dir, image_size: int | None = None, whole: bool = False
+    model, processor, image_paths: Sequence, output_dir, image_size: int | None = None, stored_size=None
 ) -> list[Path]:
     """Write `<name>_attention.png` and `<name>_rollout.png` (the rollout alone, enlarged if tiny) for every image
-    into `output_dir`; returns the paths. Images that cannot be read are logged and skipped. `whole` as in
+    into `output_dir`; returns the paths. Images that cannot be read are logged and skipped. `stored_size` as in
     `finetune.tools.predict.model_view`."""
     from PIL import Image
 
@@ -248,13 +248,13 @@ def write_attention_maps(
         if not images:
             continue
         # The maps cover what the model sees: a photo that is not square is framed as its centre square.
-        image = predict.model_view(images[0], prep, whole)
+        image = predict.model_view(images[0], prep, stored_size)
         name, n = image_path.stem, 1
         while name in used_names:
             n += 1
             name = f"{image_path.stem}_{n}"
         used_names.add(name)
-        maps = compute_attention_maps(model, processor, image, image_size, whole)
+        maps = compute_attention_maps(model, processor, image, image_size, stored_size)
         title = f"{image_path.name}, {type(model).__name__}"
         written.append(plot_attention_figure(image, maps, output_dir / f"{name}_attention.png", title))
         written.append(output_dir / f"{name}_rollout.png")
@@ -271,8 +271,8 @@ def main(argv: list[str] | None = None) -> list[Path]:
     parser.add_argument("--output", required=True, metavar="DIR", help="Where to write the PNGs.")
     args = parser.parse_args(argv)
     model, processor, results, paths = predict.classifier_from_arguments(parser, args, attn_implementation="eager")
-    whole = predict.stored_frame(results)
-    written = write_attention_maps(model, processor, paths, args.output, args.image_size, whole)
+    stored_size = predict.run_stored_size(results)
+    written = write_attention_maps(model, processor, paths, args.output, args.image_size, stored_size)
     if not written:
         names = ", ".join(args.paths)
         raise ValueError(

@@ -198,20 +198,28 @@ def model_preprocessing(model, processor, image_size: int | None = None) -> Prep
     return prep if image_size is None else replace(prep, image_size=(image_size, image_size), resize_size=None)
 
 
-def model_view(image: Image.Image, prep: Preprocessing, whole: bool = False) -> Image.Image:
-    """The part of a decoded image the model sees, framed as training stores it: an image that is not square, or is
-    larger than the storage size (`photo_size`), becomes the centre square at that size; a smaller square stays as it
-    is. With `whole` (`stored_frame`: the run stored its images whole), the whole image."""
+def model_view(image: Image.Image, prep: Preprocessing, stored_size: Sequence[int] | None = None) -> Image.Image:
+    """The part of a decoded image the model sees, framed as training stored its images (`stored_size`, from the
+    run's results, else `photo_size`): an image that is not square, or is larger than that size, becomes the centre
+    square at that size (one resize: a 32 px digit for a run of 8 px digits went through 9 px and lost 13 points); a
+    smaller square stays as it is. A run that stored its images whole at one size that is not square: the whole
+    image."""
     from finetune.augment import photo_size
     from finetune.data import center_fit
 
-    size = photo_size(prep)
-    crop = not whole and (image.width != image.height or image.width > size)
+    if stored_size and stored_size[0] != stored_size[1]:
+        return image
+    size = stored_size[0] if stored_size else photo_size(prep)
+    crop = image.width != image.height or image.width > size
     return center_fit(image, (size, size)) if crop else image
 
 
 def preprocess(
-    images: Sequence[Image.Image], model, processor, image_size: int | None = None, whole: bool = False
+    images: Sequence[Image.Image],
+    model,
+    processor,
+    image_size: int | None = None,
+    stored_size: Sequence[int] | None = None,
 ) -> torch.Tensor:
     """Pixel values as training's evaluation makes them, `(B, C, H, W)` float32: each image converted to the model's
     mode (`image_mode`), framed by `model_view`, then resized, cropped and normalized by `BatchTransform`."""
@@ -225,7 +233,9 @@ def preprocess(
     mode = image_mode(model)
     batches = []
     for image in images:  # one at a time: framed images of different sizes do not stack
-        array = np.array(model_view(image.convert(mode), prep, whole))  # writable: torch warns about read-only arrays
+        array = np.array(
+            model_view(image.convert(mode), prep, stored_size)
+        )  # writable: torch warns about read-only arrays
         array = array[None] if array.ndim == 2 else np.ascontiguousarray(array.transpose(2, 0, 1))  # (C, h, w)
         batches.append(transform(torch.from_numpy(array)[None], train=False))  # (1, C, h, w) -> (1, C, H, W)
     return torch.cat(batches)
@@ -289,10 +299,9 @@ def run_results(model_dir) -> Results | None:
     return Results.load(run_dir) if run_dir else None
 
 
-def stored_frame(results: Results | None) -> bool:
-    """Whether the run stored its training images whole at one size that is not square (`model_view`'s `whole`)."""
-    size = results.stored_image_size if results is not None else None
-    return bool(size) and size[0] != size[1]
+def run_stored_size(results: Results | None) -> list[int] | None:
+    """The size at which the run stored its training images (`model_view`'s `stored_size`), where it says."""
+    return (results.stored_image_size or None) if results is not None else None
 
 
 def label_thresholds(model, results: Results | None, model_dir) -> list[float] | None:
@@ -321,12 +330,12 @@ def predict_files(
     batch_size=32,
     image_size=None,
     thresholds=None,
-    whole: bool = False,
+    stored_size: Sequence[int] | None = None,
     flip_tta: bool = False,
 ):
     """Classify image files in batches: the predictions (in the order of `paths`) and the unreadable files, as
     `load_images` returns them. With `thresholds` (`label_thresholds`), a prediction's labels are those at or above
-    their threshold, most probable first, instead of the top k; `whole` as in `model_view`, `flip_tta` as in
+    their threshold, most probable first, instead of the top k; `stored_size` as in `model_view`, `flip_tta` as in
     `class_probabilities`."""
     import torch
 
@@ -348,7 +357,7 @@ def predict_files(
         skipped.extend(unreadable)
         if not images:
             continue
-        pixel_values = preprocess(images, model, processor, image_size, whole)
+        pixel_values = preprocess(images, model, processor, image_size, stored_size)
         probabilities = class_probabilities(model, pixel_values, interpolate, flip_tta)
         for name, row in zip(names, probabilities):
             top_scores, top_indices = row.sort(descending=True)
@@ -443,7 +452,7 @@ def main(argv: list[str] | None = None) -> list[Prediction]:
     # As the run's evaluation did: its thresholds and figures are of the mean logits with the mirror image.
     flip_tta = bool(results is not None and results.hyperparameters.get("flip_tta"))
     predictions, skipped = predict_files(
-        model, processor, paths, args.top_k, args.batch_size, args.image_size, thresholds, stored_frame(results),
+        model, processor, paths, args.top_k, args.batch_size, args.image_size, thresholds, run_stored_size(results),
         flip_tta,
     )  # fmt: skip
     for p in predictions:

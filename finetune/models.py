@@ -273,6 +273,8 @@ def _load_pretrained(model_args: ModelArguments, data: ImageData, drop_path_rate
     # Relabelled as `from_pretrained(path, num_labels=..., id2label=...)` would do it, without reading it again.
     overrides = {"num_labels": len(data.label_names), "id2label": data.id2label, "label2id": data.label2id}
     if drop_path_rate is not None:
+        if not 0 <= drop_path_rate < 1:  # `from_dict` sets it after the config's own checks (a ScratchViT's) have run
+            raise ValueError(f"`drop_path_rate` must be a probability in [0, 1), got {drop_path_rate}.")
         if not hasattr(original, "drop_path_rate"):
             raise ValueError(
                 f"`drop_path_rate`: {path} ({original.model_type}) has no stochastic depth. Drop the option, or "

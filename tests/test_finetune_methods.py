@@ -310,6 +310,16 @@ def expected_layer_rates(name: str, lr: float, decay: float) -> float:
     return lr
 
 
+def test_a_drop_path_rate_out_of_range_is_refused_for_a_pretrained_model(tmp_path):
+    """It reached a ScratchViT's config after its checks: the run exited 0 with a model no one could load."""
+    base = scratch_checkpoint(tmp_path / "base")
+    args = ["--model_name_or_path", str(base), *TRAIN, "--output_dir", str(tmp_path / "run"), "--max_steps", "1"]
+    for rate in ("-0.5", "1.5"):
+        with pytest.raises(ValueError, match=rf"^`drop_path_rate` must be a probability in \[0, 1\), got {rate}\.$"):
+            run.main([*args, f"--drop_path_rate={rate}"])
+    assert not (tmp_path / "run" / "config.json").exists()
+
+
 @pytest.mark.parametrize("kind", ["vit", "scratch"])
 def test_layer_decay_rates_and_no_weight_decay_groups(kind, tmp_path):
     path = tiny_vit_checkpoint(tmp_path / "m") if kind == "vit" else scratch_checkpoint(tmp_path / "m")

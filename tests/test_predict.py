@@ -308,6 +308,10 @@ def test_a_larger_square_image_is_framed_at_the_size_the_run_stored(run_dirs, tm
     stored = predict.run_stored_size(Results.load(run))
     prep = predict.model_preprocessing(model, processor)
     assert stored == [16, 16] and predict.model_view(images[1], prep, stored).size == (16, 16)
+    # A smaller square too: a run of mixed sizes stored its 10 px images at 16 px (it stayed at 10 px).
+    small_one = Image.fromarray(small[:10, :10], "L")
+    assert predict.model_view(small_one, prep, stored).size == (16, 16)
+    assert predict.model_view(small_one, prep).size == (10, 10)  # without the run's results, as before
     framed = predict.preprocess(images, model, processor, stored_size=stored)
     twice = predict.preprocess(images, model, processor)  # through photo_size, as without the run's results
     assert (framed[1] - framed[0]).abs().mean() < 0.75 * (twice[1] - twice[0]).abs().mean()  # 0.09 against 0.15

@@ -199,17 +199,19 @@ def model_preprocessing(model, processor, image_size: int | None = None) -> Prep
 
 
 def model_view(image: Image.Image, prep: Preprocessing, stored_size: Sequence[int] | None = None) -> Image.Image:
-    """The part of a decoded image the model sees, framed as training stored its images (`stored_size`, from the
-    run's results, else `photo_size`): an image that is not square, or is larger than that size, becomes the centre
-    square at that size (one resize: a 32 px digit for a run of 8 px digits went through 9 px and lost 13 points); a
-    smaller square stays as it is. A run that stored its images whole at one size that is not square: the whole
-    image."""
+    """The part of a decoded image the model sees, framed as training stored its images: at the run's `stored_size`
+    (from its results), any image of another size becomes the centre square of that size, in one resize (a 32 px
+    digit for a run of 8 px digits went through 9 px and lost 13 points); without it, an image that is not square, or
+    is larger than `photo_size`, becomes the centre square at that size, and a smaller square stays as it is. A run
+    that stored its images whole at one size that is not square: the whole image."""
     from finetune.augment import photo_size
     from finetune.data import center_fit
 
     if stored_size and stored_size[0] != stored_size[1]:
         return image
-    size = stored_size[0] if stored_size else photo_size(prep)
+    if stored_size:  # every image the run stored at another size was framed at this one, smaller ones too
+        return image if image.size == tuple(stored_size) else center_fit(image, tuple(stored_size))
+    size = photo_size(prep)
     crop = image.width != image.height or image.width > size
     return center_fit(image, (size, size)) if crop else image
 

@@ -237,14 +237,13 @@ def write_attention_maps(
     `finetune.tools.predict.model_view`."""
     from PIL import Image
 
-    from finetune.augment import photo_size
-
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     written, used_names = [], set()
     prep = predict.model_preprocessing(model, processor, image_size)
     for image_path in map(Path, image_paths):
-        images, _, _ = predict.load_images([image_path], "RGB", photo_size(prep))  # logs a file it cannot read
+        # Logs a file it cannot read.
+        images, _, _ = predict.load_images([image_path], "RGB", predict.frame_size(prep, stored_size))
         if not images:
             continue
         # The maps cover what the model sees: a photo that is not square is framed as its centre square.

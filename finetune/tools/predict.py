@@ -198,21 +198,27 @@ def model_preprocessing(model, processor, image_size: int | None = None) -> Prep
     return prep if image_size is None else replace(prep, image_size=(image_size, image_size), resize_size=None)
 
 
+def frame_size(prep: Preprocessing, stored_size: Sequence[int] | None = None) -> int:
+    """The side of the square a run stored its images at (`stored_size`, from its results), else `photo_size`: what
+    `model_view` frames an image at, and the size `load_images` decodes a large JPEG for."""
+    from finetune.augment import photo_size
+
+    return stored_size[0] if stored_size and stored_size[0] == stored_size[1] else photo_size(prep)
+
+
 def model_view(image: Image.Image, prep: Preprocessing, stored_size: Sequence[int] | None = None) -> Image.Image:
     """The part of a decoded image the model sees, framed as training stored its images: at the run's `stored_size`
     (from its results), any image of another size becomes the centre square of that size, in one resize (a 32 px
     digit for a run of 8 px digits went through 9 px and lost 13 points); without it, an image that is not square, or
     is larger than `photo_size`, becomes the centre square at that size, and a smaller square stays as it is. A run
     that stored its images whole at one size that is not square: the whole image."""
-    from finetune.augment import photo_size
     from finetune.data import center_fit
 
     if stored_size and stored_size[0] != stored_size[1]:
         return image
-    if stored_size:  # every image the run stored at another size was framed at this one, smaller ones too
-        return image if image.size == tuple(stored_size) else center_fit(image, tuple(stored_size))
-    size = photo_size(prep)
-    crop = image.width != image.height or image.width > size
+    size = frame_size(prep, stored_size)
+    # At the run's stored size, it framed every other size there, smaller ones too.
+    crop = image.size != (size, size) if stored_size else image.width != image.height or image.width > size
     return center_fit(image, (size, size)) if crop else image
 
 
@@ -235,9 +241,8 @@ def preprocess(
     mode = image_mode(model)
     batches = []
     for image in images:  # one at a time: framed images of different sizes do not stack
-        array = np.array(
-            model_view(image.convert(mode), prep, stored_size)
-        )  # writable: torch warns about read-only arrays
+        # np.array, not asarray: writable (torch warns about read-only arrays).
+        array = np.array(model_view(image.convert(mode), prep, stored_size))
         array = array[None] if array.ndim == 2 else np.ascontiguousarray(array.transpose(2, 0, 1))  # (C, h, w)
         batches.append(transform(torch.from_numpy(array)[None], train=False))  # (1, C, h, w) -> (1, C, H, W)
     return torch.cat(batches)
@@ -341,8 +346,6 @@ def predict_files(
     `class_probabilities`."""
     import torch
 
-    from finetune.augment import photo_size
-
     if top_k < 1:
         raise ValueError(f"`top_k` must be >= 1, got {top_k}.")
     if batch_size < 1:
@@ -351,7 +354,7 @@ def predict_files(
     id2label, top_k = model.config.id2label, min(top_k, model.config.num_labels)
     interpolate = needs_interpolation(model, image_size)
     cuts = torch.tensor(thresholds) if thresholds else None  # (K,) a multi-label model's thresholds
-    size = photo_size(model_preprocessing(model, processor, image_size))
+    size = frame_size(model_preprocessing(model, processor, image_size), stored_size)
     predictions: list[Prediction] = []
     skipped: list[tuple[str, str]] = []
     for start in range(0, len(paths), batch_size):

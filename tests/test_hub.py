@@ -37,6 +37,7 @@ from transformers import (
     ViTImageProcessor,
 )
 
+from finetune.errors import run_command
 from finetune.tools import hub, model_card
 from finetune.tools.compare import write_comparison
 
@@ -391,6 +392,21 @@ def test_model_card_metadata_parses_back(both_output):
         assert f"| mean training loss (whole run) | {results['train']['loss']:.4f} |" in card.text
 
 
+def test_the_cards_comparison_names_its_datasets(both_output):
+    """Any runs can be compared: the card says they share a dataset only when the report's rows do."""
+    summary_path = both_output / "comparison" / "comparison.json"
+    summary = json.loads(summary_path.read_text())
+    dataset = summary["runs"][0]["dataset"]
+    assert {row["dataset"] for row in summary["runs"]} == {dataset}
+    card = hub.write_model_card(both_output / "scratch")
+    assert f"compared below with the others of its comparison report, all on `{dataset}`;" in card
+    summary["runs"][0]["dataset"] = "my_photos"
+    summary_path.write_text(json.dumps(summary))
+    card = hub.write_model_card(both_output / "scratch")
+    assert "compared below with the others of its comparison report, on different datasets (see the table);" in card
+    assert "same data" not in card and "| `my_photos` |" in card
+
+
 def test_the_card_shows_the_one_line_pipeline_only_for_a_3_channel_model(both_output, tmp_path):
     """transformers' pipeline converts every image to RGB: a 1-channel model (digits) cannot run it."""
     from finetune.tools.model_card import write_model_card
@@ -471,12 +487,52 @@ def test_offline_mode_names_only_its_own_fix(both_output, monkeypatch):
 
 def test_no_token(both_output, monkeypatch):
     monkeypatch.setattr(hub, "get_token", lambda: None)
+    before = tree_hashes(both_output, skip=None)
     with pytest.raises(hub.HubPushError, match="no Hub token") as error:
         hub.push_output_dir(both_output / "scratch", "me/vit", private=True, revision="v1")
     assert (
         f"python -m finetune.tools.hub push {both_output / 'scratch'} --repo_id me/vit --private --revision v1"
         in str(error.value)
     )
+    # A push that cannot start changes no file, the card included (a card edited by hand was lost this way).
+    assert tree_hashes(both_output, skip=None) == before and "still in place.\n" in str(error.value)
+
+
+def test_a_card_edited_by_hand_is_kept_and_pushed_as_it_is(both_output, monkeypatch, capsys, caplog):
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    run = both_output / "scratch"
+    card = run / "README.md"
+    hub.main(["files", str(run)])  # the card as written: rewritten by each push, for its repo id
+    assert model_card.edited_card(run) is None and 'repo = "me/vit"' not in card.read_text()
+    with FakeHub() as server:
+        hub.push_output_dir(run, "me/vit", token=TOKEN, endpoint=server.url)
+    assert 'repo = "me/vit"' in card.read_text() and model_card.edited_card(run) is None
+    assert server.commits[0]["files"]["README.md"] == card.read_bytes()
+
+    edited = card.read_text().replace("## How to use", "Trained on my photos, see notes.md.\n\n## How to use")
+    card.write_text(edited)
+    someone_elses = both_output / "pretrained" / "README.md"  # no mark at all: not written here
+    someone_elses.write_text("# My model\n")
+    for folder, text in ((run, edited), (both_output / "pretrained", "# My model\n")):
+        assert model_card.edited_card(folder) == folder / "README.md"
+        hub.main(["files", str(folder)])
+        with FakeHub() as server:
+            hub.push_output_dir(folder, "me/other", token=TOKEN, endpoint=server.url)
+        assert (folder / "README.md").read_text() == text
+        assert server.commits[0]["files"]["README.md"].decode() == text  # the user's card went up
+        assert f"Keeping {folder / 'README.md'} as it is" in caplog.text
+        # `card` says why it writes nothing and how to write a new card, in one line, exit status 1
+        assert run_command(model_card.main, [str(folder)]) == 1
+        [line] = capsys.readouterr().err.strip().splitlines()
+        assert line == (
+            f"error: {folder / 'README.md'} was edited after the card was written (or not written here), and is "
+            f"kept. To write a new card, move it away first: mv {folder / 'README.md'} {folder / 'README.edited.md'}"
+        )
+        assert (folder / "README.md").read_text() == text
+    # A failed push says it changed no file when the card it kept was the user's.
+    with FakeHub(fail={"commit": 500}) as server, pytest.raises(hub.HubPushError) as error:
+        hub.push_output_dir(run, "me/vit", token=TOKEN, endpoint=server.url)
+    assert "is still in place.\n" in str(error.value) and card.read_text() == edited
 
 
 def test_not_a_run_directory(both_output):
@@ -484,7 +540,7 @@ def test_not_a_run_directory(both_output):
         hub.push_output_dir(both_output, "me/vit", token=TOKEN)
 
 
-@pytest.mark.parametrize("command", ["files", "push"])
+@pytest.mark.parametrize("command", ["files", "push", "card"])
 def test_a_folder_without_weights_is_refused_before_the_card_is_written(both_output, monkeypatch, capsys, command):
     monkeypatch.setenv("HF_TOKEN", TOKEN)
     run = both_output / "scratch"
@@ -501,32 +557,35 @@ def test_a_folder_without_weights_is_refused_before_the_card_is_written(both_out
         shutil.copytree(run / "checkpoint-3", interrupted / f"checkpoint-{step}")
     checkpoint = run / "checkpoint-3"  # exported into checkpoint-3/onnx: not a run of its own
     shutil.copytree(onnx, checkpoint / "onnx")
+    verb = "card" if command == "card" else "push"
     for folder, problem in (
         (
             evaluation,
-            f"{evaluation} holds no model to push: missing config.json, weights (model.safetensors). It is an "
-            "evaluation-only run's output: push the run that trained the model.",
+            f"{evaluation} holds no trained model: missing config.json, weights (model.safetensors). It is an "
+            f"evaluation-only run's output: {verb} the run that trained the model.",
         ),
-        (onnx, f"{onnx} is an ONNX export, which the model card does not describe: push the run folder {run} (its"),
+        (onnx, f"{onnx} is an ONNX export, which the model card does not describe: {verb} the run folder {run} (its"),
         (
             interrupted,
-            f"{interrupted} holds no model to push: missing config.json, results.json, weights (model.safetensors). "
+            f"{interrupted} holds no trained model: missing config.json, results.json, weights (model.safetensors). "
             "Its run has not finished (checkpoint-* folders, no results.json): resume it with the same command and "
-            "`--resume_from_checkpoint true`, then push it.",
+            f"`--resume_from_checkpoint true`, then {verb} it.",
         ),
-        (checkpoint, f"{checkpoint} holds no model to push: missing "),
+        (checkpoint, f"{checkpoint} holds no trained model: missing "),
+        (both_output, f"{both_output} holds no trained model: missing config.json, results.json, weights "),
     ):
-        argv = [command, str(folder)] + (["--repo_id", "me/vit"] if command == "push" else [])
-        with pytest.raises(SystemExit):
-            hub.main(argv)
+        if command == "card":
+            assert run_command(model_card.main, [str(folder)]) == 1
+        else:
+            argv = [command, str(folder)] + (["--repo_id", "me/vit"] if command == "push" else [])
+            with pytest.raises(SystemExit):
+                hub.main(argv)
         [line] = capsys.readouterr().err.strip().splitlines()
         assert line.startswith(f"error: {problem}")
         assert not (folder / "README.md").exists()
-    assert line.endswith(f"It is a checkpoint of the run {run}: push that run's folder (its kept model).")
-    # The card describes no ONNX export either (it would load PyTorch weights the folder does not have).
-    with pytest.raises(FileNotFoundError, match=f"{onnx} is an ONNX export, which the model card does not describe"):
-        model_card.main([str(onnx)])
-    assert not (onnx / "README.md").exists()
+        if folder == checkpoint:
+            assert line.endswith(f"It is a checkpoint of the run {run}: {verb} that run's folder (its kept model).")
+    assert line.endswith(f"It holds run directories: {verb} pretrained, scratch separately.")
 
 
 def test_cli(both_output, monkeypatch, capsys):

@@ -5,7 +5,8 @@
 
 Only what someone needs to use the model goes up: weights, config, image processor, the ScratchViT code files, the
 model card (README.md, written here first), results.json and the comparison report when there is one. Checkpoints,
-optimizer states, training_args.bin and TensorBoard logs stay local; the push changes no local file but README.md.
+optimizer states, training_args.bin and TensorBoard logs stay local; the push changes no local file but README.md,
+and keeps (and uploads as it is) a README.md edited since it was written.
 The token (argument, `HF_TOKEN`, or `hf auth login`) is sent only in the Authorization header, never logged.
 
 Every request waits at most `--timeout` seconds (else `FINETUNE_HUB_TIMEOUT`, else 60) and one that times out, loses
@@ -31,7 +32,15 @@ from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
 from finetune.errors import ArgumentParser, one_line, run_command
 from finetune.results import RESULTS_NAME
-from finetune.tools.model_card import CARD_NAME, check_not_export, find_comparison_dir, run_dir_of, write_model_card
+from finetune.tools.model_card import (
+    CARD_NAME,
+    LEGACY_WEIGHT_PATTERNS,
+    check_trained_run,
+    edited_card,
+    find_comparison_dir,
+    run_dir_of,
+    write_model_card,
+)
 from finetune.tools.predict import add_flag
 
 
@@ -51,7 +60,6 @@ MODEL_FILE_PATTERNS = (
     CARD_NAME,
     "results.json",
 )
-LEGACY_WEIGHT_PATTERNS = ("pytorch_model.bin", "pytorch_model-*.bin", "pytorch_model.bin.index.json")
 COMPARISON_FILE_PATTERNS = ("*.md", "*.png", "*.json")
 
 TIMEOUT_ENV = "FINETUNE_HUB_TIMEOUT"
@@ -223,33 +231,6 @@ def upload_plan(output_dir: str | os.PathLike) -> list[tuple[str, Path]]:
     return sorted(plan)
 
 
-def check_pushable(output_dir: Path) -> None:
-    """Raise `FileNotFoundError` for a folder that is not a finished training run's output (the card would describe,
-    and the push upload, a model that is not there), naming what is missing."""
-    check_not_export(output_dir, "push")
-    names = {p.name for p in output_dir.iterdir()} if output_dir.is_dir() else set()
-    has_weights = any(fnmatch.fnmatch(name, p) for name in names for p in ("*.safetensors", *LEGACY_WEIGHT_PATTERNS))
-    missing = [] if "config.json" in names else ["config.json"]
-    missing += [] if (run_dir_of(output_dir) / RESULTS_NAME).is_file() else [RESULTS_NAME]
-    missing += [] if has_weights else ["weights (model.safetensors)"]
-    if not missing:
-        return
-    # A run's checkpoint-* folders hold config.json too, but are resumed, not pushed; nor is an ONNX export.
-    runs = [n for n in sorted(names) if (output_dir / n / "config.json").is_file() and "checkpoint-" not in n]
-    runs = [n for n in runs if not (output_dir / n / "model.onnx").is_file()]
-    hint = f" It holds run directories: push {', '.join(runs)} separately." if runs else ""
-    if output_dir.resolve().name.startswith("checkpoint-") and RESULTS_NAME not in names:
-        hint = f" It is a checkpoint of the run {output_dir.parent}: push that run's folder (its kept model)."
-    elif RESULTS_NAME not in names and any(name.startswith("checkpoint-") for name in names):
-        hint = (
-            " Its run has not finished (checkpoint-* folders, no results.json): resume it with the same command and "
-            "`--resume_from_checkpoint true`, then push it."
-        )
-    elif not hint and RESULTS_NAME in names and "config.json" not in names:
-        hint = " It is an evaluation-only run's output: push the run that trained the model."
-    raise FileNotFoundError(f"{output_dir} holds no model to push: missing {', '.join(missing)}.{hint}")
-
-
 def retry_command(output_dir, repo_id, private=None, revision=None, commit_message=None, timeout=None, retries=None):
     """The shell command that repeats a push with the same options."""
     parts = ["python", "-m", "finetune.tools.hub", "push", str(output_dir), "--repo_id", repo_id]
@@ -291,30 +272,33 @@ def push_output_dir(
     the repo, `private` if so, and the branch `revision` when missing); returns the commit's URL.
 
     `token` defaults to `HF_TOKEN` or the stored login, `endpoint` to `HF_ENDPOINT`. Raises `FileNotFoundError` for a
-    directory that is not a finished training run's (`check_pushable`), `ValueError` for a bad `timeout` or
+    directory that is not a finished training run's (`check_trained_run`), `ValueError` for a bad `timeout` or
     `retries`, and `HubPushError` when the push fails, with the cause and the command that retries it.
     """
     output_dir = Path(output_dir)
-    check_pushable(output_dir)
+    check_trained_run(output_dir, "push")
     seconds = resolve_timeout(timeout)
     if retries is not None and (isinstance(retries, bool) or not isinstance(retries, int) or retries < 0):
         raise ValueError(f"retries must be a whole number >= 0 (e.g. 2), got {retries!r}.")
     retry = retry_command(output_dir, repo_id, private, revision, commit_message, timeout, retries)
     retries = DEFAULT_RETRIES if retries is None else retries
-    write_model_card(output_dir, repo_id)
-    plan = upload_plan(output_dir)
     token = token or get_token()
     api = HfApi(endpoint=endpoint, token=token)
+    changed = ""  # the local file the push changed: none before the card is written (without a token, none at all)
 
     def failure(cause: str) -> HubPushError:
         message = (
             f"Pushing {output_dir} to the Hub repo {repo_id!r} failed: {cause}. Every local file in {output_dir} "
-            f"is still in place (only the model card {CARD_NAME} was written).\nRetry with: {retry}"
+            f"is still in place{changed}.\nRetry with: {retry}"
         )
         return HubPushError(message.replace(token, "***") if token else message)
 
     if not token:
         raise failure("no Hub token; set HF_TOKEN or log in with `hf auth login` (a token with write access)")
+    if edited_card(output_dir) is None:  # an edited card is kept and uploaded as it is
+        changed = f" (only the model card {CARD_NAME} was written)"
+    write_model_card(output_dir, repo_id, keep_edited=True)
+    plan = upload_plan(output_dir)
     sizes = {path: local.stat().st_size for path, local in plan}
     total = _size(sum(sizes.values()))
     logger.info(
@@ -376,8 +360,8 @@ def main(argv: list[str] | None = None) -> str | list[str]:
 
     try:
         if args.command == "files":
-            check_pushable(Path(args.output_dir))
-            write_model_card(args.output_dir, args.repo_id)
+            check_trained_run(Path(args.output_dir), "push")
+            write_model_card(args.output_dir, args.repo_id, keep_edited=True)
             paths = [path for path, _ in upload_plan(args.output_dir)]
             print("\n".join(paths))
             return paths

@@ -5,9 +5,12 @@ The metadata is huggingface_hub's `ModelCardData` with `EvalResult`s, so it pars
 metrics). The body is written from `results.json`, `config.json` and the comparison's summary when there is one.
 """
 
+import fnmatch
+import hashlib
 import json
 import logging
 import os
+import re
 import sys
 from importlib.metadata import version
 from pathlib import Path
@@ -17,7 +20,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from finetune.errors import ArgumentParser, run_command
 from finetune.locations import ADAPTER_CONFIG_NAME
-from finetune.results import Results
+from finetune.results import RESULTS_NAME, Results
 from finetune.tools.compare import REPORT_NAME, SUMMARY_NAME
 from finetune.tools.report import (
     MISSING,
@@ -36,9 +39,14 @@ from finetune.tools.report import (
 logger = logging.getLogger(__name__)
 
 CARD_NAME = "README.md"
+# The last line of every card written here: the digest of the text above it tells a card this tool wrote, unchanged
+# (rewritten for each push, which fills in the repo id), from one edited by hand or written by someone else (kept).
+CARD_MARK = "<!-- Written by finetune.tools.model_card; sha256 of the text above: {} -->\n"
+CARD_MARK_PATTERN = re.compile("(.*)" + re.escape(CARD_MARK.split("{}")[0]) + r"(\w+) -->\n?", re.S)
 COMPARISON_DIR_NAME = "comparison"
 # Licenses of base checkpoints this project fine-tunes; a fine-tuned model inherits its base's license.
 KNOWN_BASE_LICENSES = {"google/vit-": "apache-2.0", "facebook/deit-": "apache-2.0"}
+LEGACY_WEIGHT_PATTERNS = ("pytorch_model.bin", "pytorch_model-*.bin", "pytorch_model.bin.index.json")
 HISTORY_ROWS = 30
 ARCHITECTURE_KEYS = (
     "image_size patch_size num_channels hidden_size num_hidden_layers num_attention_heads intermediate_size "
@@ -80,6 +88,33 @@ def check_not_export(output_dir: Path, command: str = "card") -> None:
             f"{output_dir} is an ONNX export, which the model card does not describe: {fix} (its card says how to "
             "export it)."
         )
+
+
+def check_trained_run(output_dir: Path, command: str = "card") -> None:
+    """Raise `FileNotFoundError` for a folder that is not a finished training run's output (the card would describe,
+    and the push upload, a model that is not there), naming what is missing and what to `command` instead."""
+    check_not_export(output_dir, command)
+    names = {p.name for p in output_dir.iterdir()} if output_dir.is_dir() else set()
+    has_weights = any(fnmatch.fnmatch(name, p) for name in names for p in ("*.safetensors", *LEGACY_WEIGHT_PATTERNS))
+    missing = [] if "config.json" in names else ["config.json"]
+    missing += [] if (run_dir_of(output_dir) / RESULTS_NAME).is_file() else [RESULTS_NAME]
+    missing += [] if has_weights else ["weights (model.safetensors)"]
+    if not missing:
+        return
+    # A run's checkpoint-* folders hold config.json too, but are resumed, not pushed; nor is an ONNX export.
+    runs = [n for n in sorted(names) if (output_dir / n / "config.json").is_file() and "checkpoint-" not in n]
+    runs = [n for n in runs if not (output_dir / n / "model.onnx").is_file()]
+    hint = f" It holds run directories: {command} {', '.join(runs)} separately." if runs else ""
+    if output_dir.resolve().name.startswith("checkpoint-") and RESULTS_NAME not in names:
+        hint = f" It is a checkpoint of the run {output_dir.parent}: {command} that run's folder (its kept model)."
+    elif RESULTS_NAME not in names and any(name.startswith("checkpoint-") for name in names):
+        hint = (
+            " Its run has not finished (checkpoint-* folders, no results.json): resume it with the same command and "
+            f"`--resume_from_checkpoint true`, then {command} it."
+        )
+    elif not hint and RESULTS_NAME in names and "config.json" not in names:
+        hint = f" It is an evaluation-only run's output: {command} the run that trained the model."
+    raise FileNotFoundError(f"{output_dir} holds no trained model: missing {', '.join(missing)}.{hint}")
 
 
 def hub_base(name: str | None, run_dir: Path, local: bool | None = None) -> str | None:
@@ -329,7 +364,7 @@ def _training_section(results: Results) -> list[str]:
 
 
 def build_model_card(output_dir: str | os.PathLike, repo_id: str | None = None) -> ModelCard:
-    check_not_export(Path(output_dir))
+    check_trained_run(Path(output_dir))
     output_dir, run_dir = Path(output_dir), run_dir_of(output_dir)
     results = Results.load(run_dir)
     merged = run_dir != output_dir
@@ -345,10 +380,12 @@ def build_model_card(output_dir: str | os.PathLike, repo_id: str | None = None) 
     comparison_dir = find_comparison_dir(run_dir)
     summary = _read_json(comparison_dir / SUMMARY_NAME) if comparison_dir else None
     if summary and summary.get("runs"):
+        datasets = {row.get("dataset") for row in summary["runs"]}  # any runs can be compared: say so when they differ
+        where = f"all on `{datasets.pop()}`" if len(datasets) == 1 else "on different datasets (see the table)"
         sections += [
             "## Comparison",
-            "This run was trained alongside the others below on the same data and splits (full report with learning "
-            f"curves and confusion matrices: [comparison/{REPORT_NAME}](comparison/{REPORT_NAME})).",
+            f"This run is compared below with the others of its comparison report, {where}; the full report, with "
+            f"learning curves and confusion matrices, is [comparison/{REPORT_NAME}](comparison/{REPORT_NAME}).",
             summary_table(summary["runs"]),
         ]
     sections += ["## How to use", _usage(results, config, repo, base, hub), *_training_section(results)]
@@ -362,12 +399,34 @@ def build_model_card(output_dir: str | os.PathLike, repo_id: str | None = None) 
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n\n".join(sections) + "\n")
 
 
-def write_model_card(output_dir: str | os.PathLike, repo_id: str | None = None) -> str:
-    """Write the model card of a run to `output_dir/README.md` and return its text; `repo_id`, the Hub repo the model
-    goes to, names the model and fills the loading snippet."""
+def edited_card(output_dir: str | os.PathLike) -> Path | None:
+    """`output_dir/README.md` when it is not a card written here and left unchanged: edited by hand, or not ours."""
     path = Path(output_dir) / CARD_NAME
-    build_model_card(output_dir, repo_id).save(path)
-    return path.read_text()
+    if not path.is_file():
+        return None
+    written = CARD_MARK_PATTERN.fullmatch(path.read_text(encoding="utf-8", errors="replace"))
+    unchanged = written and hashlib.sha256(written[1].encode()).hexdigest() == written[2]
+    return None if unchanged else path
+
+
+def write_model_card(output_dir: str | os.PathLike, repo_id: str | None = None, keep_edited: bool = False) -> str:
+    """Write the model card of a run to `output_dir/README.md` and return its text; `repo_id`, the Hub repo the model
+    goes to, names the model and fills the loading snippet. A README.md edited since it was written (`edited_card`) is
+    never replaced: with `keep_edited` it is kept and its text returned, else `FileExistsError` says how to replace it.
+    """
+    card = str(build_model_card(output_dir, repo_id)).rstrip("\n") + "\n"  # checks the folder first
+    edited = edited_card(output_dir)
+    if edited and keep_edited:
+        logger.warning(f"Keeping {edited} as it is: it was edited after the card was written (or not written here).")
+        return edited.read_text(encoding="utf-8", errors="replace")
+    if edited:
+        raise FileExistsError(
+            f"{edited} was edited after the card was written (or not written here), and is kept. To write a new card, "
+            f"move it away first: mv {edited} {edited.with_name('README.edited.md')}"
+        )
+    text = card + CARD_MARK.format(hashlib.sha256(card.encode()).hexdigest())
+    (Path(output_dir) / CARD_NAME).write_text(text, encoding="utf-8")
+    return text
 
 
 def main(argv: list[str] | None = None) -> Path:

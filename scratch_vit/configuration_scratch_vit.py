@@ -199,6 +199,12 @@ class ScratchViTConfig(PretrainedConfig):
                 "`patch_size` or use `patch_embedding_type='linear'`."
             )
 
+    def validate(self) -> None:
+        """transformers' own checks, then `validate_fields`: `save_pretrained` calls it, so no config the model cannot
+        be built with is saved."""
+        super().validate()
+        self.validate_fields()
+
     @property
     def num_patches(self) -> int:
         """Number of patch tokens at the configured `image_size`."""

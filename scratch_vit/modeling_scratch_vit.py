@@ -367,6 +367,9 @@ class ScratchViTModel(ScratchViTPreTrainedModel):
     """
 
     def __init__(self, config: ScratchViTConfig):
+        # Checked again here: `from_pretrained(path, pooling="max")` and fields set by hand change a config after its
+        # `__init__` checked it, and an unknown value would build another model than the one named.
+        config.validate_fields()
         super().__init__(config)
         self.config = config
         self.embeddings = ScratchViTEmbeddings(config)

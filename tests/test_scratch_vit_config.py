@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from scratch_vit import ScratchViTConfig
+from scratch_vit import ScratchViTConfig, ScratchViTForImageClassification
 
 
 # (overrides, field, value as it appears in the message, a phrase of the suggested fix)
@@ -105,3 +105,31 @@ def test_invalid_saved_config_is_rejected_on_load(tmp_path):
     path.write_text(json.dumps(saved))
     with pytest.raises(ValueError, match="`num_attention_heads` from"):
         ScratchViTConfig.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "change, problem",
+    [
+        ({"num_attention_heads": 5}, "`num_attention_heads` from"),
+        ({"pooling": "max"}, "`pooling` must be one of ['cls', 'mean'], got 'max'"),
+        ({"head_type": "MLP"}, "`head_type` must be one of ['linear', 'mlp'], got 'MLP'"),
+        ({"image_size": 30}, "`image_size` (30) must be divisible by `patch_size` (4)"),
+    ],
+)
+def test_a_config_changed_after_it_was_built_is_checked_before_a_model_is_built_or_saved(tmp_path, change, problem):
+    """`from_pretrained`'s keyword arguments, and fields set by hand, change a config after `__init__` checked it: an
+    unknown pooling had built a mean-pooled model, 5 heads over 48 channels a model that failed at its first batch."""
+    ScratchViTForImageClassification(ScratchViTConfig(num_hidden_layers=1)).save_pretrained(tmp_path)
+    config = ScratchViTConfig.from_pretrained(tmp_path, **change)  # transformers sets the keywords after __init__
+    with pytest.raises(ValueError) as error:
+        ScratchViTForImageClassification(config)
+    assert problem in str(error.value)
+    with pytest.raises(ValueError) as error:
+        ScratchViTForImageClassification.from_pretrained(tmp_path, **change)
+    assert problem in str(error.value)
+    config = ScratchViTConfig()
+    for name, value in change.items():
+        setattr(config, name, value)
+    with pytest.raises(ValueError) as error:
+        config.save_pretrained(tmp_path / "changed")
+    assert problem in str(error.value) and not (tmp_path / "changed" / "config.json").exists()

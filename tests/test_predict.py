@@ -319,3 +319,29 @@ def test_a_larger_square_image_is_framed_at_the_size_the_run_stored(run_dirs, tm
     [p] = predict.main([str(run), str(tmp_path / "large.png")])  # reads the stored size from the run's results
     expected = torch.softmax(model(pixel_values=framed[1:]).logits, -1)[0].detach().numpy()
     np.testing.assert_allclose(p.probabilities, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_an_rgb_image_for_a_one_channel_model_is_converted_as_training_converts_it(run_dirs, tmp_path):
+    """A 1-channel model trained on RGB images takes their luma in float on the device (`BatchTransform`); predict
+    had converted each file with Pillow's rounded "L" first (probabilities 1.5e-3 apart)."""
+    from finetune.arguments import DataArguments
+    from finetune.augment import BatchTransform
+    from finetune.data import load_image_data
+
+    model, processor = predict.load_classifier(run_dirs["scratch-gray"], device="cpu")
+    prep = predict.model_preprocessing(model, processor)
+    photo = Image.fromarray(np.random.default_rng(5).integers(0, 256, (16, 16, 3), dtype=np.uint8), "RGB")
+    for i in range(20):  # the same photo in every file: any validation image is its stored copy
+        (tmp_path / "data" / f"class{i % 2}").mkdir(parents=True, exist_ok=True)
+        photo.save(tmp_path / "data" / f"class{i % 2}" / f"{i}.png")
+    data_args = DataArguments(dataset_name=str(tmp_path / "data"), decoded_cache_dir="none")
+    data = load_image_data(data_args, seed=0, target_size=photo_size(prep), check_classes=False)
+    assert data.num_channels == 3 and model.config.num_channels == 1
+    evaluated = BatchTransform.for_model(prep, data.num_channels)(data.validation.take([0]), train=False)
+    predicted = predict.preprocess(
+        predict.load_images([tmp_path / "data" / "class0" / "0.png"], None)[0], model, processor
+    )
+    torch.testing.assert_close(predicted, evaluated, rtol=0, atol=1e-6)
+    [p] = predict.main([str(run_dirs["scratch-gray"]), str(tmp_path / "data" / "class0" / "0.png")])
+    expected = torch.softmax(model(pixel_values=evaluated).logits, -1)[0].detach().numpy()
+    np.testing.assert_allclose(p.probabilities, expected, rtol=1e-5, atol=1e-6)

@@ -186,9 +186,9 @@ def check_images(
     from finetune.augment import photo_size
     from finetune.data import load_image_data
 
-    size, mode = photo_size(predict.model_preprocessing(model, processor)), predict.image_mode(model)
+    size = photo_size(predict.model_preprocessing(model, processor))
     if paths:
-        images, _, _ = predict.load_images(predict.collect_image_paths(paths)[:count], mode, size)
+        images, _, _ = predict.load_images(predict.collect_image_paths(paths)[:count], None, size)
         if not images:
             raise ValueError(f"None of {', '.join(paths)} could be read as an image to check the export on.")
         return images, "the given files"

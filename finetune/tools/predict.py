@@ -165,9 +165,10 @@ def collect_image_paths(paths: Iterable[str | os.PathLike]) -> list[Path]:
     return found
 
 
-def load_images(paths: Sequence[str | os.PathLike], mode: str, min_size: int | None = None):
-    """Decode image files in `mode` (`"L"` or `"RGB"`) as training does (`min_size`: the storage size of photos).
-    Returns the images, their paths (as str), and the unreadable files as `(path, reason)` pairs, each logged."""
+def load_images(paths: Sequence[str | os.PathLike], mode: str | None, min_size: int | None = None):
+    """Decode image files in `mode` (`"L"`, `"RGB"`, or None: "L" for grayscale sources, else "RGB") as training
+    does (`min_size`: the storage size of photos). Returns the images, their paths (as str), and the unreadable files
+    as `(path, reason)` pairs, each logged."""
     from PIL import Image, UnidentifiedImageError
 
     from finetune.data import decode_image
@@ -229,22 +230,25 @@ def preprocess(
     image_size: int | None = None,
     stored_size: Sequence[int] | None = None,
 ) -> torch.Tensor:
-    """Pixel values as training's evaluation makes them, `(B, C, H, W)` float32: each image converted to the model's
-    mode (`image_mode`), framed by `model_view`, then resized, cropped and normalized by `BatchTransform`."""
+    """Pixel values as training's evaluation makes them, `(B, C, H, W)` float32: each image, "L" or "RGB" (others
+    converted to the model's `image_mode`), framed by `model_view`, then resized, cropped, converted to the model's
+    channels and normalized by `BatchTransform`, as training converts the images it stored: an RGB image for a
+    1-channel model takes its luma in float there, not Pillow's rounded "L" (probabilities 1.5e-3 apart)."""
     import numpy as np
     import torch
 
     from finetune.augment import BatchTransform
 
     prep = model_preprocessing(model, processor, image_size)
-    transform = BatchTransform.for_model(prep, prep.num_channels)  # images converted to the model's mode
-    mode = image_mode(model)
+    transforms = {channels: BatchTransform.for_model(prep, channels) for channels in (1, 3)}  # by the image's
     batches = []
     for image in images:  # one at a time: framed images of different sizes do not stack
+        image = image if image.mode in ("L", "RGB") else image.convert(image_mode(model))
         # np.array, not asarray: writable (torch warns about read-only arrays).
-        array = np.array(model_view(image.convert(mode), prep, stored_size))
+        array = np.array(model_view(image, prep, stored_size))
         array = array[None] if array.ndim == 2 else np.ascontiguousarray(array.transpose(2, 0, 1))  # (C, h, w)
-        batches.append(transform(torch.from_numpy(array)[None], train=False))  # (1, C, h, w) -> (1, C, H, W)
+        pixels = torch.from_numpy(array)[None]  # (1, C, h, w) -> (1, C_model, H, W)
+        batches.append(transforms[array.shape[0]](pixels, train=False))
     return torch.cat(batches)
 
 
@@ -358,7 +362,7 @@ def predict_files(
     predictions: list[Prediction] = []
     skipped: list[tuple[str, str]] = []
     for start in range(0, len(paths), batch_size):
-        images, names, unreadable = load_images(paths[start : start + batch_size], image_mode(model), size)
+        images, names, unreadable = load_images(paths[start : start + batch_size], None, size)  # as stored
         skipped.extend(unreadable)
         if not images:
             continue

@@ -40,6 +40,11 @@ if __name__ == "__main__":
     at, rank = os.environ["SIGNAL_AT"], os.environ.get("SIGNAL_RANK")
     options = (getattr(signal, "SIG" + os.environ.get("SIGNAL", "TERM"), None), os.environ.get("SIGNAL_TWICE") == "1")
     options += (int(rank) if rank else None,)
+    if options[0] == signal.SIGINT:
+        # Under a background job of a script (`pytest ... &`, `nohup`) this process inherits SIGINT ignored, as a
+        # shell starts such jobs, and Python keeps it so: the SIGINT sent below was lost and the run went on (exit 0).
+        # A Ctrl-C reaches a run in the foreground, where Python's handler is in place: put it back.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if ":" in at:
         module, qualified = at.split(":")
         *path, name = qualified.split(".")

@@ -2,8 +2,11 @@
 settings `choose_settings` picks for it where the arguments say `auto` (precision, TF32, compilation, CPU or GPU,
 pinned memory), a step of its own in `finetune.run`; and the attention kernel."""
 
+import functools
 import os
 import platform
+import statistics
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +24,11 @@ ONEDNN_ISAS_WITHOUT_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", 
 # bf16 autocast against float32 on a CPU without native bf16, training step of the CPU recipe's model
 # (benchmarks/README.md, "Precision on CPUs without native bf16").
 CPU_BF16_SLOWDOWN = "about 13x"
+# bf16 autocast must beat float32 by this much in `measure_cpu_bf16_speedup` for `bf16: auto` to take it on a CPU
+# with native bf16: a 2-core Intel Xeon with AVX512-BF16 (no AMX) runs bf16 matmuls at 0.56-0.69x float32's speed and
+# the CPU recipe's step at 0.82x (630 against 767 images/s, `benchmarks/model_speed.py --preset cpu30 --threads 2
+# --attention eager [--bf16]`), where a 2-core AMD EPYC with it trains 1.5-1.7x faster in bf16 (benchmarks/README.md).
+CPU_BF16_MIN_SPEEDUP = 1.2
 # Largest attention head size for which SDPA's CPU kernel under bf16 is slower than the explicit path (measured at
 # head sizes 12 and 16: 2.5-3x slower; benchmarks/README.md, "model_speed"). Head size 64 (ViT-B) keeps SDPA.
 SMALL_HEAD_SIZE = 32
@@ -72,6 +80,32 @@ def cpu_has_native_bf16(flags: set[str] | None = None, max_isa: str | None = Non
     flags = set((cpuinfo_field("flags") or "").split()) if flags is None else flags
     max_isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "") if max_isa is None else max_isa
     return max_isa.upper() not in ONEDNN_ISAS_WITHOUT_BF16 and any(flag in flags for flag in NATIVE_BF16_CPU_FLAGS)
+
+
+@functools.cache
+def measure_cpu_bf16_speedup() -> float:
+    """How many times faster a linear layer's forward and backward run under bf16 autocast than in float32 on this
+    CPU, on one thread (about 0.1 s; one thread, so that processes starting side by side barely disturb each other):
+    the CPU flags say whether bf16 is native, not whether oneDNN makes it faster here."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        layer, x = torch.nn.Linear(256, 1024), torch.randn(512, 256)
+
+        def step(bf16: bool) -> float:
+            start = time.perf_counter()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                y = layer(x)
+            y.float().sum().backward()
+            return time.perf_counter() - start
+
+        times = {False: [], True: []}
+        for _ in range(7):  # the first two of each warm up; alternated, so that a disturbance hits both
+            for bf16 in times:
+                times[bf16].append(step(bf16))
+        return statistics.median(times[False][2:]) / statistics.median(times[True][2:])
+    finally:
+        torch.set_num_threads(threads)
 
 
 def accelerator_type(use_cpu: bool) -> str:
@@ -129,14 +163,16 @@ def choose_precision(
     cuda_bf16: bool = False,
     cuda_capability: tuple[int, int] = (0, 0),
     cpu_native_bf16: bool = False,
+    cpu_bf16_speedup: float = 1.0,
     launcher_precision: str | None = None,
 ) -> PrecisionChoice:
     """Resolve `auto` for mixed precision and TF32 from the device; an explicit value is kept, and so is a precision
     given to `accelerate launch --mixed_precision` (`launcher_precision`).
 
     CUDA: bf16 where the GPU supports it, else fp16; TF32 from compute capability 8.0 (Ampere). CPU: bf16 only with
-    native bf16 (an explicit bf16 without it warns). MPS and others: float32 (the Trainer's mixed precision there
-    is untested; `--bf16 true` or `--fp16 true` try it).
+    native bf16 and where bf16 measured at least `CPU_BF16_MIN_SPEEDUP` times as fast (`cpu_bf16_speedup`, from
+    `measure_cpu_bf16_speedup`); an explicit bf16 without native bf16 warns. MPS and others: float32 (the Trainer's
+    mixed precision there is untested; `--bf16 true` or `--fp16 true` try it).
     """
     bf16, fp16, tf32 = parse_switch(bf16, "bf16"), parse_switch(fp16, "fp16"), parse_switch(tf32, "tf32")
     launcher = launcher_precision if launcher_precision in ("bf16", "fp16") else None
@@ -150,8 +186,14 @@ def choose_precision(
             auto, why = "bf16", "this GPU supports bf16"
         elif device == "cuda":
             auto, why = "fp16", "this GPU has no bf16, fp16 instead"
+        elif device == "cpu" and cpu_native_bf16 and cpu_bf16_speedup < CPU_BF16_MIN_SPEEDUP:
+            auto = None
+            why = f"this CPU has native bf16 (AVX512-BF16/AMX), but bf16 matmuls ran {cpu_bf16_speedup:.2f}x as fast"
+            why += " as float32 here"
         elif device == "cpu" and cpu_native_bf16:
-            auto, why = "bf16", "this CPU has native bf16 (AVX512-BF16/AMX)"
+            auto = "bf16"
+            why = f"this CPU has native bf16 (AVX512-BF16/AMX); bf16 matmuls ran {cpu_bf16_speedup:.2f}x as fast"
+            why += " as float32"
         elif device == "cpu":
             auto = None
             why = f"this CPU has no native bf16 (AVX512-BF16/AMX), where bf16 runs {CPU_BF16_SLOWDOWN} slower"
@@ -275,6 +317,8 @@ def choose_settings(options: Mapping[str, Any]) -> Settings:
         machine = {"cuda_bf16": torch.cuda.is_bf16_supported(), "cuda_capability": torch.cuda.get_device_capability()}
     elif device == "cpu":
         machine = {"cpu_native_bf16": cpu_has_native_bf16()}
+        if machine["cpu_native_bf16"]:
+            machine["cpu_bf16_speedup"] = measure_cpu_bf16_speedup()
     compile_choice = choose_compile(
         options.get("torch_compile", AUTO),
         device,

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from finetune import hardware
 from finetune.arguments import parse_options
@@ -21,7 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
     "device, probe, expected",
     [
         ("cpu", {"cpu_native_bf16": False}, (False, False, None)),
-        ("cpu", {"cpu_native_bf16": True}, (True, False, None)),
+        ("cpu", {"cpu_native_bf16": True, "cpu_bf16_speedup": 1.8}, (True, False, None)),
+        ("cpu", {"cpu_native_bf16": True, "cpu_bf16_speedup": 0.6}, (False, False, None)),  # a 2-core Intel Xeon's
         ("cuda", {"cuda_bf16": True, "cuda_capability": (9, 0)}, (True, False, True)),
         ("cuda", {"cuda_bf16": True, "cuda_capability": (8, 0)}, (True, False, True)),
         ("cuda", {"cuda_bf16": False, "cuda_capability": (7, 0)}, (False, True, None)),
@@ -46,11 +48,42 @@ def test_explicit_choices_are_kept_and_a_slow_one_warns():
 
 
 def test_the_launchers_precision_counts_as_explicit():
-    choice = choose("auto", "auto", "auto", "cpu", cpu_native_bf16=True, launcher_precision="fp16")
+    choice = choose(
+        "auto", "auto", "auto", "cpu", cpu_native_bf16=True, cpu_bf16_speedup=1.8, launcher_precision="fp16"
+    )
     assert (choice.bf16, choice.fp16) == (False, False)  # the Trainer then takes fp16 from ACCELERATE_MIXED_PRECISION
     assert "accelerate launch" in choice.reasons[0]
     assert choose("auto", "auto", "auto", "cpu", cpu_native_bf16=False, launcher_precision="bf16").warnings
-    assert choose("auto", "auto", "auto", "cpu", cpu_native_bf16=True, launcher_precision="no").bf16
+    assert choose(
+        "auto", "auto", "auto", "cpu", cpu_native_bf16=True, cpu_bf16_speedup=1.8, launcher_precision="no"
+    ).bf16
+
+
+def test_native_bf16_that_measures_slower_than_float32_is_not_chosen(monkeypatch):
+    """A 2-core Intel Xeon with AVX512-BF16 ran bf16 matmuls at 0.56-0.69x float32's speed and the CPU recipe's step at
+    0.82x: the flags alone had chosen bf16 there. The reason names the measured figure."""
+    choice = choose("auto", "auto", "auto", "cpu", cpu_native_bf16=True, cpu_bf16_speedup=0.62)
+    assert choice.mode == "float32" and not choice.warnings
+    assert choice.reasons == [
+        "auto: this CPU has native bf16 (AVX512-BF16/AMX), but bf16 matmuls ran 0.62x as fast as float32 here"
+    ]
+    assert (
+        "ran 1.80x as fast"
+        in choose("auto", "auto", "auto", "cpu", cpu_native_bf16=True, cpu_bf16_speedup=1.8).reasons[0]
+    )
+    # The measurement is real: a ratio of two timings on this CPU, on one thread, the thread count restored.
+    threads = torch.get_num_threads()
+    hardware.measure_cpu_bf16_speedup.cache_clear()
+    speedup = hardware.measure_cpu_bf16_speedup()
+    assert 0.01 < speedup < 100 and torch.get_num_threads() == threads
+    assert hardware.measure_cpu_bf16_speedup() == speedup  # measured once per process
+    # The settings step measures only where bf16 is native, and follows the measurement.
+    measured = []
+    monkeypatch.setattr(hardware, "measure_cpu_bf16_speedup", lambda: measured.append(1) or 0.62)
+    for native in (False, True):
+        monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda flags=None, native=native: native)
+        assert hardware.choose_settings({"use_cpu": True}).arguments["bf16"] is False
+    assert measured == [1]
 
 
 def test_bad_switch_value():
@@ -87,6 +120,7 @@ def test_cpu_flags_name_native_bf16():
 @pytest.mark.parametrize("native", [False, True])
 def test_the_settings_step_resolves_auto_and_the_arguments_take_its_values(tmp_path, monkeypatch, native):
     monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda flags=None: native)
+    monkeypatch.setattr(hardware, "measure_cpu_bf16_speedup", lambda: 1.8)  # bf16 as fast as AMD EPYC's
     monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
     options = {"output_dir": str(tmp_path), "use_cpu": True, "bf16": "auto", "fp16": "auto", "tf32": "auto"}
     settings = hardware.choose_settings(options)
@@ -121,6 +155,7 @@ def test_a_recipe_for_the_other_precision_names_the_one_to_use(tmp_path, monkeyp
     """The two 30-minute CPU recipes each name the other: the one tuned for bf16 warns on a CPU that trains in
     float32, and the float32 one on a CPU with native bf16; the recipe that fits says nothing."""
     monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda flags=None: native)
+    monkeypatch.setattr(hardware, "measure_cpu_bf16_speedup", lambda: 1.8)  # bf16 as fast as AMD EPYC's
     monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
     configs = {}
     for name in ("cifar10_scratch_cpu30_stem.yaml", "cifar10_scratch_cpu30_stem_h48l4.yaml"):
@@ -175,6 +210,7 @@ def test_two_cpu_processes_join_one_group_with_the_ddp_timeout(tmp_path):
 def test_the_recorded_choice_is_what_the_run_trains_in_and_why(tmp_path, monkeypatch, native):
     """Under `accelerate launch --mixed_precision bf16` the run trains in bf16; `--bf16 false` is float32 as given."""
     monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda flags=None: native)
+    monkeypatch.setattr(hardware, "measure_cpu_bf16_speedup", lambda: 1.8)  # bf16 as fast as AMD EPYC's
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")  # what the launcher sets
     options = {"output_dir": str(tmp_path), "use_cpu": True, "recipe_precision": "bf16"}
     settings = hardware.choose_settings(options)

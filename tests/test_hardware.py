@@ -72,10 +72,11 @@ def test_native_bf16_that_measures_slower_than_float32_is_not_chosen(monkeypatch
         in choose("auto", "auto", "auto", "cpu", cpu_native_bf16=True, cpu_bf16_speedup=1.8).reasons[0]
     )
     # The measurement is real: a ratio of two timings on this CPU, on one thread, the thread count restored.
-    threads = torch.get_num_threads()
+    threads, random_state = torch.get_num_threads(), torch.random.get_rng_state()
     hardware.measure_cpu_bf16_speedup.cache_clear()
     speedup = hardware.measure_cpu_bf16_speedup()
     assert 0.01 < speedup < 100 and torch.get_num_threads() == threads
+    assert torch.equal(torch.random.get_rng_state(), random_state), "the run's random numbers are left as they were"
     assert hardware.measure_cpu_bf16_speedup() == speedup  # measured once per process
     # The settings step measures only where bf16 is native, and follows the measurement.
     measured = []

@@ -265,6 +265,19 @@ def test_image_folder_with_split_subfolders(tmp_path):
     assert _assert_split_matches(data.test, images, labels) == set(range(18, 24))
 
 
+def test_a_split_folder_of_unlabelled_images_is_named_with_the_fix(tmp_path):
+    # Kaggle's layout: train/CLASS/... and a test/ of unlabelled images. The error had named no split and no image
+    # ("needs one subfolder per class"), although train/ has them.
+    images, labels = _images(21), _labels(21)
+    _write_png_folder(tmp_path / "pets" / "train", images[:18], labels[:18])
+    os.makedirs(tmp_path / "pets" / "test")
+    for i in range(18, 21):
+        Image.fromarray(images[i]).save(tmp_path / "pets" / "test" / f"{i}.png")
+    unlabelled = r"^3 image\(s\) of .*pets lie outside its class folders \(cat, dog, frog\);.*predict.*"
+    with pytest.raises(ValueError, match=unlabelled + r"move test/18.png, test/19.png, test/20.png into one\.$"):
+        load_image_data(_args(dataset_name=str(tmp_path / "pets")), seed=0)
+
+
 def test_an_image_is_labelled_by_its_class_folder_whatever_the_depth_below_it(tmp_path):
     # datasets' image folder labels by the parent folder: cat/2023/ and dog/2023/ would be one class "2023", and
     # cat/raw/ + dog/raw/ or images at mixed depths no class at all.

@@ -204,21 +204,31 @@ def _split_named(folder: str) -> str | None:
 def _label_by_class_folder(splits: datasets.DatasetDict, root: str, depth: int) -> dict[str, datasets.Dataset]:
     """Label each image by its class folder, the folder at `depth` (1 under split folders: `train/cat/2023/a.jpg`:
     cat), as torchvision's ImageFolder does: datasets' image folder takes the parent folder (2023), and gives no labels
-    to images at mixed depths. No label column (`find_columns` says why) where an image has no class folder or there
-    is one class, or where a metadata file gives the labels."""
+    to images at mixed depths. No label column (`find_columns` says why) where there is one class, or where a metadata
+    file gives the labels; an error where an image has no class folder (beside them, or in a split folder of
+    unlabelled images, as Kaggle's `test/`)."""
     if any(dataset.column_names != ["image"] for dataset in splits.values()):
         return dict(splits)  # a metadata file's columns: the user's labels, whatever their name
-    root, class_of, classes = os.path.realpath(root), {}, {}
+    root, class_of, classes, stray = os.path.realpath(root), {}, {}, []
     for name, dataset in splits.items():
-        parents = [os.path.dirname(path) for path in _paths(_arrow_column(dataset, "image")).to_pylist()]
+        paths = _paths(_arrow_column(dataset, "image")).to_pylist()
+        parents = [os.path.dirname(path) for path in paths]
         for parent in set(parents) - class_of.keys():
             # Real paths: datasets names the images of a folder reached through a link by their real path.
             folders = os.path.relpath(os.path.realpath(parent), root).split(os.sep)
             class_of[parent] = folders[depth] if depth < len(folders) and folders[depth] != "." else None
         classes[name] = [class_of[parent] for parent in parents]
+        stray += [os.path.relpath(os.path.realpath(p), root) for p, c in zip(paths, classes[name]) if c is None]
     names = sorted({c for cs in classes.values() for c in cs if c is not None})
-    if len(names) < 2 or any(None in cs for cs in classes.values()):
+    if len(names) < 2:
         return dict(splits)
+    if stray:
+        shown = ", ".join(sorted(stray)[:3])
+        raise ValueError(
+            f"{len(stray)} image(s) of {root} lie outside its class folders ({', '.join(names[:5])}); unlabelled "
+            "images belong outside it (`vit-finetune predict` classifies them). An image folder needs one subfolder "
+            f"per class, at least two (e.g. cat/ and dog/), and no image beside them: move {shown} into one."
+        )
     feature = datasets.ClassLabel(names=names)
     return {
         name: ds.add_column("label", feature.str2int(classes[name]), feature=feature) for name, ds in splits.items()
@@ -380,7 +390,7 @@ def _pick_column(columns: list[str], explicit: str | None, candidates: tuple[str
             return candidate
     hint = ""
     if kind == "label" and columns == ["image"] and os.path.isdir(where):
-        # `_label_by_class_folder` gives no label column when an image sits beside the class folders.
+        # `_label_by_class_folder` gives no label column to a folder of fewer than two class folders.
         stray = sorted(f for f in os.listdir(where) if _extension(f) in IMAGE_EXTENSIONS)
         hint = " An image folder needs one subfolder per class, at least two (e.g. cat/ and dog/)"
         hint += f", and no image beside them: move {', '.join(stray[:3])} into one." if stray else "."

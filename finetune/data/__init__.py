@@ -15,6 +15,7 @@ has `decode.py` decode them, and `dataset.py`'s `ImageSplit` serves them in batc
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -123,6 +124,14 @@ def load_image_data(
     chosen, label_names, how = choose_rows(labels, label_names, data_args, seed)
 
     splits = _materialize(source, chosen, labels, columns, data_args, target_size)
+    size = splits["train"].image_size
+    unlike = {name: rows for name, rows in chosen.items() if splits[name].image_size != size}
+    if unlike and size[0] == size[1] and source.encoded:
+        # Stored as train's images, squares of its size, as predict frames every image: a split stored otherwise
+        # (whole images of one size where train's sizes differ) would be evaluated on views that predict never gives.
+        logger.info(f"Storing the {', '.join(unlike)} images as {size[0]}x{size[0]} squares, as the train images.")
+        squares = dataclasses.replace(data_args, decode_size=size[0])
+        splits.update(_materialize(source, unlike, labels, columns, squares, target_size))
     num_channels = max(split.num_channels for split in splits.values())
     for name, split in splits.items():
         if split.num_channels != num_channels:

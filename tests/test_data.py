@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import pickle
+import re
 
 import datasets
 import numpy as np
@@ -218,6 +219,28 @@ def test_csv_with_relative_image_paths_and_string_labels(tmp_path):
     data = load_image_data(args, seed=0)
     assert data.label_names == sorted(NAMES)  # string labels: sorted unique names
     _assert_covers(data, images, labels)
+
+
+def test_a_csv_of_paths_from_another_folder_names_the_missing_file(tmp_path, caplog):
+    # Paths written from the folder above the csv's: every file missing, which the error had called "12 corrupt",
+    # naming no file and no reason (the warning that named them comes after decoding, which never started).
+    images, labels = _images(12), _labels(12)
+    paths = _write_png_folder(tmp_path / "data" / "pictures", images, labels)
+    lines = ["image,label"] + [f"{p.relative_to(tmp_path)},{NAMES[y]}" for p, y in zip(paths, labels)]
+    (tmp_path / "data" / "index.csv").write_text("\n".join(lines) + "\n")
+    first = re.escape(f"index 0 ({tmp_path}/data/data/pictures/cat/0.png)")
+    with pytest.raises(
+        ValueError, match=rf"^No image of .*index.csv could be decoded: {first}: FileNotFoundError: .*, and 11 more\.$"
+    ):
+        load_image_data(_args(dataset_name=str(tmp_path / "data" / "index.csv")), seed=0)
+    # Some missing: the warning names the reason too.
+    (tmp_path / "data" / "index.csv").write_text("\n".join(lines[:7] + [line[5:] for line in lines[7:]]) + "\n")
+    with caplog.at_level(logging.WARNING, logger="finetune.data"):
+        data = load_image_data(_args(dataset_name=str(tmp_path / "data" / "index.csv"), validation_size=2), seed=0)
+    assert len(data.train) + len(data.validation) == 6
+    assert re.search(
+        rf"Skipped 6 corrupt image\(s\) .*\(FileNotFoundError: .* for the first\): {first}, ", caplog.text
+    )
 
 
 def test_folder_of_csv_files_with_default_columns(tmp_path):

@@ -149,8 +149,14 @@ def decode_images(
                 "Set `corrupt_images=skip` to drop images that cannot be decoded."
             )
         skipped.append(name)
+        errors.append(error)
 
-    skipped, modes, sizes = [], set(), set()
+    skipped, errors, modes, sizes = [], [], set(), set()
+
+    def none_decoded() -> ValueError:  # the first error says why: a missing file (a csv's wrong paths) or a broken one
+        more = f", and {len(skipped) - 1} more" if len(skipped) > 1 else ""
+        return ValueError(f"No image of {where} could be decoded: {skipped[0]}: {errors[0]}{more}.")
+
     readable = np.zeros(num_images, dtype=bool)
     for i, (data, path) in enumerate(read_items()):
         try:
@@ -162,7 +168,7 @@ def decode_images(
         modes.add(mode)
         sizes.add(size)
     if not readable.any():
-        raise ValueError(f"No image of {where} could be decoded ({len(skipped)} corrupt).")
+        raise none_decoded()
     mode = "RGB" if "RGB" in modes else "L"
     used_fallback = False
     if resize_to is not None:
@@ -212,10 +218,13 @@ def decode_images(
         progress.close()
     if skipped:
         listed = ", ".join(skipped[:MAX_LISTED_CORRUPT]) + (", ..." if len(skipped) > MAX_LISTED_CORRUPT else "")
-        logger.warning(f"Skipped {len(skipped)} corrupt image(s) of {where} that could not be decoded: {listed}.")
+        logger.warning(
+            f"Skipped {len(skipped)} corrupt image(s) of {where} that could not be decoded ({errors[0]} for the "
+            f"first): {listed}."
+        )
     kept = np.flatnonzero(readable & ~failed)
     if len(kept) == 0:
-        raise ValueError(f"No image of {where} could be decoded ({len(skipped)} corrupt).")
+        raise none_decoded()
     return np.load(out_path, mmap_mode="r"), kept, rows[kept], skipped, used_fallback
 
 

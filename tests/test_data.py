@@ -690,6 +690,20 @@ def test_include_labels_keeps_and_renumbers_classes():
         load_image_data(_args(dataset_name="sklearn:digits", include_labels=["ten"]), seed=0)
 
 
+def test_include_labels_that_leave_a_split_of_the_source_empty_are_named(tmp_path):
+    # The validation folder has cats only: the error had been "No image of the validation split could be decoded
+    # (0 corrupt)".
+    images, labels = _images(12), _labels(12)
+    _write_png_folder(tmp_path / "pets" / "train", images, labels)
+    _write_png_folder(tmp_path / "pets" / "val", images[:1], labels[:1])
+    with pytest.raises(
+        ValueError,
+        match=r"^The validation split has no images of the `include_labels` classes \['dog', 'frog'\]; it has "
+        r"\['cat'\]. Fix: name one of those in `include_labels` too.$",
+    ):
+        load_image_data(_args(dataset_name=str(tmp_path / "pets"), include_labels=["dog", "frog"]), seed=0)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # The decoded cache
 

@@ -80,6 +80,12 @@ def _keep_classes(
         else:
             labels = new_id[split.labels]
             kept[name] = Rows(split.source, split.positions[labels >= 0], labels[labels >= 0])
+            if len(kept[name]) == 0:
+                has = [label_names[i] for i in np.unique(split.labels)]
+                raise ValueError(
+                    f"The {name} split has no images of the `include_labels` classes {keep}; it has {has[:10]}. Fix: "
+                    f"name one of those in `include_labels` too."
+                )
     logger.info(f"Kept the {len(keep)} classes of `include_labels` {keep}, renumbered in that order.")
     return kept, keep
 

@@ -272,6 +272,18 @@ def test_a_folder_of_jfif_photos_is_read_as_an_image_folder(tmp_path):
     assert data.label_names == NAMES and (len(data.train), len(data.validation)) == (9, 3)
 
 
+def test_photos_in_formats_the_image_folder_does_not_read_are_named(tmp_path, caplog):
+    # An iPhone's HEIC photos and AVIF downloads beside the PNGs: left out of training without a word.
+    images, labels = _images(12), _labels(12)
+    _write_png_folder(tmp_path / "pets", images, labels)
+    Image.fromarray(images[0]).save(tmp_path / "pets" / "dog" / "web.avif")
+    (tmp_path / "pets" / "cat" / "IMG_0001.HEIC").write_bytes(b"an iPhone photo")
+    with caplog.at_level(logging.WARNING, logger="finetune.data"):
+        data = load_image_data(_args(dataset_name=str(tmp_path / "pets"), validation_size=3), seed=0)
+    _assert_covers(data, images, labels)
+    assert re.search(r"Leaving out 2 photo\(s\) of .*pets in a format .*\(e.g. cat/IMG_0001.HEIC\)", caplog.text)
+
+
 def test_image_folder_with_split_subfolders(tmp_path):
     images, labels = _images(24), _labels(24)
     _write_png_folder(tmp_path / "pets" / "train", images[:12], labels[:12])

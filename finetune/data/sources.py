@@ -31,6 +31,8 @@ logger = logging.getLogger(__name__)
 
 # The files read as images in a folder: datasets' image folder reads training's, and predict searches folders for them.
 IMAGE_EXTENSIONS = ImageFolder.EXTENSIONS
+# Photo formats it leaves out (HEIC is iPhones' default): a folder's are named rather than dropped without a word.
+UNREAD_PHOTO_EXTENSIONS = (".avif", ".heic", ".heif")
 IMAGE_COLUMNS = ("img", "image")
 LABEL_COLUMNS = ("label", "labels")
 TABLE_EXTENSIONS = {".parquet": "parquet", ".arrow": "arrow", ".csv": "csv"}
@@ -155,6 +157,12 @@ def _open_local(path: str, data_args: DataArguments) -> Source:
         )
     if tables:
         return _open_split_files(tables, data_args, description=path)
+    unread = sorted(f for files in resolved.values() for f in files if _extension(f) in UNREAD_PHOTO_EXTENSIONS)
+    if unread:
+        logger.warning(
+            f"Leaving out {len(unread)} photo(s) of {path} in a format that datasets' image folder does not read "
+            f"(e.g. {os.path.relpath(unread[0], path)}): convert them to JPEG or PNG to train on them."
+        )
     if not any(_extension(f) in IMAGE_EXTENSIONS for files in resolved.values() for f in files):
         raise FileNotFoundError(
             f"{path!r} holds neither parquet/arrow/csv files nor images. `dataset_name` accepts {ACCEPTED_SOURCES}."

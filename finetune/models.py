@@ -281,8 +281,9 @@ def _load_pretrained(model_args: ModelArguments, data: ImageData, drop_path_rate
                 "fine-tune a model that has it (BEiT, Swin, ConvNeXt, DINOv2, ScratchViT)."
             )
         overrides["drop_path_rate"] = drop_path_rate
-    # timm's config saves its class names as `label_names` beside `id2label`: they go with the old labels.
-    saved = {key: value for key, value in original.to_dict().items() if key != "label_names"}
+    # The old labels go (timm's config saves its class names as `label_names`): with the old `id2label` left in,
+    # transformers warned "You passed `num_labels=10` which is incompatible to the `id2label` map of length 3".
+    saved = {k: v for k, v in original.to_dict().items() if k not in ("label_names", "id2label", "label2id")}
     config = type(original).from_dict(saved, **overrides)
     # The load report is summarised below, in the pipeline's words.
     with _plain_model_folder(path, model_args.trust_remote_code) as weights, _hub_errors("model", path):

@@ -131,12 +131,16 @@ def test_a_budget_spent_under_steps_evaluation_evaluates_once_at_the_stop(tmp_pa
     assert [row["step"] for row in read_results(out)["history"]] == evaluations
 
 
-def test_pretrained_path_replaces_the_head_and_uses_the_checkpoint_processor(tmp_path):
+def test_pretrained_path_replaces_the_head_and_uses_the_checkpoint_processor(tmp_path, caplog):
     checkpoint = tiny_vit_checkpoint(tmp_path / "hub_stand_in", num_channels=3, num_labels=3)
     out = tmp_path / "pretrained"
     args = [a for a in TINY_SCRATCH]
     args[args.index("scratch")] = "pretrained"
     results = run.main([*args, "--model_name_or_path", str(checkpoint), "--output_dir", str(out)])["pretrained"]
+    # The new head is said once, in the pipeline's words; transformers' "You passed `num_labels=10` which is
+    # incompatible to the `id2label` map of length `3`" named an option the user never passed.
+    assert not [r for r in caplog.records if "incompatible" in r.getMessage()]
+    assert [r for r in caplog.records if "a new 10-class head starts" in r.getMessage()]
 
     model = AutoModelForImageClassification.from_pretrained(out)
     assert type(model).__name__ == "ViTForImageClassification"

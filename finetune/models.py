@@ -210,9 +210,10 @@ def load_adapter_model(path: str | os.PathLike, merge: bool = True, **kwargs) ->
     config_dir = path if os.path.isfile(os.path.join(path, "config.json")) else os.path.dirname(os.path.abspath(path))
     config = AutoConfig.from_pretrained(config_dir, trust_remote_code=kwargs.get("trust_remote_code", False))
     try:
-        model = AutoModelForImageClassification.from_pretrained(
-            base, config=config, ignore_mismatched_sizes=True, **kwargs
-        )
+        with transformers_errors_only():  # the base's head, replaced by the adapter's, is reported as MISMATCH
+            model = AutoModelForImageClassification.from_pretrained(
+                base, config=config, ignore_mismatched_sizes=True, **kwargs
+            )
     except OSError as error:
         raise OSError(
             f"The adapter in {path} was trained on the base model {base!r}, which could not be loaded "
@@ -232,8 +233,7 @@ def _plain_model_folder(path: str, trust_remote_code: bool = False):
         yield path
         return
     with tempfile.TemporaryDirectory() as folder:
-        with transformers_errors_only():  # the base's head, replaced by the adapter's, is reported as MISMATCH
-            load_adapter_model(path, trust_remote_code=trust_remote_code).save_pretrained(folder)
+        load_adapter_model(path, trust_remote_code=trust_remote_code).save_pretrained(folder)
         logger.info(f"{path} is a LoRA run: fine-tuning its base with the adapters merged in.")
         yield folder
 

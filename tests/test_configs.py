@@ -187,6 +187,19 @@ def test_an_unset_best_metric_keeps_the_checkpoint_of_least_loss(tmp_path):
         parse_args(["--config", str(config), "--greater_is_better", "true"])
 
 
+def test_the_best_model_can_be_the_one_of_the_highest_macro_f1(tmp_path):
+    """Macro F1, which every evaluation reports, can choose the kept model (imbalanced classes); it was refused as
+    "no metric of the evaluation"."""
+    config = _write(tmp_path / "c.yaml", TINY_RUN + "metric_for_best_model: macro_f1\nnum_train_epochs: 3\n")
+    run.main(["--config", str(config), "--output_dir", str(tmp_path / "out"), "--save_total_limit", "null"])
+    saved = json.loads((tmp_path / "out" / "results.json").read_text())
+    state = json.loads((tmp_path / "out" / "trainer_state.json").read_text())
+    scores = [row["eval_macro_f1"] for row in state["log_history"] if "eval_macro_f1" in row]
+    assert len(scores) == 3 and state["best_metric"] == max(scores)
+    assert saved["validation"]["macro_f1"] == pytest.approx(max(scores))
+    assert saved["hyperparameters"]["metric_for_best_model"] == "macro_f1"
+
+
 @pytest.mark.parametrize(
     "line, expected",
     [

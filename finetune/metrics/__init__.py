@@ -13,9 +13,9 @@ from transformers import EvalPrediction
 
 
 METRICS_DIR = Path(__file__).resolve().parent
-# What an evaluation reports (`eval_accuracy`, `eval_loss`; `eval_map` for multi-label data), and so what
-# `metric_for_best_model` may name.
-EVAL_METRICS = {"accuracy": True, "loss": False, "map": True}  # name -> whether greater is better
+# What every evaluation reports (`eval_accuracy`, `eval_loss`, `eval_macro_f1`; `eval_map` for multi-label data), and
+# so what `metric_for_best_model` may name (not top-5 accuracy, which five classes or fewer have not).
+EVAL_METRICS = {"accuracy": True, "loss": False, "map": True, "macro_f1": True}  # name -> whether greater is better
 TOP_K = 5
 
 

@@ -270,6 +270,13 @@ def _load_pretrained(model_args: ModelArguments, data: ImageData, drop_path_rate
     if os.path.isdir(os.path.expanduser(path)):
         check_local_checkpoint(os.path.expanduser(path), model_args.trust_remote_code)
     original = _load_config(model_args)
+    if not model_args.ignore_mismatched_sizes and original.num_labels != len(data.label_names):
+        # transformers' own error points to a load report that is not shown (`transformers_errors_only`).
+        raise ValueError(
+            f"{path} has a {original.num_labels}-class head and the dataset {len(data.label_names)} classes, but "
+            "`ignore_mismatched_sizes: false` keeps the checkpoint's head. Fix: `ignore_mismatched_sizes: true` (a "
+            "new head, the default), or data of the checkpoint's classes (`include_labels`)."
+        )
     # Relabelled as `from_pretrained(path, num_labels=..., id2label=...)` would do it, without reading it again.
     overrides = {"num_labels": len(data.label_names), "id2label": data.id2label, "label2id": data.label2id}
     if drop_path_rate is not None:

@@ -206,6 +206,14 @@ PRETRAINED = ["--model_type", "pretrained", "--dataset_name", "sklearn:digits", 
               "--num_train_epochs", "1", "--max_train_samples", "32", "--max_eval_samples", "16"]  # fmt: skip
 
 
+def test_a_head_of_another_size_with_ignore_mismatched_sizes_false_is_named(tmp_path):
+    # transformers' own error said "For details look at the above report!", of a report that is not shown.
+    match = r"has a 3-class head and the dataset 10 classes, but `ignore_mismatched_sizes: false` keeps the checkpoint"
+    with pytest.raises(ValueError, match=match + r"'s head\. Fix: `ignore_mismatched_sizes: true`"):
+        run.main([*PRETRAINED, "--model_name_or_path", str(saved_vit(tmp_path / "vit")), "--ignore_mismatched_sizes",
+                  "false", "--output_dir", str(tmp_path / "out")])  # fmt: skip
+
+
 @pytest.mark.parametrize("where, relation", [(".", "is"), ("run", "is inside"), ("..", "contains")])
 def test_output_dir_that_would_overwrite_the_pretrained_model(tmp_path, where, relation):
     model_dir = saved_vit(tmp_path / "models" / "vit")

@@ -164,14 +164,15 @@ def apply_finetune_method(model: PreTrainedModel, model_args: ModelArguments) ->
     method = model_args.finetune_method
     if method == "full":
         return model
-    if not isinstance(getattr(model, HEAD_NAME, None), torch.nn.Module):
+    head_name, head = classification_head(model)
+    if head is None:
         raise ValueError(
             f"`finetune_method: {method}` trains the classification head `{HEAD_NAME}`, which "
             f"{type(model).__name__} does not have. Use `finetune_method: full` for this model."
         )
     if method == "linear_probe":
         for name, parameter in model.named_parameters():
-            parameter.requires_grad = name.startswith(f"{HEAD_NAME}.")
+            parameter.requires_grad = name.startswith(f"{head_name}.")
         return model
     from peft import LoraConfig, get_peft_model
 
@@ -188,9 +189,9 @@ def apply_finetune_method(model: PreTrainedModel, model_args: ModelArguments) ->
         lora_alpha=model_args.lora_alpha,
         lora_dropout=model_args.lora_dropout,
         target_modules=targets,
-        modules_to_save=[HEAD_NAME],
+        modules_to_save=[head_name],
     )
-    logger.info(f"LoRA r={config.r}, alpha={config.lora_alpha} on {targets}; the head `{HEAD_NAME}` trains fully.")
+    logger.info(f"LoRA r={config.r}, alpha={config.lora_alpha} on {targets}; the head `{head_name}` trains fully.")
     return get_peft_model(model, config)
 
 
@@ -306,8 +307,9 @@ def _load_pretrained(model_args: ModelArguments, data: ImageData, drop_path_rate
     # Per kind, the parameter names (a mismatched key may come as (name, saved shape, model shape)).
     kinds = ("missing_keys", "unexpected_keys", "mismatched_keys")
     keys = {kind: [k[0] if isinstance(k, tuple) else str(k) for k in info.get(kind, [])] for kind in kinds}
-    new_head = any(k.startswith(HEAD_NAME) for k in keys["mismatched_keys"])
-    others = {kind: [k for k in names if not k.startswith(HEAD_NAME)] for kind, names in keys.items()}
+    head_name = classification_head(model)[0]
+    new_head = any(k.startswith(head_name) for k in keys["mismatched_keys"])
+    others = {kind: [k for k in names if not k.startswith(head_name)] for kind, names in keys.items()}
     if others["missing_keys"] or others["mismatched_keys"]:  # unexpected keys (an unused pooler) change nothing
         found = "; ".join(
             f"{kind.replace('_', ' ')}: {', '.join(names[:5])}" for kind, names in others.items() if names
@@ -342,11 +344,22 @@ def _shorten(names: list[str], limit: int = 5) -> str:
     return ", ".join(names[:limit]) + (f", ... ({len(names)} classes)" if len(names) > limit else "")
 
 
+def classification_head(model: torch.nn.Module) -> tuple[str, torch.nn.Module | None]:
+    """The name and module of `model`'s classification head: `classifier`, or in transformers' TimmWrapper the timm
+    model's own (`head`, `fc`, `head.fc`, ...), which timm's `get_classifier` names. None where there is none."""
+    timm_model = getattr(model, "timm_model", None)
+    if timm_model is not None and hasattr(timm_model, "get_classifier"):
+        head = timm_model.get_classifier()
+        return next((f"timm_model.{n}" for n, m in timm_model.named_modules() if m is head), HEAD_NAME), head
+    head = getattr(model, HEAD_NAME, None)
+    return HEAD_NAME, head if isinstance(head, torch.nn.Module) else None
+
+
 def reset_head(model: PreTrainedModel) -> None:
     """Re-initialise the classification head with the model's own `_init_weights`, as a head created on loading is.
     Loading marks loaded tensors as initialised and the init functions skip those: the marks go first."""
-    head = getattr(model, HEAD_NAME, None)
-    if not isinstance(head, torch.nn.Module):
+    head = classification_head(model)[1]
+    if head is None:
         raise ValueError(
             f"{type(model).__name__} has no classification head `{HEAD_NAME}` to start anew; fine-tune it on data "
             "with the checkpoint's classes, or from a checkpoint without a head."

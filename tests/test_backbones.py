@@ -4,6 +4,7 @@ through the real pipeline on digits; each from a tiny random checkpoint saved of
 family ships with."""
 
 import importlib.util
+import json
 import re
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 import torch
 from huggingface_hub import ModelCard, constants
 from PIL import Image
+from safetensors.torch import load_file
 from test_evaluate_only import DIGITS
 from test_hub import TOKEN, FakeHub
 from transformers import (
@@ -229,3 +231,27 @@ def test_layer_decay_refuses_a_model_without_numbered_blocks():
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
     with pytest.raises(ValueError, match="`layer_decay` needs the blocks of Sequential.*Drop `layer_decay`"):
         parameter_groups(model, 1e-3, 0.05, layer_decay=0.75)
+
+
+@needs_timm
+@pytest.mark.parametrize("method", ["full", "linear_probe", "lora"])
+def test_a_timm_checkpoint_of_other_classes_gets_a_new_head_of_its_own_kind(method, tmp_path, caplog):
+    """timm's head is the timm model's own (`timm_model.head` here; `fc`, `head.fc`, ... elsewhere), not `classifier`:
+    ten other named classes were refused ("has no classification head `classifier` to start anew"), linear probing
+    and LoRA too, and a head of another size was warned of as weights that "do not fit"."""
+    timm_vit(base := tmp_path / "base")
+    config = json.loads((base / "config.json").read_text())
+    (base / "config.json").write_text(json.dumps({**config, "num_classes": 10, "label_names": list("abcdefghij")}))
+    args = [*TRAIN, "--finetune_method", method]
+    results = run.main([*args, "--model_name_or_path", str(base), "--output_dir", str(tmp_path / "run")])["pretrained"]
+    assert [r for r in caplog.records if "classifies a, b, c, d, e" in r.getMessage()]  # its head starts anew
+    if method == "linear_probe":  # the head alone trains
+        before, after = load_file(base / "model.safetensors"), load_file(tmp_path / "run" / "model.safetensors")
+        assert results.num_trainable_parameters == 16 * 10 + 10
+        backbone = [name for name in before if not name.startswith("timm_model.head.")]
+        assert backbone and all(torch.equal(before[name], after[name]) for name in backbone)
+    # A head of another size (3 classes): replaced on loading, said as such, not as weights that do not fit.
+    timm_vit(three := tmp_path / "three")
+    run.main([*args, "--model_name_or_path", str(three), "--output_dir", str(tmp_path / "run3")])
+    assert [r for r in caplog.records if "has a 3-class head: a new 10-class head starts" in r.getMessage()]
+    assert not [r for r in caplog.records if "does not fit the model everywhere" in r.getMessage()]

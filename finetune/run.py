@@ -369,9 +369,11 @@ def train_and_evaluate(
         lambda: resume_or_rerun(Path(args.output_dir), " for the evaluation and results"),
     ):
         history = history_from_log_history(trainer.state.log_history)  # before the final evaluations add their own
+        card = Path(args.output_dir) / "README.md"
+        earlier_card = card.read_bytes() if card.is_file() else None
         trainer.save_model()
         if hasattr(model, "peft_config") and trainer.is_world_process_zero():
-            save_lora_model(model, processor, Path(args.output_dir), model_args.merge_lora)
+            save_lora_model(model, processor, Path(args.output_dir), model_args.merge_lora, earlier_card)
         # The whole run's training (`RunClock` keeps its totals across a resume): transformers' `train_result.metrics`
         # are this session's (a resumed finished run: loss 0), for train_results.json as for the at-chance warning.
         figures = trainer.clock.figures(args)
@@ -558,9 +560,16 @@ def load_teacher(path: str, student, data: ImageData):
     return teacher, prep
 
 
-def save_lora_model(model, processor, output_dir: Path, merge: bool) -> None:
+def save_lora_model(model, processor, output_dir: Path, merge: bool, earlier_card: bytes | None = None) -> None:
     """Next to the adapter `save_model` wrote: the fine-tuned model's `config.json` (its labels, for loading the base
-    with the right head and for the Hub), and with `merge` the merged plain model in `output_dir/merged`."""
+    with the right head and for the Hub), and with `merge` the merged plain model in `output_dir/merged`. The README.md
+    peft's `save_pretrained` wrote (its blank template, or its metadata added to `earlier_card`, the one there before)
+    goes: `card` would keep it as edited by hand, and `push` upload it in place of the run's card."""
+    card = output_dir / "README.md"
+    if earlier_card is None:
+        card.unlink(missing_ok=True)
+    else:
+        card.write_bytes(earlier_card)
     base = model.get_base_model()
     base.config.save_pretrained(output_dir)
     if getattr(base.config, "auto_map", None):  # remote code (ScratchViT): the modeling file config.json names

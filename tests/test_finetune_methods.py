@@ -180,6 +180,18 @@ def test_the_card_of_an_adapter_of_a_local_base_shows_no_path_of_the_training_ma
     assert "A LoRA adapter (peft) of the local model `base`" in card.text
 
 
+def test_the_run_folder_gets_the_projects_card_not_peft_template(lora_run, tmp_path):
+    """peft's `save_pretrained` writes its blank template card (`Model Card for Model ID`) into the run folder, which
+    `card` refused as edited by hand and `push` uploaded in place of the run's card: the run leaves no README.md."""
+    from finetune.tools.model_card import write_model_card
+
+    _, out, _ = lora_run
+    assert not (out / "README.md").exists()
+    out = Path(shutil.copytree(out, tmp_path / "lora", ignore=shutil.ignore_patterns("checkpoint-*", "merged")))
+    text = write_model_card(out, "me/vit-lora")
+    assert "PeftModel.from_pretrained" in text and "Model Card for Model ID" not in text
+
+
 def test_lora_card_names_the_base_model_and_peft(lora_run, tmp_path):
     _, run_dir, results = lora_run
     out = Path(shutil.copytree(run_dir, tmp_path / "lora", ignore=shutil.ignore_patterns("checkpoint-*")))

@@ -1,6 +1,7 @@
 """`export`: a trained run becomes an ONNX model whose onnxruntime logits equal PyTorch's on real images; the run's
 folder without weights, a missing extra and an unfaithful export each end in one line."""
 
+import copy
 import json
 import os
 import shutil
@@ -169,6 +170,23 @@ def test_an_export_that_computes_other_logits_fails_the_check(scratch_run):
         model.classifier[-1].bias += 1e-3  # the served graph no longer matches the model
     with pytest.raises(ValueError, match="does not compute the model's logits: .* up to 0.001 .* atol 0.0001"):
         export.check_onnx(onnx, model, pixels, atol=1e-4)
+
+
+def test_an_export_that_fails_its_check_leaves_nothing_to_serve(scratch_run, tmp_path, monkeypatch):
+    """An exporter that gets the model wrong: the command fails, and no model.onnx is left where predict would serve
+    it (one was, with exit 0)."""
+    write = export.export_onnx
+
+    def unfaithful(model, example, path):
+        model = copy.deepcopy(model)
+        with torch.no_grad():
+            model.classifier[-1].bias += 1e-3
+        return write(model, example, path)
+
+    monkeypatch.setattr(export, "export_onnx", unfaithful)
+    with pytest.raises(ValueError, match="does not compute the model's logits: .* up to 0.001 .* atol 0.0001"):
+        export.main([str(scratch_run), "--format", "onnx", "--output", str(tmp_path / "onnx")])
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_run_without_weights_is_one_line(scratch_run, tmp_path, capsys):

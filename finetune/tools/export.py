@@ -108,7 +108,7 @@ def check_onnx(path: str | Path, model: torch.nn.Module, pixel_values: torch.Ten
     difference = float(np.abs(onnx_logits(path, pixel_values) - expected).max())
     if not difference <= atol:  # also a NaN
         raise ValueError(
-            f"The ONNX export {path} does not compute the model's logits: onnxruntime and PyTorch differ by up to "
+            f"The ONNX export does not compute the model's logits: onnxruntime and PyTorch differ by up to "
             f"{difference:.3g} on {len(pixel_values)} image(s), more than atol {atol:g}. Raise `--atol` if that "
             "is acceptable for serving, or serve the PyTorch model."
         )
@@ -147,9 +147,12 @@ def check_output(output: Path, run_dir: Path, model, results: Results | None) ->
         )
 
 
-def write_export(output: Path, results: Results | None, model, processor, pixel_values: torch.Tensor) -> Path:
-    """Write model.onnx, and the files predict reads beside it, into `output` by way of a folder beside it: an
-    interrupted export leaves no half-written folder, which a rerun would refuse as another model's."""
+def write_export(
+    output: Path, results: Results | None, model, processor, pixel_values: torch.Tensor, atol: float
+) -> tuple[Path, float]:
+    """Write model.onnx, and the files predict reads beside it, into `output` by way of a folder beside it, where it is
+    checked (`check_onnx`): an interrupted export leaves no half-written folder, which a rerun would refuse as another
+    model's, and a failed check no export that predict would serve. Returns the path and the check's difference."""
     target = output.resolve()  # `--output .` has no name to put a folder beside
     partial = target.with_name(f"tmp-{target.name}")
     shutil.rmtree(partial, ignore_errors=True)  # left by an export that was killed
@@ -163,6 +166,7 @@ def write_export(output: Path, results: Results | None, model, processor, pixel_
             processor.save_pretrained(partial)
         if results is not None:
             results.save(partial)
+        difference = check_onnx(partial / predict.ONNX_NAME, model, pixel_values, atol)
         if output.exists():  # an earlier export of this run, or an unrelated folder: the files move in
             for file in partial.iterdir():
                 file.replace(output / file.name)
@@ -170,7 +174,7 @@ def write_export(output: Path, results: Results | None, model, processor, pixel_
             partial.rename(output)  # the folder appears whole
     finally:
         shutil.rmtree(partial, ignore_errors=True)
-    return output / predict.ONNX_NAME
+    return output / predict.ONNX_NAME, difference
 
 
 def check_images(
@@ -245,9 +249,8 @@ def main(argv: list[str] | None = None) -> ExportResult:
     images, source = check_images(run_dir, results, args.images, model, processor)
     pixel_values = predict.preprocess(images, model, processor)  # (N, C, H, W), as predict feeds the model
 
-    path = write_export(output, results, model, processor, pixel_values)
+    path, difference = write_export(output, results, model, processor, pixel_values, args.atol)
     print(f"Wrote {path} (input pixel_values (batch, {', '.join(map(str, pixel_values.shape[1:]))}), output logits)")
-    difference = check_onnx(path, model, pixel_values, args.atol)
     print(
         f"Checked on {len(images)} image(s) of {source}: onnxruntime's logits equal PyTorch's, max abs difference "
         f"{difference:.3g} <= atol {args.atol:g}"

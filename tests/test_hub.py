@@ -556,6 +556,8 @@ def test_a_folder_without_weights_is_refused_before_the_card_is_written(both_out
     for step in (3, 6):
         shutil.copytree(run / "checkpoint-3", interrupted / f"checkpoint-{step}")
     checkpoint = run / "checkpoint-3"  # exported into checkpoint-3/onnx: not a run of its own
+    untrained = both_output / "source_init"  # a model no run wrote (the quickstart's): no results.json
+    shutil.copytree(run, untrained, ignore=shutil.ignore_patterns("results.json", "checkpoint-*", "onnx"))
     shutil.copytree(onnx, checkpoint / "onnx")
     verb = "card" if command == "card" else "push"
     for folder, problem in (

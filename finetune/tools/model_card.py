@@ -101,8 +101,9 @@ def check_trained_run(output_dir: Path, command: str = "card") -> None:
     missing += [] if has_weights else ["weights (model.safetensors)"]
     if not missing:
         return
-    # A run's checkpoint-* folders hold config.json too, but are resumed, not pushed; nor is an ONNX export.
-    runs = [n for n in sorted(names) if (output_dir / n / "config.json").is_file() and "checkpoint-" not in n]
+    # Subfolders with a model and its results: not a run's checkpoint-* (resumed, not pushed), nor a model no run wrote
+    # (the quickstart's source_init); nor an ONNX export.
+    runs = [n for n in sorted(names) if all((output_dir / n / f).is_file() for f in ("config.json", RESULTS_NAME))]
     runs = [n for n in runs if not (output_dir / n / "model.onnx").is_file()]
     hint = f" It holds run directories: {command} {', '.join(runs)} separately." if runs else ""
     if output_dir.resolve().name.startswith("checkpoint-") and RESULTS_NAME not in names:

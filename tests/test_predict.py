@@ -195,6 +195,9 @@ def test_a_misspelt_model_dir_is_said_not_to_exist(run_dirs, images, tmp_path, m
     for typo in ("./vitt", f"{run_dirs['vit']}t", os.path.join("vit", "checkpoint-7"), "outputs/quick/pretrnied"):
         with pytest.raises(FileNotFoundError, match=rf"^{re.escape(typo)} does not exist: pass the output directory"):
             main([typo, *rest[command]])
+    weights = run_dirs["vit"] / "model.safetensors"  # the model's file, not its folder
+    with pytest.raises(NotADirectoryError, match=rf"^{re.escape(str(weights))} is a file: pass the folder that holds"):
+        main([str(weights), *rest[command]])
     # A Hub id, offline, keeps transformers' own message about the Hub.
     with pytest.raises(OSError) as raised:
         main(["google/vit-base-patch16-224", *rest[command]])

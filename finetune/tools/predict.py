@@ -132,9 +132,13 @@ def load_classifier(model_dir, trust_remote_code: bool = False, attn_implementat
 
 def check_model_dir(model_dir: str) -> None:
     """Raise `FileNotFoundError` for a MODEL_DIR that does not exist and cannot be a Hub id, or whose first folder
-    exists: a misspelt path, which transformers would answer with a message about the network or about repo ids."""
+    exists: a misspelt path, which transformers would answer with a message about the network or about repo ids; and
+    `NotADirectoryError` for a file (model.safetensors, model.onnx), which it would answer with one about repo ids."""
     from finetune.tools.report import is_hub_id
 
+    if os.path.isfile(os.path.expanduser(model_dir)):
+        folder = os.path.dirname(model_dir) or "."
+        raise NotADirectoryError(f"{model_dir} is a file: pass the folder that holds the model ({folder}).")
     if os.path.exists(os.path.expanduser(model_dir)):
         return
     parts = Path(model_dir).parts

@@ -362,6 +362,20 @@ def test_push_to_a_local_hub(both_output, caplog):
     assert "## Comparison" in card and "comparison/report.md" in card
 
 
+def test_a_run_whose_files_are_links_pushes_the_files(both_output, tmp_path):
+    """A run folder kept as links to its files (DVC's or git-annex's cache, `cp -rs`): the push uploads the files
+    they point to. It uploaded only the card it had written, with exit 0."""
+    scratch, linked = both_output / "scratch", tmp_path / "linked"
+    linked.mkdir()
+    for path in scratch.iterdir():
+        (linked / path.name).symlink_to(path)
+    with FakeHub() as server:
+        hub.push_output_dir(linked, "me/vit-scratch", token=TOKEN, endpoint=server.url)
+    [commit] = server.commits
+    assert {"config.json", "model.safetensors", "modeling_scratch_vit.py", "results.json"} < set(commit["files"])
+    assert commit["files"]["model.safetensors"] == (scratch / "model.safetensors").read_bytes()
+
+
 def test_model_card_metadata_parses_back(both_output):
     for name in ("pretrained", "scratch"):
         run = both_output / name

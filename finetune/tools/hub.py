@@ -214,7 +214,7 @@ def upload_plan(output_dir: str | os.PathLike) -> list[tuple[str, Path]]:
     `output_dir` (`pytorch_model*.bin` only without safetensors) and the comparison report covering the run."""
 
     def matching(folder: Path, patterns) -> list[Path]:
-        files = sorted(p for p in folder.iterdir() if p.is_file() and not p.is_symlink())
+        files = sorted(p for p in folder.iterdir() if p.is_file())  # links too: DVC and git-annex keep files so
         return [p for p in files if any(fnmatch.fnmatch(p.name, pattern) for pattern in patterns)]
 
     output_dir = Path(output_dir)

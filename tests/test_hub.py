@@ -499,6 +499,16 @@ def test_offline_mode_names_only_its_own_fix(both_output, monkeypatch):
     assert "Could not reach" not in str(error.value) and not server.commits
 
 
+@pytest.mark.parametrize("repo_id", ["me/vit/scratch", "me/my vit", ""])
+def test_a_repo_id_the_hub_refuses_is_said_before_any_file_or_request(both_output, repo_id):
+    """It was said after the card had been written for that id, with a retry command of the same id."""
+    before = tree_hashes(both_output, skip=None)
+    with FakeHub() as server:
+        with pytest.raises(ValueError, match=f"^{re.escape(repr(repo_id))} is not a Hub repo id: pass `--repo_id"):
+            hub.push_output_dir(both_output / "scratch", repo_id, token=TOKEN, endpoint=server.url)
+    assert server.requests == [] and tree_hashes(both_output, skip=None) == before
+
+
 def test_no_token(both_output, monkeypatch):
     monkeypatch.setattr(hub, "get_token", lambda: None)
     before = tree_hashes(both_output, skip=None)

@@ -28,7 +28,8 @@ from pathlib import Path
 
 import httpx2
 from huggingface_hub import CommitOperationAdd, HfApi, get_session, get_token, set_client_factory
-from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
+from huggingface_hub.errors import HfHubHTTPError, HFValidationError, OfflineModeIsEnabled
+from huggingface_hub.utils import validate_repo_id
 
 from finetune.errors import ArgumentParser, one_line, run_command
 from finetune.results import RESULTS_NAME
@@ -277,6 +278,13 @@ def push_output_dir(
     """
     output_dir = Path(output_dir)
     check_trained_run(output_dir, "push")
+    try:  # before the card, which names the repo, is written, and without a retry command that cannot succeed
+        validate_repo_id(repo_id)
+    except HFValidationError:
+        raise ValueError(
+            f"{repo_id!r} is not a Hub repo id: pass `--repo_id namespace/name` (letters, digits, '-', '_' and '.'), "
+            "e.g. you/vit-cifar10."
+        ) from None
     seconds = resolve_timeout(timeout)
     if retries is not None and (isinstance(retries, bool) or not isinstance(retries, int) or retries < 0):
         raise ValueError(f"retries must be a whole number >= 0 (e.g. 2), got {retries!r}.")

@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import EarlyStoppingCallback, ProgressCallback, TrainerCallback
 from transformers.trainer_callback import ExportableState
-from transformers.trainer_utils import has_length
+from transformers.trainer_utils import SaveStrategy, has_length
 from transformers.utils import logging
 
 from finetune.errors import Interrupted, signal_name
@@ -575,12 +575,19 @@ class InterruptCallback(TrainerCallback):
         # uninterrupted run's does); at an epoch's last step, the save waits for the epoch's end and its evaluation:
         # a resumed run never comes back to an epoch that is over.
         if self.guard.stop_agreed:
-            control.should_training_stop = True
-            control.should_save = control.should_save or not float(state.epoch).is_integer()
+            self.stop(args, control, save=control.should_save or not float(state.epoch).is_integer())
 
     def on_epoch_end(self, args, state, control, **kwargs):
         if self.guard.stop_agreed:  # on a GPU the agreement arrives two steps late, possibly at an epoch's end
-            control.should_save, control.should_training_stop = True, True
+            self.stop(args, control, save=True)
+
+    @staticmethod
+    def stop(args, control, save: bool) -> None:
+        control.should_training_stop, control.should_save = True, save
+        if args.save_strategy == SaveStrategy.BEST:
+            # Which saves after an evaluation only a new best: the stop's checkpoint is saved whatever its score (else
+            # the run ended saying it had stopped after its last step, and the resume went back to the best one).
+            args.save_strategy = SaveStrategy.STEPS
 
     def on_save(self, args, state, control, **kwargs):
         signum = self.guard.stop_agreed  # the same in every process, signalled or not

@@ -366,6 +366,25 @@ def test_a_signal_at_an_epochs_last_step_keeps_that_epochs_evaluation(tmp_path):
 
 
 @pytest.mark.slow  # tens of seconds of runs in one file's worker: CI runs it (-m 'not gpu')
+def test_save_strategy_best_saves_the_stop_at_an_evaluation_that_is_no_new_best(tmp_path):
+    """`save_strategy: best` saves after an evaluation only a new best: a signal at the last step of an epoch that did
+    not improve saved nothing, the run said it had stopped "after the last optimizer step (16)" of 24, and the resume
+    went back to the best checkpoint (step 8), training that epoch again."""
+    best = ["--save_strategy", "best", "--num_train_epochs", "3", "--bf16", "false"]
+    whole, out = tmp_path / "whole", tmp_path / "run"
+    assert train(whole, *best).returncode == 0
+    accuracies = [row["eval_accuracy"] for row in results(whole)["history"]]
+    assert accuracies[1] <= accuracies[0], f"epoch 2 must be no new best for this test to mean it: {accuracies}"
+    proc = train(out, *best, env={"SIGNAL_AT": "16"}, script=SIGNALLED)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-3000:]
+    assert f"stopped by SIGTERM at step 16; saved {out / 'checkpoint-16'}" in proc.stderr, proc.stderr[-3000:]
+    assert train(out, *best, "--resume_from_checkpoint", "true").returncode == 0
+    assert same_weights(out, whole)
+    rows = [[(row["step"], row["eval_accuracy"]) for row in results(run)["history"]] for run in (out, whole)]
+    assert rows[0] == rows[1] and results(out)["validation"]["accuracy"] == results(whole)["validation"]["accuracy"]
+
+
+@pytest.mark.slow  # tens of seconds of runs in one file's worker: CI runs it (-m 'not gpu')
 def test_early_stopping_counts_on_after_a_resume(tmp_path):
     """A run resumed from a checkpoint saved after an evaluation without improvement stops where the uninterrupted
     run stopped: the count of evaluations without improvement is taken up again, not started from 0."""

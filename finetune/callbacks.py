@@ -536,17 +536,20 @@ class InterruptCallback(TrainerCallback):
     """The first SIGTERM (a scheduler's preemption) or SIGINT (Ctrl-C) asks `guard` to stop: once every process has
     agreed (the guard reduces the request with its flags), the Trainer saves a checkpoint after the running optimizer
     step, and `Interrupted` ends training right after that save (before the Trainer's end, which could reload or
-    rotate checkpoints); after the last step, at the end of training. A second signal ends the process at once.
-    `signal` is the first one's number in the process that received it; `guard.stop_agreed` the one all stop for."""
+    rotate checkpoints); after the last step, at the end of training, where a checkpoint holds that step (else the run
+    goes on to its results rather than lose its training). A second signal ends the process at once. `signal` is the
+    first one's number in the process that received it; `guard.stop_agreed` the one all stop for."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
     def __init__(self, guard):
         self.guard = guard
         self.signal: int | None = None
+        self.saved_step = None  # the step of the last checkpoint saved (or resumed)
         self._previous = {}
 
     def on_train_begin(self, args, state, control, **kwargs):
+        self.saved_step = state.global_step
         if threading.current_thread() is threading.main_thread():  # handlers can only be set there
             self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
 
@@ -590,6 +593,7 @@ class InterruptCallback(TrainerCallback):
             args.save_strategy = SaveStrategy.STEPS
 
     def on_save(self, args, state, control, **kwargs):
+        self.saved_step = state.global_step
         signum = self.guard.stop_agreed  # the same in every process, signalled or not
         if not signum:
             return
@@ -606,7 +610,14 @@ class InterruptCallback(TrainerCallback):
         # A signal after the last optimizer step, which no step passed on to the other processes: every process stops
         # here, before the final evaluation and the results, which the resumed run (no step left) then writes.
         signum = reduce(torch.tensor(self.signal or 0, device=args.device), reduction="max")
-        if signum:
+        if signum and self.saved_step != state.global_step:
+            # No checkpoint holds the last step (`save_strategy: no`, or `best` where it was not): stopping loses it.
+            logger.warning(
+                f"{signal_name(int(signum))} after the last optimizer step ({state.global_step}), which no checkpoint "
+                f"holds (`save_strategy: {args.save_strategy.value}`): the run goes on to its evaluation and results "
+                "rather than lose its training; send it again to stop at once."
+            )
+        elif signum:
             raise Interrupted(
                 f"stopped by {signal_name(int(signum))} after the last optimizer step ({state.global_step}); the "
                 f"checkpoints in {args.output_dir} are kept. Resume with the same command and "

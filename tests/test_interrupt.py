@@ -235,6 +235,18 @@ def test_a_signal_after_the_last_optimizer_step_stops_the_run_too(tmp_path):
     assert [row["epoch"] for row in results(out)["history"]] == [1.0, 2.0]
 
 
+def test_a_signal_after_the_last_optimizer_step_that_no_checkpoint_holds_lets_the_run_finish(tmp_path):
+    """`save_strategy: no`: the run stopped saying "the checkpoints in OUT are kept. Resume with ..." where there was
+    none (the folder itself was removed, being empty): its whole training was lost. It goes on to its results."""
+    out = tmp_path / "run"
+    at_last_evaluation = {"SIGNAL_AT": "transformers.trainer:Trainer.evaluate", "SIGNAL_N": "2", "SIGNAL": "INT"}
+    options = ["--save_strategy", "no", "--load_best_model_at_end", "false"]
+    proc = train(out, *options, env=at_last_evaluation, script=SIGNALLED)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "SIGINT (Ctrl-C) after the last optimizer step (16), which no checkpoint holds" in proc.stdout + proc.stderr
+    assert results(out)["train"]["steps"] == 16 and not list(out.glob("checkpoint-*"))
+
+
 def test_a_signal_while_the_kept_model_is_evaluated_names_the_resume(tmp_path):
     """After `train()` returns (the best model reloaded, then scored on each split) a signal named no way on; the line
     now names the resume, which scores the kept model and writes the results."""

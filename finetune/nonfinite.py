@@ -12,7 +12,10 @@ from collections import deque
 
 import torch
 from transformers import TrainerCallback
+from transformers.trainer_callback import ExportableState
 from transformers.utils import logging
+
+from finetune.callbacks import restore_state
 
 
 logger = logging.get_logger(__name__)
@@ -34,9 +37,10 @@ class TrainingDiverged(RuntimeError):
         self.step, self.learning_rate = step, learning_rate
 
 
-class NonFiniteGuard(TrainerCallback):
+class NonFiniteGuard(TrainerCallback, ExportableState):
     """Skips optimizer steps with a non-finite loss or gradient; raises `TrainingDiverged` after `max_consecutive`
-    in a row (`max_nonfinite_steps`). `scaler` is the fp16 `GradScaler`, where there is one."""
+    in a row (`max_nonfinite_steps`). `scaler` is the fp16 `GradScaler`, where there is one. The count of bad steps is
+    saved with each checkpoint, so that a resumed run's results count them all."""
 
     def __init__(self, model, max_consecutive=DEFAULT_MAX_CONSECUTIVE, world_size=1, scaler=None):
         self.model, self.max_consecutive, self.world_size = model, max_consecutive, world_size
@@ -53,6 +57,18 @@ class NonFiniteGuard(TrainerCallback):
         self._skip = False
         self._consecutive = None  # (,) int64 on the device
         self._pending = deque()
+
+    def state(self) -> dict:
+        # Flags still in flight (CUDA) are of steps the checkpoint holds: counted here, not by the resumed run.
+        pending = 0
+        for *_, host, event in self._pending:
+            if event is not None:
+                event.synchronize()
+            pending += int(host[0])
+        return {"args": {}, "attributes": {"bad_steps": self.bad_steps + pending}}
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        restore_state(self, state)
 
     def skip_step(self) -> None:
         """Skip the running optimizer step without counting it as non-finite (a compiled step that failed)."""

@@ -5,6 +5,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -140,6 +141,13 @@ def test_a_poisoned_batch_is_skipped_and_the_run_goes_on(tmp_path, monkeypatch, 
     assert math.isfinite(results.validation.loss)
     history = json.loads((out / "trainer_state.json").read_text())["log_history"]
     assert all(entry["loss"] == entry["loss"] for entry in history if "loss" in entry), "a NaN reached the log"
+    assert results.train.nonfinite_steps == 1
+    # Resumed after it (from the first epoch's checkpoint), the results count it still (they said 0).
+    monkeypatch.undo()
+    resumed = tmp_path / "resumed"
+    shutil.copytree(out / f"checkpoint-{STEPS_PER_EPOCH}", resumed / f"checkpoint-{STEPS_PER_EPOCH}")
+    results = run.main([*STEM_RUN, "--output_dir", str(resumed), "--resume_from_checkpoint", "true"])["scratch"]
+    assert results.train.nonfinite_steps == 1 and results.train.steps == 2 * STEPS_PER_EPOCH
 
 
 def test_divergence_stops_the_run_and_keeps_the_good_checkpoint(tmp_path, monkeypatch):

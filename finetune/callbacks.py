@@ -255,11 +255,18 @@ class ClockBeforeSave(TrainerCallback):
         self.clock, self.shared_at = clock, None
 
     def on_step_end(self, args, state, control, **kwargs):
-        if control.should_save and self.shared_at != state.global_step:  # the same decision in every process
+        self.share(args, state, control.should_save)
+
+    on_epoch_end = on_step_end
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        # `save_strategy: best` saves after an evaluation that found a new best, as the Trainer decides after this.
+        self.share(args, state, control.should_save or args.save_strategy == SaveStrategy.BEST)
+
+    def share(self, args, state, saving: bool) -> None:
+        if saving and self.shared_at != state.global_step:  # the same decision in every process
             self.clock.share_loss(args)
             self.shared_at = state.global_step
-
-    on_epoch_end = on_evaluate = on_step_end
 
 
 class TrainingBudgetCallback(TrainerCallback, ExportableState):

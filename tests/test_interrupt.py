@@ -550,3 +550,18 @@ def test_a_resumed_two_process_run_reports_the_uninterrupted_runs_training_loss(
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert results(out)["train"]["steps"] == results(whole)["train"]["steps"] == 8
     assert results(out)["train"]["loss"] == pytest.approx(results(whole)["train"]["loss"], rel=1e-6)
+
+
+@pytest.mark.slow  # tens of seconds of runs in one file's worker: CI runs it (-m 'not gpu')
+def test_a_two_process_run_resumed_from_a_best_checkpoint_reports_the_uninterrupted_runs_training_loss(tmp_path):
+    """`save_strategy: best` decides to save after the evaluation: the processes' loss sums were not shared before
+    that save, and the run resumed from it (a preemption's kill) reported 2.308067 against 2.305842."""
+    whole, out = tmp_path / "whole", tmp_path / "run"
+    best, two = ["--save_strategy", "best", "--bf16", "false"], {"launcher": LAUNCHER}
+    assert run_script(["-m", "finetune.run", *RUN, *best, "--output_dir", str(whole)], **two).returncode == 0
+    shutil.copytree(whole / "checkpoint-4", out / "checkpoint-4")  # the first epoch's, its best
+    resume = ["-m", "finetune.run", *RUN, *best, "--output_dir", str(out), "--resume_from_checkpoint", "true"]
+    proc = run_script(resume, **two)
+    assert proc.returncode == 0 and "Process 0 of 2" in proc.stdout + proc.stderr, proc.stderr[-3000:]
+    assert results(out)["train"]["steps"] == results(whole)["train"]["steps"] == 8
+    assert results(out)["train"]["loss"] == pytest.approx(results(whole)["train"]["loss"], rel=1e-6)

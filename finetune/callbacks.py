@@ -104,25 +104,28 @@ class ResumeCheck(TrainerCallback, ExportableState):
                 "Fix: resume with the options it was trained with, or start a new run from its weights "
                 "(`--model_type pretrained --model_name_or_path` its checkpoint folder, a new `--output_dir`)."
             )
-        if resumed and 0 < args.max_steps < state.global_step:
+        if has_length(train_dataloader):  # else no epochs to count
+            now = math.ceil(len(train_dataloader) / args.gradient_accumulation_steps)  # as the Trainer counts them
+            # From a checkpoint that did not save them: `epoch` counts the running epoch's batches, so the ratio lies
+            # between batches / accumulation and its ceiling (not after a resume with `ignore_data_skip`).
+            then = self.steps_per_epoch or (state.epoch and math.ceil(state.global_step / state.epoch - 1e-6))
+            self.steps_per_epoch = now
+            if resumed and then != now:
+                raise ResumeRefused(
+                    f"The resumed checkpoint (step {state.global_step}) was trained at {then} optimizer steps an "
+                    f"epoch, and this run has {now}: its steps would not count this run's epochs (another batch size, "
+                    "number of processes, gradient accumulation or number of training images). Fix: resume with the "
+                    "options it was trained with, or start a new run (a new `--output_dir`)."
+                )
+        if resumed and 0 < state.max_steps < state.global_step:  # this run's `max_steps`, or its epochs' steps
+            limit, fix = f"`max_steps` {args.max_steps}", "a `max_steps` above it (or -1 for the epochs)"
+            if args.max_steps <= 0:
+                limit = f"`num_train_epochs` {number(args.num_train_epochs)} ({state.max_steps} steps)"
+                fix = "the `num_train_epochs` it was trained with"
             raise ResumeRefused(
-                f"The resumed checkpoint is at step {state.global_step}, past `max_steps` {args.max_steps}: the run "
-                "would train nothing and record a limit it did not keep. Fix: a `max_steps` above it (or -1 for the "
-                "epochs), or resume from an earlier checkpoint (`--resume_from_checkpoint` its folder)."
-            )
-        if not has_length(train_dataloader):
-            return  # no epochs to count
-        now = math.ceil(len(train_dataloader) / args.gradient_accumulation_steps)  # as the Trainer counts them
-        # From a checkpoint that did not save them: `epoch` counts the running epoch's batches, so the ratio lies
-        # between batches / accumulation and its ceiling (not after a resume with `ignore_data_skip`).
-        then = self.steps_per_epoch or (state.epoch and math.ceil(state.global_step / state.epoch - 1e-6))
-        self.steps_per_epoch = now
-        if resumed and then != now:
-            raise ResumeRefused(
-                f"The resumed checkpoint (step {state.global_step}) was trained at {then} optimizer steps an epoch, "
-                f"and this run has {now}: its steps would not count this run's epochs (another batch size, number of "
-                "processes, gradient accumulation or number of training images). Fix: resume with the options it "
-                "was trained with, or start a new run (a new `--output_dir`)."
+                f"The resumed checkpoint is at step {state.global_step}, past {limit}: the run would train nothing "
+                f"and record a limit it did not keep. Fix: {fix}, or resume from an earlier checkpoint "
+                "(`--resume_from_checkpoint` its folder)."
             )
 
 

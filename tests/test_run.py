@@ -172,6 +172,10 @@ def test_resume_continues_an_interrupted_run(tmp_path):
     steps_logged = [e["step"] for e in state["log_history"] if "loss" in e]
     assert steps_logged == sorted(set(steps_logged)), "resumed run must continue, not restart, the step count"
     assert read_results(out)["epochs"] == pytest.approx(2.0)
+    # Fewer epochs than the checkpoint's were taken as they were: results.json said 2 epochs and `num_train_epochs` 1.
+    with pytest.raises(ValueError, match=r"at step 16, past `num_train_epochs` 1 \(8 steps\)"):
+        run.main([*TINY_SCRATCH, *every_8_steps, "--output_dir", str(out), "--resume_from_checkpoint", "true",
+                  "--num_train_epochs", "1"])  # fmt: skip
 
 
 def launch_two_processes(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:

@@ -69,14 +69,15 @@ class ResumeCheck(TrainerCallback, ExportableState):
     optimizer steps do not count this run's epochs. The Trainer reads the saved step count through this run's steps
     an epoch: step 20 of a one-process run (16 an epoch) resumed by two processes (8) was read as epoch 2.5. Whatever
     sets them (processes, batch size, accumulation, the images, a batch size found by `auto_find_batch_size`), the
-    steps tell; they are saved with each checkpoint."""
+    steps tell; they are saved with each checkpoint. A resume in another mixed precision is said, with the fix."""
 
     def __init__(self):
-        self.steps_per_epoch = self.options = None
+        self.steps_per_epoch = self.options = self.precision = None
         self.ended = False
 
     def state(self) -> dict:
-        return {"args": {}, "attributes": {"steps_per_epoch": self.steps_per_epoch, "options": self.options}}
+        attributes = {"steps_per_epoch": self.steps_per_epoch, "options": self.options, "precision": self.precision}
+        return {"args": {}, "attributes": attributes}
 
     def on_epoch_begin(self, args, state, control, **kwargs):
         # Training stopped before its first step: a resumed run whose training had ended (early stopping, a time
@@ -89,8 +90,17 @@ class ResumeCheck(TrainerCallback, ExportableState):
             control.should_evaluate = control.should_save = False
 
     def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
-        self.steps_per_epoch, self.options, resumed = None, None, state.global_step > 0
+        self.steps_per_epoch, self.options, self.precision, resumed = None, None, None, state.global_step > 0
         restore_state(self, state)
+        trained_in, self.precision = self.precision, str(args.mixed_precision)  # bf16, fp16 or no
+        if resumed and trained_in not in (None, self.precision) and state.is_world_process_zero:
+            # Not refused: `bf16: auto` measures the machine again, and a resume may run on another one.
+            flags = {"bf16": "--bf16 true", "fp16": "--fp16 true"}.get(trained_in, "--bf16 false --fp16 false")
+            logger.warning(
+                f"The resumed checkpoint (step {state.global_step}) trained in mixed precision {trained_in} and this "
+                f"run goes on in {self.precision}: it will not end with an uninterrupted run's weights. Fix: resume "
+                f"with `{flags}` to go on as it trained."
+            )
         saved, self.options = self.options or {}, {name: option(args, name) for name in OPTIMIZER_OPTIONS}
         changed = [
             f"{name} {number(saved[name])} (now {number(now)})"

@@ -205,6 +205,23 @@ def test_without_a_whole_checkpoint_resume_is_refused_in_one_line(trained, tmp_p
     assert not (out / LOCK_NAME).exists(), "a refused run releases its output folder at once"
 
 
+def test_a_resume_in_another_mixed_precision_is_said_with_the_fix(trained, tmp_path, caplog):
+    """`bf16: auto` measures the machine again when a run resumes (a busy or another machine can measure otherwise):
+    a resumed run that goes on in another precision than its checkpoint trained in says so, and how to keep it."""
+    out = Path(shutil.copytree(trained, tmp_path / "out"))
+    trained_in = json.loads((trained / "results.json").read_text())["hyperparameters"]["mixed_precision"]
+    other, keep = (["--bf16", "false"], "`--bf16 true`") if trained_in == "bf16" else (["--bf16", "true"], None)
+    with caplog.at_level("WARNING"):
+        run.main([*resume_args(out, str(out / "checkpoint-8")), "--num_train_epochs", "2", *other])
+    said = [r.getMessage() for r in caplog.records if "trained in mixed precision" in r.getMessage()]
+    assert len(said) == 1 and f"step 8) trained in mixed precision {trained_in} and this run goes on in" in said[0]
+    assert f"Fix: resume with {keep or '`--bf16 false --fp16 false`'} to go on as it trained." in said[0]
+    caplog.clear()
+    with caplog.at_level("WARNING"):  # resumed again in the precision it now trained in: nothing to say
+        run.main([*resume_args(out), *other])
+    assert "trained in mixed precision" not in caplog.text
+
+
 def test_a_damaged_checkpoint_named_explicitly_is_refused_in_one_line(trained, tmp_path, capsys):
     out = Path(shutil.copytree(trained, tmp_path / "out"))
     truncate(out / "checkpoint-8" / "optimizer.pt")

@@ -20,12 +20,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_nonfinite import run_script  # noqa: E402
 from test_run import ROOT, TINY_SCRATCH, tiny_vit_checkpoint  # noqa: E402
 
-from finetune import run  # noqa: E402
+from finetune import hardware, run  # noqa: E402
 from finetune.errors import run_command  # noqa: E402
 
 
+# The precision `bf16: auto` takes on this machine, measured once here: each run's process would measure again, and
+# on a busy machine two of them can measure apart, which no bitwise comparison of their weights survives.
+BF16 = hardware.cpu_has_native_bf16() and hardware.measure_cpu_bf16_speedup() >= hardware.CPU_BF16_MIN_SPEEDUP
 # 240 training images at batch 32: 8 optimizer steps an epoch, 2 epochs.
-RUN = [*TINY_SCRATCH, "--report_to", "none", "--save_total_limit", "10"]
+RUN = [*TINY_SCRATCH, "--report_to", "none", "--save_total_limit", "10", "--bf16", str(BF16).lower()]
 SIGNALLED = str(ROOT / "tests" / "signalled_run.py")
 # Checkpoints every 8 steps (each epoch's last), evaluations at each epoch's end, after the checkpoint.
 STEPS_SAVE = [

@@ -210,3 +210,26 @@ def test_a_multi_label_models_prediction_is_its_sigmoid_as_predict_gives_it():
     torch.testing.assert_close(probabilities, logits.sigmoid())  # each label's own probability, not a softmax
     assert maps.label == model.config.id2label[int(probabilities.argmax())]
     assert maps.score == pytest.approx(float(probabilities.max()))
+
+
+def test_the_maps_lie_over_what_a_cropping_processors_model_sees(tmp_path):
+    """A processor that resizes to 32 and center-crops 16 (as a DeiT's 256 and 224): the maps cover the central half
+    of the framed image, and the figures show that half, not the ring around it the model never saw."""
+    run = make_run_dir(tmp_path / "run", "pretrained", model=tiny_vit_model(), extras=False)
+    from transformers import ViTImageProcessor
+
+    processor = ViTImageProcessor(
+        size={"shortest_edge": 32}, do_center_crop=True, crop_size={"height": 16, "width": 16}
+    )
+    processor.save_pretrained(run)
+    pixels = np.zeros((32, 32, 3), dtype=np.uint8)
+    pixels[..., 0] = 255  # a red ring, cut away by the crop
+    pixels[8:24, 8:24] = (0, 255, 0)  # the green centre the model sees
+    Image.fromarray(pixels).save(tmp_path / "ring.png")
+    attention.main([str(run), str(tmp_path / "ring.png"), "--output", str(tmp_path / "maps")])
+
+    model, processor = load_classifier(run, attn_implementation="eager")
+    maps = attention.compute_attention_maps(model, processor, Image.fromarray(pixels))
+    seen = attention.display_image(Image.new("RGB", (16, 16), (0, 255, 0)))
+    with Image.open(tmp_path / "maps" / "ring_rollout.png") as png:
+        np.testing.assert_array_equal(np.asarray(png), attention.overlay_heatmap(seen, maps.rollout))

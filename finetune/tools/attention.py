@@ -3,7 +3,8 @@
     python -m finetune.tools.attention OUTPUT_DIR cat.jpg dog.png --output attention_maps/
 
 For every image: `<name>_attention.png` (the input, the rollout, and each layer's CLS attention to the patches, heads
-averaged, overlaid on the image as the model sees it, `finetune.tools.predict.model_view`) and `<name>_rollout.png`.
+averaged, overlaid on the image as the model sees it: `finetune.tools.predict.model_view`, then the processor's center
+crop) and `<name>_rollout.png`.
 Attention rollout (Abnar & Zuidema, 2020): average the heads, add the identity for the residual connection,
 renormalize the rows, multiply the layers' matrices, read the CLS row. A mean-pooled model's classifier reads the mean
 of the patch tokens (a mean-pooled ScratchViT has no CLS token; BEiT's `use_mean_pooling` skips it), so its maps use
@@ -123,6 +124,17 @@ def display_image(image: Image.Image, min_side: int = 224) -> Image.Image:
     image = image.convert("RGB")
     scale = min_side / max(image.size)
     return ImageOps.scale(image, scale, Image.Resampling.BICUBIC) if scale > 1 else image
+
+
+def center_crop_view(image: Image.Image, prep) -> Image.Image:
+    """The part of a framed image (`predict.model_view`) that evaluation's center crop keeps, where the processor crops
+    (`prep.resize_size`: a DeiT's resize to 256 and crop of 224 keeps the central 7/8), so the maps lie over it."""
+    if prep.resize_size is None:
+        return image
+    (height, width), (resized_height, resized_width) = prep.image_size, prep.resize_size
+    left = image.width * (1 - width / resized_width) / 2
+    top = image.height * (1 - height / resized_height) / 2
+    return image.crop((round(left), round(top), round(image.width - left), round(image.height - top)))
 
 
 @dataclass
@@ -254,10 +266,11 @@ def write_attention_maps(
             name = f"{image_path.stem}_{n}"
         used_names.add(name)
         maps = compute_attention_maps(model, processor, image, image_size, stored_size)
+        shown = center_crop_view(image, prep)
         title = f"{image_path.name}, {type(model).__name__}"
-        written.append(plot_attention_figure(image, maps, output_dir / f"{name}_attention.png", title))
+        written.append(plot_attention_figure(shown, maps, output_dir / f"{name}_attention.png", title))
         written.append(output_dir / f"{name}_rollout.png")
-        Image.fromarray(overlay_heatmap(display_image(image), maps.rollout)).save(written[-1])
+        Image.fromarray(overlay_heatmap(display_image(shown), maps.rollout)).save(written[-1])
     return written
 
 

@@ -233,3 +233,29 @@ def test_the_maps_lie_over_what_a_cropping_processors_model_sees(tmp_path):
     seen = attention.display_image(Image.new("RGB", (16, 16), (0, 255, 0)))
     with Image.open(tmp_path / "maps" / "ring_rollout.png") as png:
         np.testing.assert_array_equal(np.asarray(png), attention.overlay_heatmap(seen, maps.rollout))
+
+
+def test_the_heading_gives_the_prediction_of_a_flip_tta_run_as_predict_does(tmp_path, monkeypatch):
+    """A run evaluated with `flip_tta: true`: its figures, and predict, average the logits with the mirror image's;
+    the heading's prediction is the same, not that of the image alone."""
+    import json
+
+    model = tiny_scratch_model(seed=3)
+    with torch.no_grad():  # weights under which the mirror image changes the probabilities (92.3% alone, 95.3%)
+        for param in model.parameters():
+            param.add_(0.3 * torch.randn(param.shape, generator=torch.Generator().manual_seed(param.numel())))
+    run = make_run_dir(tmp_path / "run", model=model, extras=False)
+    results = json.loads((run / "results.json").read_text())
+    results["hyperparameters"]["flip_tta"] = True
+    (run / "results.json").write_text(json.dumps(results))
+    image_path = tmp_path / "image.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(image_path)
+
+    headings = []
+    heading = attention.attention_heading
+    monkeypatch.setattr(attention, "attention_heading", lambda maps: headings.append(heading(maps)) or headings[-1])
+    attention.main([str(run), str(image_path), "--output", str(tmp_path / "maps")])
+    [prediction] = predict.main([str(run), str(image_path)])
+    assert f"Prediction: {prediction.labels[0]} ({prediction.scores[0]:.1%})" in headings[0]
+    alone = attention.compute_attention_maps(*load_classifier(run), Image.open(image_path))
+    assert (alone.label, f"{alone.score:.1%}") != (prediction.labels[0], f"{prediction.scores[0]:.1%}")

@@ -149,11 +149,12 @@ class AttentionMaps:
 
 
 def compute_attention_maps(
-    model, processor, image: Image.Image, image_size: int | None = None, stored_size=None
+    model, processor, image: Image.Image, image_size: int | None = None, stored_size=None, flip_tta: bool = False
 ) -> AttentionMaps:
     """Run one image through the model with `output_attentions=True` and reduce the attentions to maps
-    (`stored_size` as in `finetune.tools.predict.model_view`). Load transformers' ViT with
-    `attn_implementation="eager"`: SDPA returns no attention probabilities."""
+    (`stored_size` as in `finetune.tools.predict.model_view`); the prediction as predict gives it (`flip_tta` as in
+    `finetune.tools.predict.class_probabilities`). Load transformers' ViT with `attn_implementation="eager"`: SDPA
+    returns no attention probabilities."""
     import torch
 
     windowed = getattr(model.config, "window_size", None)  # Swin: no token attends to the whole image
@@ -191,7 +192,7 @@ def compute_attention_maps(
     reads = "mean of the patch tokens" if mean_pooled else "CLS token"
     if model.config.model_type.startswith("dinov2"):  # Dinov2ForImageClassification: [CLS token, mean of patches]
         reads = "CLS token and the mean of the patch tokens"
-    [probabilities] = predict.logit_probabilities(model, outputs.logits)  # (1, num_labels) -> (num_labels,)
+    [probabilities] = predict.class_probabilities(model, pixel_values, bool(kwargs), flip_tta)  # (num_labels,)
     top = int(probabilities.argmax())
     return AttentionMaps(
         layer_maps=cls_attention_maps(attentions, grid_size, num_prefix_tokens, mean_pooled),
@@ -242,11 +243,17 @@ def plot_attention_figure(image: Image.Image, maps: AttentionMaps, path: str | o
 
 
 def write_attention_maps(
-    model, processor, image_paths: Sequence, output_dir, image_size: int | None = None, stored_size=None
+    model,
+    processor,
+    image_paths: Sequence,
+    output_dir,
+    image_size: int | None = None,
+    stored_size=None,
+    flip_tta: bool = False,
 ) -> list[Path]:
     """Write `<name>_attention.png` and `<name>_rollout.png` (the rollout alone, enlarged if tiny) for every image
-    into `output_dir`; returns the paths. Images that cannot be read are logged and skipped. `stored_size` as in
-    `finetune.tools.predict.model_view`."""
+    into `output_dir`; returns the paths. Images that cannot be read are logged and skipped. `stored_size` and
+    `flip_tta` as in `compute_attention_maps`."""
     from PIL import Image
 
     output_dir = Path(output_dir)
@@ -265,7 +272,7 @@ def write_attention_maps(
             n += 1
             name = f"{image_path.stem}_{n}"
         used_names.add(name)
-        maps = compute_attention_maps(model, processor, image, image_size, stored_size)
+        maps = compute_attention_maps(model, processor, image, image_size, stored_size, flip_tta)
         shown = center_crop_view(image, prep)
         title = f"{image_path.name}, {type(model).__name__}"
         written.append(plot_attention_figure(shown, maps, output_dir / f"{name}_attention.png", title))
@@ -283,8 +290,8 @@ def main(argv: list[str] | None = None) -> list[Path]:
     parser.add_argument("--output", required=True, metavar="DIR", help="Where to write the PNGs.")
     args = parser.parse_args(argv)
     model, processor, results, paths = predict.classifier_from_arguments(parser, args, attn_implementation="eager")
-    stored_size = predict.run_stored_size(results)
-    written = write_attention_maps(model, processor, paths, args.output, args.image_size, stored_size)
+    stored_size, flip_tta = predict.run_stored_size(results), predict.run_flip_tta(results)
+    written = write_attention_maps(model, processor, paths, args.output, args.image_size, stored_size, flip_tta)
     if not written:
         names = ", ".join(args.paths)
         raise ValueError(

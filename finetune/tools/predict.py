@@ -319,6 +319,12 @@ def run_stored_size(results: Results | None) -> list[int] | None:
     return (results.stored_image_size or None) if results is not None else None
 
 
+def run_flip_tta(results: Results | None) -> bool:
+    """Whether the run's evaluation averaged the logits of each image and its mirror image (`flip_tta: true`): its
+    figures and thresholds are of those means."""
+    return bool(results is not None and results.hyperparameters.get("flip_tta"))
+
+
 def label_thresholds(model, results: Results | None, model_dir) -> list[float] | None:
     """A multi-label model's probability threshold per label, as its run chose them on validation (0.5 for those
     `results` lack); None for a single-label model."""
@@ -462,11 +468,9 @@ def main(argv: list[str] | None = None) -> list[Prediction]:
         )
     model, processor, results, paths = classifier_from_arguments(parser, args)
     thresholds = label_thresholds(model, results, args.model_dir)
-    # As the run's evaluation did: its thresholds and figures are of the mean logits with the mirror image.
-    flip_tta = bool(results is not None and results.hyperparameters.get("flip_tta"))
     predictions, skipped = predict_files(
         model, processor, paths, args.top_k, args.batch_size, args.image_size, thresholds, run_stored_size(results),
-        flip_tta,
+        run_flip_tta(results),
     )  # fmt: skip
     for p in predictions:
         labels = ", ".join(f"{label} {score:.4f}" for label, score in zip(p.labels, p.scores))

@@ -139,6 +139,22 @@ def test_other_resolution(run_dirs, images, name):
     np.testing.assert_allclose(predictions[0].probabilities, probabilities[0].numpy(), rtol=1e-5, atol=1e-6)
 
 
+def test_image_size_keeps_the_part_of_the_image_a_cropping_processors_evaluation_sees(images, tmp_path):
+    """A processor that resizes to 18 and center-crops 16 (a DeiT's 256 and 224): `--image_size 16`, the model's own
+    size, predicts as without it, and other sizes crop the same part of the image (36 and 32 for 32)."""
+    from transformers import ViTImageProcessor
+
+    run = make_run_dir(tmp_path / "run", "pretrained", model=tiny_vit_model(seed=3), extras=False)
+    crop = {"height": 16, "width": 16}
+    ViTImageProcessor(size={"shortest_edge": 18}, do_center_crop=True, crop_size=crop).save_pretrained(run)
+    [native] = predict.main([str(run), str(images["jpg"])])
+    [same_size] = predict.main([str(run), str(images["jpg"]), "--image_size", "16"])
+    assert same_size.probabilities == native.probabilities
+    model, processor = predict.load_classifier(run)
+    prep = predict.model_preprocessing(model, processor, image_size=32)
+    assert (prep.image_size, prep.resize_size) == ((32, 32), (36, 36))
+
+
 def test_load_images_modes(images, tmp_path):
     def load(path, mode):
         loaded, _, skipped = predict.load_images([path], mode)

@@ -196,11 +196,15 @@ def image_mode(model) -> str:
 
 def model_preprocessing(model, processor, image_size: int | None = None) -> Preprocessing:
     """Resolution, channels and normalisation of the model's inputs, read from its saved processor as training reads
-    them; with `image_size`, inputs of `image_size` x `image_size` with no center crop."""
+    them; with `image_size`, inputs of `image_size` x `image_size`, center-cropped from the same part of the image as
+    evaluation's crop (a DeiT's 256 / 224: 439 / 384)."""
     from finetune.augment import preprocessing_from
 
     prep = preprocessing_from(processor, model.config)
-    return prep if image_size is None else replace(prep, image_size=(image_size, image_size), resize_size=None)
+    if image_size is None:
+        return prep
+    resize = prep.resize_size and tuple(round(image_size * r / i) for r, i in zip(prep.resize_size, prep.image_size))
+    return replace(prep, image_size=(image_size, image_size), resize_size=resize)
 
 
 def frame_size(prep: Preprocessing, stored_size: Sequence[int] | None = None) -> int:

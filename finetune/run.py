@@ -51,6 +51,7 @@ from finetune.checkpoints import (  # noqa: E402
 )
 from finetune.data import ImageData, collate_batch, load_image_data  # noqa: E402
 from finetune.errors import Interrupted, one_line, run_command, signal_name  # noqa: E402
+from finetune.locations import ADAPTER_CONFIG_NAME  # noqa: E402
 from finetune.metrics import compute_metrics, confusion_report, multi_label_report, multi_label_scores  # noqa: E402
 from finetune.models import (  # noqa: E402
     attention_head_size,
@@ -619,11 +620,9 @@ def check_held_out_as_trained(
     """An evaluation of the model at `path`, or a run it teaches (`args.do_train`), that holds out its validation split
     from train holds out the one the model was trained without, as its run's results.json records it (seed,
     data_seed, validation_size): another would hold images the model trained on."""
-    folder = Path(path).expanduser()
-    run_dir = folder.parent if folder.name.startswith("checkpoint-") else folder
-    if not data.validation_held_out or not (run_dir / RESULTS_NAME).is_file():
+    trained = trained_results(path) if data.validation_held_out else None
+    if trained is None:
         return
-    trained = Results.load(run_dir)
     recorded = trained.hyperparameters
     # A local dataset: the same files, however the path is spelled; a Hub id (or older results.json): the same name.
     fingerprint, local = trained.dataset_fingerprint, os.path.exists(os.path.expanduser(data.source))
@@ -645,6 +644,15 @@ def check_held_out_as_trained(
         f"{f', validation_size {trained_size:g}' if trained_size else ''}: {this} (seed {seed}, validation_size "
         f"{size:g}) would hold out images it trained on. Fix: {fix}."
     )
+
+
+def trained_results(path: str) -> Results | None:
+    """The results.json of the run that trained the model at `path`: its folder's, or that of the run folder of a
+    checkpoint-* or of a LoRA run's merged/ (`merge_lora`); None without one (a Hub id, a model saved elsewhere)."""
+    folder = Path(path).expanduser()
+    merged = folder.name == "merged" and (folder.parent / ADAPTER_CONFIG_NAME).is_file()
+    run_dir = folder.parent if folder.name.startswith("checkpoint-") or merged else folder
+    return Results.load(run_dir) if (run_dir / RESULTS_NAME).is_file() else None
 
 
 def data_seed(args: ImageClassificationTrainingArguments) -> int:

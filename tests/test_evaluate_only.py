@@ -32,6 +32,19 @@ def trained_scratch(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="module")
+def lora_of_scratch(trained_scratch, tmp_path_factory):
+    """`trained_scratch` fine-tuned by LoRA (`model_type: pretrained`), with its merged model in merged/."""
+    out = tmp_path_factory.mktemp("lora") / "lora"
+    run.main(
+        [*TINY_SCRATCH, "--model_type", "pretrained", "--model_name_or_path", str(trained_scratch),
+         "--trust_remote_code", "true", "--finetune_method", "lora", "--merge_lora", "true", "--output_dir", str(out),
+         "--num_train_epochs", "1", "--save_strategy", "no", "--eval_strategy", "no", "--load_best_model_at_end",
+         "false"]
+    )  # fmt: skip
+    return out
+
+
 def test_the_closing_summary_names_only_what_the_run_wrote(trained_scratch):
     results = Results.load(trained_scratch)  # `save_strategy: no`: no checkpoint-*
     closing = run.summary({"scratch": results}, {"scratch": trained_scratch}, None)
@@ -92,19 +105,21 @@ def test_scores_a_saved_scratch_model_without_training(trained_scratch, tmp_path
         (["--seed", "42", "--data_seed", "0"], None),  # `data_seed: 0` is the seed 0, not "unset": the same split
     ],
 )
-def test_a_held_out_split_other_than_trainings_is_refused(trained_scratch, tmp_path, no_training, change, fix):
+def test_a_held_out_split_other_than_trainings_is_refused(
+    trained_scratch, lora_of_scratch, tmp_path, no_training, change, fix
+):
     # digits has no validation split: another seed or size held out images the model trained on, and scored them.
     assert Results.load(trained_scratch).hyperparameters["validation_size"] == 0.2
-    run_dir = tmp_path / "run"  # a checkpoint-* is checked against its run's results.json
+    run_dir = tmp_path / "run"  # a checkpoint-* is checked against its run's results.json, a LoRA run's merged/ too
     shutil.copytree(trained_scratch, run_dir / "checkpoint-8", ignore=shutil.ignore_patterns("results.json"))
     shutil.copy(trained_scratch / "results.json", run_dir)
-    for model in (trained_scratch, run_dir / "checkpoint-8"):
+    for model in (trained_scratch, run_dir / "checkpoint-8", lora_of_scratch / "merged"):
         argv = ["--do_train", "false", "--model_type", "scratch", "--model_name_or_path", str(model), *DIGITS, *change,
                 "--output_dir", str(tmp_path / "eval")]  # fmt: skip
         if fix is None:
-            assert run.main([*argv, "--overwrite_output_dir", "true"])["scratch"].validation.accuracy == pytest.approx(
-                Results.load(trained_scratch).validation.accuracy
-            )
+            trained = Results.load(lora_of_scratch if model.name == "merged" else trained_scratch)
+            evaluated = run.main([*argv, "--overwrite_output_dir", "true"])["scratch"]
+            assert evaluated.validation.accuracy == pytest.approx(trained.validation.accuracy)
             continue
         with pytest.raises(ValueError, match="would hold out images it trained on") as error:
             run.main(argv)

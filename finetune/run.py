@@ -142,7 +142,7 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
                     model_type, model_args, data_args, scratch_args, args, settings, data, checkpoints[model_type]
                 )
             else:
-                results[model_type] = evaluate_only(model_type, model_args, data_args, args, settings, data)
+                results[model_type] = evaluate_only(model_args, data_args, args, settings, data)
 
         if training_args.process_index == 0:
             report = None
@@ -240,7 +240,7 @@ def summary(results: dict[str, Results], run_dirs: dict[str, Path], report: Path
             scores += f", test {name} {getattr(result.test, key):.2%}"
         if result.train.seconds:
             scores += f", {result.train.seconds:.0f} s of training"
-        lines.append(f"  {model_type}: {scores}")
+        lines.append(f"  {result.model_type}: {scores}")  # an evaluation's: what the model is
         written = ", ".join(name for name, pattern in WRITTEN if any(run_dirs[model_type].glob(pattern)))
         lines.append(f"    files: {run_dirs[model_type]}/ ({written})")
     if report is not None:
@@ -661,7 +661,6 @@ def data_seed(args: ImageClassificationTrainingArguments) -> int:
 
 
 def evaluate_only(
-    model_type: str,
     model_args: ModelArguments,
     data_args: DataArguments,
     args: ImageClassificationTrainingArguments,
@@ -687,7 +686,7 @@ def evaluate_only(
         predictions = {s: trainer.predict(getattr(data, s), metric_key_prefix=p) for s, p in splits.items()}
     output_dir = Path(args.output_dir)
     results = Results(
-        model_type="scratch" if model.config.model_type == "scratch_vit" else model_type,
+        model_type=evaluated_model_type(model_args.model_name_or_path, model),
         model_name_or_path=model_args.model_name_or_path,
         model_is_local=is_local(model_args.model_name_or_path),
         **evaluated_model_fields(args, model, prep, data, predictions["validation"], predictions.get("test"), start),
@@ -722,6 +721,18 @@ def evaluate_only(
             )
         logger.info(f"Results written to {results.save(output_dir)}")
     return results
+
+
+def evaluated_model_type(path: str, model) -> str:
+    """What the model at `path` is, not the `model_type` the evaluation was given: as the run that trained it recorded
+    it (`trained_results`; a ScratchViT fine-tuned from a scratch run's folder is `pretrained`), else `scratch` for a
+    ScratchViT and `pretrained` for any other model or a LoRA adapter."""
+    trained = trained_results(path)
+    if trained is not None and trained.model_type:
+        return trained.model_type
+    return (
+        "scratch" if model.config.model_type == "scratch_vit" and not hasattr(model, "peft_config") else "pretrained"
+    )
 
 
 def choose_attention(

@@ -162,6 +162,24 @@ def test_pretrained_path_checks_the_heads_labels(tmp_path, no_training):
     assert results.model_type == "pretrained" and results.validation.accuracy is not None
 
 
+def test_the_results_name_what_the_evaluated_model_is(trained_scratch, lora_of_scratch, tmp_path, no_training):
+    """Not the `model_type` given: a ViT is `pretrained`, a ScratchViT fine-tuned by LoRA (its adapter or its merged
+    model) what its run recorded, `pretrained`, and a ScratchViT without its run's results.json `scratch`."""
+    vit = tiny_vit_checkpoint(tmp_path / "vit", num_labels=10)
+    bare = shutil.copytree(trained_scratch, tmp_path / "bare", ignore=shutil.ignore_patterns("results.json"))
+    for model, given, expected in (
+        (vit, "scratch", "pretrained"),
+        (lora_of_scratch, "pretrained", "pretrained"),
+        (lora_of_scratch / "merged", "scratch", "pretrained"),
+        (bare, "pretrained", "scratch"),
+    ):
+        out = tmp_path / f"eval_{model.name}"
+        argv = ["--do_train", "false", "--model_type", given, "--model_name_or_path", str(model), *DIGITS]
+        results = run.main([*argv, "--output_dir", str(out)])[given]
+        assert json.loads((out / "results.json").read_text())["model_type"] == expected, model
+        assert f"  {expected}: validation accuracy" in run.summary({given: results}, {given: out}, None), model
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

@@ -156,3 +156,27 @@ def test_not_a_run_directory(tmp_path):
         find_run_dirs([tmp_path])
     with pytest.raises(ValueError, match="no results.json"):  # one `error:` line from the command
         compare.main([str(tmp_path), "--output", str(tmp_path / "out")])
+
+
+def test_runs_scored_on_other_images_are_said_to_be(tmp_path):
+    """Runs of the same dataset with other classes (`include_labels`), or a validation split held out from train with
+    another seed: the report and the model card say that the figures are not on the same images."""
+    from finetune.tools.model_card import build_model_card
+
+    ten = make_run_dir(tmp_path / "ten", model=tiny_scratch_model(labels=TEN_LABELS), extras=False)
+    three = make_run_dir(tmp_path / "three", extras=False)
+    report = compare.write_comparison([three, ten], three / "comparison").read_text()
+    assert "**Not scored on the same images**: the runs differ in their classes, so" in report
+    card = build_model_card(three).text
+    assert "all on `uoft-cs/cifar10`, not scored on the same images (they differ in their classes);" in card
+    other = make_run_dir(tmp_path / "other", extras=False)
+    for run, seed in ((three, 0), (other, 0)):
+        results = json.loads((run / "results.json").read_text())
+        results["hyperparameters"].update(validation_size=0.1, seed=seed)
+        (run / "results.json").write_text(json.dumps(results))
+    assert "Not scored" not in compare.write_comparison([three, other], tmp_path / "same").read_text()
+    results = json.loads((other / "results.json").read_text())
+    results["hyperparameters"]["data_seed"] = 1
+    (other / "results.json").write_text(json.dumps(results))
+    report = compare.write_comparison([three, other], tmp_path / "split").read_text()
+    assert "the runs differ in their held-out validation split (its seed or size)," in report

@@ -20,6 +20,7 @@ from finetune.errors import ArgumentParser, run_command
 from finetune.results import Results, find_run_dirs
 from finetune.tools.report import (
     SUMMARY_NOTE,
+    display_dataset,
     format_percent,
     markdown_table,
     plot_confusion_matrix,
@@ -54,10 +55,31 @@ def per_class_table(runs: Sequence[Results], names: Sequence[str]) -> str:
     return markdown_table(headers, rows)
 
 
+def data_differences(runs: Sequence[Results]) -> list[str]:
+    """What differs between the data the runs were scored on, as their results.json records it: the dataset, the
+    classes, the number of validation or test images (among the runs with a test split), the seed or size of a
+    validation split held out from train (among the training runs that held one out)."""
+
+    def held_out(run: Results) -> list | None:
+        recorded = run.hyperparameters
+        if "validation_size" in recorded:
+            return [recorded["validation_size"], recorded.get("data_seed", recorded.get("seed"))]
+
+    aspects = {
+        "dataset": lambda run: display_dataset(run.dataset),
+        "classes": lambda run: run.label_names,
+        "number of validation images": lambda run: run.num_samples.get("validation"),
+        "number of test images": lambda run: run.num_samples.get("test"),
+        "held-out validation split (its seed or size)": held_out,
+    }
+    values = {what: {json.dumps(key(run)) for run in runs if key(run) is not None} for what, key in aspects.items()}
+    return [what for what, seen in values.items() if len(seen) > 1]
+
+
 def write_comparison(run_dirs: Sequence[str | os.PathLike], output_dir: str | os.PathLike) -> Path:
     """Write `report.md`, `learning_curves.png`, a `confusion_matrix_<run>.png` per run that has a confusion matrix
-    and `comparison.json` (the summary rows, for the model card) into `output_dir`; returns the report's path. Paths in
-    the report are relative to `output_dir`, so the folder can be moved or uploaded as is."""
+    and `comparison.json` (the summary rows and `data_differences`, for the model card) into `output_dir`; returns the
+    report's path. Paths in the report are relative to `output_dir`, so the folder can be moved or uploaded as is."""
     run_dirs = find_run_dirs(run_dirs)
     runs = [Results.load(d) for d in run_dirs]
     unscored = [str(d) for d, run in zip(run_dirs, runs) if run.validation is None]
@@ -86,6 +108,7 @@ def write_comparison(run_dirs: Sequence[str | os.PathLike], output_dir: str | os
             logger.warning(f"{run_dir} has no confusion matrix in results.json; no confusion plot for it.")
 
     title = "Comparison of " + (" and ".join(names) if len(names) <= 2 else f"{len(names)} runs")
+    differences = data_differences(runs)
     sections = [
         f"# {title}",
         "## Summary",
@@ -104,11 +127,14 @@ def write_comparison(run_dirs: Sequence[str | os.PathLike], output_dir: str | os
         sections.append("Rows are true classes, columns predictions; each row is divided by the class's count.")
         for name, file_name in confusion_files.items():
             sections += [f"### {name}", f"![Confusion matrix of {name}]({file_name})"]
+    if differences:  # after the summary table and its note
+        sections.insert(4, f"**Not scored on the same images**: the runs differ in their {', '.join(differences)}, so "
+                        "their figures do not compare directly.")  # fmt: skip
     sections.append("## Runs")
     sections.append("\n".join(f"- {name}: `{os.path.relpath(d, output_dir)}`" for d, name in zip(run_dirs, names)))
     report_path = output_dir / REPORT_NAME
     report_path.write_text("\n\n".join(sections) + "\n")
-    summary = {"runs": rows}
+    summary = {"runs": rows, "data_differences": differences}
     for key in ("per_class_accuracy", "per_class_precision", "per_class_f1"):
         summary[key] = {name: getattr(run, key) for run, name in zip(runs, names)}
     (output_dir / SUMMARY_NAME).write_text(json.dumps(summary, indent=2))

@@ -383,6 +383,8 @@ def build_model_card(output_dir: str | os.PathLike, repo_id: str | None = None) 
     if summary and summary.get("runs"):
         datasets = {row.get("dataset") for row in summary["runs"]}  # any runs can be compared: say so when they differ
         where = f"all on `{datasets.pop()}`" if len(datasets) == 1 else "on different datasets (see the table)"
+        if summary.get("data_differences"):
+            where += f", not scored on the same images (they differ in their {', '.join(summary['data_differences'])})"
         sections += [
             "## Comparison",
             f"This run is compared below with the others of its comparison report, {where}; the full report, with "

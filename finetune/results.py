@@ -67,6 +67,7 @@ class HistoryRow:
     epoch: float | None = None
     step: int | None = None
     train_loss: float | None = None
+    train_loss_epoch: float | None = None  # where `train_loss` was logged (None in files of earlier versions)
     eval_loss: float | None = None
     eval_accuracy: float | None = None
     eval_map: float | None = None  # multi-label runs
@@ -168,15 +169,17 @@ def _dataclass_from(cls, data: dict[str, Any] | None):
 
 def history_from_log_history(log_history: Sequence[dict]) -> list[HistoryRow]:
     """One row per evaluation of a Trainer `log_history`: epoch, step, the training loss logged since the previous
-    evaluation (None when none was: a plot then draws only logged points), validation loss and accuracy, and the time
-    since training began (`RunClock` stamps it)."""
-    rows, train_loss = [], None
+    evaluation (None when none was: a plot then draws only logged points) and the epoch it was logged at, validation
+    loss and accuracy, and the time since training began (`RunClock` stamps it)."""
+    rows, train_loss, train_loss_epoch = [], None, None
     for entry in log_history:
-        train_loss = entry.get("loss", train_loss)
+        if "loss" in entry:
+            train_loss, train_loss_epoch = entry["loss"], entry.get("epoch")
         if "eval_accuracy" in entry or "eval_loss" in entry:
             keys = ("epoch", "step", "eval_loss", "eval_accuracy", "eval_map", "elapsed_seconds")
-            rows.append(HistoryRow(train_loss=train_loss, **{key: entry.get(key) for key in keys}))
-            train_loss = None
+            values = {key: entry.get(key) for key in keys}
+            rows.append(HistoryRow(train_loss=train_loss, train_loss_epoch=train_loss_epoch, **values))
+            train_loss = train_loss_epoch = None
     return rows
 
 

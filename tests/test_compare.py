@@ -124,6 +124,9 @@ def test_learning_curve_draws_only_logged_training_losses():
     history = history_from_log_history(log)
     assert [h.train_loss for h in history] == [0.7, None, None, None]
     assert [h.eval_loss for h in history] == [0.5] * 4
+    # Drawn where it was logged, not at the evaluation that followed; the validation figures at their evaluations.
+    assert report_module._series(history, "train_loss") == ((16.7,), (0.7,))
+    assert report_module._series(history, "eval_loss") == ((17.0, 18.0, 19.0, 20.0), (0.5,) * 4)
 
 
 def test_summary_json_for_the_model_card(report, both_output):

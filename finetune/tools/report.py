@@ -263,8 +263,10 @@ def plot_learning_curves(runs: Sequence[Results], names: Sequence[str], path: st
 
 
 def _series(history: Sequence[HistoryRow], key: str, scale: float = 1.0):
-    """`(epochs, values)` of the history rows where both are numbers."""
-    points = [(h.epoch, scale * getattr(h, key)) for h in history if is_number(h.epoch) and is_number(getattr(h, key))]
+    """`(epochs, values)` of the history rows where both are numbers: a training loss at the epoch it was logged at
+    (the evaluation's in files of earlier versions)."""
+    at = [h.train_loss_epoch if key == "train_loss" and h.train_loss_epoch is not None else h.epoch for h in history]
+    points = [(x, scale * getattr(h, key)) for x, h in zip(at, history) if is_number(x) and is_number(getattr(h, key))]
     return tuple(zip(*points)) if points else ((), ())
 
 

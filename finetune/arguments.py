@@ -276,7 +276,11 @@ class TrainingLoopArguments:
         "Exponential moving average of the weights with this decay (e.g. 0.999, warmed up as min(decay, (1 + t) / "
         "(10 + t))), which evaluations, checkpoints and the final model use. Default: off.",
     )
-    flip_tta: bool = option(False, "At evaluation, average the logits of each image and its mirror image.")
+    flip_tta: bool | None = option(
+        None,
+        "At evaluation, average the logits of each image and its mirror image. Default: off; with `do_train: false`, "
+        "as the evaluated model's run evaluated (and as predict does).",
+    )
     mixup_alpha: float = option(0.0, "MixUp of training batches with ratio ~ Beta(alpha, alpha); 0 disables it.")
     cutmix_alpha: float = option(
         0.0, "CutMix with ratio ~ Beta(alpha, alpha); 0 disables it. With MixUp on too, one of the two per batch."

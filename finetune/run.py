@@ -677,6 +677,11 @@ def evaluate_only(
     start = time.perf_counter()
     logger.info(f"==== evaluating {model_args.model_name_or_path} (no training) -> {args.output_dir}")
     set_seed(args.seed)
+    if args.flip_tta is None:  # as its run's figures (and predict's probabilities) are: with the mirror image or not
+        trained = trained_results(model_args.model_name_or_path)
+        args.flip_tta = bool(trained and trained.hyperparameters.get("flip_tta"))
+        if args.flip_tta:
+            logger.info("flip_tta: on, as the model's run evaluated (`--flip_tta false` scores each image alone).")
     with stage("loading the model to evaluate", RERUN, every_process=True):  # the same files in every process
         model_args, attention_why = choose_attention("pretrained", model_args, None, args)
         model, processor, prep = load_trained_model(model_args, data)

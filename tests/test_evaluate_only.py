@@ -96,6 +96,29 @@ def test_scores_a_saved_scratch_model_without_training(trained_scratch, tmp_path
     assert json.loads((out / "results.json").read_text())["confusion_matrix"] == written["confusion_matrix"]
 
 
+def test_an_evaluation_follows_the_flip_tta_of_the_models_run(trained_scratch, tmp_path, no_training):
+    """The run's figures, and predict's probabilities, average each image with its mirror image where it evaluated so
+    (`flip_tta: true`): so does an evaluation of its model, unless told otherwise."""
+    model = shutil.copytree(trained_scratch, tmp_path / "model")
+    recorded = json.loads((model / "results.json").read_text())
+    recorded["hyperparameters"]["flip_tta"] = True  # as a run with `flip_tta: true` records it
+    (model / "results.json").write_text(json.dumps(recorded))
+
+    def evaluate(name, *extra):
+        out = tmp_path / name
+        argv = ["--do_train", "false", "--model_type", "scratch", "--model_name_or_path", str(model), *DIGITS,
+                "--output_dir", str(out), *extra]  # fmt: skip
+        result = run.main(argv)["scratch"]
+        with open(out / "predictions_validation.csv") as f:
+            return result, [row["top1_probability"] for row in csv.DictReader(f)]
+
+    (followed, followed_p), (_, flipped_p) = evaluate("followed"), evaluate("flipped", "--flip_tta", "true")
+    alone, alone_p = evaluate("alone", "--flip_tta", "false")
+    assert followed.hyperparameters.get("flip_tta") is True and followed_p == flipped_p
+    assert "flip_tta" not in alone.hyperparameters and alone_p != followed_p
+    assert alone.validation.accuracy == pytest.approx(recorded["validation"]["accuracy"])  # as the run, which did not
+
+
 @pytest.mark.parametrize(
     "change, fix",
     [

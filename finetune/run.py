@@ -89,8 +89,8 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
         training_args = build_training_args(options, settings)
         check_model_and_output_dir(model_args, training_args)
         setup_logging(training_args, settings)
-        if model_args.model_type == "pretrained":
-            warn_of_scratch_options(scratch_args)
+        if model_args.model_type == "pretrained" or not training_args.do_train:
+            warn_of_scratch_options(scratch_args, training_args.do_train)
 
         # Publishing is done once, at the end, by our own code: the Trainer would create the repo at start-up (failing
         # offline before any training) and push every checkpoint. The token is kept out of every saved file.
@@ -160,15 +160,16 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
         return results
 
 
-def warn_of_scratch_options(scratch_args) -> None:
-    """A pretrained model keeps its own architecture and resolution: say so for ScratchViT options that would shape
-    it (all but `drop_path_rate`, which a pretrained ViT takes too)."""
+def warn_of_scratch_options(scratch_args, do_train: bool) -> None:
+    """A pretrained model, and a saved one scored as it is, keeps its own architecture and resolution: say so for
+    ScratchViT options that would shape it (all but `drop_path_rate`, which a pretrained ViT takes too)."""
     ignored = [f"--{name}" for name in scratch_config_kwargs(scratch_args) if name != "drop_path_rate"]
     if ignored:
+        by, fix = ("`model_type: pretrained`", ", or train a ScratchViT with `model_type: scratch` (or `both`)")
+        by, fix = (by, fix) if do_train else ("`do_train: false`", "")
         logger.warning(
-            f"{', '.join(ignored)}: ScratchViT options, ignored by `model_type: pretrained`, which keeps the "
-            "architecture and resolution of `model_name_or_path`. Fix: drop them, or train a ScratchViT with "
-            "`model_type: scratch` (or `both`)."
+            f"{', '.join(ignored)}: ScratchViT options, ignored by {by}, which keeps the architecture and resolution "
+            f"of `model_name_or_path`. Fix: drop them{fix}."
         )
 
 

@@ -253,3 +253,12 @@ def test_a_signal_while_evaluating_names_the_stage(trained_scratch, tmp_path, mo
     err = capsys.readouterr().err
     assert err == f"error: stopped by SIGTERM while {doing}. Nothing was saved: rerun the same command.\n", err
     assert not (out / "results.json").exists()
+
+
+def test_scratch_options_given_to_an_evaluation_are_named_as_ignored(trained_scratch, tmp_path, no_training, caplog):
+    # The saved model is scored as it is, at its own resolution: `--image_size 16` would change nothing, said so.
+    run.main(["--do_train", "false", "--model_type", "scratch", "--model_name_or_path", str(trained_scratch), *DIGITS,
+              "--image_size", "16", "--hidden_size", "32", "--output_dir", str(tmp_path / "eval")])  # fmt: skip
+    [warning] = [r.getMessage() for r in caplog.records if "ScratchViT options" in r.getMessage()]
+    assert warning.startswith("--image_size, --hidden_size: ScratchViT options, ignored by `do_train: false`")
+    assert Results.load(tmp_path / "eval").image_size == Results.load(trained_scratch).image_size

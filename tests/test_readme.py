@@ -250,3 +250,9 @@ def test_the_readme_check_finds_machine_paths_and_passes_urls_and_relative_paths
     assert machine_paths(text)[:2] == ["/tmp/gpu/suite", f"{ROOT}/configs"]
     assert not machine_paths("pip install torch --index-url https://download.pytorch.org/whl/cpu > /dev/null")
     assert not machine_paths("runs/photos, 98.15% / 97.41%, train/validation/test, ~/.cache/huggingface")
+
+
+def test_the_cpu_only_torch_install_pins_the_constraints_versions():
+    # Another version would be replaced by the constrained CUDA build at the install that follows.
+    pins = re.findall(r"^torch(?:vision)?==\S+$", (ROOT / ".ci" / "constraints.txt").read_text(), re.MULTILINE)
+    assert len(pins) == 2 and all(f" {pin} " in README.read_text() for pin in pins), pins

@@ -123,8 +123,8 @@ def activated_venv(repository: Path, hf_home: Path) -> dict[str, str]:
 
 def run_readme(readme: Path, workdir: Path, timeout: float = COMMAND_TIMEOUT) -> list[Command]:
     """Run `readme`'s commands that are not skipped, in order, in a fresh copy of the repository under `workdir`;
-    fail at the first that exits non-zero, trains a model that learned nothing or runs past `timeout` seconds, with
-    the tail of its output. Returns the commands that ran."""
+    fail at the first that exits non-zero, warns, trains a model that learned nothing or runs past `timeout`
+    seconds, with the tail of its output. Returns the commands that ran."""
     repository = copy_repository(workdir / "repository")
     env = activated_venv(repository, workdir / "hf_home")
     ran = []
@@ -146,6 +146,8 @@ def run_readme(readme: Path, workdir: Path, timeout: float = COMMAND_TIMEOUT) ->
         assert process.returncode == 0, f"{where} exited {process.returncode}; its output ended:\n{output[-3000:]}"
         # A training command whose model stays at chance teaches a reader nothing (run.warn_if_at_chance).
         assert "learned nothing" not in output, f"{where} trained a model that learned nothing:\n{output[-3000:]}"
+        # A reader who follows the page should meet no warning, or learn to skip them.
+        assert not re.search(r"^warning: ", output, re.MULTILINE), f"{where} warned:\n{output[-3000:]}"
         ran.append(command)
     return ran
 
@@ -243,6 +245,9 @@ def test_a_failing_or_hanging_command_fails_with_its_output(tmp_path):
     (readme := tmp_path / "README.md").write_text("```bash\necho started; sleep 60\n```\n")
     with pytest.raises(AssertionError, match=r"(?s)ran past 1 s.*started"):
         run_readme(readme, tmp_path / "hanging", timeout=1)
+    (readme := tmp_path / "README.md").write_text("```bash\necho 'warning: unread'\n```\n")
+    with pytest.raises(AssertionError, match=r"README.md:2 `echo 'warning: unread'` warned"):
+        run_readme(readme, tmp_path / "warning")
 
 
 def test_the_readme_check_finds_machine_paths_and_passes_urls_and_relative_paths():

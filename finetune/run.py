@@ -506,6 +506,14 @@ def make_trainer(
         raise ValueError("`metric_for_best_model: map` is for data with several labels per image; use `accuracy`.")
     augmentation = {name: getattr(data_args, name) for name in AUGMENTATION_OPTIONS}
     crop = use_random_resized_crop(data_args.random_resized_crop, data.train.image_size, prep.image_size)
+    if crop and args.do_train and data_args.random_crop_padding != DataArguments.random_crop_padding:
+        stored, size = ("x".join(map(str, s)) for s in (data.train.image_size, prep.image_size))
+        logger.warning(
+            f"`random_crop_padding: {data_args.random_crop_padding}` is ignored: training crops with "
+            f"RandomResizedCrop (`random_resized_crop: {data_args.random_resized_crop}`; images stored at {stored}, "
+            f"the model takes {size}). Fix: `--random_resized_crop false` for the padded crop, or drop "
+            "`random_crop_padding`."
+        )
     batch_transform = BatchTransform.for_model(prep, data.num_channels, random_resized_crop=crop, **augmentation)
     logger.info(describe_augmentation(batch_transform))
     weighted = args.class_weighting == "balanced" and args.do_train

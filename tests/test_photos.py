@@ -119,6 +119,18 @@ def test_both_model_paths_train_on_a_folder_of_mixed_size_photos(tmp_path, model
     assert "image size 18x18" in caplog.text
     assert "Training augmentation: RandomResizedCrop(scale=(0.08, 1.0)" in caplog.text
     assert "evaluation: resize to 16x16" in caplog.text
+    assert "random_crop_padding" not in caplog.text  # left at its default: nothing to say
+
+
+@pytest.mark.parametrize("choice", ["auto", "false"])
+def test_a_padding_that_randomresizedcrop_replaces_is_named_as_ignored(tmp_path, choice, caplog):
+    # `--random_crop_padding 0` meant "no crop"; photos stored larger than the model get RandomResizedCrop instead.
+    args = [*TINY_RUN, "--model_type", "scratch", "--dataset_name", str(write_photo_folder(tmp_path / "photos"))]
+    args += ["--random_crop_padding", "0", "--random_resized_crop", choice, "--decoded_cache_dir", "none"]
+    run.main([*args, "--max_steps", "1", "--output_dir", str(tmp_path / "run")])
+    warnings = [r.getMessage() for r in caplog.records if "random_crop_padding" in r.getMessage()]
+    expected = "`random_crop_padding: 0` is ignored: training crops with RandomResizedCrop (`random_resized_crop: auto"
+    assert [w.startswith(expected) for w in warnings] == ([True] if choice == "auto" else [])
 
 
 def test_two_processes_share_one_decoded_cache(tmp_path):

@@ -500,8 +500,16 @@ def use_random_resized_crop(choice: str, stored_size: tuple[int, int], image_siz
     return choice == "true"
 
 
-def describe_augmentation(transform: BatchTransform) -> str:
-    """One line naming the training crop, flip, ops and erasing of `transform`, and evaluation's resize."""
+def describe_augmentation(transform: BatchTransform, training: bool = True) -> str:
+    """One line naming the training crop, flip, ops and erasing of `transform` (where the run trains), and evaluation's
+    resize."""
+    size = "x".join(map(str, transform.image_size))
+    if isinstance(transform.eval_resize, nn.Sequential):
+        evaluation = "resize to {}x{}, center crop {}".format(*transform.eval_resize[0].size, size)
+    else:
+        evaluation = f"resize to {size}"
+    if not training:
+        return f"Evaluation: {evaluation}."
     crop, flip, ops = transform.augment
     if isinstance(crop, RandomResizedCrop):
         parts = [f"RandomResizedCrop(scale={crop.scale}, ratio=({crop.ratio[0]:.3g}, {crop.ratio[1]:.3g}))"]
@@ -512,11 +520,6 @@ def describe_augmentation(transform: BatchTransform) -> str:
         parts.append(f"{ops.num_ops} random op(s) per image (magnitude {ops.magnitude})")
     if isinstance(transform.erase, RandomErasing):
         parts.append(f"random erasing (p={transform.erase.p})")
-    size = "x".join(map(str, transform.image_size))
-    if isinstance(transform.eval_resize, nn.Sequential):
-        evaluation = "resize to {}x{}, center crop {}".format(*transform.eval_resize[0].size, size)
-    else:
-        evaluation = f"resize to {size}"
     return f"Training augmentation: {', '.join(parts)}; evaluation: {evaluation}."
 
 

@@ -515,7 +515,7 @@ def make_trainer(
             "`random_crop_padding`."
         )
     batch_transform = BatchTransform.for_model(prep, data.num_channels, random_resized_crop=crop, **augmentation)
-    logger.info(describe_augmentation(batch_transform))
+    logger.info(describe_augmentation(batch_transform, training=args.do_train))
     weighted = args.class_weighting == "balanced" and args.do_train
     class_weights = balanced_class_weights(data.train.labels, data.label_names) if weighted else None
     teacher, teacher_transform = None, None

@@ -60,12 +60,14 @@ def no_training(monkeypatch):
     monkeypatch.setattr(Trainer, "create_optimizer", refuse)
 
 
-def test_scores_a_saved_scratch_model_without_training(trained_scratch, tmp_path, no_training):
+def test_scores_a_saved_scratch_model_without_training(trained_scratch, tmp_path, no_training, caplog):
     out = tmp_path / "eval"
-    results = run.main(
-        ["--do_train", "false", "--model_type", "scratch", "--model_name_or_path", str(trained_scratch), *DIGITS,
-         "--output_dir", str(out)]
-    )["scratch"]  # fmt: skip
+    with caplog.at_level("INFO"):
+        results = run.main(
+            ["--do_train", "false", "--model_type", "scratch", "--model_name_or_path", str(trained_scratch), *DIGITS,
+             "--output_dir", str(out)]
+        )["scratch"]  # fmt: skip
+    assert "Evaluation: resize to 8x8." in caplog.text and "Training augmentation" not in caplog.text  # none trains
     trained = json.loads((trained_scratch / "results.json").read_text())
     written = json.loads((out / "results.json").read_text())
     # The same weights on the same split give the training run's final figures.

@@ -293,7 +293,8 @@ def train_steps(
         "data_ms_per_step": 1000 * data_time / steps,
         "model_ms_per_step": 1000 * model_time / steps,
         "step_ms": 1000 * total / steps,
-        "first_step_s": first_step_s,
+        # `auto` times eager steps before it compiles: its first compiled step is the compiler's.
+        "first_step_s": compiler.compile_seconds if compiler.compile_seconds is not None else first_step_s,
         "compile": compile_mode or "no",
         "compile_outcome": compiler.summary(),
         "peak_gpu_memory_gb": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,

@@ -263,8 +263,9 @@ class TrainingLoopArguments:
     tf32: str | None = option("auto", "TF32 matmuls: `auto` enables them on Ampere or newer GPUs.", **SWITCH)
     torch_compile: str = option(
         "auto",
-        "torch.compile the training forward: `auto` compiles on CUDA GPUs with CUDA graphs and keeps it only if a "
-        "timed comparison finds it faster, eager elsewhere; `true` compiles (`torch_compile_backend` / "
+        "torch.compile the training forward: `auto` compiles on CUDA GPUs with CUDA graphs where kernel launches "
+        "set the step's pace, and keeps it only if a timed comparison finds it faster, eager elsewhere; `true` "
+        "compiles (`torch_compile_backend` / "
         "`torch_compile_mode`), `false` never. A compiler error falls back to eager with a warning.",
         **SWITCH,
     )

@@ -3,10 +3,17 @@
 `TrainingCompiler` compiles instead of the Trainer, which would compile evaluation too and end the run on a compiler
 error. Only training steps at the first step's batch size run compiled (an epoch's smaller last batch and evaluation
 run eagerly: no recompilation, and CUDA graphs would overwrite the logits the evaluation loop keeps). A step that fails
-compiled runs again eagerly and training goes on eagerly, with a warning. Under `auto` (`verify`), after `warmup`
-compiled steps the compiled and the eager step are each timed over `window` steps (evaluations and checkpoints left
-out) and the faster is kept; with several processes the times are summed over them and a compiler error in one turns
-all eager, so all decide alike.
+compiled runs again eagerly and training goes on eagerly, with a warning. Under `auto` (`verify`) the eager step is
+timed first over `window` steps (evaluations and checkpoints left out); then, after `warmup` compiled steps, the
+compiled step over `window` steps, and the faster is kept. With several processes the times are summed over them and a
+compiler error in one turns all eager, so all decide alike.
+
+CUDA graphs (what `auto` compiles with) remove the launch cost of a step's kernels, which matters only while the GPU
+waits for the host. If the eager steps queue all their kernels in under half of the step's time (`LAUNCH_BOUND`), the
+GPU sets the pace and `auto` stays eager without compiling: on one H200 (`gpu_suite.py --parts pipeline notebook_job`,
+benchmarks/README.md#the-gpu-suite), ViT-B/16 at batch 512 ran 177.5 ms per step eager against 219.9 ms compiled, and
+the attempt cost 38 s of compilation in a 69 s run; inductor without CUDA graphs gained nothing there either (2,929
+against 2,936 images/s). At batch 32 the host is the bottleneck and compiling halves the step (20.4 against 36.4 ms).
 """
 
 import time
@@ -25,6 +32,9 @@ from finetune.hardware import CompileChoice
 logger = logging.get_logger(__name__)
 
 T = TypeVar("T")
+
+# Under `auto` with CUDA graphs: compile only if the host took at least this share of an eager step to queue it.
+LAUNCH_BOUND = 0.5
 
 
 def synchronize(device: torch.device) -> None:
@@ -45,6 +55,7 @@ class TrainingCompiler(TrainerCallback):
         time_fn: Callable[[], float] = time.perf_counter,
     ):
         self.choice, self.device, self.world_size, self.time_fn = choice, device, world_size, time_fn
+        self.window = window
         self.active = choice.enabled
         self.batch_size: int | None = None
         self.used = False  # the step now running uses the compiled module
@@ -56,10 +67,11 @@ class TrainingCompiler(TrainerCallback):
         # agreement point after warm-up, so that a compiler error in one process turns every process eager.
         self._phases = [("warmup", warmup)] if choice.enabled and world_size > 1 else []
         if choice.enabled and choice.verify:
-            self._phases = [("warmup", warmup), ("compiled", window), ("eager warmup", 2), ("eager", window)]
+            self._phases = [("eager warmup", 2), ("eager", window), ("warmup", warmup), ("compiled", window)]
         self._phase_steps, self._phase_seconds = 0, 0.0
-        self._segment_start = self._last_end = None
+        self._segment_start = self._last_end = self._step_start = None
         self._times: dict[str, float] = {}
+        self._queued = [0.0, 0.0]  # eager steps: seconds until the host had queued the step, and until it ended
 
     def module_for(self, model: nn.Module, batch_size: int) -> nn.Module:
         """The module to run a training micro-batch of `batch_size` images through."""
@@ -116,23 +128,31 @@ class TrainingCompiler(TrainerCallback):
         )
 
     def on_step_begin(self, *args, **kwargs) -> None:
-        if self._phases and self._segment_start is None:
-            synchronize(self.device)
-            self._segment_start = self.time_fn()
+        if self._phases:
+            synchronize(self.device)  # only in the few steps of the check
+            self._step_start = self.time_fn()
+            if self._segment_start is None:
+                self._segment_start = self._step_start
 
     def on_step_end(self, *args, **kwargs) -> None:
         if not self._phases or self._segment_start is None:
             return
-        synchronize(self.device)  # only in the few steps of the check
+        queued = self.time_fn()
+        synchronize(self.device)
         self._last_end = self.time_fn()
         self._phase_steps += 1
         name, steps = self._phases[0]
+        if name == "eager":
+            self._queued[0] += queued - self._step_start
+            self._queued[1] += self._last_end - self._step_start
         if self._phase_steps < steps:
             return
         self._close_segment()
         self._times[name] = self._phase_seconds / steps
         self._phases.pop(0)
         self._phase_steps, self._phase_seconds = 0, 0.0
+        if name == "eager" and self.choice.cuda_graphs and self._gpu_bound():
+            return
         if not self._phases:
             self._decide()
 
@@ -148,14 +168,34 @@ class TrainingCompiler(TrainerCallback):
             self._phase_seconds += self._last_end - self._segment_start
         self._segment_start = self._last_end = None
 
+    def _mean_over_processes(self, *values: float) -> list[float]:
+        """`values` averaged over the run's processes, so that every process decides alike."""
+        if self.world_size > 1 and torch.distributed.is_initialized():
+            stats = torch.tensor(values, dtype=torch.float64, device=self.device)
+            torch.distributed.all_reduce(stats)
+            return [float(t) / self.world_size for t in stats.cpu()]
+        return list(values)
+
+    def _gpu_bound(self) -> bool:
+        """After the eager window: eager for good, without compiling, where the GPU, not the kernel launches, sets
+        the step's pace."""
+        queued, total = self._mean_over_processes(*self._queued)
+        if total <= 0 or queued >= LAUNCH_BOUND * total:
+            return False
+        self.active = False
+        self._phases.clear()
+        queued_ms, step_ms = 1000 * queued / self.window, 1000 * total / self.window
+        timing = f"the host queued a step in {queued_ms:.1f} of its {step_ms:.1f} ms"
+        self.outcome = f"eager, the GPU sets the pace ({timing})"
+        logger.info(
+            f"torch.compile: {timing}, so the GPU, not the kernel launches, sets the pace; training on in eager "
+            "mode without compiling (`torch_compile: true` compiles anyway)."
+        )
+        return True
+
     def _decide(self) -> None:
         compiled, eager = self._times.get("compiled", 0.0), self._times.get("eager", 0.0)
-        failed = float(self.failed)
-        if self.world_size > 1 and torch.distributed.is_initialized():
-            stats = torch.tensor([compiled, eager, failed], dtype=torch.float64, device=self.device)
-            torch.distributed.all_reduce(stats)
-            compiled, eager, failed = (float(t) for t in stats.cpu())
-            compiled, eager = compiled / self.world_size, eager / self.world_size
+        compiled, eager, failed = self._mean_over_processes(compiled, eager, float(self.failed))
         if failed:
             if not self.failed:
                 self.active = False

@@ -285,7 +285,7 @@ def choose_compile(
     if accumulates:
         why = "inductor without CUDA graphs, which would overwrite gradients accumulated between micro-batches"
         return CompileChoice(True, "inductor", verify=True, reason=f"auto: {why}; {verified}")
-    why = "CUDA graphs remove the kernel-launch cost of each step"
+    why = "CUDA graphs remove the kernel-launch cost of each step, tried where the launches set the step's pace"
     return CompileChoice(True, verify=True, reason=f"auto: {why}; {verified}", **AUTO_CUDA_COMPILE)
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+import finetune.compile
 from finetune import hardware, run
 from finetune.compile import TrainingCompiler
 from finetune.hardware import CompileChoice
@@ -80,9 +81,9 @@ def test_auto_keeps_compilation_only_where_it_is_faster(compiled_s, eager_s, kee
     choice = CompileChoice(True, "aot_eager", None, verify=True, reason="test")
     compiler = TrainingCompiler(choice, torch.device("cpu"), warmup=3, window=4, time_fn=clock)
     with caplog.at_level(logging.INFO, logger="finetune.compile"):
-        used = drive(compiler, clock, compiled_s, eager_s, steps=3 + 4 + 2 + 4 + 5)
-    # Warm-up and the compiled window compiled, then the eager warm-up and window eager, then the faster one.
-    assert used[:7] == [True] * 7 and used[7:13] == [False] * 6
+        used = drive(compiler, clock, compiled_s, eager_s, steps=2 + 4 + 3 + 4 + 5)
+    # The eager warm-up and window eager, then the compiled warm-up and window compiled, then the faster one.
+    assert used[:6] == [False] * 6 and used[6:13] == [True] * 7
     assert used[13:] == [keeps] * 5
     comparison = f"{1000 * compiled_s:.1f} ms per step compiled against {1000 * eager_s:.1f} ms eager"
     assert comparison in caplog.text and comparison in compiler.summary()
@@ -92,11 +93,81 @@ def test_auto_keeps_compilation_only_where_it_is_faster(compiled_s, eager_s, kee
 def test_an_evaluation_inside_a_timed_window_restarts_it():
     clock = FakeTime()
     compiler = TrainingCompiler(CompileChoice(True, "aot_eager", verify=True), torch.device("cpu"), 1, 1, 3, clock)
-    drive(compiler, clock, 0.01, 0.03, steps=2)  # warm-up, then one step of the compiled window
+    drive(compiler, clock, 0.01, 0.03, steps=3)  # the eager warm-up, then one step of the eager window
     clock.now += 100.0  # an evaluation
     compiler.interrupted()
-    drive(compiler, clock, 0.01, 0.03, steps=3 + 2 + 3)
+    drive(compiler, clock, 0.01, 0.03, steps=2 + 1 + 3)
     assert compiler.outcome.startswith("compiled (10.0 ms per step compiled against 30.0 ms eager")
+
+
+def drive_queued(compiler: TrainingCompiler, queued_share: float, steps: int, step_s: float = 0.1) -> list[bool]:
+    """Eager steps in which the host queues the kernels in `queued_share` of the step and the device finishes at the
+    next synchronisation (the fake clock advances there); returns whether each step used the compiled module."""
+    clock, synced = compiler.time_fn, [True]
+
+    def synchronize(device):
+        if not synced[0]:
+            clock.now += step_s * (1 - queued_share)
+            synced[0] = True
+
+    finetune.compile.synchronize = synchronize
+    model, used = nn.Linear(2, 2).train(), []
+    for _ in range(steps):
+        compiler.on_step_begin()
+        used.append(compiler.module_for(model, batch_size=8) is not model)
+        clock.now += step_s * queued_share
+        synced[0] = False
+        compiler.on_step_end()
+    return used
+
+
+GRAPHS_AUTO = CompileChoice(True, "inductor", "reduce-overhead", verify=True)
+
+
+@pytest.mark.parametrize("queued_share, compiles", [(0.2, False), (0.9, True)])
+def test_auto_compiles_only_where_the_host_sets_the_pace(queued_share, compiles, monkeypatch, caplog):
+    """CUDA graphs save launch time: where the eager step's kernels are queued in under half of the step (the GPU is
+    the bottleneck, ViT-B/16 at batch 512 on an H200), `auto` stays eager without spending a compilation on it."""
+    monkeypatch.setattr("finetune.compile.synchronize", finetune.compile.synchronize)  # restored after the test
+    compiler = TrainingCompiler(GRAPHS_AUTO, torch.device("cpu"), warmup=1, window=4, time_fn=FakeTime())
+    with caplog.at_level(logging.INFO, logger="finetune.compile"):
+        used = drive_queued(compiler, queued_share, steps=2 + 4 + 3)
+    assert used[:6] == [False] * 6
+    assert used[6:] == [compiles] * 3
+    gpu_bound = "the host queued a step in 20.0 of its 100.0 ms"
+    assert (gpu_bound in caplog.text) == (not compiles)
+    if not compiles:
+        assert compiler.summary().startswith(f"eager, the GPU sets the pace ({gpu_bound})")
+        assert compiler.compile_seconds is None and not compiler._compiled
+
+
+def decide_in_process(rank: int, port: int, shares: tuple[float, float], out: Path) -> None:
+    torch.distributed.init_process_group("gloo", f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        compiler = TrainingCompiler(GRAPHS_AUTO, torch.device("cpu"), 2, warmup=1, window=4, time_fn=FakeTime())
+        used = drive_queued(compiler, shares[rank], steps=2 + 4 + 1)
+        (out / f"{rank}.json").write_text(json.dumps({"used": used, "outcome": compiler.outcome}))
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+@pytest.mark.parametrize("shares, compiles", [((0.2, 0.6), False), ((0.2, 0.9), True)])
+def test_two_processes_decide_alike_on_their_mean(shares, compiles, tmp_path):
+    """Two gloo processes whose hosts queue their steps in different shares: both take the decision of the mean
+    (0.4 stays eager, 0.55 compiles), so that neither waits for the other inside a collective the other skips."""
+    import socket
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    torch.multiprocessing.start_processes(
+        decide_in_process, args=(port, shares, tmp_path), nprocs=2, start_method="fork"
+    )
+    results = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in (0, 1)]
+    for result in results:
+        assert result["used"] == [False] * 6 + [compiles]
+    assert results[0]["outcome"].startswith("eager, the GPU sets the pace") == (not compiles)
+    assert results[0]["outcome"] == results[1]["outcome"]
 
 
 def test_a_smaller_batch_runs_eagerly_and_so_does_evaluation():

@@ -10,9 +10,10 @@ For each pipeline: pure data throughput (no model), then training steps (forward
 Trainer's default) in two passes: `--steps` steps timed as a whole with nothing waiting for the device between them
 (the training images/s, and the extrapolated time of a 50,000-image CIFAR-10 epoch), then `--steps` steps each split
 by synchronisations into the data path (next batch, transform) and the model (the data share). With `--compile MODE`
-the model runs through the Trainer's `TrainingCompiler` (`auto`: CUDA graphs, kept only if faster than eager after
-warm-up; `default`: inductor; `reduce-overhead`: inductor with CUDA graphs; `cudagraphs`: CUDA graphs of the eager
-kernels), warmed up (and, for `auto`, decided) before timing. Prints a Markdown table; `--output` writes JSON.
+the model runs through the Trainer's `TrainingCompiler` (`auto`: CUDA graphs where kernel launches set the pace,
+kept only if faster than eager after warm-up; `default`: inductor; `reduce-overhead`: inductor with CUDA graphs;
+`cudagraphs`: CUDA graphs of the eager kernels), warmed up (and, for `auto`, decided) before timing. Prints a
+Markdown table; `--output` writes JSON.
 
     python benchmarks/data_pipeline.py                      # ScratchViT at 32 px (default config)
     python benchmarks/data_pipeline.py --model vit-b16-tiny-224 --batch_size 32 --steps 10

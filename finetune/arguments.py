@@ -53,7 +53,11 @@ class ModelArguments:
         "google/vit-base-patch16-224-in21k", "Pretrained image classifier: a Hub model id or a local directory."
     )
     model_revision: str = option("main", "Branch, tag or commit of the Hub checkpoint.")
-    image_processor_name: str | None = option(None, "Image processor, if not the one of `model_name_or_path`.")
+    image_processor_name: str | None = option(
+        None,
+        "Image processor, if not the one of `model_name_or_path`; at another size, a ViT's position embeddings "
+        "are resized to it.",
+    )
     ignore_mismatched_sizes: bool = option(True, "Replace the checkpoint's head when its size differs.")
     trust_remote_code: bool = option(False, "Allow modeling code from the repository (e.g. a pushed ScratchViT).")
     cache_dir: str | None = option(None, "Where checkpoints downloaded from the Hub are stored.")

@@ -78,6 +78,7 @@ def build_model(
     model so `pipeline()` works) and the preprocessing the batch transform applies."""
     if model_type == "pretrained":
         model, processor = _load_pretrained(model_args, data, getattr(scratch_args, "drop_path_rate", None))
+        resize_position_embeddings(model, preprocessing_from(processor, model.config).image_size)
         model = apply_finetune_method(model, model_args)
     elif model_type == "scratch":
         model, processor = _build_scratch(scratch_args, data, model_args.attn_implementation)
@@ -94,6 +95,41 @@ def build_model(
         f"{prep.num_channels}x{prep.image_size[0]}x{prep.image_size[1]}."
     )
     return model, processor, prep
+
+
+def resize_position_embeddings(model: PreTrainedModel, image_size: tuple[int, int]) -> None:
+    """Fine-tuning at another resolution than the checkpoint's (an `image_processor_name` of another size): a ViT whose
+    embeddings refuse other sizes unless told to interpolate (ViT, DeiT, ViT-MSN) gets its position embeddings resized
+    to the new patch grid once, by the model's own `interpolate_pos_encoding`, as timm resizes them on loading. The
+    model then takes the new size natively: its config, `pipeline()`, ONNX export and the Hub need no interpolation."""
+    import inspect
+
+    embeddings = getattr(model.base_model, "embeddings", None)
+    positions = getattr(embeddings, "position_embeddings", None)
+    resizable = isinstance(positions, torch.nn.Parameter) and hasattr(embeddings, "interpolate_pos_encoding")
+    if not resizable or "interpolate_pos_encoding" not in inspect.signature(embeddings.forward).parameters:
+        return
+    height, width = image_size
+    old = tuple(getattr(embeddings, "image_size", None) or (model.config.image_size,) * 2)
+    if (height, width) == old:
+        return
+    patch = model.config.patch_size
+    if height != width or height % patch:
+        raise ValueError(
+            f"The image processor gives {height}x{width} images; the model ({model.config.model_type}, "
+            f"{old[0]}x{old[1]}) takes square ones in multiples of its {patch}-pixel patches. Fix: an image processor "
+            "of such a size, or none (`image_processor_name`), for the checkpoint's own."
+        )
+    tokens = positions.shape[1] - (old[0] // patch) * (old[1] // patch)  # the CLS (and distillation) tokens
+    with torch.no_grad():
+        grid = positions.new_zeros(1, tokens + (height // patch) ** 2, positions.shape[2])
+        resized = embeddings.interpolate_pos_encoding(grid, height, width)
+    embeddings.position_embeddings = torch.nn.Parameter(resized.detach().clone())
+    embeddings.image_size = (height, width)
+    embeddings.patch_embeddings.image_size = (height, width)
+    embeddings.patch_embeddings.num_patches = (height // patch) ** 2
+    model.config.image_size = height
+    logger.info(f"Position embeddings resized from {old[0]}x{old[1]} to {height}x{width} (bicubic).")
 
 
 def _framing_processor(processor, prep: Preprocessing, whole: bool):

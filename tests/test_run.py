@@ -151,6 +151,49 @@ def test_pretrained_path_replaces_the_head_and_uses_the_checkpoint_processor(tmp
     assert results.validation.accuracy == pytest.approx(evaluate_independently(out, "validation")[0])
 
 
+@pytest.mark.parametrize("model_type", ["vit", "deit"])
+def test_position_embeddings_resize_as_the_models_own_interpolation(model_type):
+    """At another resolution the resized model computes what transformers' `interpolate_pos_encoding=True` computes
+    from the checkpoint's grid, without being told (DeiT: two prefix tokens)."""
+    from transformers import AutoConfig, DeiTForImageClassification
+
+    from finetune.models import resize_position_embeddings
+
+    config = AutoConfig.for_model(
+        model_type, image_size=8, patch_size=2, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=32, num_labels=3,
+    )  # fmt: skip
+    model = {"vit": ViTForImageClassification, "deit": DeiTForImageClassification}[model_type](config).eval()
+    pixel_values = torch.randn(2, 3, 12, 12)
+    with torch.no_grad():
+        expected = model(pixel_values, interpolate_pos_encoding=True).logits
+        resize_position_embeddings(model, (12, 12))
+        assert torch.allclose(model(pixel_values).logits, expected, atol=1e-6)
+    assert model.config.image_size == 12
+    with pytest.raises(ValueError, match="multiples of its 2-pixel patches. Fix: an image processor"):
+        resize_position_embeddings(model, (13, 13))
+
+
+def test_a_processor_of_another_size_fine_tunes_at_that_size(tmp_path, caplog):
+    """`image_processor_name` at 16 px for an 8 px checkpoint trains at 16 px (it stopped at the first step with
+    "Input image size (16*16) doesn't match model (8*8)") and saves a model that takes 16 px natively."""
+    checkpoint = tiny_vit_checkpoint(tmp_path / "hub_stand_in")
+    processor = tmp_path / "processor_16"
+    ViTImageProcessor(size={"height": 16, "width": 16}, image_mean=[0.5], image_std=[0.5]).save_pretrained(processor)
+    out = tmp_path / "run"
+    args = [a for a in TINY_SCRATCH]
+    args[args.index("scratch")] = "pretrained"
+    args += ["--model_name_or_path", str(checkpoint), "--image_processor_name", str(processor)]
+    with caplog.at_level(logging.INFO):
+        run.main([*args, "--output_dir", str(out), "--report_to", "none"])
+    assert "Position embeddings resized from 8x8 to 16x16" in caplog.text
+    model = AutoModelForImageClassification.from_pretrained(out).eval()
+    assert model.config.image_size == 16
+    with torch.no_grad():
+        assert model(torch.zeros(1, 1, 16, 16)).logits.shape == (1, 10)
+    assert read_results(out)["validation"]["accuracy"] == pytest.approx(evaluate_independently(out, "validation")[0])
+
+
 def test_resume_continues_an_interrupted_run(tmp_path):
     out = tmp_path / "resume"
     # "Interrupted": stop after the first epoch's checkpoint (max_steps = one epoch of 240 / 32 = 8 steps).

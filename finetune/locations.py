@@ -5,6 +5,7 @@ id, and explain a failed Hub download by the offline switches; these helpers dec
 """
 
 import os
+from pathlib import Path
 
 from huggingface_hub import constants as hub_constants
 
@@ -27,3 +28,17 @@ def offline_switch(datasets: bool = False) -> str | None:
         if os.environ.get(name, "").strip().upper() in hub_constants.ENV_VARS_TRUE_VALUES:
             return name
     return "HF_HUB_OFFLINE" if hub_constants.HF_HUB_OFFLINE else None
+
+
+def make_folder(path: str | os.PathLike, option: str = "--output") -> Path:
+    """The folder `path`, created if missing; a file in its place (or on its way) is refused in one line."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as error:
+        file = next((p for p in (path, *path.parents) if p.is_file()), path)
+        raise ValueError(
+            f"{option} {str(path)!r} cannot be a folder: {file} is a file. Fix: name a folder (it is created if "
+            "missing)."
+        ) from error
+    return path

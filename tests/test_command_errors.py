@@ -131,6 +131,24 @@ def test_attention_on_a_model_without_attention(tmp_path, capsys):
     assert "error: ResNetForImageClassification has no attention to draw" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", ["attention", "compare"])
+@pytest.mark.parametrize("output", ["notes.txt", "notes.txt/report"])
+def test_an_output_folder_where_a_file_is_fails_naming_the_file(tmp_path, capsys, command, output):
+    """It was `[Errno 17] File exists` (or `[Errno 20] Not a directory`), naming neither the option nor the fix; the
+    file stays as it was."""
+    model_dir = make_run_dir(tmp_path / "run", extras=False)
+    Image.new("RGB", (16, 16)).save(tmp_path / "image.png")
+    (tmp_path / "notes.txt").write_text("keep me")
+    capsys.readouterr()  # the setup's progress bars
+    argv = [command, str(model_dir), *([str(tmp_path / "image.png")] if command == "attention" else [])]
+    assert cli.main([*argv, "--output", str(tmp_path / output)]) == 1
+    err = capsys.readouterr().err
+    file = tmp_path / "notes.txt"
+    assert err.startswith(f"error: --output '{tmp_path / output}' cannot be a folder: {file} is a file"), err
+    assert "Fix: name a folder" in err and err.count("\n") == 1
+    assert (tmp_path / "notes.txt").read_text() == "keep me"
+
+
 def test_a_failed_push_after_training_is_one_line_and_keeps_the_model(tmp_path, capsys, monkeypatch):
     """Offline, the push fails after training: the error names the retry command and the trained model stays."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from finetune.errors import ArgumentParser, run_command
+from finetune.locations import make_folder
 from finetune.tools import predict
 
 
@@ -256,8 +257,7 @@ def write_attention_maps(
     `flip_tta` as in `compute_attention_maps`."""
     from PIL import Image
 
-    output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
+    output_dir = make_folder(output_dir)
     written, used_names = [], set()
     prep = predict.model_preprocessing(model, processor, image_size)
     for image_path in map(Path, image_paths):

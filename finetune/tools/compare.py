@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from finetune.errors import ArgumentParser, run_command
+from finetune.locations import make_folder
 from finetune.results import Results, find_run_dirs
 from finetune.tools.report import (
     SUMMARY_NOTE,
@@ -89,8 +90,7 @@ def write_comparison(run_dirs: Sequence[str | os.PathLike], output_dir: str | os
             "compare that folder: `python -m finetune.run --do_train false --model_name_or_path RUN/checkpoint-N "
             "--output_dir NEW` with the run's data options."
         )
-    output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
+    output_dir = make_folder(output_dir)
     names = [run.run_name or run_dir.name for run, run_dir in zip(runs, run_dirs)]
     # Names for tables and file names: a name shared by several runs gets its directory appended.
     names = [f"{n} ({d.parent.name}/{d.name})" if names.count(n) > 1 else n for n, d in zip(names, run_dirs)]

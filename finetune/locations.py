@@ -30,15 +30,20 @@ def offline_switch(datasets: bool = False) -> str | None:
     return "HF_HUB_OFFLINE" if hub_constants.HF_HUB_OFFLINE else None
 
 
-def make_folder(path: str | os.PathLike, option: str = "--output") -> Path:
-    """The folder `path`, created if missing; a file in its place (or on its way) is refused in one line."""
+def check_folder(path: str | os.PathLike, option: str = "--output", is_file: bool = False) -> Path:
+    """`path` as a folder that exists or can be made (with `is_file`, a file in such a folder): a file in its place or
+    on its way is refused in one line."""
     path = Path(path)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError) as error:
-        file = next((p for p in (path, *path.parents) if p.is_file()), path)
+    file = next((p for p in (*([] if is_file else [path]), *path.parents) if p.is_file()), None)
+    if file is not None:
         raise ValueError(
-            f"{option} {str(path)!r} cannot be a folder: {file} is a file. Fix: name a folder (it is created if "
-            "missing)."
-        ) from error
+            f"{option} {str(path)!r}: {file} is a file, not a folder. Fix: another path (missing folders are created)."
+        )
+    return path
+
+
+def make_folder(path: str | os.PathLike, option: str = "--output") -> Path:
+    """The folder `path` (`check_folder`), created if missing."""
+    path = check_folder(path, option)
+    path.mkdir(parents=True, exist_ok=True)
     return path

@@ -131,21 +131,24 @@ def test_attention_on_a_model_without_attention(tmp_path, capsys):
     assert "error: ResNetForImageClassification has no attention to draw" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("command", ["attention", "compare"])
+@pytest.mark.parametrize("command", ["attention", "compare", "export", "predict"])
 @pytest.mark.parametrize("output", ["notes.txt", "notes.txt/report"])
 def test_an_output_folder_where_a_file_is_fails_naming_the_file(tmp_path, capsys, command, output):
-    """It was `[Errno 17] File exists` (or `[Errno 20] Not a directory`), naming neither the option nor the fix; the
-    file stays as it was."""
+    """It was `[Errno 17] File exists` (or `[Errno 20] Not a directory`, for export after the whole export), naming
+    neither the option nor the fix; the file stays as it was."""
     model_dir = make_run_dir(tmp_path / "run", extras=False)
     Image.new("RGB", (16, 16)).save(tmp_path / "image.png")
     (tmp_path / "notes.txt").write_text("keep me")
     capsys.readouterr()  # the setup's progress bars
-    argv = [command, str(model_dir), *([str(tmp_path / "image.png")] if command == "attention" else [])]
+    if command == "predict":  # its --output is a file: only a file on its way is in the way
+        output = output.replace("/report", "/out.csv") if "/" in output else "notes.txt/out.csv"
+    argv = [command, str(model_dir), *([str(tmp_path / "image.png")] if command in ("attention", "predict") else [])]
+    argv += ["--format", "onnx"] if command == "export" else []
     assert cli.main([*argv, "--output", str(tmp_path / output)]) == 1
     err = capsys.readouterr().err
     file = tmp_path / "notes.txt"
-    assert err.startswith(f"error: --output '{tmp_path / output}' cannot be a folder: {file} is a file"), err
-    assert "Fix: name a folder" in err and err.count("\n") == 1
+    assert err.startswith(f"error: --output '{tmp_path / output}': {file} is a file, not a folder. Fix:"), err
+    assert err.count("\n") == 1
     assert (tmp_path / "notes.txt").read_text() == "keep me"
 
 

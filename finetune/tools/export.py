@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from finetune.errors import ArgumentParser, one_line, run_command
+from finetune.locations import check_folder
 from finetune.results import RESULTS_NAME, Results, TrainMetrics
 from finetune.tools import predict
 from finetune.tools.model_card import run_dir_of
@@ -128,6 +129,7 @@ def export_results(run_dir: Path) -> Results | None:
 def check_output(output: Path, run_dir: Path, model, results: Results | None) -> None:
     """Refuse an `output` folder that holds another model or run (its files would be overwritten); a new or unrelated
     folder, or an earlier export of this same model (same config.json and `results`), is fine."""
+    check_folder(output)
     names = sorted(p.name for p in output.iterdir()) if output.is_dir() else []
     taken = [name for name in names if name in WRITTEN or any(fnmatch.fnmatch(name, p) for p in OTHER_MODEL)]
     if not taken:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from finetune.errors import ArgumentParser, run_command
+from finetune.locations import check_folder
 
 
 if TYPE_CHECKING:
@@ -470,6 +471,8 @@ def main(argv: list[str] | None = None) -> list[Prediction]:
             f"--output {output} already exists in the model or run folder {output.parent}, whose files predict never "
             "replaces: pass a new name, or a path outside it."
         )
+    if output:
+        check_folder(output, is_file=True)
     model, processor, results, paths = classifier_from_arguments(parser, args)
     thresholds = label_thresholds(model, results, args.model_dir)
     predictions, skipped = predict_files(

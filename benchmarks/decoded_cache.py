@@ -251,6 +251,8 @@ def main(argv=None) -> dict:
     }
     results["load_average_before"] = os.getloadavg()
     rows = []
+    if args.work_dir:
+        os.makedirs(args.work_dir, exist_ok=True)  # a new folder, as --output is
     with tempfile.TemporaryDirectory(dir=args.work_dir, prefix="decoded-cache-") as tmp:
         for way in ("ours", *args.layouts):
             cache_dir = os.path.join(tmp, way)  # a fresh cache per way

@@ -197,9 +197,16 @@ def option_parser() -> OptionParser:
 def build_training_args(options: dict, settings: hardware.Settings) -> ImageClassificationTrainingArguments:
     """The run's `TrainingArguments`: the options as given, with the settings chosen for this machine. On the CPU
     with several processes the gloo group starts here with `ddp_timeout`, which transformers does not pass on there
-    (a frozen peer would block the others for 30 minutes); accelerate then joins this group."""
+    (a frozen peer would block the others for 30 minutes); accelerate then joins this group. There every process
+    trains in process 0's precision: `bf16: auto` measures bf16 in each, and a CPU near the threshold could split."""
     values = {**options, **settings.arguments}
     if values["use_cpu"] and int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.distributed.is_initialized():
         timeout = timedelta(seconds=values.get("ddp_timeout", 1800))
         torch.distributed.init_process_group(values.get("ddp_backend") or "gloo", timeout=timeout)
+    if values["use_cpu"] and torch.distributed.is_initialized():
+        chosen = torch.tensor([int(bool(values["bf16"]))])
+        torch.distributed.broadcast(chosen, src=0)
+        if bool(chosen.item()) != bool(values["bf16"]):
+            values["bf16"] = settings.precision.bf16 = bool(chosen.item())
+            settings.precision.reasons.append("process 0's choice, which every process of the run takes")
     return ImageClassificationTrainingArguments(**values)

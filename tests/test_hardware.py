@@ -229,6 +229,38 @@ def test_two_cpu_processes_join_one_group_with_the_ddp_timeout(tmp_path):
     assert 2 < waited < 10, f"the 3 s ddp_timeout must reach the process group (waited {waited} s)"
 
 
+PRECISION_BY_PROCESS = """
+import os, sys
+from finetune import hardware
+
+hardware.cpu_has_native_bf16 = lambda flags=None: True
+# A CPU near the threshold: the two processes measure bf16 on either side of it.
+hardware.measure_cpu_bf16_speedup = lambda: float(sys.argv[2].split(",")[int(os.environ["RANK"])])
+from finetune.arguments import parse_args
+
+*_, args = parse_args(["--output_dir", sys.argv[1], "--report_to", "none"])
+print(f"process {args.process_index} of {args.world_size}: bf16 {args.bf16}", flush=True)
+"""
+
+
+@pytest.mark.parametrize("speedups, bf16", [("1.5,1.0", True), ("1.0,1.5", False)])
+def test_two_cpu_processes_train_in_process_0s_precision(tmp_path, speedups, bf16):
+    """`bf16: auto` measures in each process; where the measurements fall on either side of the threshold, both
+    processes take process 0's choice (they trained in different precisions)."""
+    script = tmp_path / "script.py"
+    script.write_text(PRECISION_BY_PROCESS)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    env.pop("ACCELERATE_MIXED_PRECISION", None)
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+               str(ROOT / "configs" / "accelerate" / "cpu_2proc.yaml"), "--main_process_port", "0",
+               str(script), str(tmp_path / "out"), speedups]  # fmt: skip
+    result = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    for rank in (0, 1):
+        assert f"process {rank} of 2: bf16 {bf16}" in output, output[-3000:]
+
+
 @pytest.mark.parametrize("native", [False, True])
 def test_the_recorded_choice_is_what_the_run_trains_in_and_why(tmp_path, monkeypatch, native):
     """Under `accelerate launch --mixed_precision bf16` the run trains in bf16; `--bf16 false` is float32 as given."""

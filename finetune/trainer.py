@@ -104,6 +104,20 @@ def distillation_loss(
     return (1 - alpha) * label_loss + alpha * teacher_loss
 
 
+def check_optimizer_installed(args) -> None:
+    """An `optim` whose package is missing (bitsandbytes' 8-bit AdamW, say) fails at start-up in one line, not once
+    the data is loaded and the model built. The optimizers that need the model to be named (GaLore, Apollo, LOMO) are
+    checked when `create_optimizer` builds them."""
+    try:
+        Trainer.get_optimizer_cls_and_kwargs(args)
+    except ImportError as error:
+        name = getattr(args.optim, "value", args.optim)
+        fix = "Or choose another `optim` (the default: adamw_torch_fused)."
+        raise ValueError(f"`optim: {name}`: {str(error).rstrip('.')}. {fix}") from error
+    except (ValueError, TypeError):
+        pass  # it needs the model
+
+
 def balanced_class_weights(labels: torch.Tensor, label_names: list[str]) -> torch.Tensor:
     """scikit-learn's `compute_class_weight("balanced")`: images / (classes x the class's images), per class; for
     multi-hot `labels` (N, K), `multi_label_loss`'s `pos_weight`: each label's negative / positive images, at least

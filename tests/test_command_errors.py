@@ -152,6 +152,23 @@ def test_an_output_folder_where_a_file_is_fails_naming_the_file(tmp_path, capsys
     assert (tmp_path / "notes.txt").read_text() == "keep me"
 
 
+def test_an_optimizer_whose_package_is_missing_fails_at_start_up(tmp_path, capsys):
+    """bitsandbytes' 8-bit AdamW without bitsandbytes stopped only once the data was loaded and the model built, as an
+    'unexpected' ImportError; now at start-up, in one line with the fix, before the output folder is made."""
+    import importlib.util
+
+    from test_run import TINY_SCRATCH
+
+    if importlib.util.find_spec("bitsandbytes"):
+        pytest.skip("bitsandbytes is installed here")
+    argv = [*TINY_SCRATCH, "--optim", "adamw_bnb_8bit", "--output_dir", str(tmp_path / "run"), "--report_to", "none"]
+    assert run_command(run.main, argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: `optim: adamw_bnb_8bit`: You need to install `bitsandbytes`"), err
+    assert err.endswith("Or choose another `optim` (the default: adamw_torch_fused).")
+    assert "unexpected" not in err and not (tmp_path / "run").exists()
+
+
 def test_a_failed_push_after_training_is_one_line_and_keeps_the_model(tmp_path, capsys, monkeypatch):
     """Offline, the push fails after training: the error names the retry command and the trained model stays."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -97,6 +97,11 @@ def build_model(
     return model, processor, prep
 
 
+# The model types whose learned position embeddings `resize_position_embeddings` resizes: one square patch grid after
+# the prefix tokens, which their own `interpolate_pos_encoding` resizes.
+RESIZABLE_POSITION_EMBEDDINGS = ("vit", "deit", "vit_msn")
+
+
 def resize_position_embeddings(model: PreTrainedModel, image_size: tuple[int, int]) -> None:
     """Fine-tuning at another resolution than the checkpoint's (an `image_processor_name` of another size): a ViT whose
     embeddings refuse other sizes unless told to interpolate (ViT, DeiT, ViT-MSN) gets its position embeddings resized
@@ -104,13 +109,16 @@ def resize_position_embeddings(model: PreTrainedModel, image_size: tuple[int, in
     model then takes the new size natively: its config, `pipeline()`, ONNX export and the Hub need no interpolation."""
     import inspect
 
+    if getattr(model.config, "model_type", None) not in RESIZABLE_POSITION_EMBEDDINGS:
+        return  # e.g. Hiera (list sizes, unrolled token order) and Swin: other geometry, left as they are
     embeddings = getattr(model.base_model, "embeddings", None)
     positions = getattr(embeddings, "position_embeddings", None)
     resizable = isinstance(positions, torch.nn.Parameter) and hasattr(embeddings, "interpolate_pos_encoding")
     if not resizable or "interpolate_pos_encoding" not in inspect.signature(embeddings.forward).parameters:
         return
     height, width = image_size
-    old = tuple(getattr(embeddings, "image_size", None) or (model.config.image_size,) * 2)
+    old = getattr(embeddings, "image_size", None) or model.config.image_size
+    old = tuple(old) if isinstance(old, (list, tuple)) else (old, old)
     if (height, width) == old:
         return
     patch = model.config.patch_size

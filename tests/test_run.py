@@ -151,7 +151,7 @@ def test_pretrained_path_replaces_the_head_and_uses_the_checkpoint_processor(tmp
     assert results.validation.accuracy == pytest.approx(evaluate_independently(out, "validation")[0])
 
 
-@pytest.mark.parametrize("model_type", ["vit", "deit"])
+@pytest.mark.parametrize("model_type", ["vit", "deit", "vit_msn"])
 def test_position_embeddings_resize_as_the_models_own_interpolation(model_type):
     """At another resolution the resized model computes what transformers' `interpolate_pos_encoding=True` computes
     from the checkpoint's grid, without being told (DeiT: two prefix tokens)."""
@@ -163,7 +163,10 @@ def test_position_embeddings_resize_as_the_models_own_interpolation(model_type):
         model_type, image_size=8, patch_size=2, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
         intermediate_size=32, num_labels=3,
     )  # fmt: skip
-    model = {"vit": ViTForImageClassification, "deit": DeiTForImageClassification}[model_type](config).eval()
+    from transformers import ViTMSNForImageClassification
+
+    classes = {"vit": ViTForImageClassification, "deit": DeiTForImageClassification}
+    model = {**classes, "vit_msn": ViTMSNForImageClassification}[model_type](config).eval()
     pixel_values = torch.randn(2, 3, 12, 12)
     with torch.no_grad():
         expected = model(pixel_values, interpolate_pos_encoding=True).logits
@@ -172,6 +175,25 @@ def test_position_embeddings_resize_as_the_models_own_interpolation(model_type):
     assert model.config.image_size == 12
     with pytest.raises(ValueError, match="multiples of its 2-pixel patches. Fix: an image processor"):
         resize_position_embeddings(model, (13, 13))
+
+
+def test_position_embeddings_of_other_geometries_are_left_alone():
+    """Only ViT, DeiT and ViT-MSN are resized: a Hiera (list sizes, position embeddings in its unrolled token order)
+    stopped with "unsupported operand type(s) for %: 'int' and 'list'" even at its own checkpoint's size."""
+    from transformers import HieraConfig, HieraForImageClassification
+
+    from finetune.models import resize_position_embeddings
+
+    config = HieraConfig(
+        embed_dim=8, image_size=[64, 64], patch_size=[7, 7], patch_stride=[4, 4], patch_padding=[3, 3],
+        depths=[1, 1, 1, 1], num_heads=[1, 1, 1, 1], num_labels=3,
+    )  # fmt: skip
+    model = HieraForImageClassification(config)
+    before = model.base_model.embeddings.position_embeddings.detach().clone()
+    for size in ((64, 64), (96, 96)):
+        resize_position_embeddings(model, size)
+        assert torch.equal(model.base_model.embeddings.position_embeddings, before)
+    assert model.config.image_size == [64, 64]
 
 
 def test_a_processor_of_another_size_fine_tunes_at_that_size(tmp_path, caplog):

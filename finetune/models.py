@@ -253,12 +253,22 @@ def load_adapter_model(path: str | os.PathLike, merge: bool = True, **kwargs) ->
     path = str(path)
     base = PeftConfig.from_pretrained(path).base_model_name_or_path
     config_dir = path if os.path.isfile(os.path.join(path, "config.json")) else os.path.dirname(os.path.abspath(path))
-    config = AutoConfig.from_pretrained(config_dir, trust_remote_code=kwargs.get("trust_remote_code", False))
+    trust_remote_code = kwargs.get("trust_remote_code", False)
+    config = AutoConfig.from_pretrained(config_dir, trust_remote_code=trust_remote_code)
+    size = getattr(config, "image_size", None)
     try:
+        # A run at another resolution than its base's (`resize_position_embeddings`) saved no position embeddings:
+        # the base loads at its own size, then they are resized again, as they were (frozen) in training. Loaded at
+        # the run's size, they would not fit and start anew (random), silently (`ignore_mismatched_sizes`).
+        base_size = getattr(AutoConfig.from_pretrained(base, trust_remote_code=trust_remote_code), "image_size", size)
+        if base_size != size:
+            config.image_size = base_size
         with transformers_errors_only():  # the base's head, replaced by the adapter's, is reported as MISMATCH
             model = AutoModelForImageClassification.from_pretrained(
                 base, config=config, ignore_mismatched_sizes=True, **kwargs
             )
+        if base_size != size:
+            resize_position_embeddings(model, tuple(size) if isinstance(size, (list, tuple)) else (size, size))
     except OSError as error:
         raise OSError(
             f"The adapter in {path} was trained on the base model {base!r}, which could not be loaded "

@@ -445,3 +445,25 @@ def test_a_head_trained_for_other_classes_starts_anew(tmp_path, checkpoint_label
         assert not head.bias.any() and abs(head.weight.std().item() - model.config.initializer_range) < 0.005
     encoder = [name for name in saved if not name.startswith("classifier.")]
     assert encoder and all(torch.equal(model.state_dict()[name], saved[name]) for name in encoder)
+
+
+def test_a_lora_run_at_another_resolution_reloads_its_resized_position_embeddings(tmp_path):
+    """A LoRA run at 16 px from an 8 px base saves only its adapters and head: loading it again rebuilt the base at the
+    run's 16 px config, where the base's 8 px position embeddings did not fit and started anew (random), so that
+    evaluation, `predict` and a teacher read from the adapter folder scored another model than the one trained."""
+    base = tiny_vit_checkpoint(tmp_path / "base")
+    processor = tmp_path / "processor_16"
+    ViTImageProcessor(size={"height": 16, "width": 16}, image_mean=[0.5], image_std=[0.5]).save_pretrained(processor)
+    out = tmp_path / "lora"
+    trained = run.main(["--model_name_or_path", str(base), "--image_processor_name", str(processor), *TRAIN,
+                        "--output_dir", str(out), "--finetune_method", "lora", "--lora_r", "4",
+                        "--merge_lora", "true"])["pretrained"]  # fmt: skip
+    merged = AutoModelForImageClassification.from_pretrained(out / "merged").eval()
+    reloaded = load_adapter_model(out).eval()
+    assert reloaded.config.image_size == 16
+    pixels = torch.randn(4, 1, 16, 16, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(pixel_values=pixels).logits, merged(pixel_values=pixels).logits)
+    args = ["--do_train", "false", "--model_name_or_path", str(out), *DIGITS, "--output_dir", str(tmp_path / "e")]
+    evaluated = run.main(args)["pretrained"]
+    assert evaluated.confusion_matrix == trained.confusion_matrix

@@ -76,11 +76,12 @@ class TrainingCompiler(TrainerCallback):
     def module_for(self, model: nn.Module, batch_size: int) -> nn.Module:
         """The module to run a training micro-batch of `batch_size` images through."""
         self.used = False
-        trying_eager = self._phases and self._phases[0][0].startswith("eager")
-        if not self.active or trying_eager or not model.training:
+        if not self.active or not model.training:
             return model
-        if self.batch_size is None:
+        if self.batch_size is None:  # the first training step's, also where `auto` runs it eagerly
             self.batch_size = batch_size
+        if self._phases and self._phases[0][0].startswith("eager"):
+            return model  # `auto`'s eager steps
         if batch_size != self.batch_size:
             return model  # the smaller last batch of an epoch: eager, no recompilation
         if self.choice.cuda_graphs:

@@ -254,3 +254,18 @@ def test_a_bare_switch_flag_means_true():
     *_, options = parse_options([*TINY_SCRATCH, "--output_dir", "unused", "--torch_compile", "--bf16"])
     settings = hardware.choose_settings(options)
     assert settings.compile.enabled and settings.compile.reason == "as given" and settings.arguments["bf16"] is True
+
+
+def test_the_compiled_batch_size_is_the_first_steps_not_the_first_compiled_steps():
+    """`auto` runs its first 12 steps eagerly; an epoch of 13 steps ends with a smaller batch there. It became the
+    compiled batch size, and every full batch after it ran eagerly (the compiled window timed eager steps)."""
+    compiler = TrainingCompiler(CompileChoice(True, "aot_eager", verify=True), torch.device("cpu"))  # 2 + 10 eager
+    model = nn.Linear(2, 2).train()
+    used = []
+    for batch_size in [32] * 12 + [16] + [32] * 3:
+        compiler.on_step_begin()
+        used.append(compiler.module_for(model, batch_size) is not model)
+        compiler.on_step_end()
+    assert compiler.batch_size == 32
+    assert used == [False] * 13 + [True] * 3
+

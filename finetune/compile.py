@@ -219,4 +219,7 @@ class TrainingCompiler(TrainerCallback):
         if not self.choice.enabled:
             return self.choice.summary
         first = f"; first compiled step {self.compile_seconds:.1f} s" if self.compile_seconds is not None else ""
-        return f"{self.outcome}{first}; {self.choice.summary}"
+        outcome = self.outcome
+        if outcome == "compiled" and self.compile_seconds is None:  # e.g. a run within `auto`'s eager steps
+            outcome = "eager, training ended before the first compiled step"
+        return f"{outcome}{first}; {self.choice.summary}"

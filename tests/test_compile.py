@@ -269,3 +269,10 @@ def test_the_compiled_batch_size_is_the_first_steps_not_the_first_compiled_steps
     assert compiler.batch_size == 32
     assert used == [False] * 13 + [True] * 3
 
+
+def test_a_run_that_ends_before_autos_first_compiled_step_reports_eager():
+    """A run shorter than the eager part of `auto`'s check never compiled: its results said `compiled`."""
+    compiler = TrainingCompiler(GRAPHS_AUTO, torch.device("cpu"), warmup=1, window=4, time_fn=FakeTime())
+    drive(compiler, compiler.time_fn, 0.01, 0.03, steps=5)
+    assert not compiler._compiled and compiler.compile_seconds is None
+    assert compiler.summary().startswith("eager, training ended before the first compiled step;")

@@ -296,8 +296,12 @@ class TrainingBudgetCallback(TrainerCallback, ExportableState):
         fit_schedule: bool = False,
         calibration_fraction: float = 0.02,
         guard=None,
+        settle_steps: int = 1,
     ):
         self.budget_seconds = 60.0 * max_minutes
+        # The steps with one-off costs, after which the rate is measured: the first (allocation, kernel selection)
+        # and, under `torch_compile: auto`, the first compiled one after its eager steps (`TrainingCompiler`).
+        self.settle_steps = settle_steps
         self.clock = clock
         self.fit_schedule = fit_schedule
         self.calibration_fraction = calibration_fraction
@@ -341,12 +345,13 @@ class TrainingBudgetCallback(TrainerCallback, ExportableState):
         if self.guard is not None:
             self.guard.elapsed_ms = round(elapsed * 1000)
         step, seconds = self._planning_point(state, elapsed)
-        if self.reference is None and step > 0:
-            # The first step carries one-off costs (allocation, kernel selection): measure the rate after it.
+        if self.reference is None and step >= max(1, self.settle_steps):
+            # The first steps carry one-off costs (`settle_steps`): measure the rate after them.
             self.reference = (seconds, step)
         # Planned once `calibration_fraction` of the budget has passed, then again after each further tenth of it (and
         # at each epoch's end): a first estimate from a few slow steps would otherwise end the schedule far too soon.
-        if self.fit_schedule and seconds >= self.next_plan * self.budget_seconds and seconds < self.budget_seconds:
+        planning = self.fit_schedule and self.reference is not None
+        if planning and seconds >= self.next_plan * self.budget_seconds and seconds < self.budget_seconds:
             self._plan(state, lr_scheduler, step, seconds)
             if self.planned_steps is not None:
                 self.next_plan = seconds / self.budget_seconds + 0.1

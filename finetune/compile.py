@@ -68,6 +68,9 @@ class TrainingCompiler(TrainerCallback):
         self._phases = [("warmup", warmup)] if choice.enabled and world_size > 1 else []
         if choice.enabled and choice.verify:
             self._phases = [("eager warmup", 2), ("eager", window), ("warmup", warmup), ("compiled", window)]
+        # The optimizer step that compiles (its one-off cost), after `auto`'s eager steps: a time budget measures the
+        # rate of steps after it (`TrainingBudgetCallback.settle_steps`).
+        self.first_compiled_step = 1 + sum(steps for name, steps in self._phases if name.startswith("eager"))
         self._phase_steps, self._phase_seconds = 0, 0.0
         self._segment_start = self._last_end = self._step_start = None
         self._times: dict[str, float] = {}

@@ -187,7 +187,10 @@ class ImageClassificationTrainer(Trainer):
         self.budget = self.early_stopping = None
         if a.max_train_minutes is not None:
             guard = self.guard if a.world_size > 1 else None
-            self.budget = TrainingBudgetCallback(a.max_train_minutes, self.clock, a.budget_schedule, guard=guard)
+            self.budget = TrainingBudgetCallback(
+                a.max_train_minutes, self.clock, a.budget_schedule, guard=guard,
+                settle_steps=self.compiler.first_compiled_step,
+            )  # fmt: skip
         if a.early_stopping_patience is not None:
             self.early_stopping = ResumedEarlyStopping(a.early_stopping_patience, a.early_stopping_threshold)
         self.remove_callback(PrinterCallback if a.disable_tqdm else ProgressCallback)

@@ -343,3 +343,53 @@ def test_soft_target_loss_mixes_the_two_cross_entropies():
     smoothed = 0.9 * soft + 0.1 / 3
     expected = -(smoothed * logits.log_softmax(-1)).sum(-1).mean()
     torch.testing.assert_close(classification_loss(logits, soft, 0.1), expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("settle_steps", [1, 13])
+def test_budget_schedule_measures_the_rate_after_autos_first_compiled_step(tmp_path, settle_steps):
+    """`torch_compile: auto` runs 12 eager steps, then compiles in the 13th (tens of seconds on a GPU). With the rate
+    measured from step 1, the first plan counted the compilation as a step's time and ended the schedule long before
+    the budget: here at 43 s of a 300 s budget, before the next plan could correct it. With the first compiled step
+    among the steps the rate is measured after (`settle_steps`), the run trains to its budget."""
+    clock = FakeClock()
+    optimizer = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=1.0)
+    scheduler = get_scheduler("cosine", optimizer, num_warmup_steps=0, num_training_steps=100_000)
+    run_clock, callback = _budget(5, clock, fit_schedule=True, settle_steps=settle_steps)
+    args, state, control = _args(tmp_path), TrainerState(max_steps=100_000), TrainerControl()
+    _begin([run_clock, callback], args, state, control)
+    while not control.should_training_stop:
+        step = state.global_step + 1
+        clock.now += 0.036 if step < 13 else 40.0 if step == 13 else 0.02
+        state.global_step = step
+        callback.on_step_end(args, state, control, lr_scheduler=scheduler)
+    reached = clock.now - 1000.0
+    assert (reached >= 0.9 * 300) == (settle_steps == 13), f"stopped after {reached:.0f} s of 300"
+
+
+def test_the_budget_measures_after_the_compilers_first_compiled_step():
+    from finetune.compile import TrainingCompiler
+    from finetune.hardware import CompileChoice
+
+    cpu = torch.device("cpu")
+    assert TrainingCompiler(CompileChoice(True, "inductor", "reduce-overhead", verify=True), cpu).first_compiled_step == 13
+    assert TrainingCompiler(CompileChoice(True, "inductor"), cpu).first_compiled_step == 1
+    assert TrainingCompiler(CompileChoice(False), cpu).first_compiled_step == 1
+
+
+def test_the_trainers_budget_settles_after_the_compilers_first_compiled_step(tmp_path):
+    from finetune.hardware import CompileChoice
+
+    torch.manual_seed(0)
+    config = ScratchViTConfig(
+        image_size=8, patch_size=4, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16
+    )
+    transform = BatchTransform(8, (0.5,) * 3, (0.5,) * 3, in_channels=3, out_channels=3)
+    args = ImageClassificationTrainingArguments(
+        output_dir=str(tmp_path), report_to="none", eval_strategy="no", load_best_model_at_end=False,
+        max_train_minutes=1, budget_schedule=True, bf16=False, fp16=False, tf32=None, torch_compile=False,
+    )  # fmt: skip
+    auto = CompileChoice(True, "inductor", "reduce-overhead", verify=True)
+    trainer = ImageClassificationTrainer(
+        model=ScratchViTForImageClassification(config), args=args, batch_transform=transform, compile_choice=auto
+    )
+    assert trainer.budget.settle_steps == trainer.compiler.first_compiled_step == 13

@@ -371,7 +371,8 @@ def test_the_budget_measures_after_the_compilers_first_compiled_step():
     from finetune.hardware import CompileChoice
 
     cpu = torch.device("cpu")
-    assert TrainingCompiler(CompileChoice(True, "inductor", "reduce-overhead", verify=True), cpu).first_compiled_step == 13
+    auto = CompileChoice(True, "inductor", "reduce-overhead", verify=True)
+    assert TrainingCompiler(auto, cpu).first_compiled_step == 13
     assert TrainingCompiler(CompileChoice(True, "inductor"), cpu).first_compiled_step == 1
     assert TrainingCompiler(CompileChoice(False), cpu).first_compiled_step == 1
 

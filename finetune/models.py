@@ -177,6 +177,7 @@ def load_trained_model(
             f"{model.config.problem_type}). Evaluate it on data labelled as its training data was."
         )
     prep = preprocessing_from(processor, model.config)
+    resize_position_embeddings(model, prep.image_size)  # an `image_processor_name` of another size, as training does
     check_channels(data.num_channels, prep.num_channels, model_args.convert_channels)
     logger.info(f"Loaded {type(model).__name__} from {path}: {count_parameters(model):,} parameters.")
     return model.eval(), processor, prep

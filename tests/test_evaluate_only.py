@@ -187,6 +187,25 @@ def test_pretrained_path_checks_the_heads_labels(tmp_path, no_training):
     assert results.model_type == "pretrained" and results.validation.accuracy is not None
 
 
+def test_an_evaluation_at_another_processors_size_scores_the_resized_model(tmp_path, no_training, caplog):
+    """An `image_processor_name` of another size evaluates the checkpoint as fine-tuning would start from it (position
+    embeddings resized); it stopped mid-evaluation with "Input image size (16*16) doesn't match model (8*8)". The
+    checkpoint itself stays as it was."""
+    from transformers import AutoConfig, ViTImageProcessor
+
+    checkpoint = tiny_vit_checkpoint(tmp_path / "vit10", num_labels=10)
+    processor = tmp_path / "processor_16"
+    ViTImageProcessor(size={"height": 16, "width": 16}, image_mean=[0.5], image_std=[0.5]).save_pretrained(processor)
+    with caplog.at_level("INFO"):
+        results = run.main(
+            ["--do_train", "false", "--model_name_or_path", str(checkpoint), "--image_processor_name", str(processor),
+             *DIGITS, "--output_dir", str(tmp_path / "e")]
+        )["pretrained"]  # fmt: skip
+    assert "Position embeddings resized from 8x8 to 16x16" in caplog.text
+    assert results.validation.accuracy is not None and results.num_samples["validation"] == 45
+    assert AutoConfig.from_pretrained(checkpoint).image_size == 8
+
+
 def test_the_results_name_what_the_evaluated_model_is(trained_scratch, lora_of_scratch, tmp_path, no_training):
     """Not the `model_type` given: a ViT is `pretrained`, a ScratchViT fine-tuned by LoRA (its adapter or its merged
     model) what its run recorded, `pretrained`, and a ScratchViT without its run's results.json `scratch`."""

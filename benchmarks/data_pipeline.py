@@ -250,9 +250,9 @@ def train_steps(
             loss = forward(pixel_values=pixel_values, labels=labels).loss
         loss.backward()
 
-    def step(split: bool = False) -> tuple[int, float, float]:
+    def step(split: bool = False, batch=None) -> tuple[int, float, float]:
         start = time.perf_counter()
-        pixel_values, labels = next_batch()
+        pixel_values, labels = batch or next_batch()
         if split:
             sync(device)
         fetched = time.perf_counter()
@@ -266,10 +266,11 @@ def train_steps(
     # Warm-up: worker start-up, allocator, compilation and CUDA-graph recording, and `auto`'s timed comparison.
     warmup = 3 + (25 if compiler.choice.verify else 0)
     for index in range(warmup):
+        batch = next_batch()  # before the step begins, as the Trainer fetches it: `auto` times the step alone
         compiler.on_step_begin()
         if index == 0:
             compile_start = time.perf_counter()
-        step()
+        step(batch=batch)
         if index == 0:
             sync(device)
             first_step_s = time.perf_counter() - compile_start

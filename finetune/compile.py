@@ -5,8 +5,8 @@ error. Only training steps at the first step's batch size run compiled (an epoch
 run eagerly: no recompilation, and CUDA graphs would overwrite the logits the evaluation loop keeps). A step that fails
 compiled runs again eagerly and training goes on eagerly, with a warning. Under `auto` (`verify`) the eager step is
 timed first over `window` steps (evaluations and checkpoints left out); then, after `warmup` compiled steps, the
-compiled step over `window` steps, and the faster is kept. With several processes the times are summed over them and a
-compiler error in one turns all eager, so all decide alike.
+compiled step over `window` steps, and the faster is kept. With several processes the times are averaged over them
+and a compiler error in one turns all eager, so all decide alike.
 
 CUDA graphs (what `auto` compiles with) remove the launch cost of a step's kernels, which matters only while the GPU
 waits for the host. If the eager steps queue all their kernels in under half of the step's time (`LAUNCH_BOUND`), the

@@ -34,7 +34,8 @@ def check_folder(path: str | os.PathLike, option: str = "--output", is_file: boo
     """`path` as a folder that exists or can be made (with `is_file`, a file in such a folder): a file in its place or
     on its way is refused in one line."""
     path = Path(path)
-    file = next((p for p in (*([] if is_file else [path]), *path.parents) if p.is_file()), None)
+    on_the_way = path.parents if is_file else (path, *path.parents)
+    file = next((p for p in on_the_way if p.is_file()), None)
     if file is not None:
         raise ValueError(
             f"{option} {str(path)!r}: {file} is a file, not a folder. Fix: another path (missing folders are created)."

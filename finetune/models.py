@@ -102,23 +102,22 @@ def build_model(
 RESIZABLE_POSITION_EMBEDDINGS = ("vit", "deit", "vit_msn")
 
 
+def _size_pair(size) -> tuple[int, int]:
+    """A config's or an embedding's `image_size` (one number, or height and width) as `(height, width)`."""
+    return tuple(size) if isinstance(size, (list, tuple)) else (size, size)
+
+
 def resize_position_embeddings(model: PreTrainedModel, image_size: tuple[int, int]) -> None:
     """Fine-tuning at another resolution than the checkpoint's (an `image_processor_name` of another size): a ViT whose
     embeddings refuse other sizes unless told to interpolate (ViT, DeiT, ViT-MSN) gets its position embeddings resized
     to the new patch grid once, by the model's own `interpolate_pos_encoding`, as timm resizes them on loading. The
     model then takes the new size natively: its config, `pipeline()`, ONNX export and the Hub need no interpolation."""
-    import inspect
-
     if getattr(model.config, "model_type", None) not in RESIZABLE_POSITION_EMBEDDINGS:
         return  # e.g. Hiera (list sizes, unrolled token order) and Swin: other geometry, left as they are
-    embeddings = getattr(model.base_model, "embeddings", None)
-    positions = getattr(embeddings, "position_embeddings", None)
-    resizable = isinstance(positions, torch.nn.Parameter) and hasattr(embeddings, "interpolate_pos_encoding")
-    if not resizable or "interpolate_pos_encoding" not in inspect.signature(embeddings.forward).parameters:
-        return
+    embeddings = model.base_model.embeddings
+    positions = embeddings.position_embeddings
     height, width = image_size
-    old = getattr(embeddings, "image_size", None) or model.config.image_size
-    old = tuple(old) if isinstance(old, (list, tuple)) else (old, old)
+    old = _size_pair(getattr(embeddings, "image_size", None) or model.config.image_size)
     if (height, width) == old:
         return
     patch = model.config.patch_size
@@ -256,12 +255,13 @@ def load_adapter_model(path: str | os.PathLike, merge: bool = True, **kwargs) ->
     config_dir = path if os.path.isfile(os.path.join(path, "config.json")) else os.path.dirname(os.path.abspath(path))
     trust_remote_code = kwargs.get("trust_remote_code", False)
     config = AutoConfig.from_pretrained(config_dir, trust_remote_code=trust_remote_code)
-    size = getattr(config, "image_size", None)
+    size = base_size = getattr(config, "image_size", None)
     try:
         # A run at another resolution than its base's (`resize_position_embeddings`) saved no position embeddings:
         # the base loads at its own size, then they are resized again, as they were (frozen) in training. Loaded at
         # the run's size, they would not fit and start anew (random), silently (`ignore_mismatched_sizes`).
-        base_size = getattr(AutoConfig.from_pretrained(base, trust_remote_code=trust_remote_code), "image_size", size)
+        if config.model_type in RESIZABLE_POSITION_EMBEDDINGS:
+            base_size = AutoConfig.from_pretrained(base, trust_remote_code=trust_remote_code).image_size
         if base_size != size:
             config.image_size = base_size
         with transformers_errors_only():  # the base's head, replaced by the adapter's, is reported as MISMATCH
@@ -269,7 +269,7 @@ def load_adapter_model(path: str | os.PathLike, merge: bool = True, **kwargs) ->
                 base, config=config, ignore_mismatched_sizes=True, **kwargs
             )
         if base_size != size:
-            resize_position_embeddings(model, tuple(size) if isinstance(size, (list, tuple)) else (size, size))
+            resize_position_embeddings(model, _size_pair(size))
     except OSError as error:
         raise OSError(
             f"The adapter in {path} was trained on the base model {base!r}, which could not be loaded "

@@ -686,14 +686,15 @@ def evaluate_only(
     `predictions_<split>.csv` per split (finetune/tools/report.py); multi-label data has no confusion matrix, and
     its CSVs name the labels predicted at the thresholds chosen on the validation split."""
     from finetune.models import load_trained_model
+    from finetune.tools.predict import run_flip_tta
     from finetune.tools.report import plot_confusion_matrix, write_predictions_csv
 
     start = time.perf_counter()
     logger.info(f"==== evaluating {model_args.model_name_or_path} (no training) -> {args.output_dir}")
     set_seed(args.seed)
+    trained = trained_results(model_args.model_name_or_path)
     if args.flip_tta is None:  # as its run's figures (and predict's probabilities) are: with the mirror image or not
-        trained = trained_results(model_args.model_name_or_path)
-        args.flip_tta = bool(trained and trained.hyperparameters.get("flip_tta"))
+        args.flip_tta = run_flip_tta(trained)
         if args.flip_tta:
             logger.info("flip_tta: on, as the model's run evaluated (`--flip_tta false` scores each image alone).")
     with stage("loading the model to evaluate", RERUN, every_process=True):  # the same files in every process
@@ -705,7 +706,7 @@ def evaluate_only(
         predictions = {s: trainer.predict(getattr(data, s), metric_key_prefix=p) for s, p in splits.items()}
     output_dir = Path(args.output_dir)
     results = Results(
-        model_type=evaluated_model_type(model_args.model_name_or_path, model),
+        model_type=evaluated_model_type(trained, model),
         model_name_or_path=model_args.model_name_or_path,
         model_is_local=is_local(model_args.model_name_or_path),
         **evaluated_model_fields(args, model, prep, data, predictions["validation"], predictions.get("test"), start),
@@ -742,11 +743,10 @@ def evaluate_only(
     return results
 
 
-def evaluated_model_type(path: str, model) -> str:
-    """What the model at `path` is, not the `model_type` the evaluation was given: as the run that trained it recorded
-    it (`trained_results`; a ScratchViT fine-tuned from a scratch run's folder is `pretrained`), else `scratch` for a
-    ScratchViT and `pretrained` for any other model or a LoRA adapter."""
-    trained = trained_results(path)
+def evaluated_model_type(trained: Results | None, model) -> str:
+    """What the evaluated model is, not the `model_type` the evaluation was given: as the run that trained it recorded
+    it (`trained`, its `trained_results`; a ScratchViT fine-tuned from a scratch run's folder is `pretrained`), else
+    `scratch` for a ScratchViT and `pretrained` for any other model or a LoRA adapter."""
     if trained is not None and trained.model_type:
         return trained.model_type
     return (

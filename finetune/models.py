@@ -99,7 +99,7 @@ def build_model(
 
 # The model types whose learned position embeddings `resize_position_embeddings` resizes: one square patch grid after
 # the prefix tokens, which their own `interpolate_pos_encoding` resizes.
-RESIZABLE_POSITION_EMBEDDINGS = ("vit", "deit", "vit_msn")
+RESIZABLE_POSITION_EMBEDDINGS = ("vit", "deit", "vit_msn", "scratch_vit")
 
 
 def _size_pair(size) -> tuple[int, int]:
@@ -109,13 +109,13 @@ def _size_pair(size) -> tuple[int, int]:
 
 def resize_position_embeddings(model: PreTrainedModel, image_size: tuple[int, int]) -> None:
     """Fine-tuning at another resolution than the checkpoint's (an `image_processor_name` of another size): a ViT whose
-    embeddings refuse other sizes unless told to interpolate (ViT, DeiT, ViT-MSN) gets its position embeddings resized
-    to the new patch grid once, by the model's own `interpolate_pos_encoding`, as timm resizes them on loading. The
+    embeddings refuse other sizes unless told to interpolate (ViT, DeiT, ViT-MSN, ScratchViT) gets its position
+    embeddings resized to the new patch grid once, by the model's own `interpolate_pos_encoding`, as timm resizes them
+    on loading. The
     model then takes the new size natively: its config, `pipeline()`, ONNX export and the Hub need no interpolation."""
     if getattr(model.config, "model_type", None) not in RESIZABLE_POSITION_EMBEDDINGS:
         return  # e.g. Hiera (list sizes, unrolled token order) and Swin: other geometry, left as they are
     embeddings = model.base_model.embeddings
-    positions = embeddings.position_embeddings
     height, width = image_size
     old = _size_pair(getattr(embeddings, "image_size", None) or model.config.image_size)
     if (height, width) == old:
@@ -127,14 +127,18 @@ def resize_position_embeddings(model: PreTrainedModel, image_size: tuple[int, in
             f"{old[0]}x{old[1]}) takes square ones in multiples of its {patch}-pixel patches. Fix: an image processor "
             "of such a size, or none (`image_processor_name`), for the checkpoint's own."
         )
-    tokens = positions.shape[1] - (old[0] // patch) * (old[1] // patch)  # the CLS (and distillation) tokens
-    with torch.no_grad():
-        grid = positions.new_zeros(1, tokens + (height // patch) ** 2, positions.shape[2])
-        resized = embeddings.interpolate_pos_encoding(grid, height, width)
-    embeddings.position_embeddings = torch.nn.Parameter(resized.detach().clone())
-    embeddings.image_size = (height, width)
-    embeddings.patch_embeddings.image_size = (height, width)
-    embeddings.patch_embeddings.num_patches = (height // patch) ** 2
+    if model.config.model_type == "scratch_vit":
+        embeddings.resize_position_embeddings(height // patch)  # its own: learned ones only
+    else:
+        positions = embeddings.position_embeddings
+        tokens = positions.shape[1] - (old[0] // patch) * (old[1] // patch)  # the CLS (and distillation) tokens
+        with torch.no_grad():
+            grid = positions.new_zeros(1, tokens + (height // patch) ** 2, positions.shape[2])
+            resized = embeddings.interpolate_pos_encoding(grid, height, width)
+        embeddings.position_embeddings = torch.nn.Parameter(resized.detach().clone())
+        embeddings.image_size = (height, width)
+        embeddings.patch_embeddings.image_size = (height, width)
+        embeddings.patch_embeddings.num_patches = (height // patch) ** 2
     model.config.image_size = height
     logger.info(f"Position embeddings resized from {old[0]}x{old[1]} to {height}x{width} (bicubic).")
 

@@ -156,6 +156,20 @@ class ScratchViTEmbeddings(nn.Module):
         grid = grid.permute(0, 2, 3, 1).reshape(1, grid_height * grid_width, dim)  # (1, D, h, w) -> (1, h*w, D)
         return torch.cat([prefix, grid], dim=1)
 
+    def resize_position_embeddings(self, grid_size: int) -> None:
+        """Learned position embeddings resized once to another square patch grid (fine-tuning at another resolution),
+        so the model takes that grid natively; the caller sets `config.image_size` to match."""
+        if not isinstance(self.position_embeddings, ScratchViTLearnedPositions):
+            raise ValueError(
+                "Sinusoidal position embeddings follow the token index, so they cannot be resized to another patch "
+                f"grid (the model's is {self.grid_size}x{self.grid_size}). Fix: keep the model's `image_size`."
+            )
+        learned = self.position_embeddings
+        with torch.no_grad():
+            resized = self.interpolate_pos_encoding(learned.position_embeddings, grid_size, grid_size)
+        learned.position_embeddings = nn.Parameter(resized.detach().clone())
+        self.grid_size = grid_size
+
     def forward(self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool = False) -> torch.Tensor:
         height, width = pixel_values.shape[-2:]
         grid_height, grid_width = height // self.patch_size, width // self.patch_size

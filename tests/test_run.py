@@ -151,22 +151,25 @@ def test_pretrained_path_replaces_the_head_and_uses_the_checkpoint_processor(tmp
     assert results.validation.accuracy == pytest.approx(evaluate_independently(out, "validation")[0])
 
 
-@pytest.mark.parametrize("model_type", ["vit", "deit", "vit_msn"])
+@pytest.mark.parametrize("model_type", ["vit", "deit", "vit_msn", "scratch_vit", "scratch_vit_mean"])
 def test_position_embeddings_resize_as_the_models_own_interpolation(model_type):
-    """At another resolution the resized model computes what transformers' `interpolate_pos_encoding=True` computes
-    from the checkpoint's grid, without being told (DeiT: two prefix tokens)."""
-    from transformers import AutoConfig, DeiTForImageClassification
+    """At another resolution the resized model computes what its own `interpolate_pos_encoding=True` computes from
+    the checkpoint's grid, without being told (DeiT: two prefix tokens; ScratchViT with mean pooling: none)."""
+    from transformers import AutoConfig, DeiTForImageClassification, ViTMSNForImageClassification
 
     from finetune.models import resize_position_embeddings
+    from scratch_vit import ScratchViTForImageClassification
 
+    kwargs = {"pooling": "mean"} if model_type == "scratch_vit_mean" else {}
     config = AutoConfig.for_model(
-        model_type, image_size=8, patch_size=2, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-        intermediate_size=32, num_labels=3,
+        model_type.removesuffix("_mean"), image_size=8, patch_size=2, hidden_size=16, num_hidden_layers=1,
+        num_attention_heads=2, intermediate_size=32, num_labels=3, **kwargs,
     )  # fmt: skip
-    from transformers import ViTMSNForImageClassification
-
     classes = {"vit": ViTForImageClassification, "deit": DeiTForImageClassification}
-    model = {**classes, "vit_msn": ViTMSNForImageClassification}[model_type](config).eval()
+    classes |= {"vit_msn": ViTMSNForImageClassification, "scratch_vit": ScratchViTForImageClassification}
+    model = classes[model_type.removesuffix("_mean")](config).eval()
+    if model_type.startswith("scratch_vit"):  # initialised to zeros: make them differ per position
+        model.base_model.embeddings.position_embeddings.position_embeddings.data.normal_()
     pixel_values = torch.randn(2, 3, 12, 12)
     with torch.no_grad():
         expected = model(pixel_values, interpolate_pos_encoding=True).logits
@@ -175,6 +178,34 @@ def test_position_embeddings_resize_as_the_models_own_interpolation(model_type):
     assert model.config.image_size == 12
     with pytest.raises(ValueError, match="multiples of its 2-pixel patches. Fix: an image processor"):
         resize_position_embeddings(model, (13, 13))
+
+
+def test_a_scratch_checkpoint_fine_tunes_at_another_size(tmp_path):
+    """A ScratchViT run fine-tuned as `pretrained` with a processor of twice its size trains there (it stopped at the
+    first step with "pass `interpolate_pos_encoding=True`", which a run cannot); sinusoidal positions, which follow
+    the token index, are refused at start-up in one line that says what to keep."""
+    processor = tmp_path / "processor_16"
+    ViTImageProcessor(size={"height": 16, "width": 16}, image_mean=[0.5], image_std=[0.5]).save_pretrained(processor)
+    for positions in ("learned", "sinusoidal"):
+        source, out = tmp_path / f"scratch_{positions}", tmp_path / f"fine_tuned_{positions}"
+        run.main([*TINY_SCRATCH, "--position_embedding_type", positions, "--num_train_epochs", "1",
+                  "--output_dir", str(source), "--report_to", "none"])  # fmt: skip
+        args = [a for a in TINY_SCRATCH]
+        args[args.index("scratch")] = "pretrained"
+        args += ["--model_name_or_path", str(source), "--image_processor_name", str(processor)]
+        if positions == "sinusoidal":
+            with pytest.raises(ValueError, match=r"cannot be resized .*4x4\). Fix: keep the model's `image_size`"):
+                run.main([*args, "--output_dir", str(out), "--report_to", "none"])
+            assert not (out / "checkpoint-8").exists()
+            continue
+        run.main([*args, "--output_dir", str(out), "--report_to", "none"])
+        model = AutoModelForImageClassification.from_pretrained(out, trust_remote_code=True).eval()
+        assert model.config.image_size == 16
+        assert model.base_model.embeddings.position_embeddings.position_embeddings.shape[1] == 1 + 8 * 8
+        with torch.no_grad():
+            assert model(torch.zeros(1, 1, 16, 16)).logits.shape == (1, 10)
+        accuracy = read_results(out)["validation"]["accuracy"]
+        assert accuracy == pytest.approx(evaluate_independently(out, "validation")[0])
 
 
 def test_position_embeddings_of_other_geometries_are_left_alone():

@@ -53,19 +53,9 @@ from finetune.data import ImageData, collate_batch, load_image_data  # noqa: E40
 from finetune.errors import Interrupted, one_line, run_command, signal_name  # noqa: E402
 from finetune.locations import ADAPTER_CONFIG_NAME  # noqa: E402
 from finetune.metrics import compute_metrics, confusion_report, multi_label_report, multi_label_scores  # noqa: E402
-from finetune.models import (  # noqa: E402
-    attention_head_size,
-    build_model,
-    check_local_checkpoint,
-    count_parameters,
-    storage_size,
-)
+from finetune.models import attention_head_size, build_model, check_local_checkpoint, count_parameters, storage_size  # noqa: E402
 from finetune.results import RESULTS_NAME, EvalMetrics, Results, TrainMetrics, history_from_log_history  # noqa: E402
-from finetune.trainer import (  # noqa: E402
-    ImageClassificationTrainer,
-    balanced_class_weights,
-    check_optimizer_installed,
-)
+from finetune.trainer import ImageClassificationTrainer, balanced_class_weights, check_optimizer_installed  # noqa: E402
 from finetune.training_args import ImageClassificationTrainingArguments, build_training_args  # noqa: E402
 
 
@@ -350,6 +340,7 @@ def train_and_evaluate(
 ) -> Results:
     """Train one model, keep the best by validation accuracy, test it and write `results.json`."""
     start = time.perf_counter()
+    output_dir = Path(args.output_dir)
     logger.info(f"==== {model_type} model -> {args.output_dir}")
     set_seed(args.seed)
     # Under `both` the other model's folder refuses a plain rerun; resuming resumes or starts each model.
@@ -363,24 +354,22 @@ def train_and_evaluate(
 
     # ---- Training. With `load_best_model_at_end` the best checkpoint by validation accuracy is reloaded here.
     if checkpoint is None:
-        remove_earlier_run(Path(args.output_dir), args)
+        remove_earlier_run(output_dir, args)
     # A signal before the first step (the optimizer, a resumed checkpoint's loading) is answered by the stage; after
     # it, by `InterruptCallback`, which saves a checkpoint first.
-    with stage(
-        f"training the {model_type} model", lambda: rerun if resume else resume_or_rerun(Path(args.output_dir))
-    ):
+    with stage(f"training the {model_type} model", lambda: rerun if resume else resume_or_rerun(output_dir)):
         train_result = trainer.train(resume_from_checkpoint=checkpoint)
     # ---- After training: a signal from here on is answered here (`InterruptCallback` only acts while training).
     with stage(
         f"saving and evaluating the {model_type} model after training",
-        lambda: resume_or_rerun(Path(args.output_dir), " for the evaluation and results"),
+        lambda: resume_or_rerun(output_dir, " for the evaluation and results"),
     ):
         history = history_from_log_history(trainer.state.log_history)  # before the final evaluations add their own
-        card = Path(args.output_dir) / "README.md"
+        card = output_dir / "README.md"
         earlier_card = card.read_bytes() if card.is_file() else None
         trainer.save_model()
         if hasattr(model, "peft_config") and trainer.is_world_process_zero():
-            save_lora_model(model, processor, Path(args.output_dir), model_args.merge_lora, earlier_card)
+            save_lora_model(model, processor, output_dir, model_args.merge_lora, earlier_card)
         # The whole run's training (`RunClock` keeps its totals across a resume): transformers' `train_result.metrics`
         # are this session's (a resumed finished run: loss 0), for train_results.json as for the at-chance warning.
         figures = trainer.clock.figures(args)
@@ -418,7 +407,7 @@ def train_and_evaluate(
             history=history,
         )
         if trainer.is_world_process_zero():
-            logger.info(f"Results written to {results.save(args.output_dir)}")
+            logger.info(f"Results written to {results.save(output_dir)}")
     return results
 
 
@@ -550,17 +539,14 @@ def make_trainer(
 def load_teacher(path: str, student, data: ImageData):
     """The trained classifier at `path` that teaches `student` (`teacher_model_name_or_path`), and its
     `Preprocessing`; its labels must be the student's, in the same order, or distillation would teach wrong classes."""
-    from transformers import AutoConfig
-
     from finetune.models import config_label_names, load_trained_model
 
     try:
-        config = AutoConfig.from_pretrained(path)  # the labels, checked before the weights are read
+        config = transformers.AutoConfig.from_pretrained(path)  # the labels, checked before the weights are read
     except OSError as error:
         raise OSError(
             f"`teacher_model_name_or_path` {path!r} is no trained classifier that can be read here "
-            f"({one_line(error, 200)}). Pass a run's output directory, a checkpoint-* folder or "
-            "a Hub id."
+            f"({one_line(error, 200)}). Pass a run's output directory, a checkpoint-* folder or a Hub id."
         ) from error
     teacher_labels, student_labels = config_label_names(config), config_label_names(student.config)
     if teacher_labels != student_labels:
@@ -704,9 +690,16 @@ def evaluate_only(
         trainer = make_trainer(model, processor, prep, data_args, args, data, compile_choice=settings.compile)
         splits = {"validation": "eval", **({"test": "test"} if data.test is not None else {})}
         predictions = {s: trainer.predict(getattr(data, s), metric_key_prefix=p) for s, p in splits.items()}
+    # What the evaluated model is, not the `model_type` given: as the run that trained it recorded it (a ScratchViT
+    # fine-tuned from a scratch run's folder is `pretrained`), else `scratch` for a ScratchViT (not a LoRA adapter).
+    if trained is not None and trained.model_type:
+        model_type = trained.model_type
+    else:
+        scratch_vit = model.config.model_type == "scratch_vit" and not hasattr(model, "peft_config")
+        model_type = "scratch" if scratch_vit else "pretrained"
     output_dir = Path(args.output_dir)
     results = Results(
-        model_type=evaluated_model_type(trained, model),
+        model_type=model_type,
         model_name_or_path=model_args.model_name_or_path,
         model_is_local=is_local(model_args.model_name_or_path),
         **evaluated_model_fields(args, model, prep, data, predictions["validation"], predictions.get("test"), start),
@@ -741,17 +734,6 @@ def evaluate_only(
             )
         logger.info(f"Results written to {results.save(output_dir)}")
     return results
-
-
-def evaluated_model_type(trained: Results | None, model) -> str:
-    """What the evaluated model is, not the `model_type` the evaluation was given: as the run that trained it recorded
-    it (`trained`, its `trained_results`; a ScratchViT fine-tuned from a scratch run's folder is `pretrained`), else
-    `scratch` for a ScratchViT and `pretrained` for any other model or a LoRA adapter."""
-    if trained is not None and trained.model_type:
-        return trained.model_type
-    return (
-        "scratch" if model.config.model_type == "scratch_vit" and not hasattr(model, "peft_config") else "pretrained"
-    )
 
 
 def choose_attention(

@@ -94,15 +94,15 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
 
         if not training_args.do_train:
             check_evaluation_only(model_args, push_to_hub)
-        model_types = ["pretrained", "scratch"] if model_args.model_type == "both" else [model_args.model_type]
-        run_dirs = {
-            t: Path(training_args.output_dir) / t if len(model_types) > 1 else Path(training_args.output_dir)
-            for t in model_types
-        }
+        output_dir = Path(training_args.output_dir)
+        if model_args.model_type == "both":
+            run_dirs = {t: output_dir / t for t in ("pretrained", "scratch")}
+        else:
+            run_dirs = {model_args.model_type: output_dir}
         lock_output_dir(training_args.output_dir, training_args)  # one run per folder; `main` releases it
         if training_args.do_train:
             checkpoints = {
-                t: resolve_checkpoint(run_dirs[t], training_args, len(model_types) > 1) for t in model_types
+                t: resolve_checkpoint(run_dir, training_args, len(run_dirs) > 1) for t, run_dir in run_dirs.items()
             }
         else:
             check_no_earlier_results(run_dirs[model_args.model_type], training_args)
@@ -125,33 +125,31 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
             check_held_out_as_trained(training_args.teacher_model_name_or_path, data_args, training_args, data)
 
         results = {}
-        for model_type in model_types:
+        for model_type, run_dir in run_dirs.items():
             # A copy, not `dataclasses.replace`: the arguments are already resolved (`auto` precision and its reason).
             args = copy.copy(training_args)
-            args.output_dir = str(run_dirs[model_type])
-            if training_args.do_train and checkpoints[model_type] == FINISHED:
-                logger.info(f"==== {model_type} model: finished earlier, kept as it is ({run_dirs[model_type]})")
-                results[model_type] = Results.load(run_dirs[model_type])
-            elif training_args.do_train:
+            args.output_dir = str(run_dir)
+            if not training_args.do_train:
+                results[model_type] = evaluate_only(model_args, data_args, args, settings, data)
+            elif checkpoints[model_type] == FINISHED:
+                logger.info(f"==== {model_type} model: finished earlier, kept as it is ({run_dir})")
+                results[model_type] = Results.load(run_dir)
+            else:
                 results[model_type] = train_and_evaluate(
                     model_type, model_args, data_args, scratch_args, args, settings, data, checkpoints[model_type]
                 )
-            else:
-                results[model_type] = evaluate_only(model_args, data_args, args, settings, data)
 
         if training_args.process_index == 0:
             report = None
-            if len(model_types) > 1:
+            if len(run_dirs) > 1:
                 from finetune.tools.compare import write_comparison
 
                 kept = "Both models finished and are kept: `--resume_from_checkpoint true` writes it without training."
                 with stage("writing the comparison", kept):
-                    report = write_comparison(
-                        [run_dirs[t] for t in model_types], Path(training_args.output_dir) / "comparison"
-                    )
+                    report = write_comparison(list(run_dirs.values()), output_dir / "comparison")
             print(summary(results, run_dirs, report), flush=True)
             if push_to_hub:
-                push_results(run_dirs, model_types, training_args, hub_token)
+                push_results(run_dirs, training_args, hub_token)
         return results
 
 
@@ -806,7 +804,7 @@ def hyperparameters(args, settings: hardware.Settings, model, model_type: str, m
     return values
 
 
-def push_results(run_dirs, model_types, training_args, token) -> None:
+def push_results(run_dirs, training_args, token) -> None:
     """Push each trained model to the Hub (`hub_model_id`, suffixed by the model type when both were trained); a failed
     push does not stop the next, and the error at the end names the command that retries each failed one."""
     from finetune.tools.hub import HubPushError, push_output_dir, retry_command
@@ -818,17 +816,17 @@ def push_results(run_dirs, model_types, training_args, token) -> None:
         "commit_message": training_args.hub_commit_message,
     }
     failed = {}
-    for model_type in model_types:
-        repo_id = training_args.hub_model_id + (f"-{model_type}" if len(model_types) > 1 else "")
+    for model_type, run_dir in run_dirs.items():
+        repo_id = training_args.hub_model_id + (f"-{model_type}" if len(run_dirs) > 1 else "")
         try:
-            url = push_output_dir(run_dirs[model_type], repo_id=repo_id, token=token, **options)
+            url = push_output_dir(run_dir, repo_id=repo_id, token=token, **options)
         except HubPushError as error:
-            if len(model_types) == 1:
+            if len(run_dirs) == 1:
                 raise  # its message says why and how to retry
             logger.error(str(error))
-            failed[model_type] = retry_command(run_dirs[model_type], repo_id, **options)
+            failed[model_type] = retry_command(run_dir, repo_id, **options)
             continue
-        logger.info(f"Pushed {run_dirs[model_type]} to {url}")
+        logger.info(f"Pushed {run_dir} to {url}")
     if failed:
         raise HubPushError(
             f"Pushing {' and '.join(failed)} to the Hub failed (why: logged above); every local file is still in "

@@ -174,12 +174,6 @@ class RunClock(TrainerCallback, ExportableState):
         attributes["elapsed_seconds"] = self.elapsed()  # evaluations and checkpoints included: what a budget counts
         return {"args": {}, "attributes": attributes}
 
-    def share_loss(self, args) -> None:
-        """Every process's `loss_sum` replaced by their mean, before a checkpoint saves process 0's: a resumed run
-        takes it up in every process, and the mean of the sums (`figures`) stays the run's."""
-        if args.world_size > 1:
-            self.loss_sum = reduce(torch.as_tensor(self.loss_sum, device=args.device), reduction="mean")
-
     def add_loss(self, loss: torch.Tensor) -> None:
         """A micro-batch's loss, as the Trainer adds it to its logged loss (already divided by the accumulation)."""
         self.loss_sum = self.loss_sum + loss.detach()
@@ -261,8 +255,9 @@ class RunClock(TrainerCallback, ExportableState):
 
 
 class ClockBeforeSave(TrainerCallback):
-    """`RunClock.share_loss` before each checkpoint, once the callbacks that ask for one (budget, early stopping,
-    interrupt, all registered after the clock) have: registered after them."""
+    """Before each checkpoint, every process's `RunClock.loss_sum` replaced by their mean, which process 0 saves: a
+    resumed run takes it up in every process, and the mean of the sums (`RunClock.figures`) stays the run's. Registered
+    after the callbacks that ask for a checkpoint (budget, early stopping, interrupt), to act once they have."""
 
     def __init__(self, clock: RunClock):
         self.clock, self.shared_at = clock, None
@@ -277,8 +272,8 @@ class ClockBeforeSave(TrainerCallback):
         self.share(args, state, control.should_save or args.save_strategy == SaveStrategy.BEST)
 
     def share(self, args, state, saving: bool) -> None:
-        if saving and self.shared_at != state.global_step:  # the same decision in every process
-            self.clock.share_loss(args)
+        if saving and args.world_size > 1 and self.shared_at != state.global_step:  # the same in every process
+            self.clock.loss_sum = reduce(torch.as_tensor(self.clock.loss_sum, device=args.device), reduction="mean")
             self.shared_at = state.global_step
 
 
@@ -304,7 +299,6 @@ class TrainingBudgetCallback(TrainerCallback, ExportableState):
         self.settle_steps = settle_steps
         self.clock = clock
         self.fit_schedule = fit_schedule
-        self.calibration_fraction = calibration_fraction
         # With several processes, each with its own clock, the `NonFiniteGuard` agrees on the step at which the budget
         # is spent (stopping at different steps would leave the others waiting) and on the (step, seconds) the
         # schedule is planned from, so that every process plans the same schedule at the same step.
@@ -324,7 +318,6 @@ class TrainingBudgetCallback(TrainerCallback, ExportableState):
             # The saved scheduler state holds its step, not its length: the resumed one ends where the Trainer's would.
             set_schedule_length(lr_scheduler, self.planned_steps)
         if self.stopped_at is not None and self.budget_seconds > (self.stopped_budget or self.budget_seconds):
-            # Resumed with a larger budget than the one that stopped it.
             if self.fit_schedule:
                 raise ResumeRefused(
                     f"The resumed run's learning-rate schedule was fitted to its time budget and ended with it (step "
@@ -346,10 +339,8 @@ class TrainingBudgetCallback(TrainerCallback, ExportableState):
             self.guard.elapsed_ms = round(elapsed * 1000)
         step, seconds = self._planning_point(state, elapsed)
         if self.reference is None and step >= max(1, self.settle_steps):
-            # The first steps carry one-off costs (`settle_steps`): measure the rate after them.
             self.reference = (seconds, step)
-        # Planned once `calibration_fraction` of the budget has passed, then again after each further tenth of it (and
-        # at each epoch's end): a first estimate from a few slow steps would otherwise end the schedule far too soon.
+        # Planned again after each tenth (and epoch): a first estimate from a few slow steps would end it far too soon.
         planning = self.fit_schedule and self.reference is not None
         if planning and seconds >= self.next_plan * self.budget_seconds and seconds < self.budget_seconds:
             self._plan(state, lr_scheduler, step, seconds)
@@ -367,8 +358,7 @@ class TrainingBudgetCallback(TrainerCallback, ExportableState):
         return bool(self.guard.budget_agreed)
 
     def _planning_point(self, state, elapsed: float) -> tuple[int, float]:
-        """The step and seconds to plan from: this process's own, or the last pair every process agreed on through the
-        guard (the slowest one's seconds at that step; (0, 0.0) before the first)."""
+        """The step and seconds to plan from: this process's, or the last pair that every process agreed on."""
         return (state.global_step, elapsed) if self.guard is None else self.guard.elapsed_agreed
 
     def on_epoch_end(self, args, state, control, lr_scheduler=None, **kwargs):
@@ -634,20 +624,20 @@ class InterruptCallback(TrainerCallback):
         self.restore_handlers()
         # A signal after the last optimizer step, which no step passed on to the other processes: every process stops
         # here, before the final evaluation and the results, which the resumed run (no step left) then writes.
-        signum = reduce(torch.tensor(self.signal or 0, device=args.device), reduction="max")
+        signum = int(reduce(torch.tensor(self.signal or 0, device=args.device), reduction="max"))
         if signum and self.saved_step != state.global_step:
             # No checkpoint holds the last step (`save_strategy: no`, or `best` where it was not): stopping loses it.
             logger.warning(
-                f"{signal_name(int(signum))} after the last optimizer step ({state.global_step}), which no checkpoint "
+                f"{signal_name(signum)} after the last optimizer step ({state.global_step}), which no checkpoint "
                 f"holds (`save_strategy: {args.save_strategy.value}`): the run goes on to its evaluation and results "
                 "rather than lose its training; send it again to stop at once."
             )
         elif signum:
             raise Interrupted(
-                f"stopped by {signal_name(int(signum))} after the last optimizer step ({state.global_step}); the "
+                f"stopped by {signal_name(signum)} after the last optimizer step ({state.global_step}); the "
                 f"checkpoints in {args.output_dir} are kept. Resume with the same command and "
                 "`--resume_from_checkpoint true` for the final evaluation and results.",
-                int(signum),
+                signum,
             )
 
 

@@ -159,8 +159,8 @@ def checkpoint_problem(checkpoint: Path, training_args: TrainingArguments) -> st
     every file the Trainer loads on resume is present and readable. Reading is cheap: safetensors headers only, and
     `torch.load` memory-maps (a cut-short zip fails on its missing central directory without reading the tensors)."""
     files = os.listdir(checkpoint)
-    states = ("optimizer.pt", "scheduler.pt") + tuple(f for f in files if f.startswith("rng_state"))
-    if not training_args.deepspeed and not any(name in files for name in states):
+    has_states = any(f in ("optimizer.pt", "scheduler.pt") or f.startswith("rng_state") for f in files)
+    if not (training_args.deepspeed or has_states):
         return MODEL_ONLY
     required: list[tuple[str, Callable[[Path], object]]] = [("trainer_state.json", read_trainer_state)]
     if not (training_args.deepspeed or training_args.fsdp):

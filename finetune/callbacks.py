@@ -4,6 +4,7 @@ saved in place of the weights, a stop on SIGTERM/SIGINT that saves a checkpoint 
 
 import enum
 import functools
+import json
 import math
 import os
 import signal
@@ -53,9 +54,9 @@ def number(value):
 
 
 def option(args, name: str):
-    """`args.name` as the checkpoint's JSON saves it (an enum as its value)."""
+    """`args.name` as the checkpoint's JSON gives it back (an enum as its value, a tuple as a list)."""
     value = getattr(args, name, None)
-    return value.value if isinstance(value, enum.Enum) else value
+    return json.loads(json.dumps(value.value if isinstance(value, enum.Enum) else value))
 
 
 class ResumeRefused(ValueError):

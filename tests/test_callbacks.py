@@ -1,5 +1,7 @@
 """Training-budget callbacks, the run clock, EMA of weights, and the Trainer's flip TTA and soft-target loss."""
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -10,6 +12,7 @@ from finetune.augment import BatchTransform
 from finetune.callbacks import (
     EMACallback,
     ModelEMA,
+    ResumeCheck,
     ResumeRefused,
     RunClock,
     TrainingBudgetCallback,
@@ -394,3 +397,19 @@ def test_the_trainers_budget_settles_after_the_compilers_first_compiled_step(tmp
         model=ScratchViTForImageClassification(config), args=args, batch_transform=transform, compile_choice=auto
     )
     assert trainer.budget.settle_steps == trainer.compiler.first_compiled_step == 13
+
+
+def test_a_resume_compares_the_options_as_the_checkpoint_saved_them(tmp_path):
+    """A tuple in `lr_scheduler_kwargs` (from Python) comes back from the checkpoint JSON as a list: the same options,
+    which were refused as "trained with lr_scheduler_kwargs {'milestones': [2, 4]} (now {'milestones': (2, 4)})"."""
+    args = TrainingArguments(
+        output_dir=str(tmp_path), lr_scheduler_type="cosine", lr_scheduler_kwargs={"milestones": (2, 4)},
+        report_to="none",
+    )  # fmt: skip
+    first = ResumeCheck()
+    first.on_train_begin(args, TrainerState(), TrainerControl())
+    saved = {"ResumeCheck": json.loads(json.dumps(first.state()))}  # as trainer_state.json holds it
+    ResumeCheck().on_train_begin(args, TrainerState(global_step=8, stateful_callbacks=saved), TrainerControl())
+    args.learning_rate = 1e-2
+    with pytest.raises(ResumeRefused, match=r"learning_rate 5e-05 \(now 0.01\)"):
+        ResumeCheck().on_train_begin(args, TrainerState(global_step=8, stateful_callbacks=saved), TrainerControl())

@@ -422,10 +422,10 @@ def warn_if_at_chance(metrics: dict, data: ImageData, train_loss: float | None) 
         name, score, baseline = "accuracy", metrics.get("eval_accuracy"), "always the largest class"
         chance = float(labels.bincount().max()) / len(labels) if len(labels) else 1.0
     if score is not None and score <= chance + 0.01:
+        loss = "" if train_loss is None else f"; training loss {train_loss:.4g}"
         logger.warning(
-            f"Validation {name} {score:.2%} is at chance level ({chance:.2%}, {baseline}; training loss "
-            f"{train_loss if train_loss is None else f'{train_loss:.4g}'}): the model learned nothing. Check the "
-            "learning rate (a diverged run can keep a finite loss), the labels and the epochs."
+            f"Validation {name} {score:.2%} is at chance level ({chance:.2%}, {baseline}{loss}): the model learned "
+            "nothing. Check the learning rate (a diverged run can keep a finite loss), the labels and the epochs."
         )
 
 

@@ -425,7 +425,10 @@ def test_a_multi_label_model_at_chance_level_is_named(caplog):
     data = SimpleNamespace(multi_label=True, validation=SimpleNamespace(labels=labels))
     with caplog.at_level(logging.WARNING, logger="finetune.run"):
         run.warn_if_at_chance({"eval_map": 0.58}, data, 0.69)
-        assert "Validation mAP 58.00% is at chance level (58.33%, a constant score" in caplog.text
+        assert "Validation mAP 58.00% is at chance level (58.33%, a constant score; training loss 0.69)" in caplog.text
+        caplog.clear()
+        run.warn_if_at_chance({"eval_map": 0.58}, data, None)  # no step trained: no loss, and no "None" said
+        assert "(58.33%, a constant score): the model learned nothing" in caplog.text
         caplog.clear()
         run.warn_if_at_chance({"eval_map": 0.8}, data, 0.3)
         assert not caplog.text

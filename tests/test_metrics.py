@@ -63,6 +63,14 @@ def test_top_k_accuracy_by_hand():
     result = load_metric("top_k_accuracy").compute(predictions=scores, references=[6, 2, 1, 0], k=5)
     assert result["top_k_accuracy"] == 0.5
     assert load_metric("top_k_accuracy").compute(predictions=scores[:2], references=[1, 1], k=6)["top_k_accuracy"] == 1
+    # Ties share the places left: equal scores for 10 classes give 5 / 10 (they counted as hits: 100%); a label tied
+    # with 3 others for the last 2 places of the top 5 counts 2 / 4.
+    constant = load_metric("top_k_accuracy").compute(predictions=np.zeros((3, 10)), references=[0, 4, 9], k=5)
+    assert constant["top_k_accuracy"] == pytest.approx(0.5)
+    tie = np.array([[9.0, 8, 7, 5, 5, 5, 5, 1]])  # 3 classes above the label (class 3), tied with 3 more
+    assert load_metric("top_k_accuracy").compute(predictions=tie, references=[3], k=5)["top_k_accuracy"] == 0.5
+    nan = np.array([[np.nan] * 10, [np.nan] + [0.0] * 9])  # a diverged model's scores: misses, not hits
+    assert load_metric("top_k_accuracy").compute(predictions=nan, references=[0, 1], k=5)["top_k_accuracy"] == 0
     rng = np.random.default_rng(1)
     logits, labels = rng.normal(size=(50, 10)).astype(np.float32), rng.integers(0, 10, 50)
     ours = load_metric("top_k_accuracy").compute(predictions=logits, references=labels, k=5)["top_k_accuracy"]

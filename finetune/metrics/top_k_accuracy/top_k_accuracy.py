@@ -1,5 +1,8 @@
 """Top-k accuracy from class scores, shipped in the package so that evaluation never needs the Hub. Not
-scikit-learn's `top_k_accuracy_score`, which breaks ties by class index: here a tie with the label counts as a hit."""
+scikit-learn's `top_k_accuracy_score`, which breaks ties by class index: here the classes tied with the label share the
+places left in the top k, each image counting the chance that a random order of the tie puts the label among them. So
+a model whose scores are all equal scores k / classes, not 100% (ties in the label's favour) nor what the class index
+happens to give."""
 
 import datasets
 import evaluate
@@ -31,7 +34,10 @@ class TopKAccuracy(evaluate.Metric):
         scores, references = np.asarray(predictions, dtype=np.float64), np.asarray(references)
         if scores.ndim != 2 or len(scores) != len(references):
             raise ValueError(f"`predictions` must be (samples, classes) scores, got shape {scores.shape}.")
-        # A label is a hit when fewer than k classes score strictly higher than it (ties count in its favour).
+        # A label is a hit when fewer than k classes score strictly higher than it; tied, in a share of the orders.
         label_scores = scores[np.arange(len(references)), references]  # (N,)
         higher = (scores > label_scores[:, None]).sum(axis=1)  # (N, K) -> (N,)
-        return {"top_k_accuracy": float((higher < k).mean()) if len(references) else float("nan")}
+        tied = (scores == label_scores[:, None]).sum(axis=1)  # (N,), the label included
+        hits = np.clip((k - higher) / np.maximum(tied, 1), 0.0, 1.0)
+        hits[np.isnan(scores).any(axis=1)] = 0.0  # NaN compares false with everything: a miss, not a hit
+        return {"top_k_accuracy": float(hits.mean()) if len(references) else float("nan")}

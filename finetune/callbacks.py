@@ -56,7 +56,13 @@ def number(value):
 def option(args, name: str):
     """`args.name` as the checkpoint's JSON gives it back (an enum as its value, a tuple as a list)."""
     value = getattr(args, name, None)
-    return json.loads(json.dumps(value.value if isinstance(value, enum.Enum) else value))
+    try:
+        return json.loads(json.dumps(value.value if isinstance(value, enum.Enum) else value))
+    except (TypeError, ValueError) as error:
+        raise ValueError(
+            f"`{name}` {value!r} cannot be saved with the checkpoints ({error}). Fix: give it as JSON data (strings, "
+            "numbers, lists, maps with string keys), e.g. a date as a quoted string."
+        ) from error
 
 
 class ResumeRefused(ValueError):

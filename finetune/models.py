@@ -111,8 +111,8 @@ def resize_position_embeddings(model: PreTrainedModel, image_size: tuple[int, in
     """Fine-tuning at another resolution than the checkpoint's (an `image_processor_name` of another size): a ViT whose
     embeddings refuse other sizes unless told to interpolate (ViT, DeiT, ViT-MSN, ScratchViT) gets its position
     embeddings resized to the new patch grid once, by the model's own `interpolate_pos_encoding`, as timm resizes them
-    on loading. The
-    model then takes the new size natively: its config, `pipeline()`, ONNX export and the Hub need no interpolation."""
+    on loading. The model then takes the new size natively: its config, `pipeline()`, ONNX export and the Hub need no
+    interpolation. A ScratchViT's sinusoidal positions, computed from the token index when it loads, are refused."""
     if getattr(model.config, "model_type", None) not in RESIZABLE_POSITION_EMBEDDINGS:
         return  # e.g. Hiera (list sizes, unrolled token order) and Swin: other geometry, left as they are
     embeddings = model.base_model.embeddings
@@ -128,7 +128,13 @@ def resize_position_embeddings(model: PreTrainedModel, image_size: tuple[int, in
             "of such a size, or none (`image_processor_name`), for the checkpoint's own."
         )
     if model.config.model_type == "scratch_vit":
-        embeddings.resize_position_embeddings(height // patch)  # its own: learned ones only
+        if model.config.position_embedding_type != "learned":
+            raise ValueError(
+                f"The image processor gives {height}x{width} images; this ScratchViT takes {old[0]}x{old[1]}, and its "
+                "sinusoidal position embeddings, computed from the token index when it loads, cannot be resized and "
+                f"saved. Fix: an image processor of {old[0]}x{old[1]}, or none (`image_processor_name`)."
+            )
+        embeddings.resize_position_embeddings(height // patch)
     else:
         positions = embeddings.position_embeddings
         tokens = positions.shape[1] - (old[0] // patch) * (old[1] // patch)  # the CLS (and distillation) tokens

@@ -161,8 +161,8 @@ class ScratchViTEmbeddings(nn.Module):
         so the model takes that grid natively; the caller sets `config.image_size` to match."""
         if not isinstance(self.position_embeddings, ScratchViTLearnedPositions):
             raise ValueError(
-                "Sinusoidal position embeddings follow the token index, so they cannot be resized to another patch "
-                f"grid (the model's is {self.grid_size}x{self.grid_size}). Fix: keep the model's `image_size`."
+                "Sinusoidal position embeddings are computed from the token index when the model is built, so a "
+                "resized grid would not be kept: pass `interpolate_pos_encoding=True` at each call instead."
             )
         learned = self.position_embeddings
         with torch.no_grad():

@@ -1,5 +1,6 @@
 """Training-budget callbacks, the run clock, EMA of weights, and the Trainer's flip TTA and soft-target loss."""
 
+import datetime
 import json
 
 import pytest
@@ -413,3 +414,6 @@ def test_a_resume_compares_the_options_as_the_checkpoint_saved_them(tmp_path):
     args.learning_rate = 1e-2
     with pytest.raises(ResumeRefused, match=r"learning_rate 5e-05 \(now 0.01\)"):
         ResumeCheck().on_train_begin(args, TrainerState(global_step=8, stateful_callbacks=saved), TrainerControl())
+    args.lr_scheduler_kwargs = {"since": datetime.date(2024, 1, 1)}  # a YAML date: it failed at the first checkpoint
+    with pytest.raises(ValueError, match=r"`lr_scheduler_kwargs` .* cannot be saved with the checkpoints .*Fix: give"):
+        ResumeCheck().on_train_begin(args, TrainerState(), TrainerControl())

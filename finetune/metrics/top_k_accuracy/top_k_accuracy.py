@@ -26,7 +26,7 @@ class TopKAccuracy(evaluate.Metric):
             citation="",
             inputs_description=_KWARGS_DESCRIPTION,
             features=datasets.Features(
-                {"predictions": datasets.Sequence(datasets.Value("float32")), "references": datasets.Value("int64")}
+                {"predictions": datasets.Sequence(datasets.Value("float64")), "references": datasets.Value("int64")}
             ),
         )
 

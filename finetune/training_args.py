@@ -5,12 +5,14 @@ The arguments are built from concrete values once `finetune.hardware.choose_sett
 (precision, compilation, CPU or GPU): probing the machine while building them made them change under the reader.
 """
 
+import inspect
 import os
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torch.distributed
-from transformers import HfArgumentParser, TrainingArguments
+from transformers import HfArgumentParser, SchedulerType, TrainingArguments
+from transformers.optimization import TYPE_TO_SCHEDULER_FUNCTION
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 
 from finetune import hardware
@@ -147,7 +149,8 @@ class ImageClassificationTrainingArguments(TrainingLoopArguments, TrainingArgume
                 "`early_stopping_patience` keeps the best model, so it needs `load_best_model_at_end: true` and a "
                 "`metric_for_best_model` (the defaults): drop the setting that turned them off."
             )
-        super().__post_init__()
+        super().__post_init__()  # also reads `lr_scheduler_kwargs` given as a JSON string
+        check_scheduler_kwargs(self)
         # Unset, `metric_for_best_model` falls back to the loss there, and an unset `greater_is_better` follows it.
         if self.metric_for_best_model is not None:
             greater = EVAL_METRICS[self.metric_for_best_model.removeprefix("eval_")]
@@ -192,6 +195,27 @@ def option_parser() -> OptionParser:
     parser.add_argument("--config", metavar="FILE.yaml", help=CONFIG_HELP)
     parser.add_argument("--help_all", action="store_true", help="Show this help (`--help` is the short one).")
     return parser
+
+
+# What `transformers.get_scheduler` passes to every schedule itself, beside `lr_scheduler_kwargs`.
+SCHEDULE_ARGUMENTS = ("optimizer", "num_warmup_steps", "num_training_steps", "last_epoch")
+
+
+def check_scheduler_kwargs(args: TrainingArguments) -> None:
+    """Refuse `lr_scheduler_kwargs` that the schedule does not take now, not at the first step after the data loaded
+    (as "TypeError: get_linear_schedule_with_warmup() got an unexpected keyword argument")."""
+    schedule = TYPE_TO_SCHEDULER_FUNCTION.get(SchedulerType(args.lr_scheduler_type))
+    parameters = inspect.signature(schedule).parameters if schedule else {}
+    if not args.lr_scheduler_kwargs or any(p.kind == p.VAR_KEYWORD for p in parameters.values()):
+        return
+    taken = [name for name in parameters if name not in SCHEDULE_ARGUMENTS]
+    unknown = sorted(set(args.lr_scheduler_kwargs) - set(taken))
+    if unknown:
+        raise ValueError(
+            f"`lr_scheduler_kwargs` has {', '.join(unknown)}, which `lr_scheduler_type: "
+            f"{SchedulerType(args.lr_scheduler_type).value}` does not take; it takes "
+            f"{', '.join(taken) or 'none'}. Fix: drop or rename them, or choose the schedule that takes them."
+        )
 
 
 def build_training_args(options: dict, settings: hardware.Settings) -> ImageClassificationTrainingArguments:

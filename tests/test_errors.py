@@ -147,6 +147,15 @@ STEPS = ["--eval_strategy", "steps", "--save_strategy", "steps", "--eval_steps",
         (["--push_to_hub", "true"], r"`push_to_hub: true` needs `hub_model_id`.*Nothing was trained"),
         (["--include_labels", "cat", "cat"], r"names \['cat'\] more than once"),
         (["--max_train_samples", "0"], r"`max_train_samples` must be >= 1"),
+        # The schedule refused it at the first step, after the data loaded, as an "unexpected" TypeError.
+        (
+            ["--lr_scheduler_kwargs", '{"min_lr": 1e-6}'],
+            r"^`lr_scheduler_kwargs` has min_lr, which `lr_scheduler_type: linear` does not take; it takes none\. Fix",
+        ),
+        (
+            ["--lr_scheduler_type", "cosine", "--lr_scheduler_kwargs", '{"num_cycle": 2, "num_training_steps": 9}'],
+            r"has num_cycle, num_training_steps, which `lr_scheduler_type: cosine` does not take; it takes num_cycles",
+        ),
     ],
 )
 def test_arguments_are_checked_before_any_data_is_loaded(tmp_path, flags, match):
@@ -161,6 +170,10 @@ def test_arguments_that_agree_are_accepted(tmp_path):
              "--max_steps", "3", "--num_train_epochs", "0"]  # fmt: skip
     training_args = parse_args(flags)[3]
     assert training_args.max_steps == 3 and str(training_args.eval_strategy.value) == "no"
+    schedule = ["--lr_scheduler_type", "cosine_with_min_lr", "--lr_scheduler_kwargs", '{"min_lr": 1e-6}']
+    assert parse_args(schedule)[3].lr_scheduler_kwargs == {"min_lr": 1e-6}
+    plateau = ["--lr_scheduler_type", "reduce_lr_on_plateau", "--lr_scheduler_kwargs", '{"patience": 2}']
+    assert parse_args([*plateau, "--eval_strategy", "epoch"])[3].lr_scheduler_kwargs == {"patience": 2}
 
 
 @pytest.mark.parametrize(

@@ -105,6 +105,14 @@ class ModelArguments:
             )
         if self.merge_lora and self.finetune_method != "lora":
             raise ValueError("`merge_lora: true` merges LoRA adapters: it needs `finetune_method: lora`.")
+        defaults = {field.name: field.default for field in dataclasses.fields(self)}
+        lora = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules")
+        given = [name for name in lora if getattr(self, name) != defaults[name]]
+        if given and self.finetune_method != "lora":
+            raise ValueError(
+                f"{', '.join(f'`{name}`' for name in given)} set, but `finetune_method` is {self.finetune_method}, "
+                "so nothing would use it. Fix: `finetune_method: lora`, or drop it."
+            )
         check_ranges(self, [("layer_decay", lambda v: v is None or 0 < v <= 1, "in (0, 1] (e.g. 0.75)")])
 
 

@@ -5,6 +5,7 @@ The arguments are built from concrete values once `finetune.hardware.choose_sett
 (precision, compilation, CPU or GPU): probing the machine while building them made them change under the reader.
 """
 
+import dataclasses
 import inspect
 import os
 from dataclasses import dataclass
@@ -12,6 +13,8 @@ from datetime import timedelta
 
 import torch.distributed
 from transformers import HfArgumentParser, SchedulerType, TrainingArguments
+from transformers.integrations import get_available_reporting_integrations
+from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
 from transformers.optimization import TYPE_TO_SCHEDULER_FUNCTION
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 
@@ -99,6 +102,10 @@ class ImageClassificationTrainingArguments(TrainingLoopArguments, TrainingArgume
                 ("cutmix_alpha", lambda v: v >= 0, ">= 0"),
                 ("distillation_alpha", lambda v: 0 <= v <= 1, "in [0, 1] (e.g. 0.5)"),
                 ("distillation_temperature", lambda v: v > 0, "> 0 (e.g. 2)"),
+                # torch refused them only once the optimizer was built, naming no option.
+                ("adam_beta1", lambda v: 0 <= v < 1, "in [0, 1) (e.g. 0.9)"),
+                ("adam_beta2", lambda v: 0 <= v < 1, "in [0, 1) (e.g. 0.999)"),
+                ("adam_epsilon", lambda v: v >= 0, ">= 0 (e.g. 1e-8)"),
                 # A diverged run makes every step non-finite: the default stops it five steps in.
                 ("max_nonfinite_steps", lambda v: not isinstance(v, bool) and v >= 1, "an integer >= 1 (default 5)"),
             ],
@@ -111,6 +118,32 @@ class ImageClassificationTrainingArguments(TrainingLoopArguments, TrainingArgume
                     f"`{kind}_steps` must be > 0 with `{kind}_strategy: steps` (optimizer steps, or a share of the "
                     f"run when < 1), got {steps}."
                 )
+        eval_strategy = str(getattr(self.eval_strategy, "value", self.eval_strategy))
+        if self.eval_steps is not None and eval_strategy != "steps":
+            raise ValueError(
+                f"`eval_steps: {self.eval_steps:g}` counts steps, but `eval_strategy` is {eval_strategy}, so it would "
+                "be ignored. Fix: `eval_strategy: steps` and `save_strategy: steps` with it, or drop `eval_steps`."
+            )
+        distilling = ("distillation_type", "distillation_alpha", "distillation_temperature")
+        if self.teacher_model_name_or_path is None:
+            defaults = {field.name: field.default for field in dataclasses.fields(self)}
+            given = [name for name in distilling if getattr(self, name) != defaults[name]]
+            if given:
+                raise ValueError(
+                    f"{', '.join(f'`{name}`' for name in given)} set, but no `teacher_model_name_or_path` to distill "
+                    "from, so nothing would use it. Fix: name the teacher (a trained run's folder), or drop it."
+                )
+        # Trainer options this pipeline's evaluation and models do not support: ignored, or failing late.
+        if self.label_names not in (None, ["labels"]):
+            raise ValueError(f"`label_names: {self.label_names}`: the batches' labels are `labels`. Drop the option.")
+        unsupported = {
+            "prediction_loss_only": "evaluations report accuracy and the other metrics, which need the predictions",
+            "batch_eval_metrics": "the metrics are computed once over all the predictions",
+            "use_liger_kernel": "Liger's kernels are for language models",
+        }
+        for name, why in unsupported.items():
+            if getattr(self, name):
+                raise ValueError(f"`{name}: true` is not supported here: {why}. Drop the option.")
         if self.push_to_hub and not self.hub_model_id:
             raise ValueError(
                 "`push_to_hub: true` needs `hub_model_id` (e.g. `your-name/vit-cifar10`). Nothing was trained; set "
@@ -149,8 +182,22 @@ class ImageClassificationTrainingArguments(TrainingLoopArguments, TrainingArgume
                 "`early_stopping_patience` keeps the best model, so it needs `load_best_model_at_end: true` and a "
                 "`metric_for_best_model` (the defaults): drop the setting that turned them off."
             )
-        super().__post_init__()  # also reads `lr_scheduler_kwargs` given as a JSON string
+        super().__post_init__()  # also reads `lr_scheduler_kwargs` given as a JSON string, and lists `report_to`
         check_scheduler_kwargs(self)
+        available = get_available_reporting_integrations()
+        unknown = [name for name in self.report_to if name not in (*INTEGRATION_TO_CALLBACK, "none", "all")]
+        if unknown:
+            raise ValueError(
+                f"`report_to: {', '.join(unknown)}` names no logging integration; transformers has "
+                f"{', '.join(INTEGRATION_TO_CALLBACK)} (installed here: {', '.join(available) or 'none'}), or none."
+            )
+        missing = [name for name in self.report_to if name not in (*available, "none", "all")]
+        if missing:
+            raise ValueError(
+                f"`report_to: {', '.join(missing)}` needs {' and '.join(missing)} installed (`pip install "
+                f"{' '.join(missing)}`); available here: {', '.join(available) or 'none'}. Fix: install it, or "
+                "`--report_to none`."
+            )
         # Unset, `metric_for_best_model` falls back to the loss there, and an unset `greater_is_better` follows it.
         if self.metric_for_best_model is not None:
             greater = EVAL_METRICS[self.metric_for_best_model.removeprefix("eval_")]
@@ -202,19 +249,28 @@ SCHEDULE_ARGUMENTS = ("optimizer", "num_warmup_steps", "num_training_steps", "la
 
 
 def check_scheduler_kwargs(args: TrainingArguments) -> None:
-    """Refuse `lr_scheduler_kwargs` that the schedule does not take now, not at the first step after the data loaded
-    (as "TypeError: get_linear_schedule_with_warmup() got an unexpected keyword argument")."""
+    """Refuse `lr_scheduler_kwargs` that the schedule does not take or lacks, now, not at the first step after the
+    data loaded (as "TypeError: get_linear_schedule_with_warmup() got an unexpected keyword argument")."""
+    name = SchedulerType(args.lr_scheduler_type).value
     schedule = TYPE_TO_SCHEDULER_FUNCTION.get(SchedulerType(args.lr_scheduler_type))
     parameters = inspect.signature(schedule).parameters if schedule else {}
-    if not args.lr_scheduler_kwargs or any(p.kind == p.VAR_KEYWORD for p in parameters.values()):
-        return
-    taken = [name for name in parameters if name not in SCHEDULE_ARGUMENTS]
-    unknown = sorted(set(args.lr_scheduler_kwargs) - set(taken))
+    if any(p.kind == p.VAR_KEYWORD for p in parameters.values()):
+        return  # e.g. `reduce_lr_on_plateau`, which passes them on to torch
+    given = args.lr_scheduler_kwargs or {}
+    taken = [p for p in parameters if p not in SCHEDULE_ARGUMENTS]
+    missing = [p for p in taken if parameters[p].default is inspect.Parameter.empty and p not in given]
+    if {"min_lr", "min_lr_rate"} <= set(taken) and not given.keys() & {"min_lr", "min_lr_rate"}:
+        missing.append("min_lr")  # the cosine schedules to a floor: one of the two
+    if missing:
+        raise ValueError(
+            f"`lr_scheduler_type: {name}` needs {', '.join(missing)} in `lr_scheduler_kwargs` (it takes "
+            f"{', '.join(taken)}), e.g. `--lr_scheduler_kwargs '{{\"{missing[0]}\": ...}}'`."
+        )
+    unknown = sorted(set(given) - set(taken))
     if unknown:
         raise ValueError(
-            f"`lr_scheduler_kwargs` has {', '.join(unknown)}, which `lr_scheduler_type: "
-            f"{SchedulerType(args.lr_scheduler_type).value}` does not take; it takes "
-            f"{', '.join(taken) or 'none'}. Fix: drop or rename them, or choose the schedule that takes them."
+            f"`lr_scheduler_kwargs` has {', '.join(unknown)}, which `lr_scheduler_type: {name}` does not take; it "
+            f"takes {', '.join(taken) or 'none'}. Fix: drop or rename them, or choose the schedule that takes them."
         )
 
 

@@ -156,6 +156,18 @@ STEPS = ["--eval_strategy", "steps", "--save_strategy", "steps", "--eval_steps",
             ["--lr_scheduler_type", "cosine", "--lr_scheduler_kwargs", '{"num_cycle": 2, "num_training_steps": 9}'],
             r"has num_cycle, num_training_steps, which `lr_scheduler_type: cosine` does not take; it takes num_cycles",
         ),
+        # Each of these failed only after the data loaded and the model was built, or was silently ignored.
+        (["--lr_scheduler_type", "cosine_with_min_lr"], r"`lr_scheduler_type: cosine_with_min_lr` needs min_lr in"),
+        (["--lr_scheduler_type", "warmup_stable_decay"], r"needs num_decay_steps in `lr_scheduler_kwargs`"),
+        (["--adam_beta1", "1.5"], r"^`adam_beta1` must be in \[0, 1\) \(e\.g\. 0\.9\), got 1\.5\.$"),
+        (["--adam_epsilon", "-1"], r"^`adam_epsilon` must be >= 0"),
+        (["--eval_steps", "2"], r"^`eval_steps: 2` counts steps, but `eval_strategy` is epoch, so it would be"),
+        (["--distillation_alpha", "0.9"], r"^`distillation_alpha` set, but no `teacher_model_name_or_path`"),
+        (["--lora_r", "4", "--lora_alpha", "8"], r"^`lora_r`, `lora_alpha` set, but `finetune_method` is full"),
+        (["--label_names", "foo"], r"^`label_names: \['foo'\]`: the batches' labels are `labels`"),
+        (["--prediction_loss_only", "true"], r"^`prediction_loss_only: true` is not supported here"),
+        (["--batch_eval_metrics", "true"], r"^`batch_eval_metrics: true` is not supported here"),
+        (["--report_to", "wandbb"], r"^`report_to: wandbb` names no logging integration; transformers has .*wandb"),
     ],
 )
 def test_arguments_are_checked_before_any_data_is_loaded(tmp_path, flags, match):
@@ -174,6 +186,20 @@ def test_arguments_that_agree_are_accepted(tmp_path):
     assert parse_args(schedule)[3].lr_scheduler_kwargs == {"min_lr": 1e-6}
     plateau = ["--lr_scheduler_type", "reduce_lr_on_plateau", "--lr_scheduler_kwargs", '{"patience": 2}']
     assert parse_args([*plateau, "--eval_strategy", "epoch"])[3].lr_scheduler_kwargs == {"patience": 2}
+    lora = ["--model_type", "pretrained", "--finetune_method", "lora", "--lora_r", "4"]
+    assert parse_args([*lora, "--model_name_or_path", "x"])[0].lora_r == 4
+    teacher = ["--teacher_model_name_or_path", "some/teacher", "--distillation_alpha", "0.9"]
+    assert parse_args(teacher)[3].distillation_alpha == 0.9
+
+
+def test_a_logging_integration_that_is_not_installed_is_named_before_training(tmp_path):
+    """`report_to: wandb` without wandb stopped after the data loaded and the model was built."""
+    from transformers.integrations import get_available_reporting_integrations
+
+    installed = get_available_reporting_integrations()
+    absent = next(name for name in ("wandb", "mlflow", "comet_ml", "neptune") if name not in installed)
+    with pytest.raises(ValueError, match=rf"^`report_to: {absent}` needs {absent} installed .*`--report_to none`\.$"):
+        parse_args(["--report_to", absent, "--output_dir", str(tmp_path / "out")])
 
 
 @pytest.mark.parametrize(

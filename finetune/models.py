@@ -170,7 +170,7 @@ def load_trained_model(
     """Load a trained classifier as it was saved (a run's output directory, a checkpoint-* folder or a Hub id), for
     an evaluation-only run. Its head must classify the dataset's labels: nothing is replaced."""
     path = model_args.model_name_or_path
-    _check_model_path(path)
+    check_model_path(path)
     attention = {"attn_implementation": model_args.attn_implementation}
     if is_adapter_dir(path):  # its own message names the base it could not load
         model = load_adapter_model(path, trust_remote_code=model_args.trust_remote_code, **attention)
@@ -315,7 +315,7 @@ def _load_kwargs(model_args: ModelArguments) -> dict:
 
 
 def _load_config(model_args: ModelArguments):
-    _check_model_path(model_args.model_name_or_path)
+    check_model_path(model_args.model_name_or_path)
     with _hub_errors("model", model_args.model_name_or_path):
         return AutoConfig.from_pretrained(model_args.model_name_or_path, **_load_kwargs(model_args))
 
@@ -436,11 +436,13 @@ def reset_head(model: PreTrainedModel) -> None:
         model._init_weights(module)
 
 
-def _check_model_path(path: str) -> None:
+def check_model_path(path: str, option: str = "model_name_or_path") -> None:
+    """Refuse a path that looks local (`./x`, `/x`, `~/x`, ...) but is no folder: `from_pretrained` would try it as a
+    Hub id and fail with "Repo id must be in the form 'repo_name'"."""
     if looks_like_local_path(path) and not os.path.isdir(os.path.expanduser(path)):
         raise FileNotFoundError(
-            f"`model_name_or_path` {path!r} is not a directory. Pass a local checkpoint folder (with config.json "
-            "and the weights) or a Hub model id such as `google/vit-base-patch16-224-in21k`."
+            f"`{option}` {path!r} is not a directory. Pass a local checkpoint folder (with config.json and the "
+            "weights) or a Hub model id such as `google/vit-base-patch16-224-in21k`."
         )
 
 

@@ -53,7 +53,14 @@ from finetune.data import ImageData, collate_batch, load_image_data  # noqa: E40
 from finetune.errors import Interrupted, one_line, run_command, signal_name  # noqa: E402
 from finetune.locations import ADAPTER_CONFIG_NAME  # noqa: E402
 from finetune.metrics import compute_metrics, confusion_report, multi_label_report, multi_label_scores  # noqa: E402
-from finetune.models import attention_head_size, build_model, check_local_checkpoint, count_parameters, storage_size  # noqa: E402
+from finetune.models import (  # noqa: E402
+    attention_head_size,
+    build_model,
+    check_local_checkpoint,
+    check_model_path,
+    count_parameters,
+    storage_size,
+)
 from finetune.results import RESULTS_NAME, EvalMetrics, Results, TrainMetrics, history_from_log_history  # noqa: E402
 from finetune.trainer import ImageClassificationTrainer, balanced_class_weights, check_optimizer_installed  # noqa: E402
 from finetune.training_args import ImageClassificationTrainingArguments, build_training_args  # noqa: E402
@@ -303,7 +310,10 @@ def check_model_and_output_dir(model_args: ModelArguments, training_args: Traini
     else:
         pretrained = model_args.model_name_or_path if model_args.model_type != "scratch" else None
         reads = {"the pretrained model": pretrained, "the teacher": training_args.teacher_model_name_or_path}
-    # The local folders among them: a Hub id, or a missing folder, is explained when it is loaded.
+    for what, path in reads.items():  # a path that looks local but is no folder, here rather than after the data
+        if path:
+            check_model_path(path, "teacher_model_name_or_path" if what == "the teacher" else "model_name_or_path")
+    # The local folders among them: a Hub id is explained when it is loaded.
     sources = {what: path for what, path in reads.items() if path and is_local(path)}
     for what, path in sources.items():
         model = Path(path).expanduser().resolve()

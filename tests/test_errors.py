@@ -104,6 +104,14 @@ def test_local_model_path_that_does_not_exist(tmp_path):
                   "--output_dir", str(tmp_path / "out")])  # fmt: skip
 
 
+def test_a_teacher_path_that_does_not_exist_is_named_before_the_data_loads(tmp_path):
+    """It was tried as a Hub id after the data loaded and the model was built ("Repo id must be in the form")."""
+    with pytest.raises(FileNotFoundError, match=r"^`teacher_model_name_or_path` .*_teacher. is not a directory"):
+        run.main([*SCRATCH, "--dataset_name", "/nonexistent/data", "--teacher_model_name_or_path",
+                  str(tmp_path / "missing_teacher"), "--output_dir", str(tmp_path / "out")])  # fmt: skip
+    assert not (tmp_path / "out").exists()
+
+
 def test_invalid_scratch_config_names_the_field(tmp_path):
     with pytest.raises(ValueError, match=r"(?s)`hidden_size` \(8\).*`num_attention_heads` \(3\)"):
         run.main([*SCRATCH, "--num_attention_heads", "3", "--dataset_name", "sklearn:digits",

@@ -53,8 +53,14 @@ def resolve_checkpoint(run_dir: Path, training_args: TrainingArguments, one_of_t
     if text in LATEST or (text == "auto" and numbered_checkpoints(run_dir)):
         return prepare_resume(newest_whole_checkpoint(run_dir, training_args), run_dir, training_args)
     if text not in ("false", "none", "", "auto"):
-        if not os.path.isdir(resume):
-            raise FileNotFoundError(f"`resume_from_checkpoint` {resume!r} is not a checkpoint folder.")
+        saved = ("trainer_state.json", "config.json", "model.safetensors", "optimizer.pt")
+        if not any(os.path.isfile(os.path.join(resume, name)) for name in saved):  # also a missing folder
+            inside = numbered_checkpoints(Path(resume)) if os.path.isdir(resume) else []
+            names = ", ".join(p.name for p in inside[:3])
+            raise FileNotFoundError(
+                f"`resume_from_checkpoint` {resume!r} is not a checkpoint folder"
+                + (f"; it holds {names}: pass one of them (the newest is {inside[0].name})." if inside else ".")
+            )
         problem = checkpoint_problem(Path(resume), training_args)
         if problem:
             raise ValueError(

@@ -144,6 +144,25 @@ def test_a_leftover_partial_checkpoint_blocks_nothing(tmp_path, caplog):
         resolve_checkpoint(out, args)
 
 
+def test_a_folder_that_is_no_checkpoint_is_named_so(tmp_path):
+    """A run's folder, or an empty one, as `resume_from_checkpoint`: it was said to hold "the model only (saved with
+    `save_only_model`)", with a fix that started a new run from weights it does not have."""
+    run_dir = tmp_path / "run"
+    for step in (8, 16):
+        (run_dir / f"checkpoint-{step}").mkdir(parents=True)
+    (tmp_path / "empty").mkdir()
+    expected = {
+        run_dir: r"'.*run' is not a checkpoint folder; it holds checkpoint-16, checkpoint-8: pass one of them \(the "
+        r"newest is checkpoint-16\)\.$",
+        tmp_path / "empty": r"'.*empty' is not a checkpoint folder\.$",
+        tmp_path / "missing": r"'.*missing' is not a checkpoint folder\.$",
+    }
+    for folder, match in expected.items():
+        args = parse_args([*TINY, "--output_dir", str(tmp_path / "out"), "--resume_from_checkpoint", str(folder)])[3]
+        with pytest.raises(FileNotFoundError, match=match):
+            resolve_checkpoint(tmp_path / "out", args)
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
     """One tiny run of two epochs, shared: whole checkpoint-8 and checkpoint-16. Each test damages a copy."""

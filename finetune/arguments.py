@@ -39,6 +39,18 @@ def check_ranges(options, checks) -> None:
             raise ValueError(f"`{name}` must be {expected}, got {getattr(options, name)}.")
 
 
+def check_unused(options, names, without: str, fix: str) -> None:
+    """Refuse the fields among `names` set to other than their defaults where nothing uses them (`without` says
+    why: e.g. no teacher to distill from), rather than train as if they were not given."""
+    defaults = {f.name: f.default for f in dataclasses.fields(options)}
+    given = [name for name in names if getattr(options, name) != defaults[name]]
+    if given:
+        raise ValueError(
+            f"{', '.join(f'`{name}`' for name in given)} set, but {without}, so nothing would use it. Fix: {fix}, or "
+            "drop it."
+        )
+
+
 @dataclass
 class ModelArguments:
     """Which model to train: a pretrained checkpoint, a ScratchViT built from its config fields, or both."""
@@ -105,14 +117,9 @@ class ModelArguments:
             )
         if self.merge_lora and self.finetune_method != "lora":
             raise ValueError("`merge_lora: true` merges LoRA adapters: it needs `finetune_method: lora`.")
-        defaults = {field.name: field.default for field in dataclasses.fields(self)}
-        lora = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules")
-        given = [name for name in lora if getattr(self, name) != defaults[name]]
-        if given and self.finetune_method != "lora":
-            raise ValueError(
-                f"{', '.join(f'`{name}`' for name in given)} set, but `finetune_method` is {self.finetune_method}, "
-                "so nothing would use it. Fix: `finetune_method: lora`, or drop it."
-            )
+        if self.finetune_method != "lora":
+            lora = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules")
+            check_unused(self, lora, f"`finetune_method` is {self.finetune_method}", "`finetune_method: lora`")
         check_ranges(self, [("layer_decay", lambda v: v is None or 0 < v <= 1, "in (0, 1] (e.g. 0.75)")])
 
 

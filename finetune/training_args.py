@@ -5,7 +5,6 @@ The arguments are built from concrete values once `finetune.hardware.choose_sett
 (precision, compilation, CPU or GPU): probing the machine while building them made them change under the reader.
 """
 
-import dataclasses
 import inspect
 import os
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from finetune.arguments import (
     TrainingLoopArguments,
     check_choices,
     check_ranges,
+    check_unused,
     command_name,
     option,
     option_specs,
@@ -124,15 +124,10 @@ class ImageClassificationTrainingArguments(TrainingLoopArguments, TrainingArgume
                 f"`eval_steps: {self.eval_steps:g}` counts steps, but `eval_strategy` is {eval_strategy}, so it would "
                 "be ignored. Fix: `eval_strategy: steps` and `save_strategy: steps` with it, or drop `eval_steps`."
             )
-        distilling = ("distillation_type", "distillation_alpha", "distillation_temperature")
         if self.teacher_model_name_or_path is None:
-            defaults = {field.name: field.default for field in dataclasses.fields(self)}
-            given = [name for name in distilling if getattr(self, name) != defaults[name]]
-            if given:
-                raise ValueError(
-                    f"{', '.join(f'`{name}`' for name in given)} set, but no `teacher_model_name_or_path` to distill "
-                    "from, so nothing would use it. Fix: name the teacher (a trained run's folder), or drop it."
-                )
+            distilling = ("distillation_type", "distillation_alpha", "distillation_temperature")
+            without = "no `teacher_model_name_or_path` to distill from"
+            check_unused(self, distilling, without, "name the teacher (a trained run's folder)")
         # Trainer options this pipeline's evaluation and models do not support: ignored, or failing late.
         if self.label_names not in (None, ["labels"]):
             raise ValueError(f"`label_names: {self.label_names}`: the batches' labels are `labels`. Drop the option.")

@@ -118,10 +118,10 @@ class ImageClassificationTrainingArguments(TrainingLoopArguments, TrainingArgume
                     f"`{kind}_steps` must be > 0 with `{kind}_strategy: steps` (optimizer steps, or a share of the "
                     f"run when < 1), got {steps}."
                 )
-        eval_strategy = str(getattr(self.eval_strategy, "value", self.eval_strategy))
-        if self.eval_steps is not None and eval_strategy != "steps":
+        evaluate, save = (str(getattr(s, "value", s)) for s in (self.eval_strategy, self.save_strategy))
+        if self.eval_steps is not None and evaluate != "steps":
             raise ValueError(
-                f"`eval_steps: {self.eval_steps:g}` counts steps, but `eval_strategy` is {eval_strategy}, so it would "
+                f"`eval_steps: {self.eval_steps:g}` counts steps, but `eval_strategy` is {evaluate}, so it would "
                 "be ignored. Fix: `eval_strategy: steps` and `save_strategy: steps` with it, or drop `eval_steps`."
             )
         if self.teacher_model_name_or_path is None:
@@ -151,7 +151,6 @@ class ImageClassificationTrainingArguments(TrainingLoopArguments, TrainingArgume
                 f"{', '.join(EVAL_METRICS)}."
             )
         if self.load_best_model_at_end:
-            evaluate, save = (str(getattr(s, "value", s)) for s in (self.eval_strategy, self.save_strategy))
             if evaluate == "no" or save == "no":
                 raise ValueError(
                     f"`eval_strategy: {evaluate}` and `save_strategy: {save}` cannot keep a best model, which the "
@@ -246,8 +245,8 @@ SCHEDULE_ARGUMENTS = ("optimizer", "num_warmup_steps", "num_training_steps", "la
 def check_scheduler_kwargs(args: TrainingArguments) -> None:
     """Refuse `lr_scheduler_kwargs` that the schedule does not take or lacks, now, not at the first step after the
     data loaded (as "TypeError: get_linear_schedule_with_warmup() got an unexpected keyword argument")."""
-    name = SchedulerType(args.lr_scheduler_type).value
-    schedule = TYPE_TO_SCHEDULER_FUNCTION.get(SchedulerType(args.lr_scheduler_type))
+    kind = SchedulerType(args.lr_scheduler_type)
+    name, schedule = kind.value, TYPE_TO_SCHEDULER_FUNCTION.get(kind)
     parameters = inspect.signature(schedule).parameters if schedule else {}
     if any(p.kind == p.VAR_KEYWORD for p in parameters.values()):
         return  # e.g. `reduce_lr_on_plateau`, which passes them on to torch

@@ -240,6 +240,8 @@ from finetune.arguments import parse_args
 
 *_, args = parse_args(["--output_dir", sys.argv[1], "--report_to", "none"])
 print(f"process {args.process_index} of {args.world_size}: bf16 {args.bf16}", flush=True)
+import torch
+torch.distributed.destroy_process_group()  # as finetune.run.main does: exiting with it up may abort (SIGABRT)
 """
 
 

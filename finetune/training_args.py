@@ -11,6 +11,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 import torch.distributed
+from huggingface_hub import constants as hub_constants
+from huggingface_hub import get_token
+from huggingface_hub.errors import HFValidationError
+from huggingface_hub.utils import validate_repo_id
 from transformers import HfArgumentParser, SchedulerType, TrainingArguments
 from transformers.integrations import get_available_reporting_integrations
 from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
@@ -139,11 +143,8 @@ class ImageClassificationTrainingArguments(TrainingLoopArguments, TrainingArgume
         for name, why in unsupported.items():
             if getattr(self, name):
                 raise ValueError(f"`{name}: true` is not supported here: {why}. Drop the option.")
-        if self.push_to_hub and not self.hub_model_id:
-            raise ValueError(
-                "`push_to_hub: true` needs `hub_model_id` (e.g. `your-name/vit-cifar10`). Nothing was trained; set "
-                "it, or push later with `python -m finetune.tools.hub push OUTPUT_DIR --repo_id ID`."
-            )
+        if self.push_to_hub:
+            check_push_possible(self.hub_model_id, self.hub_token)
         metric = self.metric_for_best_model
         if metric is not None and metric.removeprefix("eval_") not in EVAL_METRICS:
             raise ValueError(
@@ -265,6 +266,27 @@ def check_scheduler_kwargs(args: TrainingArguments) -> None:
         raise ValueError(
             f"`lr_scheduler_kwargs` has {', '.join(unknown)}, which `lr_scheduler_type: {name}` does not take; it "
             f"takes {', '.join(taken) or 'none'}. Fix: drop or rename them, or choose the schedule that takes them."
+        )
+
+
+def check_push_possible(repo_id: str | None, token: str | None) -> None:
+    """`push_to_hub: true` pushes once training has ended: what would make that push fail for certain (no repo id, an
+    invalid one, no token, the Hub switched off) is refused before anything is trained."""
+    later = "Nothing was trained; fix it, or drop `push_to_hub` and push later (`vit-finetune push RUN --repo_id ID`)."
+    if not repo_id:
+        raise ValueError(f"`push_to_hub: true` needs `hub_model_id` (e.g. `your-name/vit-cifar10`). {later}")
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError:
+        raise ValueError(
+            f"`hub_model_id: {repo_id}` is not a Hub repo id (namespace/name: letters, digits, '-', '_', '.'). {later}"
+        ) from None
+    if hub_constants.HF_HUB_OFFLINE:  # what huggingface_hub's uploads obey (read when it was imported)
+        raise ValueError(f"`push_to_hub: true` with HF_HUB_OFFLINE=1 set, which switches the Hub off. {later}")
+    if not (token or get_token()):
+        raise ValueError(
+            "`push_to_hub: true` needs a Hub token with write access: set HF_TOKEN, log in with `hf auth login`, or "
+            f"pass `hub_token`. {later}"
         )
 
 

@@ -169,17 +169,49 @@ def test_an_optimizer_whose_package_is_missing_fails_at_start_up(tmp_path, capsy
     assert "unexpected" not in err and not (tmp_path / "run").exists()
 
 
-def test_a_failed_push_after_training_is_one_line_and_keeps_the_model(tmp_path, capsys, monkeypatch):
-    """Offline, the push fails after training: the error names the retry command and the trained model stays."""
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    out = tmp_path / "out"
-    argv = ["--model_type", "scratch", "--image_size", "8", "--patch_size", "2", "--hidden_size", "8",
+PUSH_RUN = ["--model_type", "scratch", "--image_size", "8", "--patch_size", "2", "--hidden_size", "8",
             "--num_hidden_layers", "1", "--num_attention_heads", "2", "--num_train_epochs", "1",
             "--dataset_name", "sklearn:digits", "--max_train_samples", "32", "--max_eval_samples", "16",
-            "--decoded_cache_dir", "none", "--output_dir", str(out), "--push_to_hub", "true",
-            "--hub_model_id", "me/vit-digits", "--hub_token", "not-a-real-token"]  # fmt: skip
+            "--decoded_cache_dir", "none", "--push_to_hub", "true"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "hub, offline, expected",
+    [
+        (["--hub_model_id", "me/vit-digits", "--hub_token", "not-a-real-token"], True, "with HF_HUB_OFFLINE=1 set"),
+        (["--hub_model_id", "me/vit-digits"], False, "needs a Hub token with write access: set HF_TOKEN"),
+        (["--hub_model_id", "me/vit digits", "--hub_token", "t"], False, "`hub_model_id: me/vit digits` is not a Hub"),
+    ],
+)
+def test_a_push_that_cannot_succeed_is_refused_before_training(tmp_path, capsys, monkeypatch, hub, offline, expected):
+    """Offline, without a token or to an invalid repo id, the push would fail only once training had ended."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no_token"))  # no stored login either
+    monkeypatch.setattr(constants, "HF_STORED_TOKENS_PATH", str(tmp_path / "no_tokens"))
+    out = tmp_path / "out"
+    assert run_command(run.main, [*PUSH_RUN, "--output_dir", str(out), *hub]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: `") and expected in err and "Nothing was trained" in err, err
+    assert "not-a-real-token" not in err and not out.exists()
+
+
+def test_a_failed_push_after_training_is_one_line_and_keeps_the_model(tmp_path, capsys, monkeypatch):
+    """A Hub that cannot be reached fails the push after training: the error names the retry command and the trained
+    model stays."""
+    from huggingface_hub import constants
+
+    from finetune.tools import hub
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing listens
+    monkeypatch.setattr(hub, "RETRY_WAIT_SECONDS", 0.01)
+    out = tmp_path / "out"
+    argv = [*PUSH_RUN, "--output_dir", str(out), "--hub_model_id", "me/vit-digits", "--hub_token", "not-a-real-token"]
     assert run_command(run.main, argv) == 1
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith("error: Pushing ") and "is still in place" in err and "Retry with: " in err
+    assert err.startswith("error: Pushing ") and "is still in place" in err and "Retry with: " in err, err
     assert "not-a-real-token" not in err
     assert (out / "model.safetensors").is_file() and (out / "results.json").is_file()

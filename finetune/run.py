@@ -63,7 +63,7 @@ from finetune.models import (  # noqa: E402
 )
 from finetune.results import RESULTS_NAME, EvalMetrics, Results, TrainMetrics, history_from_log_history  # noqa: E402
 from finetune.trainer import ImageClassificationTrainer, balanced_class_weights, check_optimizer_installed  # noqa: E402
-from finetune.training_args import ImageClassificationTrainingArguments, build_training_args  # noqa: E402
+from finetune.training_args import ImageClassificationTrainingArguments, build_training_args, check_batches  # noqa: E402
 
 
 logger = logging.getLogger(__name__)
@@ -126,6 +126,8 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
             training_args.main_process_first(desc=doing),
         ):
             data = load_image_data(data_args, seed=data_seed(training_args), target_size=target_size)
+        if training_args.do_train:
+            check_batches(training_args, len(data.train))
         if not training_args.do_train:
             check_held_out_as_trained(model_args.model_name_or_path, data_args, training_args, data)
         elif training_args.teacher_model_name_or_path:  # the run's figures would be of images its teacher learned

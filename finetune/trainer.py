@@ -31,6 +31,7 @@ Other private transformers members read, for want of a public one (pinned by the
     PreTrainedModel._init_weights and the `_is_hf_initialized` marks (models.reset_head): a checkpoint that classifies
         other classes than the dataset's gets its head initialised exactly as loading initialises a new head."""
 
+import contextlib
 import os
 import warnings
 
@@ -275,6 +276,24 @@ class ImageClassificationTrainer(Trainer):
         the padding from those copies, so with several processes the duplicate counted and real images did not."""
         logits, labels = torch.from_numpy(eval_pred.predictions), torch.from_numpy(eval_pred.label_ids)
         return {"loss": self.loss(logits, labels).item(), **self.scores(eval_pred)}
+
+    def get_eval_dataloader(self, eval_dataset=None):
+        with self.every_image():
+            return super().get_eval_dataloader(eval_dataset)
+
+    def get_test_dataloader(self, test_dataset):
+        with self.every_image():
+            return super().get_test_dataloader(test_dataset)
+
+    @contextlib.contextmanager
+    def every_image(self):
+        """The Trainer applies `dataloader_drop_last` to evaluation too, scoring a split without its last images:
+        here it is for training only."""
+        drop, self.args.dataloader_drop_last = self.args.dataloader_drop_last, False
+        try:
+            yield
+        finally:
+            self.args.dataloader_drop_last = drop
 
     def evaluate(self, *args, **kwargs):
         # Evaluation draws no number from the training's random generators (the DataLoader takes a seed from them),

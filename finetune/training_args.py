@@ -6,6 +6,8 @@ The arguments are built from concrete values once `finetune.hardware.choose_sett
 """
 
 import inspect
+import logging
+import math
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -39,6 +41,9 @@ from finetune.arguments import (
 from finetune.errors import ArgumentParser
 from finetune.metrics import EVAL_METRICS
 from finetune.nonfinite import DEFAULT_MAX_CONSECUTIVE
+
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -287,6 +292,26 @@ def check_push_possible(repo_id: str | None, token: str | None) -> None:
         raise ValueError(
             "`push_to_hub: true` needs a Hub token with write access: set HF_TOKEN, log in with `hf auth login`, or "
             f"pass `hub_token`. {later}"
+        )
+
+
+def check_batches(args: TrainingArguments, num_images: int) -> None:
+    """The training batches one epoch of `num_images` gives each process, as accelerate shards them: none (with
+    `dataloader_drop_last`) is refused, where transformers would stop on `max_steps`; fewer than
+    `gradient_accumulation_steps` shrink every optimizer step's batch, which is said."""
+    size, world, drop = args.per_device_train_batch_size, args.world_size, args.dataloader_drop_last
+    batches = num_images // size // world if drop else math.ceil(math.ceil(num_images / size) / world)
+    if batches == 0:
+        raise ValueError(
+            f"`dataloader_drop_last: true` drops every training image: {num_images:,} of them give no full batch of "
+            f"{size} to each of {world} process(es). Lower `per_device_train_batch_size`, or drop the option."
+        )
+    if batches < args.gradient_accumulation_steps:
+        steps = args.gradient_accumulation_steps
+        logger.warning(
+            f"`gradient_accumulation_steps: {steps}` is more than the {batches} batch(es) of {size} an epoch gives "
+            f"each process, so each optimizer step averages {batches} ({batches * size * world:,} images, not "
+            f"{steps * size * world:,}). Lower it, or train on more images."
         )
 
 

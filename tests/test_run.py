@@ -109,6 +109,35 @@ def test_scratch_run_writes_a_loadable_model_repo_and_results(tmp_path):
     assert saved["validation"]["accuracy"] == pytest.approx(best)
 
 
+def test_dataloader_drop_last_drops_training_images_only(tmp_path):
+    """transformers applies `dataloader_drop_last` to evaluation too: 45 validation images in batches of 16 were scored
+    as 32. Training drops its last partial batch (240 images, batches of 32: 7 steps an epoch, not 8)."""
+    out = tmp_path / "run"
+    run.main([*TINY_SCRATCH, "--dataloader_drop_last", "true", "--output_dir", str(out), "--report_to", "none"])
+    saved = read_results(out)
+    assert np.array(saved["confusion_matrix"]).sum() == 45
+    accuracy, n, loss = evaluate_independently(out, "validation")
+    assert accuracy == pytest.approx(saved["validation"]["accuracy"], abs=1e-9)
+    assert loss == pytest.approx(saved["validation"]["loss"], rel=1e-5)
+    assert saved["train"]["steps"] == 2 * 7
+
+
+def test_batches_an_epoch_cannot_give_are_said_before_training(tmp_path, caplog):
+    """No full batch with `dataloader_drop_last` is refused (transformers asked for `max_steps`); accumulating more
+    batches than an epoch has is said, with the images each optimizer step really averages."""
+    out = tmp_path / "run"
+    argv = [*TINY_SCRATCH, "--per_device_train_batch_size", "256", "--dataloader_drop_last", "true"]
+    with pytest.raises(ValueError, match=r"drops every training image: 240 of them give no full batch of 256"):
+        run.main([*argv, "--output_dir", str(out), "--report_to", "none"])
+    assert not (out / "model.safetensors").exists()
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        argv = [*TINY_SCRATCH, "--gradient_accumulation_steps", "10", "--num_train_epochs", "1"]
+        run.main([*argv, "--output_dir", str(out), "--report_to", "none"])
+    assert "`gradient_accumulation_steps: 10` is more than the 8 batch(es) of 32" in caplog.text
+    assert "averages 8 (256 images, not 320)" in caplog.text
+    assert read_results(out)["train"]["steps"] == 1
+
+
 def test_without_progress_bars_each_evaluation_is_one_logged_line_not_a_dict_per_log(tmp_path, caplog, capsys):
     with caplog.at_level(logging.INFO, logger="finetune"):
         run.main([*TINY_SCRATCH, "--output_dir", str(tmp_path), "--report_to", "none", "--disable_tqdm", "true"])

@@ -66,6 +66,8 @@ class ImageClassificationTrainingArguments(TrainingLoopArguments, TrainingArgume
     logging_nan_inf_filter: bool = option(
         False, "The Trainer's filter of non-finite logged losses, which waits for the device at every step."
     )
+    do_eval: bool = option(True, "Always on: every run is scored on its validation split (`eval_strategy`: when).")
+    do_predict: bool = option(True, "Always on: a dataset's test split, where it has one, is scored once at the end.")
     max_nonfinite_steps: int = option(
         DEFAULT_MAX_CONSECUTIVE,
         "Optimizer steps in a row with a non-finite loss or gradient (each skipped and logged) that stop training.",
@@ -148,6 +150,16 @@ class ImageClassificationTrainingArguments(TrainingLoopArguments, TrainingArgume
         for name, why in unsupported.items():
             if getattr(self, name):
                 raise ValueError(f"`{name}: true` is not supported here: {why}. Drop the option.")
+        if not self.do_eval:
+            raise ValueError(
+                "`do_eval: false`: every run is scored on its validation split, for results.json and the best "
+                "checkpoint. To score it once, after training: `eval_strategy: no`, `load_best_model_at_end: false`."
+            )
+        if not self.do_predict:
+            raise ValueError(
+                "`do_predict: false`: a dataset's test split, where it has one, is scored once after training, and "
+                "nothing else uses it. Drop the option."
+            )
         if self.push_to_hub:
             check_push_possible(self.hub_model_id, self.hub_token)
         metric = self.metric_for_best_model

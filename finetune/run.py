@@ -62,7 +62,7 @@ from finetune.models import (  # noqa: E402
     storage_size,
 )
 from finetune.results import RESULTS_NAME, EvalMetrics, Results, TrainMetrics, history_from_log_history  # noqa: E402
-from finetune.trainer import ImageClassificationTrainer, balanced_class_weights, check_optimizer_installed  # noqa: E402
+from finetune.trainer import ImageClassificationTrainer, balanced_class_weights, check_optimizer  # noqa: E402
 from finetune.training_args import ImageClassificationTrainingArguments, build_training_args, check_batches  # noqa: E402
 
 
@@ -89,7 +89,7 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
         settings = hardware.choose_settings(options)
         training_args = build_training_args(options, settings)
         check_model_and_output_dir(model_args, training_args)
-        check_optimizer_installed(training_args)
+        check_optimizer(training_args)
         setup_logging(training_args, settings)
         if model_args.model_type == "pretrained" or not training_args.do_train:
             warn_of_scratch_options(scratch_args, training_args.do_train)

@@ -32,6 +32,7 @@ Other private transformers members read, for want of a public one (pinned by the
         other classes than the dataset's gets its head initialised exactly as loading initialises a new head."""
 
 import contextlib
+import copy
 import os
 import warnings
 
@@ -105,18 +106,38 @@ def distillation_loss(
     return (1 - alpha) * label_loss + alpha * teacher_loss
 
 
-def check_optimizer_installed(args) -> None:
+def check_optimizer(args) -> None:
     """An `optim` whose package is missing (bitsandbytes' 8-bit AdamW, say) fails at start-up in one line, not once
-    the data is loaded and the model built. The optimizers that need the model to be named (GaLore, Apollo, LOMO) are
-    checked when `create_optimizer` builds them."""
+    the data is loaded and the model built; so do `optim_args` the optimizer would ignore (transformers passes AdamW
+    none) or cannot read. The optimizers that need the model to be named (GaLore, Apollo, LOMO) are checked when
+    `create_optimizer` builds them."""
+    name = getattr(args.optim, "value", args.optim)
+
+    def kwargs(optim_args: str | None) -> dict:
+        changed = copy.copy(args)
+        changed.optim_args = optim_args
+        return Trainer.get_optimizer_cls_and_kwargs(changed)[1]
+
     try:
-        Trainer.get_optimizer_cls_and_kwargs(args)
+        plain = kwargs(None)
     except ImportError as error:
-        name = getattr(args.optim, "value", args.optim)
         fix = "Or choose another `optim` (the default: adamw_torch_fused)."
         raise ValueError(f"`optim: {name}`: {str(error).rstrip('.')}. {fix}") from error
     except (ValueError, TypeError):
-        pass  # it needs the model
+        return  # it needs the model
+    given = [item.strip() for item in (args.optim_args or "").split(",") if item.strip()]
+    ignored = []
+    for item in given:
+        try:
+            if kwargs(item) == plain:
+                ignored.append(item.split("=")[0])
+        except (ValueError, TypeError, AttributeError) as error:
+            raise ValueError(f"`optim_args: {item}` cannot be read by `optim: {name}`: {error}.") from None
+    if ignored:
+        adam = "; AdamW takes `adam_beta1`, `adam_beta2`, `adam_epsilon` and `weight_decay`" if "adam" in name else ""
+        raise ValueError(
+            f"`optim_args` has {', '.join(ignored)}, which `optim: {name}` ignores. Drop or rename them{adam}."
+        )
 
 
 def balanced_class_weights(labels: torch.Tensor, label_names: list[str]) -> torch.Tensor:

@@ -5,6 +5,7 @@ import io
 
 import pytest
 from PIL import Image
+from transformers import Trainer
 
 from finetune import run
 from finetune.arguments import parse_args
@@ -173,7 +174,10 @@ STEPS = ["--eval_strategy", "steps", "--save_strategy", "steps", "--eval_steps",
         (["--distillation_alpha", "0.9"], r"^`distillation_alpha` set, but no `teacher_model_name_or_path`"),
         (["--lora_r", "4", "--lora_alpha", "8"], r"^`lora_r`, `lora_alpha` set, but `finetune_method` is full"),
         (["--label_names", "foo"], r"^`label_names: \['foo'\]`: the batches' labels are `labels`"),
-        (["--do_eval", "false"], r"^`do_eval: false`: every run is scored on its validation split.*`eval_strategy: no`"),
+        (
+            ["--do_eval", "false"],
+            r"^`do_eval: false`: every run is scored on its validation.*`eval_strategy: no`",
+        ),
         (["--do_predict", "false"], r"^`do_predict: false`: a dataset's test split.*Drop the option\.$"),
         (["--prediction_loss_only", "true"], r"^`prediction_loss_only: true` is not supported here"),
         (["--batch_eval_metrics", "true"], r"^`batch_eval_metrics: true` is not supported here"),
@@ -200,6 +204,35 @@ def test_arguments_that_agree_are_accepted(tmp_path):
     assert parse_args([*lora, "--model_name_or_path", "x"])[0].lora_r == 4
     teacher = ["--teacher_model_name_or_path", "some/teacher", "--distillation_alpha", "0.9"]
     assert parse_args(teacher)[3].distillation_alpha == 0.9
+
+
+@pytest.mark.parametrize(
+    "flags, refused",
+    [
+        (
+            ["--optim_args", "beta1=0.8"],
+            r"^`optim_args` has beta1, which `optim: adamw_torch_fused` ignores.*adam_beta",
+        ),
+        (["--optim", "adafactor", "--optim_args", "scale_parameter=False"], r"has scale_parameter, which `optim: ada"),
+        (["--optim", "sgd", "--optim_args", "momentum=0.9,nesterovv=true"], r"^`optim_args` has nesterovv, which"),
+        (["--optim", "sgd", "--optim_args", "momentum=abc"], r"^`optim_args: momentum=abc` cannot be read by `optim"),
+        (["--optim", "sgd", "--optim_args", "momentum=0.9, nesterov=true"], None),
+        (["--optim", "rmsprop", "--optim_args", "alpha=0.9"], None),
+    ],
+)
+def test_optim_args_the_optimizer_ignores_are_refused_at_start_up(tmp_path, flags, refused):
+    """transformers passes AdamW and Adafactor no `optim_args` and SGD only the keys it knows: the rest trained with
+    the defaults, silently."""
+    from finetune.trainer import check_optimizer
+
+    args = parse_args([*flags, "--output_dir", str(tmp_path / "out")])[3]
+    if refused is None:
+        check_optimizer(args)
+        momentum = Trainer.get_optimizer_cls_and_kwargs(args)[1].get("momentum", 0.9)
+        assert momentum == 0.9
+    else:
+        with pytest.raises(ValueError, match=refused):
+            check_optimizer(args)
 
 
 def test_a_logging_integration_that_is_not_installed_is_named_before_training(tmp_path):

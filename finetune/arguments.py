@@ -93,7 +93,9 @@ class ModelArguments:
     lora_alpha: float = option(16, "LoRA scaling: the update is multiplied by alpha / r.")
     lora_dropout: float = option(0.1, "Dropout on the input of the LoRA update.")
     lora_target_modules: list[str] | None = option(
-        None, "Linear layers that get adapters. Default: the query and value projections (ScratchViT: `qkv`)."
+        None,
+        "Linear layers that get adapters. Default: the query and value projections; ScratchViT's one `qkv` projection "
+        "(query, key and value together).",
     )
     merge_lora: bool = option(False, "Also save the model with the adapters merged to OUTPUT/merged (no peft needed).")
     layer_decay: float | None = option(

@@ -125,6 +125,11 @@ def load_image_data(
 
     splits = _materialize(source, chosen, labels, columns, data_args, target_size)
     size = splits["train"].image_size
+    if data_args.decode_size is not None and not source.encoded:
+        logger.warning(
+            f"`decode_size: {data_args.decode_size}` is for images to decode; {source.description} holds decoded "
+            f"{size[0]}x{size[1]} arrays, kept at that size (the model's transform resizes them). Drop the option."
+        )
     unlike = {name: rows for name, rows in chosen.items() if splits[name].image_size != size}
     if unlike and size[0] == size[1] and source.encoded:
         # Stored as train's images, squares of its size, as predict frames every image: a split stored otherwise

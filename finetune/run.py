@@ -51,7 +51,6 @@ from finetune.checkpoints import (  # noqa: E402
 )
 from finetune.data import ImageData, collate_batch, load_image_data  # noqa: E402
 from finetune.errors import Interrupted, one_line, run_command, signal_name  # noqa: E402
-from finetune.locations import ADAPTER_CONFIG_NAME  # noqa: E402
 from finetune.metrics import compute_metrics, confusion_report, multi_label_report, multi_label_scores  # noqa: E402
 from finetune.models import (  # noqa: E402
     attention_head_size,
@@ -61,7 +60,14 @@ from finetune.models import (  # noqa: E402
     count_parameters,
     storage_size,
 )
-from finetune.results import RESULTS_NAME, EvalMetrics, Results, TrainMetrics, history_from_log_history  # noqa: E402
+from finetune.results import (
+    RESULTS_NAME,
+    EvalMetrics,
+    Results,
+    TrainMetrics,
+    history_from_log_history,
+    results_of_model,
+)  # noqa: E402
 from finetune.trainer import ImageClassificationTrainer, balanced_class_weights, check_optimizer  # noqa: E402
 from finetune.training_args import ImageClassificationTrainingArguments, build_training_args, check_batches  # noqa: E402
 
@@ -630,7 +636,7 @@ def check_held_out_as_trained(
     """An evaluation of the model at `path`, or a run it teaches (`args.do_train`), that holds out its validation split
     from train holds out the one the model was trained without, as its run's results.json records it (seed,
     data_seed, validation_size): another would hold images the model trained on."""
-    trained = trained_results(path) if data.validation_held_out else None
+    trained = results_of_model(path) if data.validation_held_out else None
     if trained is None:
         return
     recorded = trained.hyperparameters
@@ -656,15 +662,6 @@ def check_held_out_as_trained(
     )
 
 
-def trained_results(path: str) -> Results | None:
-    """The results.json of the run that trained the model at `path`: its folder's, or that of the run folder of a
-    checkpoint-* or of a LoRA run's merged/ (`merge_lora`); None without one (a Hub id, a model saved elsewhere)."""
-    folder = Path(path).expanduser()
-    merged = folder.name == "merged" and (folder.parent / ADAPTER_CONFIG_NAME).is_file()
-    run_dir = folder.parent if folder.name.startswith("checkpoint-") or merged else folder
-    return Results.load(run_dir) if (run_dir / RESULTS_NAME).is_file() else None
-
-
 def data_seed(args: ImageClassificationTrainingArguments) -> int:
     """The seed of the data's split and subsets, as the Trainer reads `data_seed` for its sampler: `seed` if unset."""
     return args.seed if args.data_seed is None else args.data_seed
@@ -688,7 +685,7 @@ def evaluate_only(
     start = time.perf_counter()
     logger.info(f"==== evaluating {model_args.model_name_or_path} (no training) -> {args.output_dir}")
     set_seed(args.seed)
-    trained = trained_results(model_args.model_name_or_path)
+    trained = results_of_model(model_args.model_name_or_path)
     if args.flip_tta is None:  # as its run's figures (and predict's probabilities) are: with the mirror image or not
         args.flip_tta = run_flip_tta(trained)
         if args.flip_tta:

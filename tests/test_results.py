@@ -5,7 +5,7 @@ import json
 import pytest
 from helpers_runs import make_run_dir
 
-from finetune.results import EvalMetrics, Results, history_from_log_history
+from finetune.results import EvalMetrics, Results, history_from_log_history, results_of_model
 
 
 def test_round_trip_keeps_every_field(tmp_path):
@@ -50,3 +50,22 @@ def test_unreadable_results_name_the_file(tmp_path):
     (tmp_path / "results.json").write_text("{not json")
     with pytest.raises(ValueError, match="results.json is not valid JSON"):
         Results.load(tmp_path)
+
+
+def test_the_results_of_a_model_are_its_runs_around_a_checkpoint_merged_or_export_only(tmp_path):
+    """One rule for evaluation (`check_held_out_as_trained`), predict and export: a checkpoint-*, a LoRA run's merged/
+    and an ONNX export take their run folder's results; another model saved inside a run folder does not."""
+    run = make_run_dir(tmp_path / "run", run_name="the-run")  # it writes checkpoint-3/ too
+    (run / "onnx").mkdir()
+    (run / "onnx" / "model.onnx").write_bytes(b"onnx")
+    (run / "other").mkdir()
+    (run / "other" / "config.json").write_text("{}")
+    (run / "merged").mkdir()
+    assert results_of_model(run).run_name == "the-run"
+    assert results_of_model(run / "checkpoint-3").run_name == "the-run"
+    assert results_of_model(run / "onnx").run_name == "the-run"
+    assert results_of_model(run / "other") is None
+    assert results_of_model(run / "merged") is None  # merged/ without the LoRA run's adapters beside it
+    (run / "adapter_config.json").write_text("{}")
+    assert results_of_model(run / "merged").run_name == "the-run"
+    assert results_of_model("google/vit-base-patch16-224-in21k") is None

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from finetune.errors import ArgumentParser, one_line, run_command
 from finetune.locations import check_folder
-from finetune.results import RESULTS_NAME, Results, TrainMetrics
+from finetune.results import RESULTS_NAME, Results, TrainMetrics, results_of_model
 from finetune.tools import predict
 from finetune.tools.model_card import run_dir_of
 
@@ -120,7 +120,7 @@ def export_results(run_dir: Path) -> Results | None:
     """The results.json an export of `run_dir` carries for predict (how the run stored its images, a multi-label run's
     thresholds): the run's; a checkpoint's is its run's less the kept model's figures, named after the checkpoint.
     None for a model that no run of this project wrote."""
-    results = predict.run_results(run_dir)  # in it, or in the run folder around a checkpoint-* or merged/
+    results = results_of_model(run_dir)  # in it, or in the run folder around a checkpoint-* or merged/
     if results is None or (run_dir / RESULTS_NAME).is_file() or run_dir_of(run_dir) != run_dir:
         return results  # a LoRA run's merged/ is its kept model: the run's figures are its own
     return dataclasses.replace(results, **FIGURES, train=TrainMetrics(), run_name=f"{results.run_name}/{run_dir.name}")

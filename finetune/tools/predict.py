@@ -310,15 +310,6 @@ def logit_probabilities(model, logits: torch.Tensor) -> torch.Tensor:
     return (logits.sigmoid() if is_multi_label(model.config) else logits.softmax(dim=-1)).cpu()
 
 
-def run_results(model_dir) -> Results | None:
-    """The results.json of the run `model_dir` belongs to: in it, or in the run folder around it (checkpoint-*,
-    merged/, onnx/); None for a model that no run of this project wrote."""
-    from finetune.results import RESULTS_NAME, Results
-
-    run_dir = next((p for p in (Path(model_dir), Path(model_dir).parent) if (p / RESULTS_NAME).is_file()), None)
-    return Results.load(run_dir) if run_dir else None
-
-
 def run_stored_size(results: Results | None) -> list[int] | None:
     """The size at which the run stored its training images (`model_view`'s `stored_size`), where it says."""
     return (results.stored_image_size or None) if results is not None else None
@@ -437,8 +428,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, image_metavar: str = "P
 
 def classifier_from_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace, attn_implementation=None):
     """`(model, processor, results, paths)` as `add_model_arguments`' arguments say: the classifier, its run's results
-    (`run_results`) and the image files (`collect_image_paths`). A path that does not exist, or an `--image_size`
-    that does not fit the model, is a usage error."""
+    (`finetune.results.results_of_model`) and the image files (`collect_image_paths`). A path that does not exist, or
+    an `--image_size` that does not fit the model, is a usage error."""
     try:
         paths = collect_image_paths(args.paths)
     except FileNotFoundError as error:
@@ -448,7 +439,9 @@ def classifier_from_arguments(parser: argparse.ArgumentParser, args: argparse.Na
         check_image_size(model, args.image_size)
     except ValueError as error:
         parser.error(str(error))
-    return model, processor, run_results(args.model_dir), paths
+    from finetune.results import results_of_model
+
+    return model, processor, results_of_model(args.model_dir), paths
 
 
 def main(argv: list[str] | None = None) -> list[Prediction]:

@@ -534,11 +534,23 @@ def checked_value(key: str, value: Any, hint, choices: list[str] | None, default
     return value
 
 
+# Options of transformers' image-classification example (run_image_classification.py) named otherwise here.
+EXAMPLE_OPTIONS = {
+    "train_val_split": "`validation_size`, the same fraction",
+    "train_dir": "`dataset_name` set to the folder, one subfolder per class",
+    "validation_dir": "`dataset_name` with a folder holding train/ and validation/",
+}
+
+
 def unknown_message(unknown: list[str], known, where: str, prefix: str = "") -> str:
-    """One line naming each unknown option and the closest known names."""
+    """One line naming each unknown option and the closest known names (or what replaces an example script's)."""
     parts = []
     for key in unknown:
-        close = difflib.get_close_matches(key.removeprefix(prefix).split("=")[0].replace("-", "_"), known, n=3)
+        name = key.removeprefix(prefix).split("=")[0].replace("-", "_")
+        close = difflib.get_close_matches(name, known, n=3)
+        if name in EXAMPLE_OPTIONS:
+            parts.append(f"{key!r} (transformers' example script's; here: {EXAMPLE_OPTIONS[name]})")
+            continue
         parts.append(f"{key!r}" + (f" (Did you mean {', '.join(repr(prefix + c) for c in close)}?)" if close else ""))
     return f"Unknown option(s) {where}: {', '.join(parts)}. `{command_name()} --help` lists the options."
 

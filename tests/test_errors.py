@@ -49,6 +49,9 @@ def test_unknown_command_line_key_is_named(tmp_path):
         parse_args(["--learnig_rate", "3"])
     with pytest.raises(UsageError, match=r"'configs/quickstart.yaml'.*Did you mean `--config configs/quickstart"):
         parse_args(["configs/quickstart.yaml"])
+    # transformers' example script's names get what replaces them, not a guess
+    with pytest.raises(UsageError, match=r"'--train_val_split' \(transformers' example script's; here: `validation_size`"):
+        parse_args(["--train_val_split", "0.15"])
 
 
 def test_missing_config_file():

@@ -50,7 +50,7 @@ def test_unknown_command_line_key_is_named(tmp_path):
     with pytest.raises(UsageError, match=r"'configs/quickstart.yaml'.*Did you mean `--config configs/quickstart"):
         parse_args(["configs/quickstart.yaml"])
     # transformers' example script's names get what replaces them, not a guess
-    with pytest.raises(UsageError, match=r"'--train_val_split' \(transformers' example script's; here: `validation_size`"):
+    with pytest.raises(UsageError, match=r"'--train_val_split' \(transformers' example script's; here: `validation"):
         parse_args(["--train_val_split", "0.15"])
 
 

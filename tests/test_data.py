@@ -556,15 +556,14 @@ def test_images_of_different_sizes_are_resized(tmp_path):
     assert data.train.image_size == (4, 4)
 
 
-def test_decode_size_on_decoded_arrays_is_said_to_do_nothing(caplog):
-    """scikit-learn's digits (like CIFAR-10's python batches) are arrays already: `decode_size` cannot apply."""
+def test_options_for_encoded_images_on_decoded_arrays_are_said_to_do_nothing(caplog):
+    """scikit-learn's digits (like CIFAR-10's python batches) are arrays with labels already: `decode_size` and the
+    column names cannot apply."""
     with caplog.at_level(logging.WARNING, logger="finetune"):
-        data = load_image_data(_args(dataset_name="sklearn:digits", decode_size=16), seed=0)
+        data = load_image_data(_args(dataset_name="sklearn:digits", decode_size=16, image_column_name="img"), seed=0)
     assert data.train.image_size == (8, 8)
-    assert (
-        "`decode_size: 16` is for images to decode; sklearn:digits holds" in caplog.text
-        and "8x8 arrays" in caplog.text
-    )
+    assert "`decode_size`, `image_column_name` are for tables and files of encoded images" in caplog.text
+    assert "holds 8x8 arrays" in caplog.text
 
 
 def test_same_size_images_stay_native_whatever_the_target(tmp_path):

@@ -125,10 +125,12 @@ def load_image_data(
 
     splits = _materialize(source, chosen, labels, columns, data_args, target_size)
     size = splits["train"].image_size
-    if data_args.decode_size is not None and not source.encoded:
+    encoded_only = ("decode_size", "image_column_name", "label_column_name")
+    unused = [name for name in encoded_only if getattr(data_args, name) is not None]
+    if unused and not source.encoded:
         logger.warning(
-            f"`decode_size: {data_args.decode_size}` is for images to decode; {source.description} holds decoded "
-            f"{size[0]}x{size[1]} arrays, kept at that size (the model's transform resizes them). Drop the option."
+            f"{', '.join(f'`{n}`' for n in unused)} are for tables and files of encoded images; {source.description} "
+            f"holds {size[0]}x{size[1]} arrays and their labels, kept as they are. Drop the option(s)."
         )
     unlike = {name: rows for name, rows in chosen.items() if splits[name].image_size != size}
     if unlike and size[0] == size[1] and source.encoded:

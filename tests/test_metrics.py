@@ -2,6 +2,7 @@
 results.json, the comparison report and the model card."""
 
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -91,6 +92,25 @@ def test_compute_metrics_adds_top5_only_above_five_classes():
     assert metrics["top5_accuracy"] == 0.5 and metrics["accuracy"] == 0.25
     # argmax is class 6 for every image: F1 of class 6 is 2 * (1/4 * 1) / (5/4) = 0.4; classes 0, 1, 2 score 0
     assert metrics["macro_f1"] == pytest.approx(0.4 / 4)
+
+
+def test_an_image_with_nan_logits_counts_as_wrong_everywhere(caplog):
+    """argmax took a NaN row's first NaN for the prediction: a model of NaNs scored the share of class 0 in accuracy
+    and 0 in top-5. Now such an image is wrong in every figure, absent from the confusion matrix, and said."""
+    logits = one_hot_logits(PREDICTIONS, 4)
+    logits[[0, 1]] = np.nan  # image 0 was right (a for a), image 1 wrong (b for a)
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        metrics = compute_metrics(EvalPrediction(logits, np.array(REFERENCES)))
+        report = confusion_report(logits, np.array(REFERENCES), ["a", "b", "c", "d"])
+    assert "2 of 6 images got NaN logits from the model: each counts as wrong." in caplog.text
+    assert metrics["accuracy"] == pytest.approx(3 / 6)
+    assert report["confusion_matrix"] == [[0, 0, 0, 0], [0, 2, 0, 0], [1, 0, 1, 0], [0, 0, 0, 0]]
+    assert report["per_class_recall"]["a"] == 0.0  # both images of a: one predicted c, one NaN
+    # Macro F1 over the classes that occur (a, b, c), the NaN rows' -1 not among them: a 0, b 1, c 2/3.
+    assert metrics["macro_f1"] == pytest.approx((0 + 1 + 2 / 3) / 3)
+    everything_nan = np.full((4, 7), np.nan, dtype=np.float32)
+    metrics = compute_metrics(EvalPrediction(everything_nan, np.array([0, 2, 1, 0])))
+    assert metrics == {"accuracy": 0.0, "top5_accuracy": 0.0, "macro_f1": 0.0}
 
 
 def test_confusion_report_per_class_by_name():

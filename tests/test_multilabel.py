@@ -304,6 +304,19 @@ def test_each_threshold_maximises_its_labels_f1_and_map_is_scikit_learns():
     assert scores == {"map": 1.0, "micro_f1": 1.0, "macro_f1": 1.0}
 
 
+def test_a_nan_score_is_the_lowest_not_an_error():
+    """scikit-learn's average precision refused NaN ("Input contains NaN"), stopping the run's evaluation; a NaN is
+    now never above a threshold and ranks below every real score (infinite scores are clipped, not refused)."""
+    labels = np.array([[1, 0], [0, 1], [1, 0], [0, 0]])
+    logits = np.array([[3.0, -1.0], [np.nan, 2.0], [np.nan, -np.inf], [-2.0, np.inf]])
+    scores = multi_label_scores(logits, labels)
+    # a: positives 0 (3.0) and 2 (NaN, ranked last) -> precision 1 at rank 1, 2/4 at rank 4: AP 0.75; b: AP 1 with
+    # +inf on the one negative ranked first -> its positive (2.0) is second: AP 0.5.
+    assert scores["map"] == pytest.approx((0.75 + 0.5) / 2)
+    report = multi_label_report(logits, labels, ["a", "b"], logits, labels)
+    assert report["per_class_average_precision"] == pytest.approx({"a": 0.75, "b": 0.5})
+
+
 def test_bce_loss_with_label_smoothing_and_balanced_positive_weights():
     logits = torch.randn(6, 3)
     targets = torch.tensor([[1, 0, 1], [0, 0, 0], [1, 1, 0], [0, 1, 0], [1, 0, 0], [0, 0, 1]], dtype=torch.float32)

@@ -4,6 +4,7 @@ The Trainer calls `compute_metrics` on every process's predictions gathered (wit
 sharding adds), so a multi-process run reports the numbers of one process.
 """
 
+import logging
 from functools import cache
 from pathlib import Path
 
@@ -17,6 +18,8 @@ METRICS_DIR = Path(__file__).resolve().parent
 # so what `metric_for_best_model` may name (not top-5 accuracy, which five classes or fewer have not).
 EVAL_METRICS = {"accuracy": True, "loss": False, "map": True, "macro_f1": True}  # name -> whether greater is better
 TOP_K = 5
+LOWEST = float(np.finfo(np.float32).min)  # a multi-label NaN score ranks below every real one, and is finite
+logger = logging.getLogger(__name__)
 
 
 @cache
@@ -28,9 +31,19 @@ def load_metric(name: str) -> evaluate.EvaluationModule:
     return evaluate.load(str(METRICS_DIR / name))
 
 
+def nan_rows(logits: np.ndarray) -> np.ndarray:
+    """The images `(N,)` whose logits hold a NaN, said in a warning: the model classified none of them, and each
+    counts as wrong (an argmax would have taken the first NaN's class for a prediction)."""
+    rows = np.isnan(logits).any(axis=-1)
+    if rows.any():
+        logger.warning(f"{rows.sum():,} of {len(rows):,} images got NaN logits from the model: each counts as wrong.")
+    return rows
+
+
 def classification_scores(logits: np.ndarray, labels: np.ndarray, num_labels: int) -> dict:
-    """The `classification` module's figures for the argmax predictions of `logits` `(N, K)`."""
-    predictions = np.argmax(logits, axis=-1)
+    """The `classification` module's figures for the argmax predictions of `logits` `(N, K)`; an image with NaN
+    logits is predicted as -1, no class (`nan_rows`)."""
+    predictions = np.where(nan_rows(logits), -1, np.argmax(logits, axis=-1))
     return load_metric("classification").compute(predictions=predictions, references=labels, num_labels=num_labels)
 
 
@@ -64,6 +77,13 @@ def _by_name(label_names: list[str], values) -> dict[str, float | None]:
     return {name: (None if np.isnan(value) else float(value)) for name, value in zip(label_names, values)}
 
 
+def finite_scores(logits: np.ndarray) -> np.ndarray:
+    """Multi-label `logits` with a NaN (`nan_rows` warns) as the lowest score, never above a threshold, and infinite
+    ones clipped, which scikit-learn's average precision refuses."""
+    nan_rows(logits)
+    return np.nan_to_num(logits, nan=LOWEST, neginf=LOWEST, posinf=-LOWEST)
+
+
 def multi_label_scores(logits: np.ndarray, labels: np.ndarray, thresholds=None) -> dict[str, float]:
     """Multi-label figures of `logits` against multi-hot `labels` `(N, K)`: `map`, the mean over the labels that have
     a positive image of scikit-learn's average precision, and micro and macro F1 of the labels whose probability
@@ -72,6 +92,7 @@ def multi_label_scores(logits: np.ndarray, labels: np.ndarray, thresholds=None) 
     from scipy.special import expit
     from sklearn.metrics import average_precision_score, f1_score
 
+    logits = finite_scores(logits)
     present = np.flatnonzero(labels.sum(0) > 0)
     if thresholds is None:
         predicted = logits > 0  # sigmoid(logits) > 0.5
@@ -96,6 +117,7 @@ def multi_label_report(
     from scipy.special import expit
     from sklearn.metrics import average_precision_score, precision_recall_curve, precision_recall_fscore_support
 
+    logits, validation_logits = finite_scores(logits), finite_scores(validation_logits)
     thresholds = []
     validation_probabilities = expit(np.asarray(validation_logits, dtype=np.float64))
     for scores, truth in zip(validation_probabilities.T, validation_labels.T):  # one label at a time

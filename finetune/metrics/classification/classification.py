@@ -9,7 +9,8 @@ from sklearn.metrics import accuracy_score, confusion_matrix, precision_recall_f
 
 _KWARGS_DESCRIPTION = """
 Args:
-    predictions (`list` of `int`), references (`list` of `int`): predicted and true labels.
+    predictions (`list` of `int`), references (`list` of `int`): predicted and true labels; a prediction of -1 (no
+        class: the model gave NaN) is wrong, and absent from the confusion matrix.
     num_labels (`int`, *optional*): number of classes; defaults to the largest label seen plus one.
 Returns:
     accuracy (`float`): the fraction of predictions equal to their reference.
@@ -37,7 +38,10 @@ class Classification(evaluate.Metric):
         num_labels = num_labels or int(max(max(predictions, default=-1), max(references, default=-1))) + 1
         labels, names = range(num_labels), ("precision", "recall", "f1")
         per_class = precision_recall_fscore_support(references, predictions, labels=labels, zero_division=np.nan)
-        macro = precision_recall_fscore_support(references, predictions, average="macro", zero_division=0)
+        occurring = sorted((set(references) | set(predictions)) - {-1})  # -1: no prediction, never a class
+        macro = precision_recall_fscore_support(
+            references, predictions, labels=occurring, average="macro", zero_division=0
+        )
         return {
             "accuracy": float(accuracy_score(references, predictions)),
             "confusion_matrix": confusion_matrix(references, predictions, labels=labels).tolist(),

@@ -16,8 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from finetune.locations import ADAPTER_CONFIG_NAME
-
 
 RESULTS_NAME = "results.json"
 SCHEMA_VERSION = 3
@@ -166,16 +164,11 @@ class Results:
 
 def results_of_model(model_dir: str | os.PathLike) -> Results | None:
     """The results of the run that wrote the model in `model_dir`: its own results.json, or that of the run folder
-    around a checkpoint-*, a LoRA run's merged/ (`merge_lora`) or an ONNX export (`export` writes RUN/onnx); None for
-    a model that no run of this project wrote (a Hub id, a model saved elsewhere)."""
+    around it (a checkpoint-*, a LoRA run's merged/, an ONNX export's onnx/, a copy); None for a model that no run of
+    this project wrote (a Hub id, a model saved elsewhere)."""
     folder = Path(model_dir).expanduser()
-    parent = folder.resolve().parent
-    merged = folder.name == "merged" and (parent / ADAPTER_CONFIG_NAME).is_file()
-    inside = merged or folder.name.startswith("checkpoint-") or (folder / "model.onnx").is_file()
-    for run_dir in (folder, parent) if inside else (folder,):
-        if (run_dir / RESULTS_NAME).is_file():
-            return Results.load(run_dir)
-    return None
+    run_dir = next((p for p in (folder, folder.resolve().parent) if (p / RESULTS_NAME).is_file()), None)
+    return Results.load(run_dir) if run_dir is not None else None
 
 
 def _dataclass_from(cls, data: dict[str, Any] | None):

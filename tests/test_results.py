@@ -52,20 +52,17 @@ def test_unreadable_results_name_the_file(tmp_path):
         Results.load(tmp_path)
 
 
-def test_the_results_of_a_model_are_its_runs_around_a_checkpoint_merged_or_export_only(tmp_path):
-    """One rule for evaluation (`check_held_out_as_trained`), predict and export: a checkpoint-*, a LoRA run's merged/
-    and an ONNX export take their run folder's results; another model saved inside a run folder does not."""
+def test_the_results_of_a_model_are_its_own_or_its_run_folders(tmp_path):
+    """One rule for evaluation (`check_held_out_as_trained`), predict and export: a model folder without results.json
+    inside a run folder (a checkpoint-*, a LoRA run's merged/, an ONNX export) takes the run folder's."""
     run = make_run_dir(tmp_path / "run", run_name="the-run")  # it writes checkpoint-3/ too
     (run / "onnx").mkdir()
     (run / "onnx" / "model.onnx").write_bytes(b"onnx")
-    (run / "other").mkdir()
-    (run / "other" / "config.json").write_text("{}")
-    (run / "merged").mkdir()
+    make_run_dir(run / "inner", run_name="inner-run")
     assert results_of_model(run).run_name == "the-run"
     assert results_of_model(run / "checkpoint-3").run_name == "the-run"
     assert results_of_model(run / "onnx").run_name == "the-run"
-    assert results_of_model(run / "other") is None
-    assert results_of_model(run / "merged") is None  # merged/ without the LoRA run's adapters beside it
-    (run / "adapter_config.json").write_text("{}")
-    assert results_of_model(run / "merged").run_name == "the-run"
+    assert results_of_model(run / "inner").run_name == "inner-run"
+    assert results_of_model(run / "inner" / "checkpoint-3").run_name == "inner-run"
+    assert results_of_model(tmp_path / "elsewhere") is None
     assert results_of_model("google/vit-base-patch16-224-in21k") is None

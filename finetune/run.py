@@ -69,7 +69,12 @@ from finetune.results import (
     results_of_model,
 )  # noqa: E402
 from finetune.trainer import ImageClassificationTrainer, balanced_class_weights, check_optimizer  # noqa: E402
-from finetune.training_args import ImageClassificationTrainingArguments, build_training_args, check_batches  # noqa: E402
+from finetune.training_args import (
+    ImageClassificationTrainingArguments,
+    build_training_args,
+    check_batches,
+    check_push_possible,
+)  # noqa: E402
 
 
 logger = logging.getLogger(__name__)
@@ -112,6 +117,9 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
             run_dirs = {t: output_dir / t for t in ("pretrained", "scratch")}
         else:
             run_dirs = {model_args.model_type: output_dir}
+        if push_to_hub and len(run_dirs) > 1:  # pushed as hub_model_id-pretrained and -scratch: ids of their own
+            for model_type in run_dirs:
+                check_push_possible(f"{training_args.hub_model_id}-{model_type}", hub_token)
         lock_output_dir(training_args.output_dir, training_args)  # one run per folder; `main` releases it
         if training_args.do_train:
             checkpoints = {

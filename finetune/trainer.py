@@ -123,16 +123,29 @@ def check_optimizer(args) -> None:
     except ImportError as error:
         fix = "Or choose another `optim` (the default: adamw_torch_fused)."
         raise ValueError(f"`optim: {name}`: {str(error).rstrip('.')}. {fix}") from error
-    except (ValueError, TypeError):
-        return  # it needs the model
-    given = [item.strip() for item in (args.optim_args or "").split(",") if item.strip()]
+    except (ValueError, TypeError, NotImplementedError):
+        return  # it needs the model (or several processes cannot run it: said when it is built)
+
+    def read(key: str, value: str) -> bool:
+        """Whether `key` reaches the optimizer: a key read with a default (`optim_args.get(key, default)`) given at
+        that default leaves the arguments as they were, so other values are tried too."""
+        for probe in (value, "1", "2", "true", "float16"):
+            try:
+                if kwargs(f"{key}={probe}") != plain:
+                    return True
+            except (ValueError, TypeError, AttributeError):
+                continue
+        return False
+
     ignored = []
-    for item in given:
+    for item in (item.strip() for item in (args.optim_args or "").split(",") if item.strip()):
+        key, _, value = (part.strip() for part in item.partition("="))
         try:
-            if kwargs(item) == plain:
-                ignored.append(item.split("=")[0])
+            kwargs(f"{key}={value}")
         except (ValueError, TypeError, AttributeError) as error:
             raise ValueError(f"`optim_args: {item}` cannot be read by `optim: {name}`: {error}.") from None
+        if not read(key, value):
+            ignored.append(key)
     if ignored:
         adam = "; AdamW takes `adam_beta1`, `adam_beta2`, `adam_epsilon` and `weight_decay`" if "adam" in name else ""
         raise ValueError(

@@ -299,8 +299,14 @@ def check_push_possible(repo_id: str | None, token: str | None) -> None:
             f"`hub_model_id: {repo_id}` is not a Hub repo id (namespace/name: letters, digits, '-', '_', '.'). {later}"
         ) from None
     if hub_constants.HF_HUB_OFFLINE:  # what huggingface_hub's uploads obey (read when it was imported)
-        raise ValueError(f"`push_to_hub: true` with HF_HUB_OFFLINE=1 set, which switches the Hub off. {later}")
-    if not (token or get_token()):
+        by_transformers = os.environ.get("TRANSFORMERS_OFFLINE") and not os.environ.get("HF_HUB_OFFLINE")
+        switch = "TRANSFORMERS_OFFLINE" if by_transformers else "HF_HUB_OFFLINE"  # huggingface_hub reads either
+        raise ValueError(f"`push_to_hub: true` with {switch}=1 set, which switches the Hub off. {later}")
+    try:
+        token = token or get_token()
+    except Exception:  # a token read from elsewhere (an OIDC exchange) failed: the push will say why
+        return
+    if not token:
         raise ValueError(
             "`push_to_hub: true` needs a Hub token with write access: set HF_TOKEN, log in with `hf auth login`, or "
             f"pass `hub_token`. {later}"
@@ -319,10 +325,10 @@ def check_batches(args: TrainingArguments, num_images: int) -> None:
             f"{size} to each of {world} process(es). Lower `per_device_train_batch_size`, or drop the option."
         )
     if batches < args.gradient_accumulation_steps:
-        steps = args.gradient_accumulation_steps
+        steps, images = args.gradient_accumulation_steps, batches * size * world if drop else num_images
         logger.warning(
             f"`gradient_accumulation_steps: {steps}` is more than the {batches} batch(es) of {size} an epoch gives "
-            f"each process, so each optimizer step averages {batches} ({batches * size * world:,} images, not "
+            f"each process, so each optimizer step averages {batches} (the epoch's {images:,} images, not "
             f"{steps * size * world:,}). Lower it, or train on more images."
         )
 

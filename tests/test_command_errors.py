@@ -188,7 +188,8 @@ def test_a_push_that_cannot_succeed_is_refused_before_training(tmp_path, capsys,
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
-    monkeypatch.delenv("HF_TOKEN", raising=False)
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_OIDC_RESOURCE"):  # no token from the environment
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no_token"))  # no stored login either
     monkeypatch.setattr(constants, "HF_STORED_TOKENS_PATH", str(tmp_path / "no_tokens"))
     out = tmp_path / "out"
@@ -215,3 +216,21 @@ def test_a_failed_push_after_training_is_one_line_and_keeps_the_model(tmp_path, 
     assert err.startswith("error: Pushing ") and "is still in place" in err and "Retry with: " in err, err
     assert "not-a-real-token" not in err
     assert (out / "model.safetensors").is_file() and (out / "results.json").is_file()
+
+
+def test_both_models_repo_ids_are_checked_before_training(tmp_path, capsys, monkeypatch):
+    """`model_type: both` pushes to hub_model_id-pretrained and -scratch: a suffixed id over the Hub's 96 characters
+    failed only after both trainings."""
+    from huggingface_hub import constants
+    from test_run import tiny_vit_checkpoint
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    base = tiny_vit_checkpoint(tmp_path / "base", num_labels=10)
+    repo_id = "me/" + "v" * 90  # valid alone
+    out = tmp_path / "out"
+    argv = [*PUSH_RUN, "--model_type", "both", "--model_name_or_path", str(base), "--output_dir", str(out),
+            "--hub_model_id", repo_id, "--hub_token", "t"]  # fmt: skip
+    assert run_command(run.main, argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"error: `hub_model_id: {repo_id}-pretrained` is not a Hub repo id"), err
+    assert not (out / "pretrained").exists()

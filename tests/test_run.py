@@ -134,7 +134,7 @@ def test_batches_an_epoch_cannot_give_are_said_before_training(tmp_path, caplog)
         argv = [*TINY_SCRATCH, "--gradient_accumulation_steps", "10", "--num_train_epochs", "1"]
         run.main([*argv, "--output_dir", str(out), "--report_to", "none"])
     assert "`gradient_accumulation_steps: 10` is more than the 8 batch(es) of 32" in caplog.text
-    assert "averages 8 (256 images, not 320)" in caplog.text
+    assert "averages 8 (the epoch's 240 images, not 320)" in caplog.text
     assert read_results(out)["train"]["steps"] == 1
 
 

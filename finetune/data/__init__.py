@@ -129,8 +129,9 @@ def load_image_data(
     unused = [name for name in encoded_only if getattr(data_args, name) is not None]
     if unused and not source.encoded:
         logger.warning(
-            f"{', '.join(f'`{n}`' for n in unused)} are for tables and files of encoded images; {source.description} "
-            f"holds {size[0]}x{size[1]} arrays and their labels, kept as they are. Drop the option(s)."
+            f"{', '.join(f'`{n}`' for n in unused)} {'is' if len(unused) == 1 else 'are'} for tables and files of "
+            f"encoded images; {source.description} holds {size[0]}x{size[1]} arrays and their labels, kept as they "
+            "are. Drop the option(s)."
         )
     unlike = {name: rows for name, rows in chosen.items() if splits[name].image_size != size}
     if unlike and size[0] == size[1] and source.encoded:

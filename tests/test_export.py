@@ -132,7 +132,11 @@ def test_a_checkpoint_exports_checked_on_its_runs_dataset(scratch_run, tmp_path,
 def test_vit_run_exports_to_the_output_checked_on_given_files(vit_run, tmp_path, capsys):
     files = digit_files(tmp_path / "images")
     out = tmp_path / "served"
+    (tmp_path / "tmp-served").mkdir()  # a folder of the user's: the export's scratch folder had this name, and
+    (tmp_path / "tmp-served" / "notes.txt").write_text("mine")  # deleted it
     result = export.main([str(vit_run), "--format", "onnx", "--output", str(out), "--images", str(files[0].parent)])
+    assert (tmp_path / "tmp-served" / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["images", "served", "tmp-served"]  # no scratch folder left
 
     assert result.path == out / "model.onnx" and {p.name for p in out.iterdir()} >= {
         "model.onnx",

@@ -20,6 +20,7 @@ import dataclasses
 import fnmatch
 import importlib.util
 import json
+import os
 import shutil
 import sys
 from dataclasses import dataclass
@@ -156,8 +157,9 @@ def write_export(
     checked (`check_onnx`): an interrupted export leaves no half-written folder, which a rerun would refuse as another
     model's, and a failed check no export that predict would serve. Returns the path and the check's difference."""
     target = output.resolve()  # `--output .` has no name to put a folder beside
-    partial = target.with_name(f"tmp-{target.name}")
-    shutil.rmtree(partial, ignore_errors=True)  # left by an export that was killed
+    # A name of its own (a user's `tmp-NAME` folder was deleted); if it exists, an export killed earlier left it.
+    partial = target.with_name(f".{target.name}.export-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
     try:
         export_onnx(model, pixel_values, partial / predict.ONNX_NAME)
         model.config.save_pretrained(partial)

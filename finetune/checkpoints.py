@@ -78,21 +78,50 @@ def resolve_checkpoint(run_dir: Path, training_args: TrainingArguments, one_of_t
 
 
 def earlier_run(run_dir: Path) -> list[str]:
-    """The names of an earlier run's checkpoints and results in `run_dir`."""
-    earlier = sorted(p.name for p in run_dir.glob("checkpoint-*"))
+    """The names of an earlier run's checkpoints (`checkpoint-N` folders, not a user's `checkpoint-notes`) and results
+    in `run_dir`."""
+    earlier = [p.name for p in reversed(numbered_checkpoints(run_dir))]
     return earlier + ([RESULTS_NAME] if (run_dir / RESULTS_NAME).exists() else [])
 
 
+# What else a run, or a tool on it, writes into its folder that the next run may not write again, and that would then
+# be served as its model: the other kind's weights (LoRA adapters over a full model, or the reverse; shards), merged/,
+# an ONNX export, the model card, the predictions and figures of an evaluation.
+EARLIER_OUTPUTS = (
+    ADAPTER_CONFIG_NAME, "adapter_model.safetensors", "adapter_model.bin", "model.safetensors", "pytorch_model.bin",
+    "model.safetensors.index.json", "model-*-of-*.safetensors", "pytorch_model.bin.index.json", "merged", "onnx",
+    "predictions_*.csv", "eval_results.json", "test_results.json", "README.md",
+)  # fmt: skip
+
+
+def earlier_outputs(run_dir: Path) -> list[Path]:
+    """The files and folders of `EARLIER_OUTPUTS` in `run_dir`: an ONNX export only with its model.onnx, the model card
+    only as it was written (`edited_card`: one edited by hand is kept)."""
+    from finetune.tools.model_card import edited_card
+
+    found = sorted({path for pattern in EARLIER_OUTPUTS for path in run_dir.glob(pattern)})
+    onnx, card = run_dir / "onnx", run_dir / "README.md"
+    return [
+        p
+        for p in found
+        if not (p == onnx and not (p / "model.onnx").is_file()) and not (p == card and edited_card(run_dir))
+    ]
+
+
 def remove_earlier_run(run_dir: Path, training_args: TrainingArguments) -> None:
-    """`overwrite_output_dir`: remove the earlier run's checkpoints and results, whose checkpoints would otherwise mix
-    with the new ones in rotation. Called just before training, once the data and the model are ready: a mistake
-    found on the way then leaves the earlier run whole."""
+    """`overwrite_output_dir`: remove the earlier run's checkpoints, whose checkpoints would otherwise mix with the new
+    ones in rotation, its results, and its model files and outputs the new run may not replace (`earlier_outputs`).
+    Called just before training, once the data and the model are ready: a mistake found on the way then leaves the
+    earlier run whole."""
     earlier = earlier_run(run_dir)
     if earlier and training_args.overwrite_output_dir and training_args.process_index == 0:
-        logger.warning(f"--overwrite_output_dir: removing the earlier run's {', '.join(earlier)} in {run_dir}")
-        for name in earlier:
-            path = run_dir / name
+        paths = [run_dir / name for name in earlier] + earlier_outputs(run_dir)
+        names = ", ".join(p.name + "/" * p.is_dir() for p in paths)
+        logger.warning(f"--overwrite_output_dir: removing the earlier run's {names} in {run_dir}")
+        for path in paths:
             shutil.rmtree(path) if path.is_dir() else path.unlink()
+        if (run_dir / "README.md").is_file():
+            logger.warning(f"{run_dir / 'README.md'}, edited by hand, is kept: it describes the earlier run.")
 
 
 def newest_whole_checkpoint(run_dir: Path, training_args: TrainingArguments) -> str:

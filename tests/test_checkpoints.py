@@ -13,7 +13,9 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
+from PIL import Image
 
 from finetune import run
 from finetune.arguments import parse_args
@@ -450,3 +452,28 @@ def test_overwrite_output_dir_removes_the_earlier_run_only_once_the_new_one_can_
         [*TINY, "--max_steps", "1", "--save_steps", "1", "--output_dir", str(out), "--overwrite_output_dir", "true"]
     )
     assert (out / "checkpoint-1").is_dir() and not (out / "checkpoint-2").exists()
+
+
+def test_overwrite_removes_what_would_serve_the_earlier_model_and_nothing_of_the_users(tmp_path):
+    """A full fine-tune over a LoRA run left its adapters, merged/ and ONNX export: predict on the folder served the
+    earlier LoRA model, with exit 0. A user's `checkpoint-notes` (not a `checkpoint-N`) was deleted with the run."""
+    from test_run import tiny_vit_checkpoint
+
+    from finetune.tools import export, predict
+
+    base = tiny_vit_checkpoint(tmp_path / "base", num_labels=10)
+    out = tmp_path / "run"
+    pretrained = ["--model_type", "pretrained", "--model_name_or_path", str(base), *TINY[2:], "--max_steps", "2"]
+    run.main([*pretrained, "--finetune_method", "lora", "--merge_lora", "true", "--output_dir", str(out)])
+    export.main([str(out), "--format", "onnx"])
+    (out / "checkpoint-notes").mkdir()
+    (out / "checkpoint-notes" / "mine.txt").write_text("mine")
+    assert {"adapter_config.json", "merged", "onnx"} <= {p.name for p in out.iterdir()}
+    run.main([*pretrained, "--output_dir", str(out), "--overwrite_output_dir", "true", "--learning_rate", "0.1"])
+    names = {p.name for p in out.iterdir()}
+    assert not names & {"adapter_config.json", "adapter_model.safetensors", "merged", "onnx"}, names
+    assert (out / "checkpoint-notes" / "mine.txt").read_text() == "mine"
+    image = tmp_path / "digit.png"
+    Image.fromarray(np.arange(64, dtype=np.uint8).reshape(8, 8) * 4).save(image)
+    served = predict.main([str(out), str(image)])[0].scores
+    assert served == predict.main([str(out / "checkpoint-2"), str(image)])[0].scores  # the new run's model

@@ -193,8 +193,8 @@ def history_from_log_history(log_history: Sequence[dict]) -> list[HistoryRow]:
 
 
 def find_run_dirs(paths: Sequence[str | os.PathLike]) -> list[Path]:
-    """The run directories (with `results.json`) of `paths`: a folder without one stands for its subfolders that have
-    one, as `model_type: both` writes `OUTPUT/pretrained` and `OUTPUT/scratch`."""
+    """The run directories (with `results.json`) of `paths`, each once: a folder without one stands for its subfolders
+    that have one, as `model_type: both` writes `OUTPUT/pretrained` and `OUTPUT/scratch`."""
     run_dirs = []
     for path in map(Path, paths):
         if (path / RESULTS_NAME).is_file():
@@ -208,4 +208,5 @@ def find_run_dirs(paths: Sequence[str | os.PathLike]) -> list[Path]:
                 "or OUTPUT itself)."
             )
         run_dirs.extend(children)
-    return run_dirs
+    unique = {run_dir.resolve(): run_dir for run_dir in reversed(run_dirs)}  # the first path given names each
+    return [run_dir for run_dir in run_dirs if unique[run_dir.resolve()] is run_dir]

@@ -58,6 +58,11 @@ def test_collect_image_paths_follows_links_to_folders(images, tmp_path):
     (tmp_path / "photos" / "linked").symlink_to(images["jpg"].parent, target_is_directory=True)
     found = predict.collect_image_paths([tmp_path / "photos"])
     assert sorted(p.name for p in found) == sorted(p.name for p in images.values())
+    # A link back up (a loop) found each image 40 times, through up/up/up/...; a second link to the same folder twice.
+    (tmp_path / "photos" / "linked_again").symlink_to(images["jpg"].parent, target_is_directory=True)
+    (tmp_path / "photos" / "up").symlink_to(tmp_path / "photos", target_is_directory=True)
+    found = predict.collect_image_paths([tmp_path / "photos"])
+    assert sorted(p.name for p in found) == sorted(p.name for p in images.values())
 
 
 def test_a_folder_gives_the_files_training_reads_of_it(tmp_path):

@@ -5,7 +5,7 @@ import json
 import pytest
 from helpers_runs import make_run_dir
 
-from finetune.results import EvalMetrics, Results, history_from_log_history, results_of_model
+from finetune.results import EvalMetrics, Results, find_run_dirs, history_from_log_history, results_of_model
 
 
 def test_round_trip_keeps_every_field(tmp_path):
@@ -66,3 +66,13 @@ def test_the_results_of_a_model_are_its_own_or_its_run_folders(tmp_path):
     assert results_of_model(run / "inner" / "checkpoint-3").run_name == "inner-run"
     assert results_of_model(tmp_path / "elsewhere") is None
     assert results_of_model("google/vit-base-patch16-224-in21k") is None
+
+
+def test_a_run_given_twice_is_compared_once(tmp_path):
+    """`compare RUN RUN` and `compare OUTPUT OUTPUT/scratch` compared a run with itself, "good and good"."""
+    output = tmp_path / "out"
+    scratch, pretrained = make_run_dir(output / "scratch"), make_run_dir(output / "pretrained", "pretrained")
+    assert find_run_dirs([scratch, scratch]) == [scratch]
+    assert find_run_dirs([output, scratch]) == [pretrained, scratch]
+    found = find_run_dirs([scratch, tmp_path / "out" / ".." / "out"])  # the same folders by another path
+    assert [p.resolve() for p in found] == [scratch.resolve(), pretrained.resolve()]

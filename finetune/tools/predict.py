@@ -150,16 +150,20 @@ def check_model_dir(model_dir: str) -> None:
 
 
 def collect_image_paths(paths: Iterable[str | os.PathLike]) -> list[Path]:
-    """A file as it is (whatever its extension); a folder searched recursively (links to folders followed), sorted,
-    for the files training reads of a folder: datasets' imagefolder extensions, no hidden files or folders, no `__*`
-    folders. Raises `FileNotFoundError` for a path that does not exist."""
+    """A file as it is (whatever its extension); a folder searched recursively (links to folders followed, each folder
+    once), sorted, for the files training reads of a folder: datasets' imagefolder extensions, no hidden files or
+    folders, no `__*` folders. Raises `FileNotFoundError` for a path that does not exist."""
     found: list[Path] = []
     for path in map(Path, paths):
         if path.is_dir():
             from finetune.data.sources import IMAGE_EXTENSIONS
 
-            walked = []
+            walked, seen = [], set()
             for root, folders, names in os.walk(path, followlinks=True):
+                if os.path.realpath(root) in seen:  # a link back up (a loop) or to a folder already searched
+                    folders[:] = []
+                    continue
+                seen.add(os.path.realpath(root))
                 folders[:] = [name for name in folders if not name.startswith((".", "__"))]  # as datasets skips them
                 walked += [Path(root, name) for name in names if not name.startswith(".")]
             found.extend(sorted(p for p in walked if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS))

@@ -205,6 +205,13 @@ def test_image_size_must_fit_the_patches(run_dirs, images, capsys):
         predict.main([str(run_dirs["vit"]), str(images["jpg"]), "--image-size", "18"])
 
 
+@pytest.mark.parametrize("device, message", [("bogus", r"is not a torch device: use cpu"), ("cuda:7", r"has (no|\d)")])
+def test_a_device_this_machine_lacks_is_refused_with_the_fix(run_dirs, images, device, message):
+    """torch's own errors listed every device type it knows, or named the missing NVIDIA driver, without the fix."""
+    with pytest.raises(ValueError, match=rf"^`--device {device}`.*{message}"):
+        predict.main([str(run_dirs["vit"]), str(images["jpg"]), "--device", device])
+
+
 @pytest.mark.parametrize("command", ["predict", "attention", "export"])
 def test_a_misspelt_model_dir_is_said_not_to_exist(run_dirs, images, tmp_path, monkeypatch, command):
     from finetune.tools import attention, export

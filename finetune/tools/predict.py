@@ -430,13 +430,31 @@ def add_model_arguments(parser: argparse.ArgumentParser, image_metavar: str = "P
     add_flag(parser, "trust_remote_code", action="store_true", help="Use the code files saved next to the weights.")
 
 
+def check_device(device: str | None) -> None:
+    """Refuse a `--device` that is no torch device, or that this machine does not have (torch's own errors name
+    every device type torch knows, or the missing driver, not the fix)."""
+    if device is None:
+        return
+    import torch
+
+    try:
+        chosen = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"`--device {device}` is not a torch device: use cpu, cuda, cuda:N or mps.") from None
+    count = {"cuda": torch.cuda.device_count(), "mps": int(torch.backends.mps.is_available())}.get(chosen.type)
+    if count is not None and (chosen.index or 0) >= count:
+        have = f"{count} {chosen.type.upper()} device(s)" if count else f"no {chosen.type.upper()} device"
+        raise ValueError(f"`--device {device}`: this machine has {have}. Use `--device cpu`, or leave it out.")
+
+
 def classifier_from_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace, attn_implementation=None):
     """`(model, processor, results, paths)` as `add_model_arguments`' arguments say: the classifier, its run's results
     (`finetune.results.results_of_model`) and the image files (`collect_image_paths`). A path that does not exist, or
     an `--image_size` that does not fit the model, is a usage error."""
     try:
         paths = collect_image_paths(args.paths)
-    except FileNotFoundError as error:
+        check_device(args.device)
+    except (FileNotFoundError, ValueError) as error:
         parser.error(str(error))
     model, processor = load_classifier(args.model_dir, args.trust_remote_code, attn_implementation, args.device)
     try:

@@ -193,6 +193,13 @@ def test_an_export_that_fails_its_check_leaves_nothing_to_serve(scratch_run, tmp
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("atol", ["nan", "-1", "inf"])
+def test_an_atol_no_difference_can_be_within_is_a_usage_error(scratch_run, capsys, atol):
+    """`--atol nan` failed every export with "differs by up to 8.34e-07 ..., more than atol nan"."""
+    assert run_command(export.main, [str(scratch_run), "--format", "onnx", "--atol", atol]) == 2
+    assert f"--atol must be a finite number >= 0 (e.g. 0.0001), got {float(atol):g}." in capsys.readouterr().err
+
+
 def test_a_run_without_weights_is_one_line(scratch_run, tmp_path, capsys):
     broken = tmp_path / "broken"
     shutil.copytree(scratch_run, broken, ignore=shutil.ignore_patterns("*.safetensors", "checkpoint-*", "onnx"))

@@ -238,6 +238,8 @@ def main(argv: list[str] | None = None) -> ExportResult:
     trust_help = "Use the code files saved next to the weights."
     parser.add_argument("--trust_remote_code", "--trust-remote-code", action="store_true", help=trust_help)
     args = parser.parse_args(argv)
+    if not 0 <= args.atol < float("inf"):  # also a NaN, which no difference is within
+        parser.error(f"--atol must be a finite number >= 0 (e.g. {DEFAULT_ATOL:g}), got {args.atol:g}.")
     missing = [name for name in EXTRA_MODULES if importlib.util.find_spec(name) is None]
     if missing:
         raise RuntimeError(f"Exporting needs {', '.join(missing)} (the `export` extra): {INSTALL}")

@@ -9,6 +9,7 @@ the model card and the benchmarks. Each figure is stored once:
 - `hardware`: where it ran (`finetune.hardware.describe`)."""
 
 import dataclasses
+import hashlib
 import json
 import os
 from collections.abc import Sequence
@@ -87,6 +88,7 @@ class Results:
     model_is_local: bool | None = None
     dataset: str | None = None
     dataset_fingerprint: str | None = None  # `ImageData.fingerprint`: an evaluation knows the same data by it
+    dataset_location: str | None = None  # a local dataset's folder or file (`dataset_location`), hashed: no path shown
     label_names: list[str] = field(default_factory=list)
     image_size: int | None = None
     # (H, W) the training images were stored at: not square only where all had that one size; predict then resizes
@@ -160,6 +162,13 @@ class Results:
                 results.history = history_from_log_history(json.loads(state_path.read_text()).get("log_history", []))
         results.run_name = results.run_name or run_dir.name
         return results
+
+
+def dataset_location(source: str) -> str | None:
+    """A hash of the real path of a local dataset (None for a Hub id): the same folder or file, whatever its files now
+    hold, however its path is spelt; a hash, as results.json goes to the Hub with the model."""
+    path = os.path.expanduser(source)
+    return hashlib.sha256(os.path.realpath(path).encode()).hexdigest()[:24] if os.path.exists(path) else None
 
 
 def results_of_model(model_dir: str | os.PathLike) -> Results | None:

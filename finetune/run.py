@@ -65,6 +65,7 @@ from finetune.results import (
     EvalMetrics,
     Results,
     TrainMetrics,
+    dataset_location,
     history_from_log_history,
     results_of_model,
 )  # noqa: E402
@@ -480,6 +481,7 @@ def evaluated_model_fields(args, model, prep, data: ImageData, on_validation, on
         "architecture": type(model.get_base_model() if hasattr(model, "peft_config") else model).__name__,
         "dataset": data.source,
         "dataset_fingerprint": data.fingerprint,
+        "dataset_location": dataset_location(data.source),
         "label_names": list(data.label_names),
         "image_size": prep.image_size[0],
         "stored_image_size": list(data.train.image_size),
@@ -651,6 +653,14 @@ def check_held_out_as_trained(
     # A local dataset: the same files, however the path is spelled; a Hub id (or older results.json): the same name.
     fingerprint, local = trained.dataset_fingerprint, os.path.exists(os.path.expanduser(data.source))
     same = fingerprint == data.fingerprint if fingerprint and local else trained.dataset == data.source
+    model, this = (f"The teacher {path}", "this run's") if args.do_train else (path, "this evaluation's")
+    changed = trained.dataset_location is not None and trained.dataset_location == dataset_location(data.source)
+    if not same and changed and not recorded.get("evaluation_only"):
+        raise ValueError(
+            f"{model} was trained on {data.source} as it was then: its files have changed since, so {this} held-out "
+            "validation split is not the one the model was trained without, and may hold images it trained on. Fix: "
+            "the data as it was, or a validation split of its own (`validation_file`, or a validation/ folder)."
+        )
     if not same or recorded.get("evaluation_only") or "seed" not in recorded:
         return
     trained_data_seed = recorded.get("data_seed")
@@ -661,7 +671,6 @@ def check_held_out_as_trained(
     fixes += [f"`--validation_size {trained_size:g}`"] if trained_size not in (None, size) else []
     if not fixes:
         return
-    model, this = (f"The teacher {path}", "this run's") if args.do_train else (path, "this evaluation's")
     fix = " and ".join(fixes) + (", or a teacher trained with this run's split" if args.do_train else "")
     raise ValueError(
         f"{model} was trained on {data.source} holding out its validation split with seed {trained_seed}"

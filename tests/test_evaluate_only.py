@@ -171,6 +171,10 @@ def test_a_local_dataset_is_known_by_its_files_not_the_spelling_of_its_path(tmp_
     evaluate = [*args, "--do_train", "false", "--model_name_or_path", str(tmp_path / "a" / "model"), "--seed", "42"]
     with pytest.raises(ValueError, match="would hold out images it trained on. Fix: `--seed 0`"):
         run.main([*evaluate, "--dataset_name", str(tmp_path / "a" / "digits"), "--output_dir", "eval"])
+    # One image more in the folder: the same seed holds out another split, with images the model trained on.
+    shutil.copy(tmp_path / "a" / "digits" / "0" / "0.png", tmp_path / "a" / "digits" / "1" / "new.png")
+    with pytest.raises(ValueError, match=r"its files have changed since, so this evaluation's held-out validation"):
+        run.main([*evaluate[:-1], "0", "--output_dir", "eval"])
     monkeypatch.chdir(tmp_path / "b")
     assert run.main([*evaluate, "--output_dir", "eval"])["scratch"].validation is not None
 

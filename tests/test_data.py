@@ -371,6 +371,18 @@ def test_split_folders_are_found_whatever_their_case(tmp_path):
         load_image_data(_args(dataset_name=str(tmp_path / "pets")), seed=0)
 
 
+def test_several_folders_of_one_split_are_named(tmp_path, caplog):
+    """datasets reads `train/` and `train_backup/` (or `val/` and `validation/`) as one split: a backup copy put twins
+    of the held-out validation images in train, silently."""
+    images, labels = _images(18), _labels(18)
+    _write_png_folder(tmp_path / "pets" / "train", images[:9], labels[:9])
+    _write_png_folder(tmp_path / "pets" / "train_backup", images[9:], labels[9:])
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        data = load_image_data(_args(dataset_name=str(tmp_path / "pets"), validation_size=3), seed=0)
+    assert len(data.train) + len(data.validation) == 18
+    assert "The train split of" in caplog.text and "is the folders train/, train_backup/ together" in caplog.text
+
+
 def test_a_class_folder_named_like_a_split_is_a_class(tmp_path):
     # Only top-level folders are split folders: datasets' `**/train/**` took the class `train` below `test/` for a
     # training split (its images in training and test), and refused `car/ bus/ train/` or `valid/ invalid/`.

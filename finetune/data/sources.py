@@ -197,6 +197,12 @@ def _split_folders(path: str) -> dict[str, list[str]]:
     for split, names in patterns.items():
         if len({name.lower() for name in names}) < len(names):  # `Train/` and `train/`
             raise ValueError(f"{path} has two {split} folders ({folders}); keep one.")
+        if len(names) > 1:  # `train/` and `train_backup/`: a copy would put twins of validation images in train
+            joined = ", ".join(name.removesuffix("/**") + "/" for name in names)
+            logger.warning(
+                f"The {split} split of {path} is the folders {joined} together (a folder named like a split is part "
+                "of it, as datasets reads them). Rename or move any that is not."
+            )
     return patterns
 
 

@@ -221,6 +221,17 @@ def test_csv_with_relative_image_paths_and_string_labels(tmp_path):
     _assert_covers(data, images, labels)
 
 
+def test_a_folder_of_tables_without_a_train_one_is_named(tmp_path):
+    """`data.csv` beside `test.csv`: datasets makes a test split only, and the run stopped on "KeyError: 'train'"."""
+    images, labels = _images(12), _labels(12)
+    paths = _write_png_folder(tmp_path / "tables" / "pictures", images, labels)
+    rows = [f"{p.relative_to(tmp_path / 'tables')},{NAMES[y]}" for p, y in zip(paths, labels)]
+    (tmp_path / "tables" / "data.csv").write_text("\n".join(["image,label", *rows[:9]]) + "\n")
+    (tmp_path / "tables" / "test.csv").write_text("\n".join(["image,label", *rows[9:]]) + "\n")
+    with pytest.raises(ValueError, match=r"has no train split \(its splits: test\)\. Name the training file"):
+        load_image_data(_args(dataset_name=str(tmp_path / "tables")), seed=0)
+
+
 def test_a_csv_of_paths_from_another_folder_names_the_missing_file(tmp_path, caplog):
     # Paths written from the folder above the csv's: every file missing, which the error had called "12 corrupt",
     # naming no file and no reason (the warning that named them comes after decoding, which never started).

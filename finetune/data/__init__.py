@@ -109,6 +109,12 @@ def load_image_data(
     source = open_source(data_args)
     columns = None
     if source.encoded:
+        if "train" not in source.encoded:  # a folder of `data.csv` and `test.csv`: datasets names no file train
+            splits = ", ".join(map(str, source.encoded))
+            raise ValueError(
+                f"{source.description} has no train split (its splits: {splits}). Name the training file or folder "
+                "`train` (datasets reads splits from the names), or pass `--train_file`."
+            )
         columns = find_columns(source.encoded["train"], data_args, source.description)
         for name, dataset in source.encoded.items():
             missing = [c for c in columns if c not in dataset.column_names]

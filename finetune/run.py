@@ -49,7 +49,7 @@ from finetune.checkpoints import (  # noqa: E402
     remove_earlier_run,
     resolve_checkpoint,
 )
-from finetune.data import ImageData, collate_batch, load_image_data  # noqa: E402
+from finetune.data import ImageData, check_separate_files, collate_batch, load_image_data  # noqa: E402
 from finetune.errors import Interrupted, one_line, run_command, signal_name  # noqa: E402
 from finetune.metrics import compute_metrics, confusion_report, multi_label_report, multi_label_scores  # noqa: E402
 from finetune.models import (  # noqa: E402
@@ -113,6 +113,8 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
 
         if not training_args.do_train:
             check_evaluation_only(model_args, push_to_hub)
+        else:
+            check_separate_files(data_args)
         output_dir = Path(training_args.output_dir)
         if model_args.model_type == "both":
             run_dirs = {t: output_dir / t for t in ("pretrained", "scratch")}

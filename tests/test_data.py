@@ -232,6 +232,23 @@ def test_a_folder_of_tables_without_a_train_one_is_named(tmp_path):
         load_image_data(_args(dataset_name=str(tmp_path / "tables")), seed=0)
 
 
+def test_one_place_for_two_splits_is_refused_for_training(tmp_path):
+    """The same csv as `train_file` and `validation_file`, or a folder holding the train file as `validation_file`,
+    scored the model on its training images, exit 0. An evaluation reads a `train_file` for its labels only."""
+    from finetune import run
+    from finetune.data import check_separate_files
+
+    table = tmp_path / "data" / "train.csv"
+    same = _args(train_file=str(table), validation_file=str(table))
+    with pytest.raises(ValueError, match=r"`train_file` .*train.csv is `validation_file` .*: the model would be"):
+        check_separate_files(same)
+    with pytest.raises(ValueError, match=r"^`validation_file` .*data holds `train_file` .*train.csv"):
+        check_separate_files(_args(train_file=str(table), validation_file=str(tmp_path / "data")))
+    check_separate_files(_args(train_file=str(table), validation_file=str(tmp_path / "data" / "val.csv")))
+    with pytest.raises(ValueError, match=r"is `validation_file`"):  # before the data loads: the files need not exist
+        run.main(["--train_file", str(table), "--validation_file", str(table), "--output_dir", str(tmp_path / "o")])
+
+
 def test_a_csv_of_paths_from_another_folder_names_the_missing_file(tmp_path, caplog):
     # Paths written from the folder above the csv's: every file missing, which the error had called "12 corrupt",
     # naming no file and no reason (the warning that named them comes after decoding, which never started).
@@ -627,10 +644,11 @@ def test_large_photos_of_one_size_are_stored_at_the_models_size(tmp_path, caplog
             photo[..., k] += 180
             paths.append(tmp_path / "photos" / name / f"{i}.jpg")
             Image.fromarray(photo).save(paths[-1])
-    index = tmp_path / "index.csv"
-    index.write_text("image,label\n" + "".join(f"{path},{path.parent.name}\n" for path in paths))
+    index, validation = tmp_path / "index.csv", tmp_path / "validation.csv"  # the same photos: storage is the point
+    for table in (index, validation):
+        table.write_text("image,label\n" + "".join(f"{path},{path.parent.name}\n" for path in paths))
     out, cache = tmp_path / "run", tmp_path / "cache"
-    args = [*TINY_RUN, "--model_type", "scratch", "--train_file", str(index), "--validation_file", str(index)]
+    args = [*TINY_RUN, "--model_type", "scratch", "--train_file", str(index), "--validation_file", str(validation)]
     with caplog.at_level(logging.INFO):
         run.main([*args, "--decoded_cache_dir", str(cache), "--output_dir", str(out)])
     assert "are 600x400, larger than the model needs: storing them as 18x18 squares" in caplog.text

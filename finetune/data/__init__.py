@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -39,6 +40,7 @@ __all__ = [
     "ImageData",
     "ImageSplit",
     "center_fit",
+    "check_separate_files",
     "collate_batch",
     "decode_image",
     "is_multi_label",
@@ -84,6 +86,22 @@ class ImageData:
     @property
     def label2id(self) -> dict[str, int]:
         return {name: i for i, name in enumerate(self.label_names)}
+
+
+def check_separate_files(data_args: DataArguments) -> None:
+    """For training, `train_file`, `validation_file` and `test_file` are three places: the same file twice, or a
+    folder that holds another split's file, would score the model on images it trained on."""
+    files = {"train": data_args.train_file, "validation": data_args.validation_file, "test": data_args.test_file}
+    real = {split: os.path.realpath(os.path.expanduser(path)) for split, path in files.items() if path is not None}
+    for split, path in real.items():
+        for other, other_path in real.items():
+            if split != other and (path == other_path or other_path.startswith(path.rstrip(os.sep) + os.sep)):
+                how = "is" if path == other_path else "holds"
+                raise ValueError(
+                    f"`{split}_file` {files[split]} {how} `{other}_file` {files[other]}: the model would be scored on "
+                    "images it trained on. Pass a separate file or folder for each split, or only `train_file` (a "
+                    "validation split is then held out: `validation_size`)."
+                )
 
 
 def load_image_data(

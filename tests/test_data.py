@@ -249,6 +249,20 @@ def test_one_place_for_two_splits_is_refused_for_training(tmp_path):
         run.main(["--train_file", str(table), "--validation_file", str(table), "--output_dir", str(tmp_path / "o")])
 
 
+def test_class_names_written_as_numbers_in_a_csv_are_kept_as_written(tmp_path):
+    """pandas read `007`, `08`, `09` as 7, 8, 9: the names then matched neither `include_labels 007` nor an image
+    folder of the same classes. Ids written as plain numbers stay ids."""
+    images, labels = _images(12), _labels(12)
+    paths = _write_png_folder(tmp_path / "pictures", images, labels)
+    for name, classes in (("padded.csv", ["007", "08", "09"]), ("ids.csv", ["2", "0", "1"])):
+        rows = [f"{p.relative_to(tmp_path)},{classes[y]}" for p, y in zip(paths, labels)]
+        (tmp_path / name).write_text("\n".join(["image,label", *rows]) + "\n")
+    data = load_image_data(_args(dataset_name=str(tmp_path / "padded.csv"), validation_size=3), seed=0)
+    assert data.label_names == ["007", "08", "09"]
+    data = load_image_data(_args(dataset_name=str(tmp_path / "ids.csv"), validation_size=3), seed=0)
+    assert data.label_names == ["0", "1", "2"]
+
+
 def test_a_csv_of_paths_from_another_folder_names_the_missing_file(tmp_path, caplog):
     # Paths written from the folder above the csv's: every file missing, which the error had called "12 corrupt",
     # naming no file and no reason (the warning that named them comes after decoding, which never started).

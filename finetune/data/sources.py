@@ -316,6 +316,10 @@ def _read_csv(path: str, data_args: DataArguments) -> datasets.Dataset:
     base = os.path.dirname(os.path.abspath(path))
     frame[column] = [p if os.path.isabs(p) else os.path.join(base, p) for p in frame[column].astype(str)]
     label = _pick_column(list(frame.columns), data_args.label_column_name, LABEL_COLUMNS, "label", path)
+    if pd.api.types.is_numeric_dtype(frame[label]):  # ids, unless written otherwise: `007` is a name, not 7
+        written = pd.read_csv(path, usecols=[label], dtype=str)[label]
+        if any(isinstance(w, str) and w.strip() != str(v) for w, v in zip(written, frame[label])):
+            frame[label] = written.str.strip()
     several = frame[label].map(lambda v: isinstance(v, str) and ";" in v)
     if several.any():
         logger.info(

@@ -263,6 +263,21 @@ def test_class_names_written_as_numbers_in_a_csv_are_kept_as_written(tmp_path):
     assert data.label_names == ["0", "1", "2"]
 
 
+def test_splits_that_name_and_number_their_classes_are_refused(tmp_path):
+    """Train with a ClassLabel (or names) and validation with ids 0..2: the ids were read as names "0", "1", "2",
+    classes no training image has (a 6-way head, 0% accuracy). Which id is which class is not said anywhere."""
+    images, labels = _images(12), _labels(12)
+    _dataset(images[:9], labels[:9]).to_parquet(tmp_path / "train.parquet")
+    numbered = datasets.Dataset.from_dict(
+        {"img": [Image.fromarray(a) for a in images[9:]], "label": labels[9:]},
+        features=datasets.Features({"img": datasets.Image(), "label": datasets.Value("int64")}),
+    )
+    numbered.to_parquet(tmp_path / "validation.parquet")
+    args = _args(train_file=str(tmp_path / "train.parquet"), validation_file=str(tmp_path / "validation.parquet"))
+    with pytest.raises(ValueError, match=r"The train split\(s\) name their classes and the validation split\(s\) "):
+        load_image_data(args, seed=0)
+
+
 def test_a_csv_of_paths_from_another_folder_names_the_missing_file(tmp_path, caplog):
     # Paths written from the folder above the csv's: every file missing, which the error had called "12 corrupt",
     # naming no file and no reason (the warning that named them comes after decoding, which never started).

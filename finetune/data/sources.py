@@ -448,6 +448,19 @@ def encode_labels(
     values = {name: _arrow_column(ds, label_column).to_pylist() for name, ds in splits.items()}
     if all(isinstance(f, datasets.ClassLabel) and f.names == feature.names for f in features.values()):
         return list(feature.names), {name: np.asarray(v, dtype=np.int64) for name, v in values.items()}
+
+    def numbered(v: list) -> bool:
+        return bool(v) and all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in v)
+
+    kinds = {name: "names" if isinstance(features[name], datasets.ClassLabel) or all(isinstance(x, str) for x in v)
+             else "numbers" if numbered(v) else None for name, v in values.items()}  # fmt: skip
+    if set(kinds.values()) == {"names", "numbers"}:  # numbers then read as names "0", "1": classes no image has
+        named, numbers = ([n for n, k in kinds.items() if k == kind] for kind in ("names", "numbers"))
+        raise ValueError(
+            f"The {', '.join(named)} split(s) name their classes and the {', '.join(numbers)} split(s) number them "
+            f"(label column {label_column!r}): which number is which class is not said. Save every split's labels "
+            "the same way (class names, or the same ClassLabel)."
+        )
     if any(isinstance(f, datasets.ClassLabel) for f in features.values()):  # read every split's labels as names
         values = {
             name: f.int2str(v) if isinstance(f, datasets.ClassLabel) else [x if x is None else str(x) for x in v]

@@ -99,13 +99,10 @@ def earlier_outputs(run_dir: Path) -> list[Path]:
     only as it was written (`edited_card`: one edited by hand is kept)."""
     from finetune.tools.model_card import edited_card
 
-    found = sorted({path for pattern in EARLIER_OUTPUTS for path in run_dir.glob(pattern)})
-    onnx, card = run_dir / "onnx", run_dir / "README.md"
-    return [
-        p
-        for p in found
-        if not (p == onnx and not (p / "model.onnx").is_file()) and not (p == card and edited_card(run_dir))
-    ]
+    kept = {run_dir / "README.md"} if edited_card(run_dir) else set()
+    if not (run_dir / "onnx" / "model.onnx").is_file():
+        kept.add(run_dir / "onnx")
+    return sorted({path for pattern in EARLIER_OUTPUTS for path in run_dir.glob(pattern)} - kept)
 
 
 def remove_earlier_run(run_dir: Path, training_args: TrainingArguments) -> None:

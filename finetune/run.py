@@ -60,7 +60,7 @@ from finetune.models import (  # noqa: E402
     count_parameters,
     storage_size,
 )
-from finetune.results import (
+from finetune.results import (  # noqa: E402
     RESULTS_NAME,
     EvalMetrics,
     Results,
@@ -68,14 +68,14 @@ from finetune.results import (
     dataset_location,
     history_from_log_history,
     results_of_model,
-)  # noqa: E402
+)
 from finetune.trainer import ImageClassificationTrainer, balanced_class_weights, check_optimizer  # noqa: E402
-from finetune.training_args import (
+from finetune.training_args import (  # noqa: E402
     ImageClassificationTrainingArguments,
     build_training_args,
     check_batches,
     check_push_possible,
-)  # noqa: E402
+)
 
 
 logger = logging.getLogger(__name__)
@@ -143,12 +143,12 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
             training_args.main_process_first(desc=doing),
         ):
             data = load_image_data(data_args, seed=data_seed(training_args), target_size=target_size)
-        if training_args.do_train:
-            check_batches(training_args, len(data.train))
         if not training_args.do_train:
             check_held_out_as_trained(model_args.model_name_or_path, data_args, training_args, data)
-        elif training_args.teacher_model_name_or_path:  # the run's figures would be of images its teacher learned
-            check_held_out_as_trained(training_args.teacher_model_name_or_path, data_args, training_args, data)
+        else:
+            check_batches(training_args, len(data.train))
+            if training_args.teacher_model_name_or_path:  # the run's figures would be of images its teacher learned
+                check_held_out_as_trained(training_args.teacher_model_name_or_path, data_args, training_args, data)
 
         results = {}
         for model_type, run_dir in run_dirs.items():

@@ -126,10 +126,10 @@ def check_optimizer(args) -> None:
     except (ValueError, TypeError, NotImplementedError):
         return  # it needs the model (or several processes cannot run it: said when it is built)
 
-    def read(key: str, value: str) -> bool:
-        """Whether `key` reaches the optimizer: a key read with a default (`optim_args.get(key, default)`) given at
-        that default leaves the arguments as they were, so other values are tried too."""
-        for probe in (value, "1", "2", "true", "float16"):
+    def read_at_other_values(key: str) -> bool:
+        """Whether `key` reaches the optimizer at some value: a key read with a default (`optim_args.get(key,
+        default)`) and given at that default leaves the arguments as they were."""
+        for probe in ("1", "2", "true", "float16"):
             try:
                 if kwargs(f"{key}={probe}") != plain:
                     return True
@@ -141,10 +141,10 @@ def check_optimizer(args) -> None:
     for item in (item.strip() for item in (args.optim_args or "").split(",") if item.strip()):
         key, _, value = (part.strip() for part in item.partition("="))
         try:
-            kwargs(f"{key}={value}")
+            given = kwargs(f"{key}={value}")
         except (ValueError, TypeError, AttributeError) as error:
             raise ValueError(f"`optim_args: {item}` cannot be read by `optim: {name}`: {error}.") from None
-        if not read(key, value):
+        if given == plain and not read_at_other_values(key):
             ignored.append(key)
     if ignored:
         adam = "; AdamW takes `adam_beta1`, `adam_beta2`, `adam_epsilon` and `weight_decay`" if "adam" in name else ""

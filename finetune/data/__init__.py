@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -92,10 +92,10 @@ def check_separate_files(data_args: DataArguments) -> None:
     """For training, `train_file`, `validation_file` and `test_file` are three places: the same file twice, or a
     folder that holds another split's file, would score the model on images it trained on."""
     files = {"train": data_args.train_file, "validation": data_args.validation_file, "test": data_args.test_file}
-    real = {split: os.path.realpath(os.path.expanduser(path)) for split, path in files.items() if path is not None}
+    real = {split: Path(path).expanduser().resolve() for split, path in files.items() if path is not None}
     for split, path in real.items():
         for other, other_path in real.items():
-            if split != other and (path == other_path or other_path.startswith(path.rstrip(os.sep) + os.sep)):
+            if split != other and (path == other_path or path in other_path.parents):
                 how = "is" if path == other_path else "holds"
                 raise ValueError(
                     f"`{split}_file` {files[split]} {how} `{other}_file` {files[other]}: the model would be scored on "

@@ -449,11 +449,16 @@ def encode_labels(
     if all(isinstance(f, datasets.ClassLabel) and f.names == feature.names for f in features.values()):
         return list(feature.names), {name: np.asarray(v, dtype=np.int64) for name, v in values.items()}
 
-    def numbered(v: list) -> bool:
-        return bool(v) and all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in v)
+    def numbered(labels: list) -> bool:
+        return all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in labels)
 
-    kinds = {name: "names" if isinstance(features[name], datasets.ClassLabel) or all(isinstance(x, str) for x in v)
-             else "numbers" if numbered(v) else None for name, v in values.items()}  # fmt: skip
+    def kind(name: str) -> str | None:
+        """How a split gives its labels: `names` (a ClassLabel, or strings) or `numbers`."""
+        if isinstance(features[name], datasets.ClassLabel) or all(isinstance(x, str) for x in values[name]):
+            return "names"
+        return "numbers" if values[name] and numbered(values[name]) else None
+
+    kinds = {name: kind(name) for name in values}
     if set(kinds.values()) == {"names", "numbers"}:  # numbers then read as names "0", "1": classes no image has
         named, numbers = ([n for n, k in kinds.items() if k == kind] for kind in ("names", "numbers"))
         raise ValueError(
@@ -471,7 +476,7 @@ def encode_labels(
     if all(isinstance(v, str) for vs in values.values() for v in vs):
         keys = list(feature.names) if isinstance(feature, datasets.ClassLabel) else []  # training's order first
         keys += sorted({v for vs in values.values() for v in vs} - set(keys))
-    elif all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for vs in values.values() for v in vs):
+    elif all(numbered(vs) for vs in values.values()):
         keys = sorted({int(v) for vs in values.values() for v in vs})
         if keys and keys[0] < 0:  # `check_labels` names the split with ids out of range
             names = [str(i) for i in range(keys[-1] + 1)]

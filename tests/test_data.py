@@ -194,6 +194,50 @@ def test_splits_made_separately_are_matched_by_class_name(tmp_path):
     assert _assert_split_matches(data.validation, images, labels) == set(range(12, 24))
 
 
+def test_a_folder_of_several_splits_as_one_split_is_refused(tmp_path):
+    # Its train split was read as the validation split: the model scored on images it trained on, exit 0.
+    images, labels = _images(24), _labels(24)
+    _write_png_folder(tmp_path / "data" / "train", images[:12], labels[:12])
+    _write_png_folder(tmp_path / "data" / "validation", images[12:], labels[12:])
+    _write_png_folder(tmp_path / "other", images[:12], labels[:12])
+    args = _args(train_file=str(tmp_path / "other"), validation_file=str(tmp_path / "data"))
+    with pytest.raises(ValueError, match=r"validation data path .*data holds the splits train, validation: pass it"):
+        load_image_data(args, seed=0)
+    args.validation_file = str(tmp_path / "data" / "validation")
+    assert _assert_split_matches(load_image_data(args, seed=0).validation, images, labels) == set(range(12, 24))
+
+
+def test_validation_size_beside_a_validation_split_is_named_unused(tmp_path, caplog):
+    images, labels = _images(18), _labels(18)
+    _dataset(images[:12], labels[:12]).to_parquet(tmp_path / "train.parquet")
+    _dataset(images[12:], labels[12:]).to_parquet(tmp_path / "validation.parquet")
+    for size, named in ((0.1, False), (5000, True)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="finetune"):
+            data = load_image_data(_args(dataset_name=str(tmp_path), validation_size=size), seed=0)
+        assert len(data.validation) == 6
+        unused = "`validation_size`=5000 is not used: the dataset has a validation split of its own (6 images)"
+        assert (unused in caplog.text) is named
+
+
+def test_a_table_no_split_takes_is_named(tmp_path, caplog):
+    # Beside train.parquet, datasets reads only split-named files: more.parquet was left out without a word.
+    images, labels = _images(24), _labels(24)
+    _dataset(images[:12], labels[:12]).to_parquet(tmp_path / "train.parquet")
+    _dataset(images[12:], labels[12:]).to_parquet(tmp_path / "more.parquet")
+    (tmp_path / ".hidden").mkdir()
+    _dataset(images[12:], labels[12:]).to_parquet(tmp_path / ".hidden" / "x.parquet")
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        data = load_image_data(_args(dataset_name=str(tmp_path), validation_size=3), seed=0)
+    assert len(data.train) + len(data.validation) == 12
+    assert "Leaving out 1 table(s) of" in caplog.text and "that no split takes (more.parquet)" in caplog.text
+    caplog.clear()
+    (tmp_path / "more.parquet").rename(tmp_path / "train-2.parquet")
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        data = load_image_data(_args(dataset_name=str(tmp_path), validation_size=3), seed=0)
+    assert len(data.train) + len(data.validation) == 24 and "Leaving out" not in caplog.text
+
+
 def test_a_class_without_training_images_is_kept_and_named(tmp_path, caplog):
     images, labels = _images(24), _labels(24)
     train = [i for i in range(12) if NAMES[labels[i]] != "frog"]

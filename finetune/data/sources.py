@@ -143,6 +143,7 @@ def _open_local(path: str, data_args: DataArguments) -> Source:
         raise FileNotFoundError(
             f"No data files found in {path!r}. `dataset_name` accepts {ACCEPTED_SOURCES}."
         ) from error
+    _warn_unread_tables(path, [f for files in resolved.values() for f in files])
     tables = {split: [f for f in files if _extension(f) in TABLE_EXTENSIONS] for split, files in resolved.items()}
     tables = {split: files for split, files in tables.items() if files}
     untabled = [
@@ -172,6 +173,23 @@ def _open_local(path: str, data_args: DataArguments) -> Source:
     loaded = datasets.load_dataset("imagefolder", data_dir=path, data_files=patterns, drop_labels=True)
     labelled = _label_by_class_folder(loaded, path, depth=1 if split_folders else 0)
     return Source(path, _files_fingerprint([path]), encoded=_named_splits(labelled, path))
+
+
+def _warn_unread_tables(path: str, read: list[str]) -> None:
+    """Name the tables of the folder `path` in none of its splits: where some file or folder names a split, datasets
+    reads only those (`train.parquet`, `validation.parquet`), and `more.parquet` would be left out without a word."""
+    read, unread = {os.path.realpath(f) for f in read}, []
+    for root, folders, names in os.walk(path):
+        folders[:] = [d for d in folders if not d.startswith((".", "__"))]  # datasets skips hidden ones too
+        files = (os.path.join(root, name) for name in names if not name.startswith((".", "__")))
+        unread += [f for f in files if _extension(f) in TABLE_EXTENSIONS and os.path.realpath(f) not in read]
+    if unread:
+        shown = ", ".join(sorted(os.path.relpath(f, path) for f in unread)[:3])
+        logger.warning(
+            f"Leaving out {len(unread)} table(s) of {path} that no split takes ({shown}): datasets reads a folder's "
+            "splits from names (train*, validation*, test*, or folders so named). Rename or move them to train on "
+            "them, or pass files as `train_file` / `validation_file` / `test_file`."
+        )
 
 
 def _split_folders(path: str) -> dict[str, list[str]]:
@@ -263,10 +281,15 @@ def _open_split_files(files: dict[str, str | list[str]], data_args: DataArgument
                     f"The {split} data path {path!r} does not exist. Accepted: {ACCEPTED_SOURCES}."
                 )
             if os.path.isdir(path):
-                # A folder given as train_file/validation_file: take its (single or train) split.
+                # A folder given as train_file/validation_file: its one split (named train by the reader).
                 sub = _open_local(path, data_args)
                 if sub.decoded:
                     raise ValueError(f"{path!r} cannot be used as a single split; pass it as `dataset_name`.")
+                if len(sub.encoded) > 1:  # its train split alone would be the `split` here: training images
+                    raise ValueError(
+                        f"The {split} data path {path} holds the splits {', '.join(sub.encoded)}: pass it as "
+                        f"`dataset_name`, or the folder of the one meant as `{split}_file`."
+                    )
                 parts.append(sub.encoded["train"])
                 folder_fingerprints.append(sub.fingerprint)
                 continue

@@ -45,6 +45,11 @@ def choose_rows(
     train, test = chosen["train"], chosen.get("test")
     if "validation" in chosen:
         validation, how = chosen["validation"], "validation split of the source"
+        if data_args.validation_size != type(data_args).__dataclass_fields__["validation_size"].default:
+            logger.warning(
+                f"`validation_size`={data_args.validation_size:g} is not used: the dataset has a validation split of "
+                f"its own ({len(validation)} images), which is used instead."
+            )
     else:
         # Images with several labels have no one class to stratify by: one class for all is a seeded random split.
         multi_label = train.labels.ndim == 2

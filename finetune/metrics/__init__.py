@@ -32,12 +32,9 @@ def load_metric(name: str) -> evaluate.EvaluationModule:
 
 
 def nan_rows(logits: np.ndarray) -> np.ndarray:
-    """The images `(N,)` whose logits hold a NaN, said in a warning: the model classified none of them, and each
-    counts as wrong (an argmax would have taken the first NaN's class for a prediction)."""
-    rows = np.isnan(logits).any(axis=-1)
-    if rows.any():
-        logger.warning(f"{rows.sum():,} of {len(rows):,} images got NaN logits from the model: each counts as wrong.")
-    return rows
+    """The images `(N,)` whose logits hold a NaN: the model classified none of them, and each counts as wrong (an
+    argmax would have taken the first NaN's class for a prediction). `compute_metrics` says so once per evaluation."""
+    return np.isnan(logits).any(axis=-1)
 
 
 def classification_scores(logits: np.ndarray, labels: np.ndarray, num_labels: int) -> dict:
@@ -52,6 +49,8 @@ def compute_metrics(eval_pred: EvalPrediction) -> dict[str, float]:
     the Trainer prefixes them (`eval_accuracy`, `test_top5_accuracy`, `eval_macro_f1`)."""
     logits, labels = eval_pred.predictions, eval_pred.label_ids
     logits = logits[0] if isinstance(logits, tuple) else logits
+    if (nan := nan_rows(logits)).any():
+        logger.warning(f"{nan.sum():,} of {len(nan):,} images got NaN logits from the model: each counts as wrong.")
     if labels.ndim == 2:
         return multi_label_scores(logits, labels)
     scores = classification_scores(logits, labels, logits.shape[-1])
@@ -78,9 +77,8 @@ def _by_name(label_names: list[str], values) -> dict[str, float | None]:
 
 
 def finite_scores(logits: np.ndarray) -> np.ndarray:
-    """Multi-label `logits` with a NaN (`nan_rows` warns) as the lowest score, never above a threshold, and infinite
-    ones clipped, which scikit-learn's average precision refuses."""
-    nan_rows(logits)
+    """Multi-label `logits` with a NaN (`nan_rows`) as the lowest score, never above a threshold, and infinite ones
+    clipped, which scikit-learn's average precision refuses."""
     return np.nan_to_num(logits, nan=LOWEST, neginf=LOWEST, posinf=-LOWEST)
 
 

@@ -238,6 +238,24 @@ def test_a_table_no_split_takes_is_named(tmp_path, caplog):
     assert len(data.train) + len(data.validation) == 24 and "Leaving out" not in caplog.text
 
 
+@pytest.mark.parametrize("layout", ["classes", "splits"])
+def test_an_empty_class_folder_is_named(tmp_path, caplog, layout):
+    # bird/ holds no image: the head had three classes instead of four, without a word.
+    images, labels = _images(24), _labels(24)
+    root = tmp_path / "train" if layout == "splits" else tmp_path
+    _write_png_folder(root, images, labels)
+    (root / "bird").mkdir()
+    (root / "bird" / "IMG_1.heic").write_bytes(b"not read")
+    (root / ".thumbnails").mkdir()
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        data = load_image_data(_args(dataset_name=str(tmp_path), validation_size=6), seed=0)
+    assert data.label_names == NAMES
+    assert (
+        "Leaving out the class folder(s) bird of" in caplog.text
+        and "learns the 3 classes cat, dog, frog" in caplog.text
+    )
+
+
 def test_a_class_without_training_images_is_kept_and_named(tmp_path, caplog):
     images, labels = _images(24), _labels(24)
     train = [i for i in range(12) if NAMES[labels[i]] != "frog"]

@@ -180,8 +180,8 @@ def _warn_unread_tables(path: str, read: list[str]) -> None:
     reads only those (`train.parquet`, `validation.parquet`), and `more.parquet` would be left out without a word."""
     read, unread = {os.path.realpath(f) for f in read}, []
     for root, folders, names in os.walk(path):
-        folders[:] = [d for d in folders if not d.startswith((".", "__"))]  # datasets skips hidden ones too
-        files = (os.path.join(root, name) for name in names if not name.startswith((".", "__")))
+        folders[:] = [d for d in folders if not _hidden(d)]
+        files = (os.path.join(root, name) for name in names if not _hidden(name))
         unread += [f for f in files if _extension(f) in TABLE_EXTENSIONS and os.path.realpath(f) not in read]
     if unread:
         shown = ", ".join(sorted(os.path.relpath(f, path) for f in unread)[:3])
@@ -192,11 +192,16 @@ def _warn_unread_tables(path: str, read: list[str]) -> None:
         )
 
 
+def _hidden(name: str) -> bool:
+    """Whether datasets' data files patterns skip a file or folder of this name."""
+    return name.startswith((".", "__"))
+
+
 def _split_folders(path: str) -> dict[str, list[str]]:
     """The data files patterns of the split folders of `path`: its top-level folders where every one is named as a
     split (`train/`, `Test/`, `val-2024/`: datasets' names, any case); else none, and `car/ bus/ train/` are classes.
     datasets' own patterns (`**/train/**`) would take a class folder named `train` at any depth for a split."""
-    folders = sorted(d for d in os.listdir(path) if os.path.isdir(f"{path}/{d}") and not d.startswith((".", "__")))
+    folders = sorted(d for d in os.listdir(path) if os.path.isdir(f"{path}/{d}") and not _hidden(d))
     split_of = {d: _split_named(d) for d in folders}
     if None in split_of.values():
         # Split-named folders of class folders beside other folders: which are classes, which splits, is a guess.
@@ -254,6 +259,14 @@ def _label_by_class_folder(splits: datasets.DatasetDict, root: str, depth: int) 
     names = sorted({c for cs in classes.values() for c in cs if c is not None})
     if len(names) < 2:
         return dict(splits)
+    tops = [root] if depth == 0 else [e.path for e in os.scandir(root) if e.is_dir() and not _hidden(e.name)]
+    folders = {e.name for top in tops for e in os.scandir(top) if e.is_dir() and not _hidden(e.name)}
+    if empty := sorted(folders - set(names)):  # a class the head would not have, without a word
+        logger.warning(
+            f"Leaving out the class folder(s) {', '.join(empty[:5])} of {root}: no split has an image in them that "
+            f"datasets' image folder reads. The model learns the {len(names)} classes {', '.join(names[:5])}"
+            f"{', ...' if len(names) > 5 else ''}."
+        )
     if stray:
         shown = ", ".join(sorted(stray)[:3])
         raise ValueError(

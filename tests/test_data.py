@@ -256,6 +256,21 @@ def test_an_empty_class_folder_is_named(tmp_path, caplog, layout):
     )
 
 
+def test_shards_of_a_split_whose_class_labels_differ_are_matched_by_name(tmp_path):
+    # Each shard saved with the classes it holds, in its own order: datasets refused to concatenate them.
+    images, labels = _images(24), _labels(24)
+    second = [i for i in range(12, 24) if NAMES[labels[i]] != "dog"]
+    _dataset(images[:12], labels[:12]).to_parquet(tmp_path / "train-0.parquet")
+    own = ["frog", "cat"]
+    _dataset(images[second], [own.index(NAMES[labels[i]]) for i in second], names=own).to_parquet(
+        tmp_path / "train-1.parquet"
+    )
+    data = load_image_data(_args(dataset_name=str(tmp_path), validation_size=4), seed=0)
+    assert data.label_names == NAMES
+    covered = set().union(*(_assert_split_matches(s, images, labels) for s in (data.train, data.validation)))
+    assert covered == set(range(12)) | set(second)
+
+
 def test_a_class_without_training_images_is_kept_and_named(tmp_path, caplog):
     images, labels = _images(24), _labels(24)
     train = [i for i in range(12) if NAMES[labels[i]] != "frog"]

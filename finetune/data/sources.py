@@ -318,11 +318,32 @@ def _open_split_files(files: dict[str, str | list[str]], data_args: DataArgument
                 dataset = datasets.load_dataset(TABLE_EXTENSIONS[extension], data_files=path, split="train")
             fingerprint_paths += [*_referenced_files(dataset, data_args, path), path]
             parts.append(dataset)
-        splits[split] = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+        splits[split] = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(_by_one_class_label(parts))
     if not description:
         description = ", ".join(f"{split}: {p}" for split, p in files.items()) if len(files) > 1 else files["train"]
     fingerprint = content_hash([_files_fingerprint(fingerprint_paths), *folder_fingerprints])
     return Source(str(description), fingerprint, encoded=splits)
+
+
+def _by_one_class_label(parts: list[datasets.Dataset]) -> list[datasets.Dataset]:
+    """The files of one split (shards) whose label `ClassLabel`s differ (each saved with the classes it holds, or in
+    another order), relabelled by name with one: the first's classes, then the others' in alphabetical order.
+    `datasets` refuses to concatenate them ("The features can't be aligned")."""
+    columns = [c for c in parts[0].column_names if isinstance(parts[0].features[c], datasets.ClassLabel)]
+    for column in columns:
+        features = [part.features.get(column) for part in parts]
+        if not all(isinstance(f, datasets.ClassLabel) for f in features) or all(f == features[0] for f in features):
+            continue
+        names = list(features[0].names)
+        names += sorted({name for f in features for name in f.names} - set(names))
+        feature = datasets.ClassLabel(names=names)
+        relabelled = []
+        for part, f in zip(parts, features):
+            new_id = np.array([names.index(name) for name in f.names])  # this part's id -> the shared id
+            ids = [i if i is None or i < 0 else int(new_id[i]) for i in _arrow_column(part, column).to_pylist()]
+            relabelled.append(part.remove_columns(column).add_column(column, ids, feature=feature))
+        parts = relabelled
+    return parts
 
 
 def _referenced_files(dataset: datasets.Dataset, data_args: DataArguments, where: str) -> list[str]:

@@ -150,7 +150,7 @@ def test_folder_of_parquet_files_split_by_file_name(tmp_path):
     assert _assert_split_matches(data.test, images, labels) == set(range(18, 24))
 
 
-def test_explicit_train_validation_test_files(tmp_path):
+def test_explicit_train_validation_test_files(tmp_path, caplog):
     images, labels = _images(18), _labels(18)
     for name, part in (("a", slice(0, 10)), ("b", slice(10, 14)), ("c", slice(14, 18))):
         _dataset(images[part], labels[part]).to_parquet(tmp_path / f"{name}.parquet")
@@ -163,6 +163,10 @@ def test_explicit_train_validation_test_files(tmp_path):
     assert _assert_split_matches(data.validation, images, labels) == set(range(10, 14))
     assert _assert_split_matches(data.test, images, labels) == set(range(14, 18))
     _assert_covers(data, images, labels)
+    args.dataset_name = "sklearn:digits"  # e.g. from a config: the files win, and it is named as unused
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        assert load_image_data(args, seed=0).label_names == NAMES
+    assert "`dataset_name` sklearn:digits is not used: the data comes from `train_file`" in caplog.text
 
 
 def test_splits_made_separately_are_matched_by_class_name(tmp_path):

@@ -68,6 +68,11 @@ def open_source(data_args: DataArguments) -> Source:
     if files:
         if "train" not in files:
             raise ValueError("`validation_file` / `test_file` need a `train_file` as well.")
+        if data_args.dataset_name != type(data_args).__dataclass_fields__["dataset_name"].default:
+            logger.warning(
+                f"`dataset_name` {data_args.dataset_name} is not used: the data comes from `train_file` (and "
+                "`validation_file`, `test_file`). Drop one of them."
+            )
         return _open_split_files(files, data_args)
     name = data_args.dataset_name
     if name.startswith("sklearn:"):

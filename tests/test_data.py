@@ -377,7 +377,7 @@ def test_a_csv_of_paths_from_another_folder_names_the_missing_file(tmp_path, cap
         data = load_image_data(_args(dataset_name=str(tmp_path / "data" / "index.csv"), validation_size=2), seed=0)
     assert len(data.train) + len(data.validation) == 6
     assert re.search(
-        rf"Skipped 6 corrupt image\(s\) .*\(FileNotFoundError: .* for the first\): {first}, ", caplog.text
+        rf"Skipped 6 missing image file\(s\) of .*\(FileNotFoundError: .* for the first\): {first}, ", caplog.text
     )
 
 

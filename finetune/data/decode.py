@@ -218,10 +218,11 @@ def decode_images(
         progress.close()
     if skipped:
         listed = ", ".join(skipped[:MAX_LISTED_CORRUPT]) + (", ..." if len(skipped) > MAX_LISTED_CORRUPT else "")
-        logger.warning(
-            f"Skipped {len(skipped)} corrupt image(s) of {where} that could not be decoded ({errors[0]} for the "
-            f"first): {listed}."
+        missing = sum(error.startswith("FileNotFoundError") for error in errors)  # a table's paths to no file
+        what = {0: "corrupt image(s)", len(skipped): "missing image file(s)"}.get(
+            missing, f"images ({missing} missing files, {len(skipped) - missing} corrupt)"
         )
+        logger.warning(f"Skipped {len(skipped)} {what} of {where} ({errors[0]} for the first): {listed}.")
     kept = np.flatnonzero(readable & ~failed)
     if len(kept) == 0:
         raise none_decoded()

@@ -43,6 +43,12 @@ def resolve_checkpoint(run_dir: Path, training_args: TrainingArguments, one_of_t
     remove_partial_checkpoints(run_dir, training_args)
     resume = training_args.resume_from_checkpoint
     text = "" if resume is None else str(resume).lower()
+    if one_of_two and text not in (*LATEST, "auto", "false", "none", ""):
+        raise ValueError(
+            f"`resume_from_checkpoint` {resume} names one checkpoint, and `model_type: both` trains two models, "
+            "each with its own. Fix: `--resume_from_checkpoint true` (each model goes on from its newest whole "
+            "checkpoint; a finished one is kept), or resume each model as its own run (`--model_type` one of them)."
+        )
     if one_of_two and text in (*LATEST, "auto"):
         # A `both` run resumed: a model that finished is kept (resumed, it would train on past an early stop and
         # rewrite its results); a model stopped in training resumes, one not reached yet starts.
@@ -65,6 +71,14 @@ def resolve_checkpoint(run_dir: Path, training_args: TrainingArguments, one_of_t
         if problem:
             raise ValueError(
                 f"`resume_from_checkpoint` {resume!r} cannot be resumed: {problem}. {fix_for(problem, resume)}"
+            )
+        earlier = earlier_run(run_dir)
+        if earlier and Path(resume).resolve().parent != run_dir.resolve() and not training_args.overwrite_output_dir:
+            # Another run's checkpoint going on here would overwrite this folder's checkpoints and results.
+            raise FileExistsError(
+                f"{run_dir} already holds an earlier run ({', '.join(earlier[:3])}), and the checkpoint {resume} is "
+                "not one of its own. Nothing was changed. Fix: a new `--output_dir` to go on from that checkpoint "
+                "there, or `--overwrite_output_dir true` to replace the earlier run."
             )
         return prepare_resume(resume, run_dir, training_args)
     earlier = earlier_run(run_dir)

@@ -380,7 +380,7 @@ def train_and_evaluate(
         trainer = make_trainer(model, processor, prep, data_args, args, data, model_args.layer_decay, settings.compile)
 
     # ---- Training. With `load_best_model_at_end` the best checkpoint by validation accuracy is reloaded here.
-    if checkpoint is None:
+    if checkpoint is None or Path(checkpoint).resolve().parent != output_dir.resolve():  # another run's checkpoint
         remove_earlier_run(output_dir, args)
     # A signal before the first step (the optimizer, a resumed checkpoint's loading) is answered by the stage; after
     # it, by `InterruptCallback`, which saves a checkpoint first.

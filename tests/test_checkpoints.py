@@ -165,6 +165,32 @@ def test_a_folder_that_is_no_checkpoint_is_named_so(tmp_path):
             resolve_checkpoint(tmp_path / "out", args)
 
 
+def test_another_runs_checkpoint_never_goes_on_over_an_earlier_run(trained, tmp_path):
+    """An explicit checkpoint of another run, resumed into a folder holding a run, overwrote that run's checkpoints
+    and results (rotation deleted the rest), exit 0. Its own checkpoints still resume there; under `both` one path
+    cannot name both models' checkpoints."""
+    other = tmp_path / "other"
+    shutil.copytree(trained, other)
+    foreign = str(trained / "checkpoint-8")
+
+    def resolve(out, resume, *extra, one_of_two=False):
+        args = parse_args([*TINY, "--output_dir", str(out), "--resume_from_checkpoint", resume, *extra])[3]
+        return resolve_checkpoint(out, args, one_of_two)
+
+    with pytest.raises(FileExistsError, match=r"other already holds an earlier run \(checkpoint-8, checkpoint-16, "):
+        resolve(other, foreign)
+    assert checkpoints(other) == ["checkpoint-16", "checkpoint-8"]
+    assert resolve(other, foreign, "--overwrite_output_dir", "true") == foreign
+    assert resolve(other, str(other / "checkpoint-8")) == str(other / "checkpoint-8")
+    assert resolve(tmp_path / "new", foreign) == foreign
+    with pytest.raises(ValueError, match=r"names one checkpoint, and `model_type: both` trains two models"):
+        resolve(tmp_path / "both" / "scratch", foreign, one_of_two=True)
+    # Replacing the earlier run removes its checkpoints, which would otherwise mix with the resumed run's.
+    args = [*TINY, "--num_train_epochs", "2", "--output_dir", str(other), "--resume_from_checkpoint", foreign]
+    run.main([*args, "--overwrite_output_dir", "true"])
+    assert checkpoints(other) == ["checkpoint-16"] and checkpoints(trained) == ["checkpoint-16", "checkpoint-8"]
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
     """One tiny run of two epochs, shared: whole checkpoint-8 and checkpoint-16. Each test damages a copy."""

@@ -46,6 +46,9 @@ def restore_state(callback: ExportableState, state) -> None:
 # The options whose values a checkpoint's optimizer and scheduler states hold, and a resume would take from there.
 OPTIMIZER_OPTIONS = ("learning_rate", "weight_decay", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps")
 OPTIMIZER_OPTIONS += ("optim", "optim_args", "adam_beta1", "adam_beta2", "adam_epsilon")
+# The options whose consequences a checkpoint holds otherwise: the validation split and the order of the images (the
+# seeds), the best model kept so far (by which metric), the weights' average.
+RUN_OPTIONS = ("seed", "data_seed", "metric_for_best_model", "greater_is_better", "ema_decay")
 
 
 def number(value):
@@ -72,15 +75,17 @@ class ResumeRefused(ValueError):
 
 
 class ResumeCheck(TrainerCallback, ExportableState):
-    """Refuses a resumed checkpoint trained with other `OPTIMIZER_OPTIONS` (recorded since they are), or whose
-    optimizer steps do not count this run's epochs. The Trainer reads the saved step count through this run's steps
+    """Refuses a resumed checkpoint trained with other `OPTIMIZER_OPTIONS`, `RUN_OPTIONS` or `data_options` (the
+    options of the images' split, from `finetune.run`; recorded since they are), or whose optimizer steps do not
+    count this run's epochs. The Trainer reads the saved step count through this run's steps
     an epoch: step 20 of a one-process run (16 an epoch) resumed by two processes (8) was read as epoch 2.5. Whatever
     sets them (processes, batch size, accumulation, the images, a batch size found by `auto_find_batch_size`), the
     steps tell; they are saved with each checkpoint. A resume in another mixed precision is said, with the fix."""
 
-    def __init__(self):
+    def __init__(self, data_options: dict | None = None):
         self.steps_per_epoch = self.options = self.precision = None
         self.ended = False
+        self.data_options = data_options or {}
 
     def state(self) -> dict:
         attributes = {"steps_per_epoch": self.steps_per_epoch, "options": self.options, "precision": self.precision}
@@ -108,7 +113,9 @@ class ResumeCheck(TrainerCallback, ExportableState):
                 f"run goes on in {self.precision}: it will not end with an uninterrupted run's weights. Fix: resume "
                 f"with `{flags}` to go on as it trained."
             )
-        saved, self.options = self.options or {}, {name: option(args, name) for name in OPTIMIZER_OPTIONS}
+        saved = self.options or {}
+        self.options = {name: option(args, name) for name in OPTIMIZER_OPTIONS + RUN_OPTIONS}
+        self.options.update(json.loads(json.dumps(self.data_options)))
         changed = [
             f"{name} {number(saved[name])} (now {number(now)})"
             for name, now in self.options.items()
@@ -117,7 +124,8 @@ class ResumeCheck(TrainerCallback, ExportableState):
         if resumed and changed:
             raise ResumeRefused(
                 f"The resumed checkpoint (step {state.global_step}) was trained with {', '.join(changed)}: its saved "
-                "optimizer and schedule states would go on with the old values while the results recorded the new. "
+                "optimizer and schedule states, best model, weights' average and validation split would go on with "
+                "the old values while the results recorded the new (another split holds images it trained on). "
                 "Fix: resume with the options it was trained with, or start a new run from its weights "
                 "(`--model_type pretrained --model_name_or_path` its checkpoint folder, a new `--output_dir`)."
             )

@@ -7,6 +7,7 @@ supplies resolution and normalisation. `scratch`: a `ScratchViTForImageClassific
 """
 
 import contextlib
+import json
 import os
 import re
 import tempfile
@@ -590,6 +591,9 @@ def load_checkpoint_weights(model: PreTrainedModel, checkpoint: str) -> None:
         "it was saved by a run with other model options or data. Fix: resume with the options it was trained with "
         "(its config.json), or start a new run (a new `--output_dir`)."
     )
+    if changed := config_changes(checkpoint, model.config):  # weights of the same shapes for another model
+        more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+        raise ValueError(f"The checkpoint {checkpoint} is of another model ({'; '.join(changed[:3])}{more}): {fix}")
     try:
         with transformers_errors_only():  # its load report (a table per tensor) is summarised below in one line
             loaded, info = type(model).from_pretrained(
@@ -610,6 +614,23 @@ def load_checkpoint_weights(model: PreTrainedModel, checkpoint: str) -> None:
         more = f" and {len(unfit) - 3} more" if len(unfit) > 3 else ""
         raise ValueError(f"The checkpoint {checkpoint} does not fit this model ({'; '.join(unfit[:3])}{more}): {fix}")
     model.load_state_dict(loaded.state_dict(), strict=True)
+
+
+def config_changes(checkpoint: str, config) -> list[str]:
+    """The fields of the checkpoint's config.json that `config` gives another value (another activation, number of
+    heads, order of the classes), each as `name saved (now here)`; metadata (versions, paths, dtype) aside."""
+    path = Path(checkpoint) / "config.json"
+    if not path.is_file():
+        return []
+    saved, here = json.loads(path.read_text()), json.loads(config.to_json_string(use_diff=False))
+    metadata = {"architectures", "transformers_version", "_name_or_path", "dtype", "torch_dtype"}  # set on saving
+    names = sorted((saved.keys() & here.keys()) - metadata)
+
+    def change(name: str) -> str:
+        then, now = json.dumps(saved[name]), json.dumps(here[name])
+        return f"{name} {then} (now {now})" if len(then + now) < 80 else f"{name} (another value now)"
+
+    return [change(name) for name in names if saved[name] != here[name]]
 
 
 # Parameters that weight decay would only pull towards zero without regularising anything: position embeddings,

@@ -561,6 +561,10 @@ def make_trainer(
         class_weights=class_weights,
         teacher=teacher,
         teacher_transform=teacher_transform,
+        data_options={
+            "validation_size": data_args.validation_size if data.validation_held_out else None,
+            **{name: getattr(data_args, name) for name in ("include_labels", "max_train_samples", "max_eval_samples")},
+        },
     )
 
 

@@ -184,10 +184,12 @@ class ImageClassificationTrainer(Trainer):
             `pos_weight`), or None.
         teacher: a trained classifier of the same labels that teaches the model (`distillation_loss`), or None; kept
             on the device in eval mode, never trained or saved.
-        teacher_transform: the `BatchTransform` that feeds the teacher (its `finish` only)."""
+        teacher_transform: the `BatchTransform` that feeds the teacher (its `finish` only).
+        data_options: the options that chose the images of each split, which a resume must keep (`ResumeCheck`)."""
 
     def __init__(self, *args, batch_transform, compile_choice: CompileChoice | None = None, layer_decay=None,
-                 class_weights: torch.Tensor | None = None, teacher=None, teacher_transform=None, **kw):  # fmt: skip
+                 class_weights: torch.Tensor | None = None, teacher=None, teacher_transform=None,
+                 data_options: dict | None = None, **kw):  # fmt: skip
         with warnings.catch_warnings():
             # Said of multi-label data: transformers drops its label smoother, unused here; `multi_label_loss` smooths.
             warnings.filterwarnings("ignore", "Label smoothing is not compatible with multi-label", UserWarning)
@@ -233,7 +235,7 @@ class ImageClassificationTrainer(Trainer):
         # callbacks that ask for a save (budget, early stopping, interrupt) act before the EMA swaps its average in,
         # last, acting on what the callbacks before it decided.
         progress = EvaluationLines() if a.disable_tqdm else QuietProgress(self.budget)
-        callbacks = [self.ema and self.ema.restorer, ResumeCheck(), self.clock, self.guard, self.compiler]
+        callbacks = [self.ema and self.ema.restorer, ResumeCheck(data_options), self.clock, self.guard, self.compiler]
         callbacks += [self.budget, self.early_stopping, progress, InterruptCallback(self.guard)]
         callbacks += [ClockBeforeSave(self.clock), self.ema]
         for callback in filter(None, callbacks):

@@ -283,18 +283,37 @@ def test_a_damaged_checkpoint_named_explicitly_is_refused_in_one_line(trained, t
     assert results.epochs == 3.0 and checkpoint_problem(out / "checkpoint-16", parse_args(resume_args(out))[3]) is None
 
 
+def test_a_checkpoint_of_another_model_config_is_refused_in_one_line(trained, tmp_path, capsys):
+    """Only tensor shapes were checked: weights trained with 2 heads and GELU went on as 4 heads and ReLU, and a head
+    trained with class 0 = "0" as class 0 = "9" (the classes in another order), exit 0."""
+    out = Path(shutil.copytree(trained, tmp_path / "out"))
+    order = ["--include_labels", *map(str, range(9, -1, -1))]
+    heads = ["--num_attention_heads", "4", "--hidden_act", "relu"]
+    cases = ((heads, 'hidden_act "gelu" (now "relu"); num_attention_heads 2 (now 4)'),
+             (order, "id2label (another value now); label2id"))  # fmt: skip
+    for other, said in cases:
+        assert run_command(run.main, [*resume_args(out), "--num_train_epochs", "3", *other]) == 1
+        [line] = capsys.readouterr().err.strip().splitlines()
+        assert line.startswith("error: The checkpoint ") and f"checkpoint-16 is of another model ({said}" in line, line
+        assert "Fix: resume with the options it was trained with (its config.json)" in line
+    assert checkpoints(out) == ["checkpoint-16", "checkpoint-8"]  # nothing trained
+
+
 def test_a_checkpoint_of_other_steps_an_epoch_is_refused_in_one_line(trained, tmp_path, capsys):
     """The Trainer reads its step count through this run's optimizer steps an epoch: step 16 of 8 steps an epoch
     resumed at 4 an epoch would be read as epoch 4. Seen from the steps alone, also without training_args.bin."""
     out = Path(shutil.copytree(trained, tmp_path / "out"))
     (out / "checkpoint-16" / "training_args.bin").unlink()
-    for other, now in ((["--per_device_train_batch_size", "16"], 4), (["--gradient_accumulation_steps", "2"], 4),
-                       (["--max_train_samples", "32"], 4)):  # fmt: skip
+    for other, now in ((["--per_device_train_batch_size", "16"], 4), (["--gradient_accumulation_steps", "2"], 4)):
         assert run_command(run.main, [*resume_args(out), *other]) == 1
         lines = capsys.readouterr().err.strip().splitlines()
         said = "error: The resumed checkpoint (step 16) was trained at 8 optimizer steps an epoch, and this run has"
         assert len(lines) == 1 and lines[0].startswith(f"{said} {now}:"), lines
         assert "Fix: resume with the options it was trained with, or start a new run" in lines[0]
+    # Fewer images: named by the option that chose them.
+    assert run_command(run.main, [*resume_args(out), "--max_train_samples", "32"]) == 1
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "was trained with max_train_samples 64 (now 32):" in line, line
     assert checkpoints(out) == ["checkpoint-16", "checkpoint-8"]  # nothing trained
     # The same steps an epoch in other parts resumes, and what it saved resumes again with the same command.
     args = ["--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "2"]

@@ -123,6 +123,9 @@ class ModelArguments:
             lora = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules")
             check_unused(self, lora, f"`finetune_method` is {self.finetune_method}", "`finetune_method: lora`")
         check_ranges(self, [("layer_decay", lambda v: v is None or 0 < v <= 1, "in (0, 1] (e.g. 0.75)")])
+        if self.finetune_method == "linear_probe":  # the head is the one block trained, at the full rate
+            alone = "`finetune_method: linear_probe` trains the head alone"
+            check_unused(self, ["layer_decay"], alone, "`finetune_method: full` to train every block")
 
 
 @dataclass
@@ -222,6 +225,8 @@ class DataArguments:
                 ("random_erasing", lambda v: 0 <= v <= 1, "a probability in [0, 1]"),
             ],
         )
+        if self.rand_augment_ops == 0:
+            check_unused(self, ["rand_augment_magnitude"], "`rand_augment_ops` is 0 (off)", "`rand_augment_ops: 1`")
 
 
 @dataclass
@@ -252,6 +257,11 @@ class ScratchViTArguments:
     head_hidden_size: int | None = None
     head_hidden_act: str | None = None
     head_dropout_prob: float | None = None
+
+    def __post_init__(self):
+        if self.head_type in (None, "linear"):
+            mlp = ("head_hidden_size", "head_hidden_act")
+            check_unused(self, mlp, "the head is linear (`head_type`, by default)", "`head_type: mlp`")
 
 
 def scratch_config_kwargs(scratch_args: ScratchViTArguments) -> dict[str, Any]:

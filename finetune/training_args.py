@@ -135,6 +135,21 @@ class ImageClassificationTrainingArguments(TrainingLoopArguments, TrainingArgume
                 f"`eval_steps: {self.eval_steps:g}` counts steps, but `eval_strategy` is {evaluate}, so it would "
                 "be ignored. Fix: `eval_strategy: steps` and `save_strategy: steps` with it, or drop `eval_steps`."
             )
+        if self.save_steps != type(self).__dataclass_fields__["save_steps"].default and save != "steps":
+            raise ValueError(
+                f"`save_steps: {self.save_steps:g}` counts steps, but `save_strategy` is {save}, so it would be "
+                "ignored. Fix: `save_strategy: steps` (and `eval_strategy: steps`) with it, or drop `save_steps`."
+            )
+        if save == "best" and evaluate == "no":
+            raise ValueError(
+                "`save_strategy: best` saves when an evaluation finds a new best model, and `eval_strategy: no` runs "
+                "none: no checkpoint would be saved, and the run could not be resumed. Fix: `eval_strategy: epoch` "
+                "(or steps), or another `save_strategy`."
+            )
+        if self.early_stopping_patience is None:
+            check_unused(
+                self, ["early_stopping_threshold"], "no `early_stopping_patience`", "`early_stopping_patience`"
+            )
         if self.teacher_model_name_or_path is None:
             distilling = ("distillation_type", "distillation_alpha", "distillation_temperature")
             without = "no `teacher_model_name_or_path` to distill from"
@@ -178,7 +193,7 @@ class ImageClassificationTrainingArguments(TrainingLoopArguments, TrainingArgume
             if save not in (evaluate, "best"):
                 raise ValueError(
                     f"`load_best_model_at_end` needs a checkpoint at every evaluation: `save_strategy` ({save}) must "
-                    f"equal `eval_strategy` ({evaluate}), with `save_steps` a multiple of `eval_steps`, or be `best`."
+                    f"equal `eval_strategy` ({evaluate}), with `save_steps` equal to `eval_steps`, or be `best`."
                 )
         if self.budget_schedule and self.max_train_minutes is None:
             raise ValueError("`budget_schedule: true` needs `max_train_minutes`.")
@@ -196,6 +211,15 @@ class ImageClassificationTrainingArguments(TrainingLoopArguments, TrainingArgume
             )
         super().__post_init__()  # also reads `lr_scheduler_kwargs` given as a JSON string, and lists `report_to`
         check_scheduler_kwargs(self)
+        if self.load_best_model_at_end and evaluate == save == "steps" and self.save_steps != self.eval_steps:
+            # transformers takes any multiple; the best evaluation between two checkpoints was then kept by none, and
+            # the run ended with its last model, tested and recorded as the best, without a word.
+            raise ValueError(
+                f"`load_best_model_at_end` keeps the checkpoint of the best evaluation: with `save_steps` "
+                f"{self.save_steps:g} and `eval_steps` {self.eval_steps:g}, an evaluation between two checkpoints "
+                f"would have none. Fix: `save_steps: {self.eval_steps:g}`, `save_strategy: best` (a checkpoint at "
+                "each new best), or `load_best_model_at_end: false`."
+            )
         available = get_available_reporting_integrations()
         unknown = [name for name in self.report_to if name not in (*INTEGRATION_TO_CALLBACK, "none", "all")]
         if unknown:

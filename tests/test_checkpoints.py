@@ -487,7 +487,7 @@ def test_overwrite_output_dir_removes_the_earlier_run_only_once_the_new_one_can_
     """`--overwrite_output_dir` with a mistake elsewhere (a missing dataset, a ScratchViT that cannot be built) must
     fail before it deletes the earlier run: it was deleted first, then the new run refused, leaving neither."""
     out = tmp_path / "run"
-    run.main([*TINY, "--max_steps", "2", "--save_steps", "2", "--output_dir", str(out)])
+    run.main([*TINY, "--max_steps", "2", "--output_dir", str(out)])
     earlier = sorted(p.name for p in out.iterdir())
     assert "results.json" in earlier and "checkpoint-2" in earlier
     for mistake in (["--dataset_name", str(tmp_path / "nope")], ["--patch_size", "3"]):
@@ -495,9 +495,7 @@ def test_overwrite_output_dir_removes_the_earlier_run_only_once_the_new_one_can_
             run.main([*TINY, "--max_steps", "2", "--output_dir", str(out), "--overwrite_output_dir", "true", *mistake])
         assert sorted(p.name for p in out.iterdir()) == earlier, mistake
     # Without a mistake the earlier run is replaced, as asked.
-    run.main(
-        [*TINY, "--max_steps", "1", "--save_steps", "1", "--output_dir", str(out), "--overwrite_output_dir", "true"]
-    )
+    run.main([*TINY, "--max_steps", "1", "--output_dir", str(out), "--overwrite_output_dir", "true"])
     assert (out / "checkpoint-1").is_dir() and not (out / "checkpoint-2").exists()
 
 

@@ -174,6 +174,24 @@ STEPS = ["--eval_strategy", "steps", "--save_strategy", "steps", "--eval_steps",
         (["--adam_beta1", "1.5"], r"^`adam_beta1` must be in \[0, 1\) \(e\.g\. 0\.9\), got 1\.5\.$"),
         (["--adam_epsilon", "-1"], r"^`adam_epsilon` must be >= 0"),
         (["--eval_steps", "2"], r"^`eval_steps: 2` counts steps, but `eval_strategy` is epoch, so it would be"),
+        # Each of these was ignored, or kept no best model, without a word.
+        (["--save_steps", "100"], r"^`save_steps: 100` counts steps, but `save_strategy` is epoch, so it would be"),
+        (
+            ["--save_strategy", "best", "--eval_strategy", "no", "--load_best_model_at_end", "false"],
+            r"^`save_strategy: best` saves when an evaluation finds a new best model, and `eval_strategy: no` runs",
+        ),
+        (
+            [*STEPS, "--save_steps", "15"],
+            r"^`load_best_model_at_end` keeps the checkpoint of the best evaluation: with `save_steps` 15 and "
+            r"`eval_steps` 5, an evaluation between two checkpoints would have none\. Fix: `save_steps: 5`",
+        ),
+        (["--early_stopping_threshold", "0.5"], r"^`early_stopping_threshold` set, but no `early_stopping_patience`"),
+        (["--rand_augment_magnitude", "0.3"], r"^`rand_augment_magnitude` set, but `rand_augment_ops` is 0 \(off\)"),
+        (["--head_hidden_size", "64"], r"^`head_hidden_size` set, but the head is linear \(`head_type`, by default\)"),
+        (
+            ["--finetune_method", "linear_probe", "--layer_decay", "0.5"],
+            r"^`layer_decay` set, but `finetune_method: linear_probe` trains the head alone, so nothing would use it",
+        ),
         (["--distillation_alpha", "0.9"], r"^`distillation_alpha` set, but no `teacher_model_name_or_path`"),
         (["--lora_r", "4", "--lora_alpha", "8"], r"^`lora_r`, `lora_alpha` set, but `finetune_method` is full"),
         (["--label_names", "foo"], r"^`label_names: \['foo'\]`: the batches' labels are `labels`"),

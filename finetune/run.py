@@ -105,6 +105,8 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
         setup_logging(training_args, settings)
         if model_args.model_type == "pretrained" or not training_args.do_train:
             warn_of_scratch_options(scratch_args, training_args.do_train)
+        elif model_args.model_type == "scratch":
+            warn_of_pretrained_options(model_args)
 
         # Publishing is done once, at the end, by our own code: the Trainer would create the repo at start-up (failing
         # offline before any training) and push every checkpoint. The token is kept out of every saved file.
@@ -189,6 +191,19 @@ def warn_of_scratch_options(scratch_args, do_train: bool) -> None:
         logger.warning(
             f"{', '.join(ignored)}: ScratchViT options, ignored by {by}, which keeps the architecture and resolution "
             f"of `model_name_or_path`. Fix: drop them{fix}."
+        )
+
+
+def warn_of_pretrained_options(model_args: ModelArguments) -> None:
+    """`model_type: scratch` builds a new ScratchViT from its config fields: say so for the options of a pretrained
+    model it ignores (a run's folder as `model_name_or_path`, meant to train on, would start from random weights)."""
+    ignored = [f"--{name}" for name in ("model_name_or_path", "image_processor_name")
+               if getattr(model_args, name) != ModelArguments.__dataclass_fields__[name].default]  # fmt: skip
+    if ignored:
+        logger.warning(
+            f"{', '.join(ignored)}: ignored by `model_type: scratch`, which trains a new ScratchViT from random "
+            "weights, at `image_size`. Fix: `model_type: pretrained` to train on from a saved model (a run's folder "
+            "too), or drop them."
         )
 
 
@@ -507,6 +522,11 @@ AUGMENTATION_OPTIONS = ("random_crop_padding", "horizontal_flip", "rand_augment_
                         "random_erasing", "crop_scale", "crop_ratio")  # fmt: skip
 
 
+DEFAULT_BOXES = {
+    name: DataArguments.__dataclass_fields__[name].default_factory() for name in ("crop_scale", "crop_ratio")
+}
+
+
 def make_trainer(
     model,
     processor,
@@ -535,6 +555,13 @@ def make_trainer(
             f"RandomResizedCrop (`random_resized_crop: {data_args.random_resized_crop}`; images stored at {stored}, "
             f"the model takes {size}). Fix: `--random_resized_crop false` for the padded crop, or drop "
             "`random_crop_padding`."
+        )
+    boxes = [f"`{name}`" for name in ("crop_scale", "crop_ratio") if getattr(data_args, name) != DEFAULT_BOXES[name]]
+    if boxes and not crop and args.do_train:
+        logger.warning(
+            f"{' and '.join(boxes)} ignored: training crops with the padded random crop, not RandomResizedCrop "
+            f"(`random_resized_crop: {data_args.random_resized_crop}`; images stored at "
+            f"{'x'.join(map(str, data.train.image_size))}). Fix: `--random_resized_crop true`, or drop them."
         )
     batch_transform = BatchTransform.for_model(prep, data.num_channels, random_resized_crop=crop, **augmentation)
     logger.info(describe_augmentation(batch_transform, training=args.do_train))

@@ -127,10 +127,18 @@ def test_a_padding_that_randomresizedcrop_replaces_is_named_as_ignored(tmp_path,
     # `--random_crop_padding 0` meant "no crop"; photos stored larger than the model get RandomResizedCrop instead.
     args = [*TINY_RUN, "--model_type", "scratch", "--dataset_name", str(write_photo_folder(tmp_path / "photos"))]
     args += ["--random_crop_padding", "0", "--random_resized_crop", choice, "--decoded_cache_dir", "none"]
+    # And the reverse: RandomResizedCrop's box options where the padded crop trains; and a pretrained model's options,
+    # which a ScratchViT, new and random, ignores (a run's folder meant to train on from).
+    args += ["--crop_scale", "0.5", "1", "--model_name_or_path", str(tmp_path)]
     run.main([*args, "--max_steps", "1", "--output_dir", str(tmp_path / "run")])
     warnings = [r.getMessage() for r in caplog.records if "random_crop_padding" in r.getMessage()]
     expected = "`random_crop_padding: 0` is ignored: training crops with RandomResizedCrop (`random_resized_crop: auto"
     assert [w.startswith(expected) for w in warnings] == ([True] if choice == "auto" else [])
+    warnings = [r.getMessage() for r in caplog.records if "`crop_scale` ignored" in r.getMessage()]
+    expected = "`crop_scale` ignored: training crops with the padded random crop, not RandomResizedCrop"
+    assert [w.startswith(expected) for w in warnings] == ([True] if choice == "false" else [])
+    expected = "--model_name_or_path: ignored by `model_type: scratch`, which trains a new ScratchViT from random"
+    assert expected in caplog.text
 
 
 def test_two_processes_share_one_decoded_cache(tmp_path):

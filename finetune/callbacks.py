@@ -493,8 +493,8 @@ def _averaged_tensors(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
 class EMACallback(TrainerCallback):
     """Updates `ema` after every optimizer step and swaps the average into the model when the Trainer is about to
     evaluate or save (registered last, after the callbacks that decide so); `restorer`, registered first, swaps it
-    back before the next step and writes `ema_state.safetensors` into each checkpoint, from which a resume continues
-    exactly. Training ends with the model holding the average."""
+    back before the next step. `save_state` writes `ema_state.safetensors` into each checkpoint, from which a resume
+    continues exactly. Training ends with the model holding the average."""
 
     def __init__(self, ema: ModelEMA, model: nn.Module):
         self.ema, self.model = ema, model
@@ -527,8 +527,9 @@ class EMACallback(TrainerCallback):
 
     on_epoch_end = on_step_end
 
-    def save_state(self, args, state) -> None:
-        """Write `ema_state.safetensors` into the checkpoint just saved."""
+    def save_state(self, args, folder: str) -> None:
+        """Write `ema_state.safetensors` into the checkpoint `folder` being saved (`ImageClassificationTrainer.
+        save_model`: beside its weights, before the Trainer removes older checkpoints)."""
         if not args.should_save:
             return
         current = dict(_averaged_tensors(self.model))
@@ -536,7 +537,6 @@ class EMACallback(TrainerCallback):
         tensors = {f"training.{n}": t.detach().float().contiguous().cpu() for n, t in training.items()}
         tensors.update({f"average.{n}": t.detach().float().contiguous().cpu() for n, t in average.items()})
         tensors["num_updates"] = torch.tensor(self.ema.num_updates)
-        folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
         save_file(tensors, os.path.join(folder, EMA_STATE_NAME))
 
     def on_train_end(self, args, state, control, **kwargs):
@@ -548,7 +548,7 @@ class EMACallback(TrainerCallback):
 
 class EMARestorer(TrainerCallback):
     """`EMACallback.restorer`: registered before the other callbacks (the non-finite guard keeps each step's buffers
-    from the training weights; the interrupt handler ends training right after a save)."""
+    from the training weights)."""
 
     def __init__(self, ema_callback: EMACallback):
         self.ema_callback = ema_callback
@@ -557,9 +557,6 @@ class EMARestorer(TrainerCallback):
         self.ema_callback.swap_back()
 
     on_epoch_begin = on_step_begin
-
-    def on_save(self, args, state, control, **kwargs):
-        self.ema_callback.save_state(args, state)
 
 
 class InterruptCallback(TrainerCallback):

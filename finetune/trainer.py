@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from transformers import EvalPrediction, PrinterCallback, ProgressCallback, Trainer
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_optimizer import is_optimizer_factory
-from transformers.trainer_utils import get_last_checkpoint
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 from transformers.utils import logging
 
 from finetune.augment import MixUpCutMix
@@ -253,6 +253,15 @@ class ImageClassificationTrainer(Trainer):
         loss = self.guard.observe_loss(loss)
         self.clock.add_loss(loss)
         return loss
+
+    def save_model(self, output_dir: str | None = None, *args, **kwargs) -> None:
+        """The Trainer's, and into a checkpoint the EMA's state (`EMACallback.save_state`), beside its weights:
+        written on `on_save`, it came after the Trainer had removed the older checkpoints, and a process killed
+        between the two left no whole checkpoint to resume from."""
+        super().save_model(output_dir, *args, **kwargs)
+        checkpoint = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        if self.ema is not None and output_dir is not None and os.path.basename(output_dir) == checkpoint:
+            self.ema.save_state(self.args, output_dir)
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         # The Trainer reads `should_training_stop` only after a step: one set before the first (a resumed run whose

@@ -116,6 +116,17 @@ def test_a_run_with_an_ema_resumes_exactly_too(tmp_path):
     assert proc.returncode == 1 and "it was saved by a run with `ema_decay`" in proc.stderr, proc.stderr[-3000:]
     assert train(out, *ema, "--resume_from_checkpoint", "true").returncode == 0
     assert same_weights(out, whole)
+    # Killed while it writes the EMA state of its second checkpoint (one kept, no best one): that state is written
+    # beside the weights, before the Trainer removes the first checkpoint. After the removal, nothing whole was left.
+    one = [*ema, "--save_total_limit", "1", "--load_best_model_at_end", "false", "--metric_for_best_model", "none"]
+    whole, out = tmp_path / "whole_one", tmp_path / "killed"
+    assert train(whole, *one).returncode == 0
+    killed = {"SIGNAL_AT": "finetune.callbacks:EMACallback.save_state", "SIGNAL_N": "2", "SIGNAL": "KILL"}
+    assert train(out, *one, env=killed, script=SIGNALLED).returncode == -signal.SIGKILL
+    assert (out / "checkpoint-8" / "ema_state.safetensors").is_file()
+    proc = train(out, *one, "--resume_from_checkpoint", "true")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert same_weights(out, whole)
 
 
 def test_a_checkpoint_without_an_ema_is_not_called_damaged_when_resumed_with_one(tmp_path, uninterrupted):

@@ -142,6 +142,13 @@ class ResumeCheck(TrainerCallback, ExportableState):
                     "number of processes, gradient accumulation or number of training images). Fix: resume with the "
                     "options it was trained with, or start a new run (a new `--output_dir`)."
                 )
+        fitted = state.stateful_callbacks.get("TrainingBudgetCallback", {}).get("attributes", {}).get("planned_steps")
+        if resumed and fitted is not None and getattr(args, "max_train_minutes", None) is None:
+            raise ResumeRefused(
+                f"The resumed checkpoint's learning-rate schedule was fitted to its time budget (`budget_schedule`, "
+                f"ending at step {fitted}): without `max_train_minutes` it would jump back to the full schedule. Fix: "
+                "resume with the `max_train_minutes` and `budget_schedule: true` it was trained with."
+            )
         if resumed and 0 < state.max_steps < state.global_step:  # this run's `max_steps`, or its epochs' steps
             limit, fix = f"`max_steps` {args.max_steps}", "a `max_steps` above it (or -1 for the epochs)"
             if args.max_steps <= 0:
@@ -333,7 +340,7 @@ class TrainingBudgetCallback(TrainerCallback, ExportableState):
             # The saved scheduler state holds its step, not its length: the resumed one ends where the Trainer's would.
             set_schedule_length(lr_scheduler, self.planned_steps)
         if self.stopped_at is not None and self.budget_seconds > (self.stopped_budget or self.budget_seconds):
-            if self.fit_schedule:
+            if self.planned_steps is not None:  # resumed with or without `budget_schedule`: it ended at that step
                 raise ResumeRefused(
                     f"The resumed run's learning-rate schedule was fitted to its time budget and ended with it (step "
                     f"{self.stopped_at}): a larger `max_train_minutes` cannot extend it. Fix: resume with the budget "

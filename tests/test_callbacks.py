@@ -165,12 +165,18 @@ def test_a_resumed_budget_keeps_its_planned_schedule_its_stop_and_its_elapsed_ti
     control = TrainerControl()
     resumed(control)
     assert control.should_training_stop, "training had ended: stopped before its first step"
-    # A larger budget trains on, unless the schedule was fitted to the one that ended (refused: it cannot be extended).
+    # A larger budget cannot extend a schedule fitted to the one that ended, whether this run fits one or not (without
+    # `budget_schedule` it went on at the ended schedule's learning rate 0, and stopped after a step).
+    for fit_schedule in (True, False):
+        with pytest.raises(ResumeRefused, match="a larger `max_train_minutes` cannot extend it"):
+            resumed(TrainerControl(), minutes=2, fit_schedule=fit_schedule)
+    # Where no schedule was fitted, a larger budget trains on.
+    callback.planned_steps = None
+    state.stateful_callbacks["TrainingBudgetCallback"] = callback.state()
+    state.save_to_json(str(tmp_path / "trainer_state.json"))
     control = TrainerControl()
     _, larger, _ = resumed(control, minutes=2, fit_schedule=False)
     assert not control.should_training_stop and larger.stopped_at is None
-    with pytest.raises(ResumeRefused, match="a larger `max_train_minutes` cannot extend it"):
-        resumed(TrainerControl(), minutes=2)
 
 
 def test_set_schedule_length_refuses_a_constant_schedule():
@@ -414,6 +420,11 @@ def test_a_resume_compares_the_options_as_the_checkpoint_saved_them(tmp_path):
     args.learning_rate = 1e-2
     with pytest.raises(ResumeRefused, match=r"learning_rate 5e-05 \(now 0.01\)"):
         ResumeCheck().on_train_begin(args, TrainerState(global_step=8, stateful_callbacks=saved), TrainerControl())
+    args.learning_rate = 5e-5
+    # A schedule fitted to a time budget, resumed without one: it jumped back to the full schedule and trained on.
+    fitted = {**saved, "TrainingBudgetCallback": {"args": {}, "attributes": {"planned_steps": 30}}}
+    with pytest.raises(ResumeRefused, match=r"fitted to its time budget \(`budget_schedule`, ending at step 30\)"):
+        ResumeCheck().on_train_begin(args, TrainerState(global_step=8, stateful_callbacks=fitted), TrainerControl())
     args.lr_scheduler_kwargs = {"since": datetime.date(2024, 1, 1)}  # a YAML date: it failed at the first checkpoint
     with pytest.raises(ValueError, match=r"`lr_scheduler_kwargs` .* cannot be saved with the checkpoints .*Fix: give"):
         ResumeCheck().on_train_begin(args, TrainerState(), TrainerControl())

@@ -83,10 +83,11 @@ def resolve_checkpoint(run_dir: Path, training_args: TrainingArguments, one_of_t
         return prepare_resume(resume, run_dir, training_args)
     earlier = earlier_run(run_dir)
     if earlier and not training_args.overwrite_output_dir:
+        # With no checkpoint left (deleted after the run), there is nothing to continue from.
+        resume = "`--resume_from_checkpoint true` to continue it, " if earlier != [RESULTS_NAME] else ""
         raise FileExistsError(
             f"{run_dir} already holds an earlier run ({', '.join(earlier[:3])}). Nothing was changed. Fix: "
-            "`--resume_from_checkpoint true` to continue it, a new `--output_dir`, or `--overwrite_output_dir true` "
-            "to replace it."
+            f"{resume}a new `--output_dir`, or `--overwrite_output_dir true` to replace it."
         )
     return None  # an earlier run asked to be replaced is removed once the new one can train: `remove_earlier_run`
 

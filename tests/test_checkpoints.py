@@ -183,6 +183,14 @@ def test_another_runs_checkpoint_never_goes_on_over_an_earlier_run(trained, tmp_
     assert resolve(other, foreign, "--overwrite_output_dir", "true") == foreign
     assert resolve(other, str(other / "checkpoint-8")) == str(other / "checkpoint-8")
     assert resolve(tmp_path / "new", foreign) == foreign
+    # A finished run whose checkpoints were deleted: `auto` starts nothing over it, and names no resume as the fix.
+    finished = tmp_path / "finished"
+    finished.mkdir()
+    shutil.copy(trained / "results.json", finished)
+    with pytest.raises(
+        FileExistsError, match=r"\(results.json\)\. Nothing was changed\. Fix: a new `--output_dir`, or"
+    ):
+        resolve(finished, "auto")
     with pytest.raises(ValueError, match=r"names one checkpoint, and `model_type: both` trains two models"):
         resolve(tmp_path / "both" / "scratch", foreign, one_of_two=True)
     # Replacing the earlier run removes its checkpoints, which would otherwise mix with the resumed run's.

@@ -83,12 +83,13 @@ class ResumeCheck(TrainerCallback, ExportableState):
     steps tell; they are saved with each checkpoint. A resume in another mixed precision is said, with the fix."""
 
     def __init__(self, data_options: dict | None = None):
-        self.steps_per_epoch = self.options = self.precision = None
+        self.steps_per_epoch = self.options = self.precision = self.max_steps = None
         self.ended = False
         self.data_options = data_options or {}
 
     def state(self) -> dict:
         attributes = {"steps_per_epoch": self.steps_per_epoch, "options": self.options, "precision": self.precision}
+        attributes["max_steps"] = self.max_steps
         return {"args": {}, "attributes": attributes}
 
     def on_epoch_begin(self, args, state, control, **kwargs):
@@ -103,7 +104,18 @@ class ResumeCheck(TrainerCallback, ExportableState):
 
     def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
         self.steps_per_epoch, self.options, self.precision, resumed = None, None, None, state.global_step > 0
+        self.max_steps = None
         restore_state(self, state)
+        planned, self.max_steps = self.max_steps, state.max_steps
+        fitted = state.stateful_callbacks.get("TrainingBudgetCallback", {}).get("attributes", {}).get("planned_steps")
+        if resumed and planned not in (None, state.max_steps) and state.global_step < planned and fitted is None:
+            if state.is_world_process_zero:  # an unfinished run given more (or fewer) epochs: allowed, but said
+                logger.warning(
+                    f"The resumed checkpoint (step {state.global_step}) was trained on a learning-rate schedule of "
+                    f"{planned} steps, and this run has {state.max_steps} (another `num_train_epochs` or `max_steps`):"
+                    " the schedule is stretched to the new length from here, so the rate changes at once, and the run "
+                    "follows neither schedule. Fix: resume with the length it was started with, then train on."
+                )
         trained_in, self.precision = self.precision, str(args.mixed_precision)  # bf16, fp16 or no
         if resumed and trained_in not in (None, self.precision) and state.is_world_process_zero:
             # Not refused: `bf16: auto` measures the machine again, and a resume may run on another one.

@@ -522,6 +522,15 @@ def test_a_finished_run_resumed_with_more_epochs_trains_on(tmp_path, uninterrupt
     proc = train(out, *STEPS_SAVE, "--num_train_epochs", "3", "--resume_from_checkpoint", "true")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert results(out)["train"]["steps"] == 24 and results(out)["epochs"] == 3.0
+    assert "is stretched" not in proc.stdout + proc.stderr
+    # Mid-run, the schedule of 16 steps stretched to 24 changed the learning rate at once, without a word.
+    out = tmp_path / "midway"
+    out.mkdir()
+    shutil.copytree(uninterrupted / "checkpoint-8", out / "checkpoint-8")
+    proc = train(out, *STEPS_SAVE, "--num_train_epochs", "3", "--resume_from_checkpoint", "true")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = "was trained on a learning-rate schedule of 16 steps, and this run has 24 (another `num_train_epochs`"
+    assert said in proc.stdout + proc.stderr
 
 
 def test_a_resume_with_another_learning_rate_is_refused_and_an_older_checkpoint_still_resumes(tmp_path, uninterrupted):

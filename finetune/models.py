@@ -184,7 +184,7 @@ def load_trained_model(
         raise ValueError(
             f"The dataset has {'several labels' if data.multi_label else 'one label'} per image, but the model at "
             f"{path!r} was trained for {'one' if data.multi_label else 'several'} (`problem_type` "
-            f"{model.config.problem_type}). Evaluate it on data labelled as its training data was."
+            f"{model.config.problem_type}). Evaluate it, or teach with it, on data labelled as its training data was."
         )
     prep = preprocessing_from(processor, model.config)
     resize_position_embeddings(model, prep.image_size)  # an `image_processor_name` of another size, as training does

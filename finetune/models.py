@@ -332,6 +332,19 @@ def transformers_errors_only():
         logging.set_verbosity(verbosity)
 
 
+def check_stochastic_depth(model_args: ModelArguments, drop_path_rate: float, config=None) -> None:
+    """Refuse a `drop_path_rate` the pretrained model cannot take, by its `config` (None: read, as `finetune.run`
+    does before the data loads)."""
+    path, config = model_args.model_name_or_path, config or _load_config(model_args)
+    if not 0 <= drop_path_rate < 1:  # `from_dict` sets it after the config's own checks (a ScratchViT's) have run
+        raise ValueError(f"`drop_path_rate` must be a probability in [0, 1), got {drop_path_rate}.")
+    if not hasattr(config, "drop_path_rate"):
+        raise ValueError(
+            f"`drop_path_rate`: {path} ({config.model_type}) has no stochastic depth. Drop the option, or fine-tune a "
+            "model that has it (BEiT, Swin, ConvNeXt, DINOv2, ScratchViT)."
+        )
+
+
 def _load_pretrained(model_args: ModelArguments, data: ImageData, drop_path_rate: float | None = None):
     path = model_args.model_name_or_path
     if os.path.isdir(os.path.expanduser(path)):
@@ -347,13 +360,7 @@ def _load_pretrained(model_args: ModelArguments, data: ImageData, drop_path_rate
     # Relabelled as `from_pretrained(path, num_labels=..., id2label=...)` would do it, without reading it again.
     overrides = {"num_labels": len(data.label_names), "id2label": data.id2label, "label2id": data.label2id}
     if drop_path_rate is not None:
-        if not 0 <= drop_path_rate < 1:  # `from_dict` sets it after the config's own checks (a ScratchViT's) have run
-            raise ValueError(f"`drop_path_rate` must be a probability in [0, 1), got {drop_path_rate}.")
-        if not hasattr(original, "drop_path_rate"):
-            raise ValueError(
-                f"`drop_path_rate`: {path} ({original.model_type}) has no stochastic depth. Drop the option, or "
-                "fine-tune a model that has it (BEiT, Swin, ConvNeXt, DINOv2, ScratchViT)."
-            )
+        check_stochastic_depth(model_args, drop_path_rate, original)
         overrides["drop_path_rate"] = drop_path_rate
     # The old labels go (timm's config saves its class names as `label_names`): with the old `id2label` left in,
     # transformers warned "You passed `num_labels=10` which is incompatible to the `id2label` map of length 3".

@@ -57,6 +57,7 @@ from finetune.models import (  # noqa: E402
     build_model,
     check_local_checkpoint,
     check_model_path,
+    check_stochastic_depth,
     count_parameters,
     storage_size,
 )
@@ -139,6 +140,8 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
         # saved model's to evaluate, a ScratchViT's too: the options given now do not shape it).
         model_type = model_args.model_type if training_args.do_train else "pretrained"
         target_size = storage_size(model_type, model_args, scratch_args)
+        if training_args.do_train and model_type != "scratch" and scratch_args.drop_path_rate is not None:
+            check_stochastic_depth(model_args, scratch_args.drop_path_rate)  # not after the data loaded
         doing = "loading and decoding the dataset"
         with (
             stage(f"{doing}, before training started", f"Rerun the same command {REUSED}.", every_process=True),

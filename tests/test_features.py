@@ -100,6 +100,12 @@ def test_stochastic_depth_on_a_pretrained_model_that_has_it_or_a_clear_refusal(t
         run.main(
             ["--model_name_or_path", str(vit), *TRAIN, "--output_dir", str(tmp_path / "a"), "--drop_path_rate", "0.1"]
         )
+    # Said before the data loads (here, before a missing dataset is found), also for `both`.
+    for model_type in ("pretrained", "both"):
+        with pytest.raises(ValueError, match=r"\(vit\) has no stochastic depth"):
+            missing = ["--dataset_name", str(tmp_path / "missing.parquet")]
+            run.main(["--model_name_or_path", str(vit), *TRAIN, "--output_dir", str(tmp_path / "a"), "--model_type",
+                      model_type, "--drop_path_rate", "0.1", *missing])  # fmt: skip
     out = tmp_path / "b"
     beit = checkpoint(tmp_path, "beit")
     run.main(["--model_name_or_path", str(beit), *TRAIN, "--output_dir", str(out), "--drop_path_rate", "0.1"])

@@ -80,7 +80,9 @@ class ResumeCheck(TrainerCallback, ExportableState):
     count this run's epochs. The Trainer reads the saved step count through this run's steps
     an epoch: step 20 of a one-process run (16 an epoch) resumed by two processes (8) was read as epoch 2.5. Whatever
     sets them (processes, batch size, accumulation, the images, a batch size found by `auto_find_batch_size`), the
-    steps tell; they are saved with each checkpoint. A resume in another mixed precision is said, with the fix."""
+    steps tell; they are saved with each checkpoint. A resume in another mixed precision, or of an unfinished run with
+    another length (its schedule stretched), is said, with the fix; one without the time budget its schedule was
+    fitted to (`TrainingBudgetCallback`) is refused."""
 
     def __init__(self, data_options: dict | None = None):
         self.steps_per_epoch = self.options = self.precision = self.max_steps = None
@@ -154,7 +156,6 @@ class ResumeCheck(TrainerCallback, ExportableState):
                     "number of processes, gradient accumulation or number of training images). Fix: resume with the "
                     "options it was trained with, or start a new run (a new `--output_dir`)."
                 )
-        fitted = state.stateful_callbacks.get("TrainingBudgetCallback", {}).get("attributes", {}).get("planned_steps")
         if resumed and fitted is not None and getattr(args, "max_train_minutes", None) is None:
             raise ResumeRefused(
                 f"The resumed checkpoint's learning-rate schedule was fitted to its time budget (`budget_schedule`, "

@@ -110,14 +110,6 @@ class ResumeCheck(TrainerCallback, ExportableState):
         restore_state(self, state)
         planned, self.max_steps = self.max_steps, state.max_steps
         fitted = state.stateful_callbacks.get("TrainingBudgetCallback", {}).get("attributes", {}).get("planned_steps")
-        if resumed and planned not in (None, state.max_steps) and state.global_step < planned and fitted is None:
-            if state.is_world_process_zero:  # an unfinished run given more (or fewer) epochs: allowed, but said
-                logger.warning(
-                    f"The resumed checkpoint (step {state.global_step}) was trained on a learning-rate schedule of "
-                    f"{planned} steps, and this run has {state.max_steps} (another `num_train_epochs` or `max_steps`):"
-                    " the schedule is stretched to the new length from here, so the rate changes at once, and the run "
-                    "follows neither schedule. Fix: resume with the length it was started with, then train on."
-                )
         trained_in, self.precision = self.precision, str(args.mixed_precision)  # bf16, fp16 or no
         if resumed and trained_in not in (None, self.precision) and state.is_world_process_zero:
             # Not refused: `bf16: auto` measures the machine again, and a resume may run on another one.
@@ -155,6 +147,14 @@ class ResumeCheck(TrainerCallback, ExportableState):
                     f"epoch, and this run has {now}: its steps would not count this run's epochs (another batch size, "
                     "number of processes, gradient accumulation or number of training images). Fix: resume with the "
                     "options it was trained with, or start a new run (a new `--output_dir`)."
+                )
+        if resumed and planned not in (None, state.max_steps) and state.global_step < planned and fitted is None:
+            if state.is_world_process_zero:  # an unfinished run given more (or fewer) epochs: allowed, but said
+                logger.warning(
+                    f"The resumed checkpoint (step {state.global_step}) was trained on a learning-rate schedule of "
+                    f"{planned} steps, and this run has {state.max_steps} (another `num_train_epochs` or `max_steps`):"
+                    " the schedule is stretched to the new length from here, so the rate changes at once, and the run "
+                    "follows neither schedule. Fix: resume with the length it was started with, then train on."
                 )
         if resumed and fitted is not None and getattr(args, "max_train_minutes", None) is None:
             raise ResumeRefused(

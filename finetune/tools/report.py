@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,10 +38,16 @@ def is_hub_id(name: str | None) -> bool:
 
 
 def display_dataset(name: str | None) -> str:
-    """A dataset name fit for a public report: a Hub id as it is, a local path by its last component only."""
+    """A dataset name fit for a public report: a Hub id (or `sklearn:digits`) as it is, a local path by its last
+    component only, also in the `train: PATH, validation: PATH` of separate split files."""
     if not name:
         return MISSING
-    return name if is_hub_id(name) or ":" in name else Path(name).name
+    if is_hub_id(name) or name.startswith("sklearn:"):
+        return name
+    splits = re.findall(r"(train|validation|test): (.+?)(?=, (?:validation|test): |$)", name)
+    if splits and name.startswith("train: "):
+        return ", ".join(f"{split}: {Path(path).name}" for split, path in splits)
+    return Path(name).name
 
 
 def format_count(n: int | None) -> str:

@@ -191,10 +191,14 @@ class RunClock(TrainerCallback, ExportableState):
     """The run's clock: stamps each log entry with `elapsed_seconds` since training began, and adds up the training
     loop's own time (evaluations and checkpoints left out), its optimizer steps and the sum of their losses. The totals
     are saved with every checkpoint (`TrainerState.stateful_callbacks`) and taken up again on resume, so
-    `results.json` covers the whole run. `time_fn` returns seconds; tests pass a fake one."""
+    `results.json` covers the whole run. Images per second count the epochs trained times `num_images` (the training
+    split's, over every process), each epoch's last, partial batch as it is; without it, steps times the batch size.
+    `time_fn` returns seconds; tests pass a fake one."""
 
-    def __init__(self, time_fn: Callable[[], float] = time.perf_counter):
+    def __init__(self, time_fn: Callable[[], float] = time.perf_counter, num_images: int | None = None):
         self.time_fn = time_fn
+        self.num_images = num_images
+        self.epoch = 0.0  # the Trainer's epoch count at the last step: whole epochs and the running one's share
         self.train_start = None
         self.train_seconds = 0.0
         self.steps = 0
@@ -227,6 +231,7 @@ class RunClock(TrainerCallback, ExportableState):
 
     def on_train_begin(self, args, state, control, **kwargs):
         restore_state(self, state)  # a resumed run's totals
+        self.epoch = state.epoch or 0.0
         # Checkpoints saved before `elapsed_seconds` was: the training seconds, without evaluations and checkpoints.
         self.train_start = self.time_fn() - (self.elapsed_seconds or self.train_seconds)
 
@@ -235,6 +240,7 @@ class RunClock(TrainerCallback, ExportableState):
 
     def on_step_end(self, args, state, control, **kwargs):
         self.steps += 1
+        self.epoch = state.epoch
         self._mark = self.time_fn()
 
     def on_evaluate(self, args, state, control, **kwargs):
@@ -258,8 +264,7 @@ class RunClock(TrainerCallback, ExportableState):
 
     def figures(self, args) -> dict:
         """The whole run's training figures (a resumed run's included), named as transformers names its session's."""
-        seconds = self.training_seconds()
-        images = self.steps * total_batch_size(args)  # overcounts each epoch's last, partial batch by under one batch
+        seconds, images = self.training_seconds(), self.images(args)
         # Each process adds up its own batches' losses; the run's mean is over all of them (every process asks for the
         # figures at the same point: the end of training).
         loss = reduce(torch.as_tensor(self.loss_sum, dtype=torch.float32, device=args.device), reduction="mean")
@@ -285,8 +290,16 @@ class RunClock(TrainerCallback, ExportableState):
                 seconds = self.training_seconds()
                 entry["train_seconds"] = round(seconds, 3)
                 entry["train_steps"] = self.steps
-                images = self.steps * total_batch_size(args)
+                images = self.images(args)
                 entry["train_images_per_second"] = round(images / seconds, 1) if seconds > 0 else None
+
+    def images(self, args) -> float:
+        """The training images the run has taken so far, every process's (a resumed run's included)."""
+        if not self.num_images:
+            return self.steps * total_batch_size(args)
+        batch = args.per_device_train_batch_size * args.world_size
+        per_epoch = self.num_images - self.num_images % batch if args.dataloader_drop_last else self.num_images
+        return self.epoch * per_epoch
 
 
 class ClockBeforeSave(TrainerCallback):

@@ -216,7 +216,7 @@ class ImageClassificationTrainer(Trainer):
         self.mix = None
         if a.mixup_alpha > 0 or a.cutmix_alpha > 0:
             self.mix = MixUpCutMix(self.model.config.num_labels, a.mixup_alpha, a.cutmix_alpha)
-        self.clock = RunClock()
+        self.clock = RunClock(num_images=len(self.train_dataset) if self.train_dataset is not None else None)
         self.guard = NonFiniteGuard(self.model, a.max_nonfinite_steps, a.world_size, self.accelerator.scaler)
         choice = compile_choice or CompileChoice(False, reason="not requested")
         self.compiler = TrainingCompiler(choice, a.device, a.world_size)

@@ -94,6 +94,8 @@ def test_scratch_run_writes_a_loadable_model_repo_and_results(tmp_path):
     assert np.array(saved["confusion_matrix"]).sum() == 45 and saved["confusion_split"] == "validation"
     assert saved["train"]["images_per_second"] > 0 and saved["wall_seconds"] > 0
     assert 0 < saved["train"]["seconds"] < saved["wall_seconds"]
+    # 2 epochs of 240 images (7.5 batches of 32): 480 images, not 16 full batches' 512.
+    assert saved["train"]["images_per_second"] * saved["train"]["seconds"] == pytest.approx(480, rel=1e-3)
     assert saved["train"]["data_seconds"] is None  # timed by benchmarks/timed_run.py only
     assert saved["train"]["steps"] == saved["history"][-1]["step"]
     assert saved["hardware"]["device"] == "cpu" and saved["hardware"]["world_size"] == 1

@@ -243,6 +243,8 @@ def test_a_timm_checkpoint_of_other_classes_gets_a_new_head_of_its_own_kind(meth
     config = json.loads((base / "config.json").read_text())
     (base / "config.json").write_text(json.dumps({**config, "num_classes": 10, "label_names": list("abcdefghij")}))
     args = [*TRAIN, "--finetune_method", method]
+    if method == "linear_probe":  # the head trains alone, at the full rate: a layer decay is refused as unused
+        args += ["--layer_decay", "none"]
     results = run.main([*args, "--model_name_or_path", str(base), "--output_dir", str(tmp_path / "run")])["pretrained"]
     assert [r for r in caplog.records if "classifies a, b, c, d, e" in r.getMessage()]  # its head starts anew
     if method == "linear_probe":  # the head alone trains

@@ -49,6 +49,12 @@ OPTIMIZER_OPTIONS += ("optim", "optim_args", "adam_beta1", "adam_beta2", "adam_e
 # The options whose consequences a checkpoint holds otherwise: the validation split and the order of the images (the
 # seeds), the best model kept so far (by which metric), the weights' average.
 RUN_OPTIONS = ("seed", "data_seed", "metric_for_best_model", "greater_is_better", "ema_decay")
+HELD_BY = {
+    **dict.fromkeys(OPTIMIZER_OPTIONS, "optimizer and schedule states"),
+    **dict.fromkeys(("seed", "data_seed"), "validation split (another one holds images it trained on)"),
+    **dict.fromkeys(("metric_for_best_model", "greater_is_better"), "best model so far"),
+    "ema_decay": "weights' average",
+}
 
 
 def number(value):
@@ -128,12 +134,13 @@ class ResumeCheck(TrainerCallback, ExportableState):
             if saved.get(name, now) != now
         ]
         if resumed and changed:
+            # What the checkpoint holds of each option changed; the data options make the validation split.
+            held = dict.fromkeys(HELD_BY.get(line.split(" ", 1)[0], HELD_BY["seed"]) for line in changed)
             raise ResumeRefused(
-                f"The resumed checkpoint (step {state.global_step}) was trained with {', '.join(changed)}: its saved "
-                "optimizer and schedule states, best model, weights' average and validation split would go on with "
-                "the old values while the results recorded the new (another split holds images it trained on). "
-                "Fix: resume with the options it was trained with, or start a new run from its weights "
-                "(`--model_type pretrained --model_name_or_path` its checkpoint folder, a new `--output_dir`)."
+                f"The resumed checkpoint (step {state.global_step}) was trained with {', '.join(changed)}: its "
+                f"{', '.join(held)} would go on with the old values while the results recorded the new. Fix: resume "
+                "with the options it was trained with, or start a new run from its weights (`--model_type pretrained "
+                "--model_name_or_path` its checkpoint folder, a new `--output_dir`)."
             )
         if has_length(train_dataloader):  # else no epochs to count
             now = math.ceil(len(train_dataloader) / args.gradient_accumulation_steps)  # as the Trainer counts them
@@ -148,19 +155,12 @@ class ResumeCheck(TrainerCallback, ExportableState):
                     "number of processes, gradient accumulation or number of training images). Fix: resume with the "
                     "options it was trained with, or start a new run (a new `--output_dir`)."
                 )
-        if resumed and planned not in (None, state.max_steps) and state.global_step < planned and fitted is None:
-            if state.is_world_process_zero:  # an unfinished run given more (or fewer) epochs: allowed, but said
-                logger.warning(
-                    f"The resumed checkpoint (step {state.global_step}) was trained on a learning-rate schedule of "
-                    f"{planned} steps, and this run has {state.max_steps} (another `num_train_epochs` or `max_steps`):"
-                    " the schedule is stretched to the new length from here, so the rate changes at once, and the run "
-                    "follows neither schedule. Fix: resume with the length it was started with, then train on."
-                )
         if resumed and fitted is not None and getattr(args, "max_train_minutes", None) is None:
             raise ResumeRefused(
                 f"The resumed checkpoint's learning-rate schedule was fitted to its time budget (`budget_schedule`, "
                 f"ending at step {fitted}): without `max_train_minutes` it would jump back to the full schedule. Fix: "
-                "resume with the `max_train_minutes` and `budget_schedule: true` it was trained with."
+                "resume with the `max_train_minutes` and `budget_schedule: true` it was trained with, or start a new "
+                "run from its weights (`--model_type pretrained --model_name_or_path` its checkpoint folder)."
             )
         if resumed and 0 < state.max_steps < state.global_step:  # this run's `max_steps`, or its epochs' steps
             limit, fix = f"`max_steps` {args.max_steps}", "a `max_steps` above it (or -1 for the epochs)"
@@ -172,6 +172,15 @@ class ResumeCheck(TrainerCallback, ExportableState):
                 f"and record a limit it did not keep. Fix: {fix}, or resume from an earlier checkpoint "
                 "(`--resume_from_checkpoint` its folder)."
             )
+        constant = str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)).startswith("constant")
+        if resumed and planned not in (None, state.max_steps) and state.global_step < planned and fitted is None:
+            if state.is_world_process_zero and not constant:  # an unfinished run given another length: said
+                logger.warning(
+                    f"The resumed checkpoint (step {state.global_step}) was trained on a learning-rate schedule of "
+                    f"{planned} steps, and this run has {state.max_steps} (another `num_train_epochs` or `max_steps`):"
+                    " the schedule is stretched to the new length from here, so the rate changes at once, and the run "
+                    "follows neither schedule. Fix: resume with the length it was started with, then train on."
+                )
 
 
 class ResumedEarlyStopping(EarlyStoppingCallback):

@@ -335,7 +335,7 @@ def transformers_errors_only():
 def check_stochastic_depth(model_args: ModelArguments, drop_path_rate: float, config=None) -> None:
     """Refuse a `drop_path_rate` the pretrained model cannot take, by its `config` (None: read, as `finetune.run`
     does before the data loads)."""
-    path, config = model_args.model_name_or_path, config or _load_config(model_args)
+    path, config = model_args.model_name_or_path, config if config is not None else _load_config(model_args)
     if not 0 <= drop_path_rate < 1:  # `from_dict` sets it after the config's own checks (a ScratchViT's) have run
         raise ValueError(f"`drop_path_rate` must be a probability in [0, 1), got {drop_path_rate}.")
     if not hasattr(config, "drop_path_rate"):
@@ -630,7 +630,8 @@ def config_changes(checkpoint: str, config) -> list[str]:
     if not path.is_file():
         return []
     saved, here = json.loads(path.read_text()), json.loads(config.to_json_string(use_diff=False))
-    metadata = {"architectures", "transformers_version", "_name_or_path", "dtype", "torch_dtype"}  # set on saving
+    # Set on saving, or by the Trainer (`use_cache` from its arguments): not the model's shape or training.
+    metadata = {"architectures", "transformers_version", "_name_or_path", "dtype", "torch_dtype", "use_cache"}
     names = sorted((saved.keys() & here.keys()) - metadata)
 
     def change(name: str) -> str:

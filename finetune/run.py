@@ -140,13 +140,13 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
         # saved model's to evaluate, a ScratchViT's too: the options given now do not shape it).
         model_type = model_args.model_type if training_args.do_train else "pretrained"
         target_size = storage_size(model_type, model_args, scratch_args)
-        if training_args.do_train and model_type != "scratch" and scratch_args.drop_path_rate is not None:
-            check_stochastic_depth(model_args, scratch_args.drop_path_rate)  # not after the data loaded
         doing = "loading and decoding the dataset"
         with (
             stage(f"{doing}, before training started", f"Rerun the same command {REUSED}.", every_process=True),
             training_args.main_process_first(desc=doing),
         ):
+            if training_args.do_train and model_type != "scratch" and scratch_args.drop_path_rate is not None:
+                check_stochastic_depth(model_args, scratch_args.drop_path_rate)  # not after the data loaded
             data = load_image_data(data_args, seed=data_seed(training_args), target_size=target_size)
         if not training_args.do_train:
             check_held_out_as_trained(model_args.model_name_or_path, data_args, training_args, data)

@@ -209,16 +209,18 @@ class ImageClassificationTrainingArguments(TrainingLoopArguments, TrainingArgume
                 "`early_stopping_patience` keeps the best model, so it needs `load_best_model_at_end: true` and a "
                 "`metric_for_best_model` (the defaults): drop the setting that turned them off."
             )
+        eval_steps_given = self.eval_steps
         super().__post_init__()  # also reads `lr_scheduler_kwargs` given as a JSON string, and lists `report_to`
         check_scheduler_kwargs(self)
         if self.load_best_model_at_end and evaluate == save == "steps" and self.save_steps != self.eval_steps:
             # transformers takes any multiple; the best evaluation between two checkpoints was then kept by none, and
             # the run ended with its last model, tested and recorded as the best, without a word.
+            unset = " (`logging_steps`, which transformers takes where `eval_steps` is unset)"
             raise ValueError(
                 f"`load_best_model_at_end` keeps the checkpoint of the best evaluation: with `save_steps` "
-                f"{self.save_steps:g} and `eval_steps` {self.eval_steps:g}, an evaluation between two checkpoints "
-                f"would have none. Fix: `save_steps: {self.eval_steps:g}`, `save_strategy: best` (a checkpoint at "
-                "each new best), or `load_best_model_at_end: false`."
+                f"{self.save_steps:g} and `eval_steps` {self.eval_steps:g}{unset if eval_steps_given is None else ''}"
+                f", an evaluation between two checkpoints would have none. Fix: `eval_steps: {self.save_steps:g}`, "
+                "`save_strategy: best` (a checkpoint at each new best), or `load_best_model_at_end: false`."
             )
         available = get_available_reporting_integrations()
         unknown = [name for name in self.report_to if name not in (*INTEGRATION_TO_CALLBACK, "none", "all")]

@@ -256,8 +256,16 @@ def test_an_empty_class_folder_is_named(tmp_path, caplog, layout):
     assert data.label_names == NAMES
     assert (
         "Leaving out the class folder(s) bird of" in caplog.text
-        and "learns the 3 classes cat, dog, frog" in caplog.text
+        and "learns the 3 class(es) cat, dog, frog" in caplog.text
     )
+    if layout == "classes":  # one class left: refused, and the empty folder is named too
+        for name in ("dog", "frog"):
+            for image in (root / name).iterdir():
+                image.unlink()
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="finetune"), pytest.raises(ValueError):
+            load_image_data(_args(dataset_name=str(tmp_path), validation_size=2), seed=0)
+        assert "Leaving out the class folder(s) bird, dog, frog of" in caplog.text
 
 
 def test_shards_of_a_split_whose_class_labels_differ_are_matched_by_name(tmp_path):

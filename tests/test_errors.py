@@ -183,7 +183,11 @@ STEPS = ["--eval_strategy", "steps", "--save_strategy", "steps", "--eval_steps",
         (
             [*STEPS, "--save_steps", "15"],
             r"^`load_best_model_at_end` keeps the checkpoint of the best evaluation: with `save_steps` 15 and "
-            r"`eval_steps` 5, an evaluation between two checkpoints would have none\. Fix: `save_steps: 5`",
+            r"`eval_steps` 5, an evaluation between two checkpoints would have none\. Fix: `eval_steps: 15`",
+        ),
+        (
+            ["--eval_strategy", "steps", "--save_strategy", "steps", "--save_steps", "200", "--logging_steps", "10"],
+            r"`eval_steps` 10 \(`logging_steps`, which transformers takes where `eval_steps` is unset\), an ",
         ),
         (["--early_stopping_threshold", "0.5"], r"^`early_stopping_threshold` set, but no `early_stopping_patience`"),
         (["--rand_augment_magnitude", "0.3"], r"^`rand_augment_magnitude` set, but `rand_augment_ops` is 0 \(off\)"),

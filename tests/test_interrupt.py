@@ -545,6 +545,7 @@ def test_a_resume_with_another_learning_rate_is_refused_and_an_older_checkpoint_
     [line] = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 1 and "learning_rate 0.003 (now 0.01), weight_decay 0 (now 0.1)" in line, line
     assert "Fix: resume with the options it was trained with, or start a new run from its weights" in line
+    assert "its optimizer and schedule states would go on" in line and "validation split" not in line
     # Another split (seed, validation_size) held training images out as validation, and another metric compared
     # accuracies as losses to keep the best model: both went on with exit 0.
     proc = train(
@@ -552,6 +553,7 @@ def test_a_resume_with_another_learning_rate_is_refused_and_an_older_checkpoint_
     )
     [line] = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 1 and "seed 0 (now 7), metric_for_best_model accuracy (now loss)" in line, line
+    assert "its validation split (another one holds images it trained on), best model so far would go on" in line
     proc = train(out, *STEPS_SAVE, "--validation_size", "0.25", "--resume_from_checkpoint", "true")
     [line] = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 1 and "validation_size 0.2 (now 0.25)" in line, line

@@ -262,16 +262,16 @@ def _label_by_class_folder(splits: datasets.DatasetDict, root: str, depth: int) 
         classes[name] = [class_of[parent] for parent in parents]
         stray += [os.path.relpath(os.path.realpath(p), root) for p, c in zip(paths, classes[name]) if c is None]
     names = sorted({c for cs in classes.values() for c in cs if c is not None})
-    if len(names) < 2:
-        return dict(splits)
     tops = [root] if depth == 0 else [e.path for e in os.scandir(root) if e.is_dir() and not _hidden(e.name)]
     folders = {e.name for top in tops for e in os.scandir(top) if e.is_dir() and not _hidden(e.name)}
-    if empty := sorted(folders - set(names)):  # a class the head would not have, without a word
+    if names and (empty := sorted(folders - set(names))):  # a class the head would not have, without a word
         logger.warning(
             f"Leaving out the class folder(s) {', '.join(empty[:5])} of {root}: no split has an image in them that "
-            f"datasets' image folder reads. The model learns the {len(names)} classes {', '.join(names[:5])}"
+            f"datasets' image folder reads. The model learns the {len(names)} class(es) {', '.join(names[:5])}"
             f"{', ...' if len(names) > 5 else ''}."
         )
+    if len(names) < 2:
+        return dict(splits)
     if stray:
         shown = ", ".join(sorted(stray)[:3])
         raise ValueError(

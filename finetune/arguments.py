@@ -39,11 +39,17 @@ def check_ranges(options, checks) -> None:
             raise ValueError(f"`{name}` must be {expected}, got {getattr(options, name)}.")
 
 
+def is_set(options, name: str) -> bool:
+    """Whether the dataclass field `name` of `options` holds other than its default (a list field: its factory's)."""
+    spec = options.__dataclass_fields__[name]
+    default = spec.default if spec.default_factory is dataclasses.MISSING else spec.default_factory()
+    return getattr(options, name) != default
+
+
 def check_unused(options, names, without: str, fix: str) -> None:
     """Refuse the fields among `names` set to other than their defaults where nothing uses them (`without` says
     why: e.g. no teacher to distill from), rather than train as if they were not given."""
-    defaults = {f.name: f.default for f in dataclasses.fields(options)}
-    given = [name for name in names if getattr(options, name) != defaults[name]]
+    given = [name for name in names if is_set(options, name)]
     if given:
         raise ValueError(
             f"{', '.join(f'`{name}`' for name in given)} set, but {without}, so nothing would use it. Fix: {fix}, or "

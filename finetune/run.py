@@ -38,7 +38,7 @@ from transformers import TrainingArguments, set_seed  # noqa: E402
 from transformers.dynamic_module_utils import custom_object_save  # noqa: E402
 
 from finetune import hardware  # noqa: E402
-from finetune.arguments import DataArguments, ModelArguments, parse_options, scratch_config_kwargs  # noqa: E402
+from finetune.arguments import DataArguments, ModelArguments, is_set, parse_options, scratch_config_kwargs  # noqa: E402
 from finetune.augment import BatchTransform, describe_augmentation, use_random_resized_crop  # noqa: E402
 from finetune.callbacks import total_batch_size  # noqa: E402
 from finetune.checkpoints import (  # noqa: E402
@@ -200,8 +200,7 @@ def warn_of_scratch_options(scratch_args, do_train: bool) -> None:
 def warn_of_pretrained_options(model_args: ModelArguments) -> None:
     """`model_type: scratch` builds a new ScratchViT from its config fields: say so for the options of a pretrained
     model it ignores (a run's folder as `model_name_or_path`, meant to train on, would start from random weights)."""
-    ignored = [f"--{name}" for name in ("model_name_or_path", "image_processor_name")
-               if getattr(model_args, name) != ModelArguments.__dataclass_fields__[name].default]  # fmt: skip
+    ignored = [f"--{name}" for name in ("model_name_or_path", "image_processor_name") if is_set(model_args, name)]
     if ignored:
         logger.warning(
             f"{', '.join(ignored)}: ignored by `model_type: scratch`, which trains a new ScratchViT from random "
@@ -525,11 +524,6 @@ AUGMENTATION_OPTIONS = ("random_crop_padding", "horizontal_flip", "rand_augment_
                         "random_erasing", "crop_scale", "crop_ratio")  # fmt: skip
 
 
-DEFAULT_BOXES = {
-    name: DataArguments.__dataclass_fields__[name].default_factory() for name in ("crop_scale", "crop_ratio")
-}
-
-
 def make_trainer(
     model,
     processor,
@@ -551,7 +545,7 @@ def make_trainer(
         raise ValueError("`metric_for_best_model: map` is for data with several labels per image; use `accuracy`.")
     augmentation = {name: getattr(data_args, name) for name in AUGMENTATION_OPTIONS}
     crop = use_random_resized_crop(data_args.random_resized_crop, data.train.image_size, prep.image_size)
-    if crop and args.do_train and data_args.random_crop_padding != DataArguments.random_crop_padding:
+    if crop and args.do_train and is_set(data_args, "random_crop_padding"):
         stored, size = ("x".join(map(str, s)) for s in (data.train.image_size, prep.image_size))
         logger.warning(
             f"`random_crop_padding: {data_args.random_crop_padding}` is ignored: training crops with "
@@ -559,7 +553,7 @@ def make_trainer(
             f"the model takes {size}). Fix: `--random_resized_crop false` for the padded crop, or drop "
             "`random_crop_padding`."
         )
-    boxes = [f"`{name}`" for name in ("crop_scale", "crop_ratio") if getattr(data_args, name) != DEFAULT_BOXES[name]]
+    boxes = [f"`{name}`" for name in ("crop_scale", "crop_ratio") if is_set(data_args, name)]
     if boxes and not crop and args.do_train:
         logger.warning(
             f"{' and '.join(boxes)} ignored: training crops with the padded random crop, not RandomResizedCrop "

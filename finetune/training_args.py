@@ -34,6 +34,7 @@ from finetune.arguments import (
     check_ranges,
     check_unused,
     command_name,
+    is_set,
     option,
     option_specs,
     unset,
@@ -135,7 +136,7 @@ class ImageClassificationTrainingArguments(TrainingLoopArguments, TrainingArgume
                 f"`eval_steps: {self.eval_steps:g}` counts steps, but `eval_strategy` is {evaluate}, so it would "
                 "be ignored. Fix: `eval_strategy: steps` and `save_strategy: steps` with it, or drop `eval_steps`."
             )
-        if self.save_steps != type(self).__dataclass_fields__["save_steps"].default and save != "steps":
+        if is_set(self, "save_steps") and save != "steps":
             raise ValueError(
                 f"`save_steps: {self.save_steps:g}` counts steps, but `save_strategy` is {save}, so it would be "
                 "ignored. Fix: `save_strategy: steps` (and `eval_strategy: steps`) with it, or drop `save_steps`."

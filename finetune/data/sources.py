@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from datasets.packaged_modules.imagefolder.imagefolder import ImageFolder
 
+from finetune.arguments import is_set
 from finetune.locations import looks_like_local_path, offline_switch
 
 
@@ -68,7 +69,7 @@ def open_source(data_args: DataArguments) -> Source:
     if files:
         if "train" not in files:
             raise ValueError("`validation_file` / `test_file` need a `train_file` as well.")
-        if data_args.dataset_name != type(data_args).__dataclass_fields__["dataset_name"].default:
+        if is_set(data_args, "dataset_name"):
             logger.warning(
                 f"`dataset_name` {data_args.dataset_name} is not used: the data comes from `train_file` (and "
                 "`validation_file`, `test_file`). Drop one of them."

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from finetune.arguments import is_set
+
 
 if TYPE_CHECKING:
     from finetune.arguments import DataArguments
@@ -45,7 +47,7 @@ def choose_rows(
     train, test = chosen["train"], chosen.get("test")
     if "validation" in chosen:
         validation, how = chosen["validation"], "validation split of the source"
-        if data_args.validation_size != type(data_args).__dataclass_fields__["validation_size"].default:
+        if is_set(data_args, "validation_size"):
             logger.warning(
                 f"`validation_size`={data_args.validation_size:g} is not used: the dataset has a validation split of "
                 f"its own ({len(validation)} images), which is used instead."

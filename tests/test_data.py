@@ -211,6 +211,52 @@ def test_a_folder_of_several_splits_as_one_split_is_refused(tmp_path):
     assert _assert_split_matches(load_image_data(args, seed=0).validation, images, labels) == set(range(12, 24))
 
 
+@pytest.mark.parametrize("kind", ["parquet shards", "image folder of one class"])
+def test_a_folder_of_one_split_is_that_split_whatever_its_files_are_named(tmp_path, kind):
+    # `validation-0000*.parquet`: "KeyError: 'train'"; one class folder: "lacks column(s) ['label']".
+    images, labels = _images(24), _labels(24)
+    _write_png_folder(tmp_path / "train", images[:12], labels[:12])
+    held = [i for i in range(12, 24) if labels[i] == 0] if kind.startswith("image") else list(range(12, 24))
+    if kind == "parquet shards":
+        (tmp_path / "val").mkdir()
+        for shard, part in enumerate((held[:6], held[6:])):
+            shard_file = tmp_path / f"val/validation-{shard}.parquet"
+            _dataset(images[part], [labels[i] for i in part], image_column="image").to_parquet(shard_file)
+    else:
+        _write_png_folder(tmp_path / "val", images[held], [labels[i] for i in held])
+    for option in ("validation_file", "test_file"):
+        data = load_image_data(_args(train_file=str(tmp_path / "train"), **{option: str(tmp_path / "val")}), seed=0)
+        split = data.validation if option == "validation_file" else data.test
+        assert data.label_names == NAMES and _assert_split_matches(split, images, labels) == set(held)
+
+
+def test_images_datasets_leaves_out_are_named_and_other_files_do_not_hide_them(tmp_path, caplog):
+    # A `val.txt` beside the class folders (or a run's `train_results.json`) made datasets' patterns read it alone:
+    # "holds neither parquet/arrow/csv files nor images". A `__old` folder's images were left out without a word.
+    images, labels = _images(18), _labels(18)
+    _write_png_folder(tmp_path / "data", images[:15], labels[:15])
+    (tmp_path / "data" / "val.txt").write_text("notes")
+    _write_png_folder(tmp_path / "data" / "cat" / "__old", images[15:], labels[15:])
+    (tmp_path / "data" / "__MACOSX").mkdir()
+    (tmp_path / "data" / "__MACOSX" / "._0.png").write_bytes(b"resource fork")
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        data = load_image_data(_args(dataset_name=str(tmp_path / "data"), validation_size=3), seed=0)
+    assert len(data.train) + len(data.validation) == 15 and data.label_names == NAMES
+    assert re.search(r"Leaving out the 3 image\(s\) of .*cat/__old: .* skips folders whose names start", caplog.text)
+    assert "__MACOSX" not in caplog.text
+    # Images beside split folders are not in any split.
+    _write_png_folder(tmp_path / "splits" / "train", images[:12], labels[:12])
+    Image.fromarray(images[12]).save(tmp_path / "splits" / "stray.png")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        data = load_image_data(_args(dataset_name=str(tmp_path / "splits"), validation_size=3), seed=0)
+    assert len(data.train) + len(data.validation) == 12
+    assert (
+        "Leaving out the 1 image(s) at the top of" in caplog.text
+        and "(e.g. stray.png), beside its split" in caplog.text
+    )
+
+
 def test_validation_size_beside_a_validation_split_is_named_unused(tmp_path, caplog):
     images, labels = _images(18), _labels(18)
     _dataset(images[:12], labels[:12]).to_parquet(tmp_path / "train.parquet")
@@ -307,6 +353,45 @@ def test_csv_with_relative_image_paths_and_string_labels(tmp_path):
     )
     data = load_image_data(args, seed=0)
     assert data.label_names == sorted(NAMES)  # string labels: sorted unique names
+    _assert_covers(data, images, labels)
+
+
+def test_class_names_of_a_csv_differing_by_spaces_are_one_class(tmp_path):
+    # `cat ` beside `cat` was a third class, named alike in config.json, exit 0.
+    images, labels = _images(12), _labels(12)
+    paths = _write_png_folder(tmp_path / "pictures", images, labels)
+    rows = [f"{p},{NAMES[y]}{' ' * (i % 2)}" for i, (p, y) in enumerate(zip(paths, labels))]
+    (tmp_path / "index.csv").write_text("\n".join(["image,label", *rows, f"{paths[0]},  "]) + "\n")
+    with pytest.raises(ValueError, match="has missing values"):  # a blank cell: no label
+        load_image_data(_args(dataset_name=str(tmp_path / "index.csv"), validation_size=3), seed=0)
+    (tmp_path / "index.csv").write_text("\n".join(["image,label", *rows]) + "\n")
+    data = load_image_data(_args(dataset_name=str(tmp_path / "index.csv"), validation_size=3), seed=0)
+    assert data.label_names == sorted(NAMES)
+    _assert_covers(data, images, [sorted(NAMES).index(NAMES[y]) for y in labels])
+
+
+@pytest.mark.parametrize("feature", ["path strings", "Image without bytes"])
+def test_relative_image_paths_of_a_parquet_are_read_from_its_folder(tmp_path, monkeypatch, feature):
+    # They were read from the working directory: a run elsewhere found no image (or another folder's).
+    images, labels = _images(12), _labels(12)
+    paths = _write_png_folder(tmp_path / "tables" / "pictures", images, labels)
+
+    def write(table_file, relative_to):
+        monkeypatch.chdir(relative_to)  # datasets reads the files' sizes as it writes an `Image` of paths
+        table = datasets.Dataset.from_dict(
+            {"image": [str(p.relative_to(relative_to)) for p in paths], "label": labels},
+            features=datasets.Features({"image": datasets.Value("string"), "label": datasets.ClassLabel(names=NAMES)}),
+        )
+        table = table.cast_column("image", datasets.Image()) if feature == "Image without bytes" else table
+        table.to_parquet(table_file)
+
+    write(tmp_path / "tables" / "index.parquet", tmp_path / "tables")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    data = load_image_data(_args(dataset_name="../tables/index.parquet", validation_size=3), seed=0)
+    _assert_covers(data, images, labels)
+    write(tmp_path / "tables" / "from_here.parquet", tmp_path)  # written from the working directory: read from there
+    data = load_image_data(_args(dataset_name="tables/from_here.parquet", validation_size=3), seed=0)
     _assert_covers(data, images, labels)
 
 

@@ -262,6 +262,11 @@ def test_csv_labels_separated_by_semicolons_and_a_label_unknown_to_train(tmp_pat
     data_args.validation_file = str(tmp_path / "validation.csv")
     kept = load_image_data(data_args, seed=0, target_size=8)
     assert kept.label_names == ["round", "even"] and kept.validation.labels[-1].tolist() == [0.0, 1.0]
+    # A validation csv of one label per image has no `;`: a blank cell is still an image with none of the labels.
+    (tmp_path / "single.csv").write_text("image,labels\nimages/0.png,even\nimages/1.png,\n")
+    data_args.include_labels, data_args.validation_file = None, str(tmp_path / "single.csv")
+    data = load_image_data(data_args, seed=0, target_size=8)
+    assert data.label_names == ["big", "even", "round"] and data.validation.labels.tolist() == [[0, 1, 0], [0, 0, 0]]
 
 
 def test_an_image_without_labels_and_a_label_without_training_images_are_refused(tmp_path):

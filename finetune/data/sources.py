@@ -35,6 +35,7 @@ IMAGE_EXTENSIONS = ImageFolder.EXTENSIONS
 # Photo formats it leaves out (HEIC is iPhones' default): a folder's are named rather than dropped without a word.
 UNREAD_PHOTO_EXTENSIONS = (".avif", ".heic", ".heif")
 IMAGE_COLUMNS = ("img", "image")
+LIST_FEATURES = (datasets.List, datasets.LargeList)  # a multi-label column
 LABEL_COLUMNS = ("label", "labels")
 TABLE_EXTENSIONS = {".parquet": "parquet", ".arrow": "arrow", ".csv": "csv"}
 SPLIT_ALIASES = {
@@ -125,7 +126,9 @@ def _open_sklearn(name: str) -> Source:
     return Source(name, name, decoded={"train": (pixels, labels)}, label_names=[str(i) for i in range(10)])
 
 
-def _open_local(path: str, data_args: DataArguments) -> Source:
+def _open_local(path: str, data_args: DataArguments, one_split: bool = False) -> Source:
+    """A local file or folder; `one_split`: the folder of one split (`validation_file`), whatever it is named, and an
+    image folder of it may hold a single class."""
     if os.path.isfile(path):
         return _open_split_files({"train": path}, data_args)
     if os.path.isfile(os.path.join(path, "batches.meta")) and os.path.isfile(os.path.join(path, "data_batch_1")):
@@ -133,7 +136,7 @@ def _open_local(path: str, data_args: DataArguments) -> Source:
     if os.path.isfile(os.path.join(path, "dataset_dict.json")) or os.path.isfile(os.path.join(path, "state.json")):
         loaded = datasets.load_from_disk(path)
         loaded = dict(loaded) if isinstance(loaded, datasets.DatasetDict) else {"train": loaded}
-        return Source(path, _files_fingerprint([path]), encoded=_named_splits(loaded, path))
+        return Source(path, _files_fingerprint([path]), encoded=_named_splits(loaded, path, need_train=not one_split))
     folders = (os.path.join(root, d) for root, dirs, _ in os.walk(path) for d in dirs)
     linked = next((folder for folder in folders if os.path.islink(folder)), None)
     if linked:
@@ -164,21 +167,47 @@ def _open_local(path: str, data_args: DataArguments) -> Source:
         )
     if tables:
         return _open_split_files(tables, data_args, description=path)
-    unread = sorted(f for files in resolved.values() for f in files if _extension(f) in UNREAD_PHOTO_EXTENSIONS)
+    # Without split folders every folder is a class, `train/` or `test/` included: no split by folder or file name
+    # (a `val.txt` beside the class folders made datasets' patterns read that file alone).
+    patterns = split_folders or {"train": ["**"]}
+    files = [
+        f for fs in datasets.data_files.DataFilesDict.from_patterns(patterns, base_path=path).values() for f in fs
+    ]
+    unread = sorted(f for f in files if _extension(f) in UNREAD_PHOTO_EXTENSIONS)
     if unread:
         logger.warning(
             f"Leaving out {len(unread)} photo(s) of {path} in a format that datasets' image folder does not read "
             f"(e.g. {os.path.relpath(unread[0], path)}): convert them to JPEG or PNG to train on them."
         )
-    if not any(_extension(f) in IMAGE_EXTENSIONS for files in resolved.values() for f in files):
+    if not any(_extension(f) in IMAGE_EXTENSIONS for f in files):
         raise FileNotFoundError(
             f"{path!r} holds neither parquet/arrow/csv files nor images. `dataset_name` accepts {ACCEPTED_SOURCES}."
         )
-    # Without split folders every folder is a class, `train/` or `test/` included: no split by folder or file name.
-    patterns = split_folders or {"train": ["**"]}
+    _warn_skipped_images(path, bool(split_folders))
     loaded = datasets.load_dataset("imagefolder", data_dir=path, data_files=patterns, drop_labels=True)
-    labelled = _label_by_class_folder(loaded, path, depth=1 if split_folders else 0)
-    return Source(path, _files_fingerprint([path]), encoded=_named_splits(labelled, path))
+    labelled = _label_by_class_folder(loaded, path, depth=1 if split_folders else 0, one_class=one_split)
+    return Source(path, _files_fingerprint([path]), encoded=_named_splits(labelled, path, need_train=not one_split))
+
+
+def _warn_skipped_images(path: str, split_folders: bool) -> None:
+    """Name the images of the folder `path` that datasets' image folder leaves out: those in folders named `__*`
+    (`__MACOSX`'s resource forks aside), and those beside split folders."""
+    for root, folders, _ in os.walk(path):
+        skipped = [d for d in folders if d.startswith("__") and d != "__MACOSX"]
+        folders[:] = [d for d in folders if not _hidden(d)]
+        for folder in (os.path.join(root, d) for d in skipped):
+            count = sum(_extension(n) in IMAGE_EXTENSIONS for _, _, names in os.walk(folder) for n in names)
+            if count:
+                logger.warning(
+                    f"Leaving out the {count} image(s) of {folder}: datasets' image folder skips folders whose names "
+                    "start with `__`. Rename it to train on them."
+                )
+    beside = sorted(n for n in os.listdir(path) if _extension(n) in IMAGE_EXTENSIONS and not _hidden(n))
+    if split_folders and beside:
+        logger.warning(
+            f"Leaving out the {len(beside)} image(s) at the top of {path} (e.g. {beside[0]}), beside its split "
+            "folders: move them into a split's class folder to use them."
+        )
 
 
 def _warn_unread_tables(path: str, read: list[str]) -> None:
@@ -244,12 +273,14 @@ def _split_named(folder: str) -> str | None:
     return None
 
 
-def _label_by_class_folder(splits: datasets.DatasetDict, root: str, depth: int) -> dict[str, datasets.Dataset]:
+def _label_by_class_folder(
+    splits: datasets.DatasetDict, root: str, depth: int, one_class: bool = False
+) -> dict[str, datasets.Dataset]:
     """Label each image by its class folder, the folder at `depth` (1 under split folders: `train/cat/2023/a.jpg`:
     cat), as torchvision's ImageFolder does: datasets' image folder takes the parent folder (2023), and gives no labels
-    to images at mixed depths. No label column (`find_columns` says why) where there is one class, or where a metadata
-    file gives the labels; an error where an image has no class folder (beside them, or in a split folder of
-    unlabelled images, as Kaggle's `test/`)."""
+    to images at mixed depths. No label column (`find_columns` says why) where there is one class (unless `one_class`:
+    the folder of a validation or test split may hold one), or where a metadata file gives the labels; an error where
+    an image has no class folder (beside them, or in a split folder of unlabelled images, as Kaggle's `test/`)."""
     if any(dataset.column_names != ["image"] for dataset in splits.values()):
         return dict(splits)  # a metadata file's columns: the user's labels, whatever their name
     root, class_of, classes, stray = os.path.realpath(root), {}, {}, []
@@ -271,7 +302,7 @@ def _label_by_class_folder(splits: datasets.DatasetDict, root: str, depth: int) 
             f"datasets' image folder reads. The model learns the {len(names)} class(es) {', '.join(names[:5])}"
             f"{', ...' if len(names) > 5 else ''}."
         )
-    if len(names) < 2:
+    if len(names) < (1 if one_class else 2):
         return dict(splits)
     if stray:
         shown = ", ".join(sorted(stray)[:3])
@@ -300,8 +331,8 @@ def _open_split_files(files: dict[str, str | list[str]], data_args: DataArgument
                     f"The {split} data path {path!r} does not exist. Accepted: {ACCEPTED_SOURCES}."
                 )
             if os.path.isdir(path):
-                # A folder given as train_file/validation_file: its one split (named train by the reader).
-                sub = _open_local(path, data_args)
+                # A folder given as train_file/validation_file: its one split, whatever its files are named.
+                sub = _open_local(path, data_args, one_split=True)
                 if sub.decoded:
                     raise ValueError(f"{path!r} cannot be used as a single split; pass it as `dataset_name`.")
                 if len(sub.encoded) > 1:  # its train split alone would be the `split` here: training images
@@ -309,7 +340,7 @@ def _open_split_files(files: dict[str, str | list[str]], data_args: DataArgument
                         f"The {split} data path {path} holds the splits {', '.join(sub.encoded)}: pass it as "
                         f"`dataset_name`, or the folder of the one meant as `{split}_file`."
                     )
-                parts.append(sub.encoded["train"])
+                parts.append(next(iter(sub.encoded.values())))
                 folder_fingerprints.append(sub.fingerprint)
                 continue
             extension = _extension(path)
@@ -322,6 +353,7 @@ def _open_split_files(files: dict[str, str | list[str]], data_args: DataArgument
                 dataset = _read_csv(path, data_args)
             else:
                 dataset = datasets.load_dataset(TABLE_EXTENSIONS[extension], data_files=path, split="train")
+                dataset = _paths_from_table_folder(dataset, data_args, path)
             fingerprint_paths += [*_referenced_files(dataset, data_args, path), path]
             parts.append(dataset)
         splits[split] = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(_by_one_class_label(parts))
@@ -368,6 +400,31 @@ def _referenced_files(dataset: datasets.Dataset, data_args: DataArguments, where
     return [path for path in paths.to_pylist() if path]
 
 
+def _paths_from_table_folder(dataset: datasets.Dataset, data_args: DataArguments, table: str) -> datasets.Dataset:
+    """A parquet or arrow table's relative image paths (path strings, or an `Image` without bytes, as `to_parquet`
+    writes an image folder) made absolute from the table's folder, as a csv's are, unless the first one is found from
+    the working directory only (where datasets reads them from)."""
+    try:
+        column = find_columns(dataset, data_args, table)[0]
+    except ValueError:
+        return dataset  # reported with the columns of every split by `load_image_data`
+    values = _arrow_column(dataset, column)
+    paths = _paths(values)
+    first = next((p for p in (paths.to_pylist() if paths is not None else []) if p and not os.path.isabs(p)), None)
+    base = os.path.dirname(os.path.abspath(table))
+    if first is None or (not os.path.exists(os.path.join(base, first)) and os.path.exists(first)):
+        return dataset
+    rows = values.to_pylist()
+    if isinstance(values.type, pa.StructType):
+        rows = [
+            r if r is None or r["bytes"] or not r["path"] else {**r, "path": os.path.join(base, r["path"])}
+            for r in rows
+        ]
+    else:
+        rows = [r if r is None or os.path.isabs(r) else os.path.join(base, r) for r in rows]
+    return dataset.remove_columns(column).add_column(column, rows, feature=dataset.features[column])
+
+
 def _read_csv(path: str, data_args: DataArguments) -> datasets.Dataset:
     """A csv of image paths (relative to the csv file) and labels, with the paths made absolute. A label column whose
     cells hold several labels separated by `;` (`cat; dog`) becomes a list column, a multi-label one (an empty cell:
@@ -392,6 +449,8 @@ def _read_csv(path: str, data_args: DataArguments) -> datasets.Dataset:
         frame[label] = [
             [s.strip() for s in v.split(";") if s.strip()] if isinstance(v, str) else [] for v in frame[label]
         ]
+    elif not pd.api.types.is_numeric_dtype(frame[label]):  # `cat ` beside `cat` was a class; a blank cell, none
+        frame[label] = [v.strip() or None if isinstance(v, str) else v for v in frame[label]]
     return datasets.Dataset.from_pandas(frame, preserve_index=False)
 
 
@@ -416,7 +475,9 @@ def _open_cifar_batches(path: str) -> Source:
     return Source(path, _files_fingerprint([path]), decoded=splits, label_names=label_names)
 
 
-def _named_splits(splits: dict[str, datasets.Dataset], where: str) -> dict[str, datasets.Dataset]:
+def _named_splits(
+    splits: dict[str, datasets.Dataset], where: str, need_train: bool = True
+) -> dict[str, datasets.Dataset]:
     """Keep train/validation/test under their canonical names (`val` -> `validation`, ...)."""
     if len(splits) == 1 and str(next(iter(splits))).lower() not in SPLIT_ALIASES:
         return {"train": next(iter(splits.values()))}
@@ -429,7 +490,7 @@ def _named_splits(splits: dict[str, datasets.Dataset], where: str) -> dict[str, 
             raise ValueError(f"{where} has two {canonical} splits ({list(splits)}); keep one.")
         else:
             named[canonical] = dataset
-    if "train" not in named:
+    if need_train and "train" not in named:
         raise ValueError(f"{where} has no train split; its splits are {list(splits)}.")
     return named
 
@@ -505,8 +566,8 @@ def encode_labels(
     features = {name: ds.features[label_column] for name, ds in splits.items()}
     feature = features["train"]
     # A csv split without `;` holds scalars: the data is multi-label when any split holds lists.
-    if any(isinstance(f, (datasets.List, datasets.LargeList)) for f in features.values()):
-        item = feature.feature if isinstance(feature, (datasets.List, datasets.LargeList)) else feature
+    if any(isinstance(f, LIST_FEATURES) for f in features.values()):
+        item = feature.feature if isinstance(feature, LIST_FEATURES) else feature
         return _multi_label_encoding(splits, label_column, item, include_labels)
     values = {name: _arrow_column(ds, label_column).to_pylist() for name, ds in splits.items()}
     if all(isinstance(f, datasets.ClassLabel) and f.names == feature.names for f in features.values()):
@@ -568,11 +629,15 @@ def _multi_label_encoding(
     are dropped first: a label of the validation split alone is then no error."""
     keep = None if include_labels is None or isinstance(item, datasets.ClassLabel) else set(include_labels)
 
-    def lists(values: list) -> list:  # a split saved with one label per image (a csv without `;`) has no lists
-        rows = [v if isinstance(v, list) or v is None else [v] for v in values]
+    def lists(values: list, scalars: bool) -> list:
+        # A split saved with one label per image (a csv without `;`) has no lists; its blank cells are no label.
+        rows = [v if isinstance(v, list) or (v is None and not scalars) else [] if v is None else [v] for v in values]
         return rows if keep is None else [row if row is None else [v for v in row if str(v) in keep] for row in rows]
 
-    values = {name: lists(_arrow_column(dataset, column).to_pylist()) for name, dataset in splits.items()}
+    values = {
+        name: lists(_arrow_column(ds, column).to_pylist(), not isinstance(ds.features[column], LIST_FEATURES))
+        for name, ds in splits.items()
+    }
     if isinstance(item, datasets.ClassLabel):
         keys, names = list(range(item.num_classes)), list(item.names)
     elif isinstance(item, datasets.Value) and (item.dtype in ("string", "large_string") or "int" in item.dtype):

@@ -45,15 +45,16 @@ HEAD_NAME = "classifier"
 WEIGHT_FILES = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME)
 
 
-def storage_size(model_type: str, model_args: ModelArguments, scratch_args) -> int:
+def storage_size(model_type: str, model_args: ModelArguments, scratch_args, margin: bool = True) -> int:
     """The square size images of mixed sizes are stored at for `model_type` (`pretrained`, `scratch` or `both`),
-    read from the config and image processor without the weights."""
+    read from the config and image processor without the weights; `margin` for `RandomResizedCrop` (`photo_size`)."""
     sizes = []
     if model_type in ("pretrained", "both"):
         config = _load_config(model_args)
-        sizes.append(photo_size(preprocessing_from(_load_processor(model_args), config)))
+        sizes.append(photo_size(preprocessing_from(_load_processor(model_args), config), margin))
     if model_type in ("scratch", "both"):
-        sizes.append(round(ScratchViTConfig(**scratch_config_kwargs(scratch_args)).image_size * CROP_MARGIN))
+        size = ScratchViTConfig(**scratch_config_kwargs(scratch_args)).image_size
+        sizes.append(round(size * CROP_MARGIN) if margin else size)
     return max(sizes)
 
 

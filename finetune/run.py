@@ -136,10 +136,15 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
 
     with peers_answering(training_args):
         # ---- Data: decoded once into uint8 tensors (and cached); the main process decodes first, the others read it.
-        # Photos of mixed sizes are stored at the model's size plus a margin for crops, read from its processor (a
-        # saved model's to evaluate, a ScratchViT's too: the options given now do not shape it).
+        # Photos of mixed sizes are stored at the size the model's processor resizes them to, plus a margin where
+        # training may use RandomResizedCrop. A saved model is scored on the pixels its run scored (its results.json
+        # says the size), else as its processor frames a photo; a ScratchViT's too: the options given now do not
+        # shape it.
         model_type = model_args.model_type if training_args.do_train else "pretrained"
-        target_size = storage_size(model_type, model_args, scratch_args)
+        scored = None if training_args.do_train else results_of_model(model_args.model_name_or_path)
+        margin = training_args.do_train and data_args.random_resized_crop != "false"
+        target_size = storage_size(model_type, model_args, scratch_args, margin)
+        target_size = max(scored.stored_image_size) if scored and scored.stored_image_size else target_size
         doing = "loading and decoding the dataset"
         with (
             stage(f"{doing}, before training started", f"Rerun the same command {REUSED}.", every_process=True),

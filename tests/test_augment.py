@@ -391,6 +391,24 @@ def test_evaluation_resizes_and_crops_as_a_processor_that_resizes_beyond_its_cro
     assert levels.abs().max().item() < 2.0
 
 
+def test_training_without_random_resized_crop_frames_images_as_evaluation_crops_them():
+    """A processor that resizes to 10 and crops 8: training's padded crop had the whole image, evaluation its centre
+    (82% instead of 97% on digits). Stored at 20 px: the centre 16 px resized by 2, as evaluation's 10 px crop is."""
+    x = _photo_batch(height=20, width=20)
+    transform = BatchTransform(
+        8, MEAN, STD, 3, 3, random_crop_padding=0, horizontal_flip=False, eval_resize_size=(10, 10)
+    )
+    assert "no crop of the centre 80% x 80%, as evaluation crops" in describe_augmentation(transform)
+    trained, evaluated = transform(x, train=True), transform(x, train=False)
+    assert trained.shape == evaluated.shape == (6, 3, 8, 8)
+    # Equal but at the border, where evaluation's antialiasing filter reaches pixels outside the crop.
+    torch.testing.assert_close(trained[..., 1:-1, 1:-1], evaluated[..., 1:-1, 1:-1], rtol=0, atol=1e-5)
+    whole = BatchTransform(8, MEAN, STD, 3, 3, random_crop_padding=0, horizontal_flip=False)(x, train=True)
+    assert (whole - evaluated).abs().mean() > 0.1
+    with_crop = BatchTransform(8, MEAN, STD, 3, 3, random_resized_crop=True, eval_resize_size=(10, 10))
+    assert "centre" not in describe_augmentation(with_crop)  # RandomResizedCrop draws its own boxes
+
+
 def test_random_resized_crop_in_the_batch_transform_outputs_the_model_size():
     transform = BatchTransform(16, MEAN, STD, 3, 3, random_resized_crop=True, crop_scale=(0.5, 1.0))
     out = transform(_photo_batch(), train=True)

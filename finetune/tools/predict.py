@@ -213,18 +213,19 @@ def model_preprocessing(model, processor, image_size: int | None = None) -> Prep
 
 
 def frame_size(prep: Preprocessing, stored_size: Sequence[int] | None = None) -> int:
-    """The side of the square a run stored its images at (`stored_size`, from its results), else `photo_size`: what
-    `model_view` frames an image at, and the size `load_images` decodes a large JPEG for."""
+    """The side of the square a run stored its images at (`stored_size`, from its results), else the size its saved
+    processor resizes a photo to (`photo_size` without margin, as `pipeline()` frames it): what `model_view` frames an
+    image at, and the size `load_images` decodes a large JPEG for."""
     from finetune.augment import photo_size
 
-    return stored_size[0] if stored_size and stored_size[0] == stored_size[1] else photo_size(prep)
+    return stored_size[0] if stored_size and stored_size[0] == stored_size[1] else photo_size(prep, margin=False)
 
 
 def model_view(image: Image.Image, prep: Preprocessing, stored_size: Sequence[int] | None = None) -> Image.Image:
     """The part of a decoded image the model sees, framed as training stored its images: at the run's `stored_size`
     (from its results), any image of another size becomes the centre square of that size, in one resize (a 32 px
     digit for a run of 8 px digits went through 9 px and lost 13 points); without it, an image that is not square, or
-    is larger than `photo_size`, becomes the centre square at that size, and a smaller square stays as it is. A run
+    is larger than `frame_size`, becomes the centre square at that size, and a smaller square stays as it is. A run
     that stored its images whole at one size that is not square: the whole image."""
     from finetune.data import center_fit
 

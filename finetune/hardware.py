@@ -210,6 +210,13 @@ def choose_precision(
         if tf32:
             reasons.append("TF32 matmuls (compute capability >= 8.0)")
     choice = PrecisionChoice(bf16, fp16, tf32, reasons, launcher=launcher)
+    if device == "cpu" and choice.mode == "fp16":  # accelerate autocasts fp16 on accelerators only
+        given = "`accelerate launch --mixed_precision fp16`" if choice.launcher == "fp16" else "`--fp16 true`"
+        raise ValueError(
+            f"{given} on a CPU trains in float32 (accelerate has no fp16 autocast there), and the run would record "
+            "fp16. Fix: `--bf16 true` for mixed precision on a CPU (`--bf16 auto` measures whether it is faster), or "
+            f"leave out {given}."
+        )
     if device == "cpu" and choice.mode == "bf16" and not cpu_native_bf16:
         choice.warnings.append(
             f"bf16 autocast on a CPU without native bf16 (no AVX512-BF16/AMX) runs {CPU_BF16_SLOWDOWN} slower than "

@@ -48,15 +48,22 @@ def test_explicit_choices_are_kept_and_a_slow_one_warns():
 
 
 def test_the_launchers_precision_counts_as_explicit():
-    choice = choose(
-        "auto", "auto", "auto", "cpu", cpu_native_bf16=True, cpu_bf16_speedup=1.8, launcher_precision="fp16"
-    )
+    choice = choose("auto", "auto", "auto", "cuda", cuda_bf16=True, launcher_precision="fp16")
     assert (choice.bf16, choice.fp16) == (False, False)  # the Trainer then takes fp16 from ACCELERATE_MIXED_PRECISION
-    assert "accelerate launch" in choice.reasons[0]
+    assert "accelerate launch" in choice.reasons[0] and choice.mode == "fp16"
     assert choose("auto", "auto", "auto", "cpu", cpu_native_bf16=False, launcher_precision="bf16").warnings
     assert choose(
         "auto", "auto", "auto", "cpu", cpu_native_bf16=True, cpu_bf16_speedup=1.8, launcher_precision="no"
     ).bf16
+
+
+def test_fp16_on_a_cpu_is_refused():
+    """accelerate autocasts fp16 on accelerators only: on a CPU the run trained in float32, bit for bit, and recorded
+    fp16 in its log, results.json and card."""
+    with pytest.raises(ValueError, match=r"^`--fp16 true` on a CPU trains in float32 .* Fix: `--bf16 true`"):
+        choose("auto", True, "auto", "cpu", cpu_native_bf16=True, cpu_bf16_speedup=1.8)
+    with pytest.raises(ValueError, match=r"^`accelerate launch --mixed_precision fp16` on a CPU trains in float32"):
+        choose("auto", "auto", "auto", "cpu", cpu_native_bf16=False, launcher_precision="fp16")
 
 
 def test_native_bf16_that_measures_slower_than_float32_is_not_chosen(monkeypatch):

@@ -116,6 +116,7 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
 
         if not training_args.do_train:
             check_evaluation_only(model_args, push_to_hub)
+            warn_of_training_options(model_args, data_args, training_args)
         else:
             check_separate_files(data_args)
         output_dir = Path(training_args.output_dir)
@@ -199,6 +200,29 @@ def warn_of_scratch_options(scratch_args, do_train: bool) -> None:
         logger.warning(
             f"{', '.join(ignored)}: ScratchViT options, ignored by {by}, which keeps the architecture and resolution "
             f"of `model_name_or_path`. Fix: drop them{fix}."
+        )
+
+
+# The options only training uses, that an evaluation (`do_train: false`) names as ignored where given (a config of the
+# run, say). Not `label_smoothing_factor`, which the evaluation loss takes too.
+TRAINING_OPTIONS = (
+    "finetune_method", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "merge_lora", "layer_decay",
+    "random_resized_crop", "crop_scale", "crop_ratio", "random_crop_padding", "horizontal_flip", "rand_augment_ops",
+    "rand_augment_magnitude", "random_erasing", "learning_rate", "num_train_epochs", "max_steps", "weight_decay",
+    "warmup_steps", "lr_scheduler_type", "per_device_train_batch_size", "gradient_accumulation_steps",
+    "max_train_minutes", "budget_schedule", "ema_decay", "mixup_alpha", "cutmix_alpha", "early_stopping_patience",
+    "early_stopping_threshold", "class_weighting", "teacher_model_name_or_path", "distillation_type",
+    "distillation_alpha", "distillation_temperature", "max_nonfinite_steps",
+)  # fmt: skip
+
+
+def warn_of_training_options(*options) -> None:
+    """`do_train: false` scores a saved model as it is: say so for the training options given."""
+    given = [f"--{name}" for o in options for name in TRAINING_OPTIONS if hasattr(o, name) and is_set(o, name)]
+    if given:
+        logger.warning(
+            f"{', '.join(given)}: training options, ignored by `do_train: false`, which scores "
+            "`model_name_or_path` as it was saved. Fix: drop them, or train with `do_train: true`."
         )
 
 

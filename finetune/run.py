@@ -882,6 +882,8 @@ def hyperparameters(args, settings: hardware.Settings, model, model_type: str, m
         values["lora_target_modules"] = model_args.lora_target_modules or "default (query and value projections)"
     if model_args.layer_decay is not None:
         values["layer_decay"] = model_args.layer_decay
+    if getattr(model.config, "drop_path_rate", None):  # stochastic depth, a ScratchViT's or a pretrained model's
+        values["drop_path_rate"] = model.config.drop_path_rate
     if args.gradient_accumulation_steps > 1:  # folded into total_train_batch_size
         values["gradient_accumulation_steps"] = args.gradient_accumulation_steps
     if args.load_best_model_at_end:  # the validation figure that chose the kept model

@@ -14,6 +14,7 @@ from finetune import run
 from finetune.arguments import parse_args
 from finetune.data import load_image_data
 from finetune.models import build_model
+from finetune.tools.model_card import build_model_card
 from finetune.trainer import classification_loss
 
 
@@ -90,6 +91,10 @@ def test_random_erasing_and_stochastic_depth_reach_the_run(tmp_path, caplog):
         run.main([*args, "--drop_path_rate", "0.2"])
     assert "random erasing" in caplog.text
     assert json.loads((out / "config.json").read_text())["drop_path_rate"] == 0.2
+    # Recorded with the results, and in the card's architecture with the rest of the config (`qk_norm` was not).
+    assert json.loads((out / "results.json").read_text())["hyperparameters"]["drop_path_rate"] == 0.2
+    card = build_model_card(out, str(out)).text
+    assert "| `drop_path_rate` | 0.2 |" in card and "| `qk_norm` | False |" in card
     with pytest.raises(ValueError, match="`random_erasing` must be a probability"):
         parse_args([*args, "--random_erasing", "1.5"])
 
@@ -110,3 +115,4 @@ def test_stochastic_depth_on_a_pretrained_model_that_has_it_or_a_clear_refusal(t
     beit = checkpoint(tmp_path, "beit")
     run.main(["--model_name_or_path", str(beit), *TRAIN, "--output_dir", str(out), "--drop_path_rate", "0.1"])
     assert json.loads((out / "config.json").read_text())["drop_path_rate"] == 0.1
+    assert json.loads((out / "results.json").read_text())["hyperparameters"]["drop_path_rate"] == 0.1

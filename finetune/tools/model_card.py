@@ -50,7 +50,8 @@ LEGACY_WEIGHT_PATTERNS = ("pytorch_model.bin", "pytorch_model-*.bin", "pytorch_m
 HISTORY_ROWS = 30
 ARCHITECTURE_KEYS = (
     "image_size patch_size num_channels hidden_size num_hidden_layers num_attention_heads intermediate_size "
-    "patch_embedding_type position_embedding_type pooling head_type"
+    "hidden_act qkv_bias qk_norm patch_embedding_type position_embedding_type pooling head_type head_hidden_size "
+    "head_hidden_act drop_path_rate"
 ).split()
 
 
@@ -392,7 +393,7 @@ def build_model_card(output_dir: str | os.PathLike, repo_id: str | None = None) 
             summary_table(summary["runs"]),
         ]
     sections += ["## How to use", _usage(results, config, repo, base, hub), *_training_section(results)]
-    architecture_rows = [[f"`{key}`", config[key]] for key in ARCHITECTURE_KEYS if key in config]
+    architecture_rows = [[f"`{key}`", config[key]] for key in ARCHITECTURE_KEYS if config.get(key) is not None]
     if architecture_rows:
         architecture = results.architecture or (config.get("architectures") or ["?"])[0]
         sections += ["## Architecture", f"`{architecture}`:", markdown_table(["Field", "Value"], architecture_rows)]

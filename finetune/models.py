@@ -177,7 +177,7 @@ def load_trained_model(
     if is_adapter_dir(path):  # its own message names the base it could not load
         model = load_adapter_model(path, trust_remote_code=model_args.trust_remote_code, **attention)
     else:
-        with _hub_errors("model", path):
+        with hub_errors("model", path):
             model = AutoModelForImageClassification.from_pretrained(path, **_load_kwargs(model_args), **attention)
     processor = _load_processor(model_args)
     check_labels(model.config, data.label_names, path)
@@ -335,7 +335,7 @@ def _load_kwargs(model_args: ModelArguments) -> dict:
 
 def _load_config(model_args: ModelArguments):
     check_model_path(model_args.model_name_or_path)
-    with _hub_errors("model", model_args.model_name_or_path):
+    with hub_errors("model", model_args.model_name_or_path):
         return AutoConfig.from_pretrained(model_args.model_name_or_path, **_load_kwargs(model_args))
 
 
@@ -385,7 +385,7 @@ def _load_pretrained(model_args: ModelArguments, data: ImageData, drop_path_rate
     saved = {k: v for k, v in original.to_dict().items() if k not in ("label_names", "id2label", "label2id")}
     config = type(original).from_dict(saved, **overrides)
     # The load report is summarised below, in the pipeline's words.
-    with _plain_model_folder(path, model_args.trust_remote_code) as weights, _hub_errors("model", path):
+    with _plain_model_folder(path, model_args.trust_remote_code) as weights, hub_errors("model", path):
         with transformers_errors_only():
             model, info = AutoModelForImageClassification.from_pretrained(
                 weights,
@@ -480,7 +480,7 @@ def _load_processor(model_args: ModelArguments):
         "model, e.g. `ViTImageProcessor(size={'height': 224, 'width': 224}).save_pretrained(dir)`, or set "
         "`image_processor_name`."
     )
-    with _hub_errors("image processor", processor_path, local_fix):
+    with hub_errors("image processor", processor_path, local_fix):
         return AutoImageProcessor.from_pretrained(processor_path, **_load_kwargs(model_args))
 
 
@@ -538,9 +538,9 @@ def check_local_checkpoint(path: str | os.PathLike, trust_remote_code: bool = Fa
 
 
 @contextlib.contextmanager
-def _hub_errors(what: str, path: str, local_fix: str | None = None):
-    """An `OSError` of loading the `what` at `path` re-raised with the fix: `local_fix` where given and `path` is a
-    local folder, else the Hub's (switched off, or unreachable)."""
+def hub_errors(what: str, path: str, local_fix: str | None = None, option: str = "model_name_or_path"):
+    """An `OSError` of loading the `what` at `path` (given as `option`) re-raised with the fix: `local_fix` where given
+    and `path` is a local folder, else the Hub's (switched off, or unreachable)."""
     try:
         yield
     except OSError as error:
@@ -550,8 +550,8 @@ def _hub_errors(what: str, path: str, local_fix: str | None = None):
         reason = f"the Hub is switched off ({offline}=1)" if offline else "the Hub could not be reached or refused"
         raise OSError(
             f"Could not load the {what} {path!r}: {reason} ({one_line(error)}). Fix: connect to the Hub (and "
-            "`hf auth login` for gated or private repos), or download it once and pass the local directory as "
-            "`model_name_or_path`."
+            f"`hf auth login` for gated or private repos), or download it once and pass the local directory as "
+            f"`{option}`."
         ) from error
 
 

@@ -59,6 +59,7 @@ from finetune.models import (  # noqa: E402
     check_model_path,
     check_stochastic_depth,
     count_parameters,
+    hub_errors,
     storage_size,
 )
 from finetune.results import (  # noqa: E402
@@ -119,6 +120,8 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
             warn_of_training_options(model_args, data_args, training_args)
         else:
             check_separate_files(data_args)
+            if training_args.teacher_model_name_or_path:
+                teacher_config(training_args.teacher_model_name_or_path)
         output_dir = Path(training_args.output_dir)
         if model_args.model_type == "both":
             run_dirs = {t: output_dir / t for t in ("pretrained", "scratch")}
@@ -621,18 +624,23 @@ def make_trainer(
     )
 
 
+def teacher_config(path: str):
+    """The config of the teacher at `path` (`teacher_model_name_or_path`), read before the data loads (a Hub id
+    offline failed after it, and the student's build)."""
+    local_fix = (
+        f"`teacher_model_name_or_path` {path!r} holds no trained classifier (no config.json). Pass a run's output "
+        "directory or a checkpoint-* folder."
+    )
+    with hub_errors("teacher", path, local_fix, option="teacher_model_name_or_path"):
+        return transformers.AutoConfig.from_pretrained(path)
+
+
 def load_teacher(path: str, student, data: ImageData):
     """The trained classifier at `path` that teaches `student` (`teacher_model_name_or_path`), and its
     `Preprocessing`; its labels must be the student's, in the same order, or distillation would teach wrong classes."""
     from finetune.models import config_label_names, load_trained_model
 
-    try:
-        config = transformers.AutoConfig.from_pretrained(path)  # the labels, checked before the weights are read
-    except OSError as error:
-        raise OSError(
-            f"`teacher_model_name_or_path` {path!r} is no trained classifier that can be read here "
-            f"({one_line(error, 200)}). Pass a run's output directory, a checkpoint-* folder or a Hub id."
-        ) from error
+    config = teacher_config(path)  # the labels, checked before the weights are read
     teacher_labels, student_labels = config_label_names(config), config_label_names(student.config)
     if teacher_labels != student_labels:
         raise ValueError(

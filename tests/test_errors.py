@@ -114,6 +114,12 @@ def test_a_teacher_path_that_does_not_exist_is_named_before_the_data_loads(tmp_p
         run.main([*SCRATCH, "--dataset_name", "/nonexistent/data", "--teacher_model_name_or_path",
                   str(tmp_path / "missing_teacher"), "--output_dir", str(tmp_path / "out")])  # fmt: skip
     assert not (tmp_path / "out").exists()
+    # A Hub id offline: named before the data loads too, with the fix ("Pass ... a Hub id" was said of a Hub id,
+    # offline, after the data loaded and the student was built).
+    hub = r"^Could not load the teacher 'google/vit-base-patch16-224': the Hub is switched off \(HF_HUB_OFFLINE=1\)"
+    with pytest.raises(OSError, match=hub + r".*pass the local directory as `teacher_model_name_or_path`\.$"):
+        run.main([*SCRATCH, "--dataset_name", "/nonexistent/data", "--teacher_model_name_or_path",
+                  "google/vit-base-patch16-224", "--output_dir", str(tmp_path / "out")])  # fmt: skip
 
 
 def test_invalid_scratch_config_names_the_field(tmp_path):

@@ -40,6 +40,8 @@ def check_folder(path: str | os.PathLike, option: str = "--output", is_file: boo
         raise ValueError(
             f"{option} {str(path)!r}: {file} is a file, not a folder. Fix: another path (missing folders are created)."
         )
+    if is_file and path.is_dir():  # found only once the work was done, as "[Errno 21] Is a directory"
+        raise ValueError(f"{option} {str(path)!r} is a folder, not a file. Fix: a file name in it, or another path.")
     return path
 
 

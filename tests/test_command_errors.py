@@ -152,6 +152,19 @@ def test_an_output_folder_where_a_file_is_fails_naming_the_file(tmp_path, capsys
     assert (tmp_path / "notes.txt").read_text() == "keep me"
 
 
+def test_a_predictions_file_where_a_folder_is_fails_before_predicting(tmp_path, capsys):
+    """It failed after printing every prediction, with "[Errno 21] Is a directory"."""
+    model_dir = make_run_dir(tmp_path / "run", extras=False)
+    Image.new("RGB", (16, 16)).save(tmp_path / "image.png")
+    (tmp_path / "out.csv").mkdir()
+    capsys.readouterr()
+    output = tmp_path / "out.csv"
+    assert cli.main(["predict", str(model_dir), str(tmp_path / "image.png"), "--output", str(output)]) == 1
+    out, err = capsys.readouterr()
+    assert err == f"error: --output '{output}' is a folder, not a file. Fix: a file name in it, or another path.\n"
+    assert "image.png" not in out
+
+
 def test_an_optimizer_whose_package_is_missing_fails_at_start_up(tmp_path, capsys):
     """bitsandbytes' 8-bit AdamW without bitsandbytes stopped only once the data was loaded and the model built, as an
     'unexpected' ImportError; now at start-up, in one line with the fix, before the output folder is made."""

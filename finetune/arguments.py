@@ -167,8 +167,9 @@ class DataArguments:
     )
     decode_size: int | None = option(
         None,
-        "Store images as squares of this size (shorter side resized, centre kept). Default: the model's input plus a "
-        "margin for crops (256 for 224), except that images of one size no larger than that are stored as they are.",
+        "Store images as squares of this size (shorter side resized, centre kept). Default: the size the model's "
+        "processor resizes to, plus a margin for RandomResizedCrop (256 for 224); images of one size no larger than "
+        "that are stored as they are.",
     )
     decode_workers: int | None = option(None, "Processes that decode images (default: the CPU cores available).")
     random_resized_crop: str = option(

@@ -117,6 +117,8 @@ class ResumeCheck(TrainerCallback, ExportableState):
         planned, self.max_steps = self.max_steps, state.max_steps
         fitted = state.stateful_callbacks.get("TrainingBudgetCallback", {}).get("attributes", {}).get("planned_steps")
         trained_in, self.precision = self.precision, str(args.mixed_precision)  # bf16, fp16 or no
+        if trained_in == "fp16" and args.device.type == "cpu":  # recorded before fp16 on a CPU was refused: float32
+            trained_in = "no"
         if resumed and trained_in not in (None, self.precision) and state.is_world_process_zero:
             # Not refused: `bf16: auto` measures the machine again, and a resume may run on another one.
             flags = {"bf16": "--bf16 true", "fp16": "--fp16 true"}.get(trained_in, "--bf16 false --fp16 false")

@@ -117,7 +117,7 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
 
         if not training_args.do_train:
             check_evaluation_only(model_args, push_to_hub)
-            warn_of_training_options(model_args, data_args, training_args)
+            warn_of_training_options(model_args, data_args, scratch_args, training_args)
         else:
             check_separate_files(data_args)
             if training_args.teacher_model_name_or_path:
@@ -215,17 +215,19 @@ TRAINING_OPTIONS = (
     "warmup_steps", "lr_scheduler_type", "per_device_train_batch_size", "gradient_accumulation_steps",
     "max_train_minutes", "budget_schedule", "ema_decay", "mixup_alpha", "cutmix_alpha", "early_stopping_patience",
     "early_stopping_threshold", "class_weighting", "teacher_model_name_or_path", "distillation_type",
-    "distillation_alpha", "distillation_temperature", "max_nonfinite_steps",
+    "distillation_alpha", "distillation_temperature", "max_nonfinite_steps", "optim", "optim_args", "adam_beta1",
+    "adam_beta2", "adam_epsilon", "max_grad_norm", "lr_scheduler_kwargs", "drop_path_rate",
 )  # fmt: skip
 
 
 def warn_of_training_options(*options) -> None:
-    """`do_train: false` scores a saved model as it is: say so for the training options given."""
-    given = [f"--{name}" for o in options for name in TRAINING_OPTIONS if hasattr(o, name) and is_set(o, name)]
+    """`do_train: false` scores a saved model as it is: say so for the training options given (on the command line
+    or in the config, a run's reused)."""
+    given = [f"`{name}`" for o in options for name in TRAINING_OPTIONS if hasattr(o, name) and is_set(o, name)]
     if given:
         logger.warning(
-            f"{', '.join(given)}: training options, ignored by `do_train: false`, which scores "
-            "`model_name_or_path` as it was saved. Fix: drop them, or train with `do_train: true`."
+            f"{', '.join(given)}: training options, ignored by `do_train: false`, which scores `model_name_or_path` "
+            "as it was saved."
         )
 
 

@@ -275,6 +275,17 @@ def test_a_resume_in_another_mixed_precision_is_said_with_the_fix(trained, tmp_p
     with caplog.at_level("WARNING"):  # resumed again in the precision it now trained in: nothing to say
         run.main([*resume_args(out), *other])
     assert "trained in mixed precision" not in caplog.text
+    # A CPU checkpoint recorded as fp16, before fp16 on a CPU was refused, trained in float32: its fix named the
+    # refused `--fp16 true`.
+    fresh = Path(shutil.copytree(trained, tmp_path / "fresh"))
+    state_file = fresh / "checkpoint-8" / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    state["stateful_callbacks"]["ResumeCheck"]["attributes"]["precision"] = "fp16"
+    state_file.write_text(json.dumps(state))
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        run.main([*resume_args(fresh, str(state_file.parent)), "--num_train_epochs", "2", "--bf16", "false"])
+    assert "trained in mixed precision" not in caplog.text
 
 
 def test_a_damaged_checkpoint_named_explicitly_is_refused_in_one_line(trained, tmp_path, capsys):

@@ -395,6 +395,35 @@ def test_relative_image_paths_of_a_parquet_are_read_from_its_folder(tmp_path, mo
     _assert_covers(data, images, labels)
 
 
+def test_a_tables_images_held_as_bytes_are_read_as_they_are(tmp_path):
+    """A Hub download's parquet names each image by a bare file name beside its bytes: its column was copied whole
+    into memory (4x the file's size) to make paths absolute that nothing reads. Rows read from files still are."""
+    from finetune.data.sources import _paths_from_table_folder
+
+    images, labels = _images(12), _labels(12)
+    hub = _dataset(images, labels, image_column="image")  # bytes, and the name `image.png`-like paths below
+    hub = hub.cast_column("image", datasets.Image(decode=False))
+    hub = hub.map(
+        lambda row, i: {"image": {"bytes": row["image"]["bytes"], "path": f"img_{i}.png"}}, with_indices=True
+    )
+    hub.to_parquet(tmp_path / "hub.parquet")
+    table = datasets.load_dataset("parquet", data_files=str(tmp_path / "hub.parquet"), split="train")
+    assert _paths_from_table_folder(table, _args(), str(tmp_path / "hub.parquet")) is table
+    data = load_image_data(_args(dataset_name=str(tmp_path / "hub.parquet"), validation_size=3), seed=0)
+    _assert_covers(data, images, labels)
+    # One row read from a file beside the table (bytes dropped), the others from their bytes.
+    paths = _write_png_folder(tmp_path / "pictures", images[:1], labels[:1])
+    mixed = table.cast_column("image", datasets.Image(decode=False)).map(
+        lambda row, i: {
+            "image": {"bytes": None, "path": str(paths[0].relative_to(tmp_path))} if i == 0 else row["image"]
+        },
+        with_indices=True,
+    )
+    read = _paths_from_table_folder(mixed, _args(), str(tmp_path / "mixed.parquet"))
+    column = read.cast_column("image", datasets.Image(decode=False))["image"]
+    assert column[0]["path"] == str(paths[0]) and column[1] == mixed[1]["image"]
+
+
 def test_a_folder_of_tables_without_a_train_one_is_named(tmp_path):
     """`data.csv` beside `test.csv`: datasets makes a test split only, and the run stopped on "KeyError: 'train'"."""
     images, labels = _images(12), _labels(12)

@@ -292,4 +292,4 @@ def test_scratch_options_given_to_an_evaluation_are_named_as_ignored(trained_scr
               "--ema_decay", "0.9", "--mixup_alpha", "0.5", "--learning_rate", "1e-3", "--label_smoothing_factor",
               "0.1", "--output_dir", str(tmp_path / "eval2")])  # fmt: skip
     [warning] = [r.getMessage() for r in caplog.records if "training options" in r.getMessage()]
-    assert warning.startswith("--learning_rate, --ema_decay, --mixup_alpha: training options, ignored by `do_train")
+    assert warning.startswith("`learning_rate`, `ema_decay`, `mixup_alpha`: training options, ignored by `do_train")

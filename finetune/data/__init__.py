@@ -113,7 +113,8 @@ def load_image_data(
         data_args: where the data is and how to split it.
         seed: seeds the validation split carved from train and the `max_*_samples` subsets.
         target_size: the square size to store images of mixed sizes, or of one size larger than it, at when
-            `decode_size` is unset (the run passes `finetune.models.storage_size`: the model's input plus a margin).
+            `decode_size` is unset (the run passes `finetune.models.storage_size`: the size the model's processor
+            resizes to, plus a margin for RandomResizedCrop).
         check_classes: refuse training images of too few classes to learn (`check_num_classes`); off for a trained
             model's images (export loads only a few training images).
 

@@ -403,26 +403,33 @@ def _referenced_files(dataset: datasets.Dataset, data_args: DataArguments, where
 def _paths_from_table_folder(dataset: datasets.Dataset, data_args: DataArguments, table: str) -> datasets.Dataset:
     """A parquet or arrow table's relative image paths (path strings, or an `Image` without bytes, as `to_parquet`
     writes an image folder) made absolute from the table's folder, as a csv's are, unless the first one is found from
-    the working directory only (where datasets reads them from)."""
+    the working directory only (where datasets reads them from). Images held as bytes (a Hub download's, named by a
+    bare file name) are left as they are, and read from the file without a copy."""
     try:
         column = find_columns(dataset, data_args, table)[0]
     except ValueError:
         return dataset  # reported with the columns of every split by `load_image_data`
     values = _arrow_column(dataset, column)
     paths = _paths(values)
-    first = next((p for p in (paths.to_pylist() if paths is not None else []) if p and not os.path.isabs(p)), None)
-    base = os.path.dirname(os.path.abspath(table))
-    if first is None or (not os.path.exists(os.path.join(base, first)) and os.path.exists(first)):
+    if paths is None:
         return dataset
-    rows = values.to_pylist()
-    if isinstance(values.type, pa.StructType):
-        rows = [
-            r if r is None or r["bytes"] or not r["path"] else {**r, "path": os.path.join(base, r["path"])}
-            for r in rows
-        ]
-    else:
-        rows = [r if r is None or os.path.isabs(r) else os.path.join(base, r) for r in rows]
-    return dataset.remove_columns(column).add_column(column, rows, feature=dataset.features[column])
+    named = paths.to_pylist()  # the path strings alone
+    with_bytes = isinstance(values.type, pa.StructType) and values.type.get_field_index("bytes") >= 0
+    from_file = pc.is_null(pc.struct_field(values, "bytes")).to_pylist() if with_bytes else [True] * len(named)
+    relative = [i for i, (path, read) in enumerate(zip(named, from_file)) if read and path and not os.path.isabs(path)]
+    base = os.path.dirname(os.path.abspath(table))
+    if not relative or (
+        not os.path.exists(os.path.join(base, named[relative[0]])) and os.path.exists(named[relative[0]])
+    ):
+        return dataset
+    for i in relative:
+        named[i] = os.path.join(base, named[i])
+    new_paths = pa.array(named, pa.string())
+    if isinstance(values.type, pa.StructType):  # an `Image`: its other fields as they are
+        struct = values.combine_chunks()
+        fields = [new_paths if f.name == "path" else struct.field(f.name) for f in values.type]
+        new_paths = pa.StructArray.from_arrays(fields, fields=list(values.type), mask=struct.is_null())
+    return dataset.remove_columns(column).add_column(column, new_paths, feature=dataset.features[column])
 
 
 def _read_csv(path: str, data_args: DataArguments) -> datasets.Dataset:

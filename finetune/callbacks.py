@@ -54,6 +54,8 @@ HELD_BY = {
     **dict.fromkeys(("seed", "data_seed"), "validation split (another one holds images it trained on)"),
     **dict.fromkeys(("metric_for_best_model", "greater_is_better"), "best model so far"),
     "ema_decay": "weights' average",
+    # `decode_size`, `random_resized_crop` (its margin) or the processor set it: the earlier evaluations scored others.
+    "stored_image_size": "evaluations so far (of images stored at that size: `decode_size`, `random_resized_crop`)",
 }
 
 

@@ -622,6 +622,7 @@ def make_trainer(
         data_options={
             "validation_size": data_args.validation_size if data.validation_held_out else None,
             **{name: getattr(data_args, name) for name in ("include_labels", "max_train_samples", "max_eval_samples")},
+            "stored_image_size": list(data.train.image_size),  # the pixels trained and scored so far
         },
     )
 

@@ -17,6 +17,7 @@ from transformers import BitImageProcessor, ViTConfig, ViTForImageClassification
 from finetune import run
 from finetune.arguments import DataArguments, ModelArguments, ScratchViTArguments
 from finetune.data import load_image_data
+from finetune.errors import run_command
 from finetune.models import storage_size
 from finetune.tools import predict
 
@@ -351,6 +352,21 @@ def test_without_random_resized_crop_the_saved_processor_gives_evaluations_pixel
     evaluated = predict.preprocess(predict.load_images(files, "RGB")[0], model, processor, stored_size=[8, 8])
     served = AutoImageProcessor.from_pretrained(tmp_path / "run")(images=[Image.open(f) for f in files])
     torch.testing.assert_close(torch.as_tensor(np.asarray(served.pixel_values)), evaluated, rtol=0, atol=1e-5)
+
+
+def test_a_resume_that_would_store_the_photos_at_another_size_is_refused(tmp_path, capsys):
+    """`random_resized_crop: false` stores them without the crops' margin: a run resumed so went on (and scored its
+    best model) on other pixels than its first evaluations, without a word."""
+    photos = write_photo_folder(tmp_path / "photos")
+    args = [*TINY_RUN, "--model_type", "scratch", "--dataset_name", str(photos), "--decoded_cache_dir", "none",
+            "--output_dir", str(tmp_path / "run"), "--num_train_epochs", "2"]  # fmt: skip
+    run.main([*args, "--max_steps", "3", "--save_strategy", "steps", "--save_steps", "3", "--eval_strategy", "steps",
+              "--eval_steps", "3"])  # fmt: skip
+    resume = [*args, "--resume_from_checkpoint", "true", "--random_resized_crop", "false"]
+    assert run_command(run.main, resume) == 1
+    err = capsys.readouterr().err
+    [line] = [line for line in err.splitlines() if line.startswith("error:")]
+    assert "was trained with stored_image_size [18, 18] (now [16, 16]): its evaluations so far (of images" in line
 
 
 def test_scoring_a_scratch_run_on_its_photos_gives_its_figures_without_its_options(tmp_path):

@@ -16,7 +16,7 @@ import torch
 from accelerate.utils import reduce
 from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers import EarlyStoppingCallback, ProgressCallback, TrainerCallback
+from transformers import EarlyStoppingCallback, ProgressCallback, TrainerCallback, TrainerState
 from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import SaveStrategy, has_length
 from transformers.utils import logging
@@ -82,6 +82,32 @@ class ResumeRefused(ValueError):
     every_process = True
 
 
+def check_options_kept(state: TrainerState, now: dict) -> None:
+    """Refuse to resume the checkpoint of `state` where an option of `now` (name: value, as `option` reads it)
+    differs from the one it was trained with (`ResumeCheck` saved them; a checkpoint saved before one was recorded
+    keeps it)."""
+    saved = state.stateful_callbacks.get("ResumeCheck", {}).get("attributes", {}).get("options") or {}
+    changed = [
+        f"{name} {number(saved[name])} (now {number(value)})"
+        for name, value in now.items()
+        if saved.get(name, value) != value
+    ]
+    if state.global_step > 0 and changed:
+        # What the checkpoint holds of each option changed; the data options make the validation split.
+        held = dict.fromkeys(HELD_BY.get(line.split(" ", 1)[0], HELD_BY["seed"]) for line in changed)
+        raise ResumeRefused(
+            f"The resumed checkpoint (step {state.global_step}) was trained with {', '.join(changed)}: its "
+            f"{', '.join(held)} would go on with the old values while the results recorded the new. Fix: resume "
+            "with the options it was trained with, or start a new run from its weights (`--model_type pretrained "
+            "--model_name_or_path` its checkpoint folder, a new `--output_dir`)."
+        )
+
+
+# The options `check_options_kept` compares before the data loads: the rest follow the data (multi-label data keeps
+# the best mAP) or are the data's.
+KEPT_FROM_THE_START = (*OPTIMIZER_OPTIONS, "seed", "data_seed", "ema_decay")
+
+
 class ResumeCheck(TrainerCallback, ExportableState):
     """Refuses a resumed checkpoint trained with other `OPTIMIZER_OPTIONS`, `RUN_OPTIONS` or `data_options` (the
     options of the images' split, from `finetune.run`; recorded since they are), or whose optimizer steps do not
@@ -129,23 +155,9 @@ class ResumeCheck(TrainerCallback, ExportableState):
                 f"run goes on in {self.precision}: it will not end with an uninterrupted run's weights. Fix: resume "
                 f"with `{flags}` to go on as it trained."
             )
-        saved = self.options or {}
         self.options = {name: option(args, name) for name in OPTIMIZER_OPTIONS + RUN_OPTIONS}
         self.options.update(json.loads(json.dumps(self.data_options)))
-        changed = [
-            f"{name} {number(saved[name])} (now {number(now)})"
-            for name, now in self.options.items()
-            if saved.get(name, now) != now
-        ]
-        if resumed and changed:
-            # What the checkpoint holds of each option changed; the data options make the validation split.
-            held = dict.fromkeys(HELD_BY.get(line.split(" ", 1)[0], HELD_BY["seed"]) for line in changed)
-            raise ResumeRefused(
-                f"The resumed checkpoint (step {state.global_step}) was trained with {', '.join(changed)}: its "
-                f"{', '.join(held)} would go on with the old values while the results recorded the new. Fix: resume "
-                "with the options it was trained with, or start a new run from its weights (`--model_type pretrained "
-                "--model_name_or_path` its checkpoint folder, a new `--output_dir`)."
-            )
+        check_options_kept(state, self.options)  # read from `state`: restored into `self.options` above
         if has_length(train_dataloader):  # else no epochs to count
             now = math.ceil(len(train_dataloader) / args.gradient_accumulation_steps)  # as the Trainer counts them
             # From a checkpoint that did not save them: `epoch` counts the running epoch's batches, so the ratio lies

@@ -18,7 +18,7 @@ from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_pt_utils import safe_globals
 from transformers.utils import logging
 
-from finetune.callbacks import EMA_STATE_NAME
+from finetune.callbacks import EMA_STATE_NAME, KEPT_FROM_THE_START, check_options_kept, option
 from finetune.data.cache import process_exists
 from finetune.errors import one_line
 from finetune.locations import ADAPTER_CONFIG_NAME
@@ -161,9 +161,11 @@ def newest_whole_checkpoint(run_dir: Path, training_args: TrainingArguments) -> 
 
 
 def prepare_resume(checkpoint: str, run_dir: Path, training_args: TrainingArguments) -> str:
-    """`checkpoint`, with its recorded best checkpoint found by name next to it when the run folder was moved."""
+    """`checkpoint`, with its recorded best checkpoint found by name next to it when the run folder was moved. Options
+    it must be resumed with are checked here, before the data loads (`ResumeCheck` checks the rest)."""
     path = Path(checkpoint) / TRAINER_STATE_NAME
     state = TrainerState.load_from_json(str(path))
+    check_options_kept(state, {name: option(training_args, name) for name in KEPT_FROM_THE_START})
     # The Trainer records the best checkpoint as a path from where the run started; resumed from elsewhere (or after
     # the folder was moved) it would drop it with a warning and end with the last weights instead of the best.
     recorded, folder = state.best_model_checkpoint, Path(checkpoint).parent

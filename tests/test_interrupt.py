@@ -539,21 +539,27 @@ def test_a_resume_with_another_learning_rate_is_refused_and_an_older_checkpoint_
     out = tmp_path / "run"
     out.mkdir()
     shutil.copytree(uninterrupted / "checkpoint-8", out / "checkpoint-8")
+    # Said before the data loads (here a missing dataset, which would fail first).
+    missing = ["--dataset_name", str(tmp_path / "missing.parquet")]
     proc = train(
-        out, *STEPS_SAVE, "--learning_rate", "1e-2", "--weight_decay", "0.1", "--resume_from_checkpoint", "true"
-    )
+        out, *STEPS_SAVE, "--learning_rate", "1e-2", "--weight_decay", "0.1", "--resume_from_checkpoint", "true",
+        *missing,
+    )  # fmt: skip
     [line] = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 1 and "learning_rate 0.003 (now 0.01), weight_decay 0 (now 0.1)" in line, line
     assert "Fix: resume with the options it was trained with, or start a new run from its weights" in line
     assert "its optimizer and schedule states would go on" in line and "validation split" not in line
     # Another split (seed, validation_size) held training images out as validation, and another metric compared
-    # accuracies as losses to keep the best model: both went on with exit 0.
-    proc = train(
-        out, *STEPS_SAVE, "--seed", "7", "--metric_for_best_model", "loss", "--resume_from_checkpoint", "true"
-    )
+    # accuracies as losses to keep the best model: both went on with exit 0. The metric (which multi-label data
+    # sets) is compared once the data is loaded.
+    proc = train(out, *STEPS_SAVE, "--seed", "7", "--resume_from_checkpoint", "true", *missing)
     [line] = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert proc.returncode == 1 and "seed 0 (now 7), metric_for_best_model accuracy (now loss)" in line, line
-    assert "its validation split (another one holds images it trained on), best model so far would go on" in line
+    assert proc.returncode == 1 and "seed 0 (now 7)" in line, line
+    assert "its validation split (another one holds images it trained on) would go on" in line
+    proc = train(out, *STEPS_SAVE, "--metric_for_best_model", "loss", "--resume_from_checkpoint", "true")
+    [line] = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 1 and "metric_for_best_model accuracy (now loss)" in line, line
+    assert "its best model so far would go on" in line
     proc = train(out, *STEPS_SAVE, "--validation_size", "0.25", "--resume_from_checkpoint", "true")
     [line] = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 1 and "validation_size 0.2 (now 0.25)" in line, line

@@ -73,8 +73,8 @@ class ModelArguments:
     model_revision: str = option("main", "Branch, tag or commit of the Hub checkpoint.")
     image_processor_name: str | None = option(
         None,
-        "Image processor, if not the one of `model_name_or_path`; at another size, a ViT's position embeddings "
-        "are resized to it.",
+        "Image processor, if not the one of `model_name_or_path`; at another size, the position embeddings of a ViT, "
+        "DeiT, ViT-MSN or ScratchViT (learned ones) are resized to it.",
     )
     ignore_mismatched_sizes: bool = option(True, "Replace the checkpoint's head when its size differs.")
     trust_remote_code: bool = option(False, "Allow modeling code from the repository (e.g. a pushed ScratchViT).")
@@ -252,7 +252,9 @@ class ScratchViTArguments:
     hidden_act: str | None = None
     hidden_dropout_prob: float | None = None
     attention_probs_dropout_prob: float | None = None
-    drop_path_rate: float | None = None
+    drop_path_rate: float | None = option(
+        None, "Stochastic depth, also for a pretrained model that has it (BEiT, Swin, ConvNeXt, DINOv2, timm's)."
+    )
     qkv_bias: bool | None = None
     qk_norm: bool | None = None
     layer_norm_eps: float | None = None

@@ -38,9 +38,9 @@ def make_source_init(path: Path) -> None:
 
 
 def write_sample_images(folder: Path, per_class: int = 30) -> None:
-    """`per_class` of scikit-learn's digits of each class as grayscale PNG files in `folder/<class>/`, at their 8x8
-    pixels as `sklearn:digits` trains on them: `predict` on them gives the run's figures (written 4x larger, they went
-    through a blurring resize back to 8 px, and scored below the run's figures)."""
+    """`per_class` of scikit-learn's digits of each class (the last ones, most of them training images) as grayscale
+    PNG files in `folder/<class>/`, at their 8x8 pixels as `sklearn:digits` holds them: `predict` reads the pixels the
+    run read (written 4x larger, they went through a blurring resize back to 8 px)."""
     import numpy as np
     from PIL import Image
     from sklearn.datasets import load_digits
@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> dict:
     keep = [] if argv else ["--resume_from_checkpoint", "auto"]
     results = run.main(["--config", str(CONFIGS / "quickstart.yaml"), *keep, *argv])
     write_sample_images(root / "digits")
+    print(f"  sample digits: {root / 'digits'}/ (an image folder of 300 PNG files, to try predict and attention on)")
     return results
 
 

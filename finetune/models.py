@@ -259,8 +259,8 @@ def keep_frozen_statistics(model: torch.nn.Module) -> torch.nn.Module:
     statistics in training too, and keep them, as a frozen backbone is evaluated: in train mode they re-estimated them
     on the new data, which a LoRA adapter does not save (its folder scored 20% where the run reported 25%)."""
     for module in model.modules():
-        frozen = [not p.requires_grad for p in module.parameters()]  # none: an affine-free one, left as it is
-        if isinstance(module, BATCH_NORMS) and frozen and all(frozen):
+        frozen = [not p.requires_grad for p in module.parameters()] if isinstance(module, BATCH_NORMS) else []
+        if frozen and all(frozen):  # an affine-free one (no parameters) is left as it is
             module.register_forward_pre_hook(_in_eval_mode)
     return model
 

@@ -82,6 +82,13 @@ class ResumeRefused(ValueError):
     every_process = True
 
 
+def effective(options: dict, name: str):
+    """An option's value as the run uses it: an unset `data_seed` is `seed` (`--data_seed 42` for a run of seed 42
+    keeps its split and order)."""
+    value = options.get(name)
+    return options.get("seed") if name == "data_seed" and value is None else value
+
+
 def check_options_kept(state: TrainerState, now: dict) -> None:
     """Refuse to resume the checkpoint of `state` where an option of `now` (name: value, as `option` reads it)
     differs from the one it was trained with (`ResumeCheck` saved them; a checkpoint saved before one was recorded
@@ -90,7 +97,7 @@ def check_options_kept(state: TrainerState, now: dict) -> None:
     changed = [
         f"{name} {number(saved[name])} (now {number(value)})"
         for name, value in now.items()
-        if saved.get(name, value) != value
+        if saved.get(name, value) != value and effective(saved, name) != effective(now, name)
     ]
     if state.global_step > 0 and changed:
         # What the checkpoint holds of each option changed; the data options make the validation split.

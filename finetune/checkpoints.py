@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from transformers import TrainerState, TrainingArguments
+from transformers import TrainerCallback, TrainerState, TrainingArguments
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_pt_utils import safe_globals
 from transformers.utils import logging
@@ -134,6 +134,17 @@ def remove_earlier_run(run_dir: Path, training_args: TrainingArguments) -> None:
             shutil.rmtree(path) if path.is_dir() else path.unlink()
         if (run_dir / "README.md").is_file():
             logger.warning(f"{run_dir / 'README.md'}, edited by hand, is kept: it describes the earlier run.")
+
+
+class RemoveEarlierRun(TrainerCallback):
+    """`remove_earlier_run` at the start of training, after the callbacks before it (`ResumeCheck`) accepted the
+    resumed checkpoint: a resume of another run's checkpoint refused there had deleted the earlier run first."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        remove_earlier_run(self.run_dir, args)
 
 
 def newest_whole_checkpoint(run_dir: Path, training_args: TrainingArguments) -> str:

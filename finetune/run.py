@@ -43,10 +43,10 @@ from finetune.augment import BatchTransform, describe_augmentation, use_random_r
 from finetune.callbacks import total_batch_size  # noqa: E402
 from finetune.checkpoints import (  # noqa: E402
     FINISHED,
+    RemoveEarlierRun,
     earlier_run,
     lock_output_dir,
     release_output_dirs,
-    remove_earlier_run,
     resolve_checkpoint,
 )
 from finetune.data import ImageData, check_separate_files, collate_batch, load_image_data  # noqa: E402
@@ -432,7 +432,7 @@ def train_and_evaluate(
 
     # ---- Training. With `load_best_model_at_end` the best checkpoint by validation accuracy is reloaded here.
     if checkpoint is None or Path(checkpoint).resolve().parent != output_dir.resolve():  # another run's checkpoint
-        remove_earlier_run(output_dir, args)
+        trainer.add_callback(RemoveEarlierRun(output_dir))  # once a resumed checkpoint has passed its checks
     # A signal before the first step (the optimizer, a resumed checkpoint's loading) is answered by the stage; after
     # it, by `InterruptCallback`, which saves a checkpoint first.
     with stage(f"training the {model_type} model", lambda: rerun if resume else resume_or_rerun(output_dir)):

@@ -421,6 +421,13 @@ def test_a_resume_compares_the_options_as_the_checkpoint_saved_them(tmp_path):
     with pytest.raises(ResumeRefused, match=r"learning_rate 5e-05 \(now 0.01\)"):
         ResumeCheck().on_train_begin(args, TrainerState(global_step=8, stateful_callbacks=saved), TrainerControl())
     args.learning_rate = 5e-5
+    # An unset data_seed is the seed (42): given as 42 it keeps the split and order, as 7 it does not.
+    args.data_seed = 42
+    ResumeCheck().on_train_begin(args, TrainerState(global_step=8, stateful_callbacks=saved), TrainerControl())
+    args.data_seed = 7
+    with pytest.raises(ResumeRefused, match=r"data_seed None \(now 7\)"):
+        ResumeCheck().on_train_begin(args, TrainerState(global_step=8, stateful_callbacks=saved), TrainerControl())
+    args.data_seed = None
     # A schedule fitted to a time budget, resumed without one: it jumped back to the full schedule and trained on.
     fitted = {**saved, "TrainingBudgetCallback": {"args": {}, "attributes": {"planned_steps": 30}}}
     with pytest.raises(ResumeRefused, match=r"fitted to its time budget \(`budget_schedule`, ending at step 30\)"):

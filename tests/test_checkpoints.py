@@ -193,8 +193,13 @@ def test_another_runs_checkpoint_never_goes_on_over_an_earlier_run(trained, tmp_
         resolve(finished, "auto")
     with pytest.raises(ValueError, match=r"names one checkpoint, and `model_type: both` trains two models"):
         resolve(tmp_path / "both" / "scratch", foreign, one_of_two=True)
-    # Replacing the earlier run removes its checkpoints, which would otherwise mix with the resumed run's.
+    # Replacing the earlier run removes its checkpoints, which would otherwise mix with the resumed run's; only once
+    # the resume is accepted: one refused at the Trainer's start (other steps an epoch) had deleted the earlier run.
     args = [*TINY, "--num_train_epochs", "2", "--output_dir", str(other), "--resume_from_checkpoint", foreign]
+    before = sorted(p.name for p in other.iterdir())
+    with pytest.raises(ValueError, match=r"was trained at 8 optimizer steps an epoch, and this run has 4"):
+        run.main([*args, "--overwrite_output_dir", "true", "--per_device_train_batch_size", "16"])
+    assert sorted(p.name for p in other.iterdir()) == before
     run.main([*args, "--overwrite_output_dir", "true"])
     assert checkpoints(other) == ["checkpoint-16"] and checkpoints(trained) == ["checkpoint-16", "checkpoint-8"]
 

@@ -164,7 +164,7 @@ class ResumeCheck(TrainerCallback, ExportableState):
             )
         self.options = {name: option(args, name) for name in OPTIMIZER_OPTIONS + RUN_OPTIONS}
         self.options.update(json.loads(json.dumps(self.data_options)))
-        check_options_kept(state, self.options)  # read from `state`: restored into `self.options` above
+        check_options_kept(state, self.options)  # against the saved ones, which `state` holds
         if has_length(train_dataloader):  # else no epochs to count
             now = math.ceil(len(train_dataloader) / args.gradient_accumulation_steps)  # as the Trainer counts them
             # From a checkpoint that did not save them: `epoch` counts the running epoch's batches, so the ratio lies

@@ -146,9 +146,11 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
         # shape it.
         model_type = model_args.model_type if training_args.do_train else "pretrained"
         scored = None if training_args.do_train else results_of_model(model_args.model_name_or_path)
-        margin = training_args.do_train and data_args.random_resized_crop != "false"
-        target_size = storage_size(model_type, model_args, scratch_args, margin)
-        target_size = max(scored.stored_image_size) if scored and scored.stored_image_size else target_size
+        if scored is not None and scored.stored_image_size:
+            target_size = max(scored.stored_image_size)
+        else:
+            margin = training_args.do_train and data_args.random_resized_crop != "false"
+            target_size = storage_size(model_type, model_args, scratch_args, margin)
         doing = "loading and decoding the dataset"
         with (
             stage(f"{doing}, before training started", f"Rerun the same command {REUSED}.", every_process=True),

@@ -216,10 +216,10 @@ class ImageClassificationTrainingArguments(TrainingLoopArguments, TrainingArgume
         if self.load_best_model_at_end and evaluate == save == "steps" and self.save_steps != self.eval_steps:
             # transformers takes any multiple; the best evaluation between two checkpoints was then kept by none, and
             # the run ended with its last model, tested and recorded as the best, without a word.
-            unset = " (`logging_steps`, which transformers takes where `eval_steps` is unset)"
+            taken = " (`logging_steps`, which transformers takes where `eval_steps` is unset)"
             raise ValueError(
                 f"`load_best_model_at_end` keeps the checkpoint of the best evaluation: with `save_steps` "
-                f"{self.save_steps:g} and `eval_steps` {self.eval_steps:g}{unset if eval_steps_given is None else ''}"
+                f"{self.save_steps:g} and `eval_steps` {self.eval_steps:g}{taken if eval_steps_given is None else ''}"
                 f", an evaluation between two checkpoints would have none. Fix: `eval_steps: {self.save_steps:g}`, "
                 "`save_strategy: best` (a checkpoint at each new best), or `load_best_model_at_end: false`."
             )

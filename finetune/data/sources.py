@@ -637,8 +637,10 @@ def _multi_label_encoding(
     keep = None if include_labels is None or isinstance(item, datasets.ClassLabel) else set(include_labels)
 
     def lists(values: list, scalars: bool) -> list:
-        # A split saved with one label per image (a csv without `;`) has no lists; its blank cells are no label.
-        rows = [v if isinstance(v, list) or (v is None and not scalars) else [] if v is None else [v] for v in values]
+        # A split saved with one label per image (a csv without `;`) has no lists; its blank cells are no label, where
+        # a missing list is refused below.
+        blank = [] if scalars else None
+        rows = [v if isinstance(v, list) else blank if v is None else [v] for v in values]
         return rows if keep is None else [row if row is None else [v for v in row if str(v) in keep] for row in rows]
 
     values = {

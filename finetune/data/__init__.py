@@ -15,7 +15,6 @@ has `decode.py` decode them, and `dataset.py`'s `ImageSplit` serves them in batc
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,23 +147,24 @@ def load_image_data(
         labels = {name: np.asarray(y, dtype=np.int64) for name, (_, y) in source.decoded.items()}
     chosen, label_names, how = choose_rows(labels, label_names, data_args, seed)
 
-    splits = _materialize(source, chosen, labels, columns, data_args, target_size)
+    # Train's images first: the other splits are stored as they are, centre-fitted at their size, as predict frames
+    # every image; stored otherwise (whole images of one size where train's sizes differ, squares where train's are
+    # 40x30), they would be evaluated on views that predict never gives.
+    with_train = {name: rows for name, rows in chosen.items() if rows.source == chosen["train"].source}
+    splits = _materialize(source, with_train, labels, columns, data_args, target_size)
     size = splits["train"].image_size
+    others = {name: rows for name, rows in chosen.items() if name not in splits}
+    if others:
+        frame = size if source.encoded else None
+        splits.update(_materialize(source, others, labels, columns, data_args, target_size, frame))
     encoded_only = ("decode_size", "image_column_name", "label_column_name")
     unused = [name for name in encoded_only if getattr(data_args, name) is not None]
     if unused and not source.encoded:
         logger.warning(
             f"{', '.join(f'`{n}`' for n in unused)} {'is' if len(unused) == 1 else 'are'} for tables and files of "
-            f"encoded images; {source.description} holds {size[0]}x{size[1]} arrays and their labels, kept as they "
+            f"encoded images; {source.description} holds {size[1]}x{size[0]} arrays and their labels, kept as they "
             "are. Drop the option(s)."
         )
-    unlike = {name: rows for name, rows in chosen.items() if splits[name].image_size != size}
-    if unlike and size[0] == size[1] and source.encoded:
-        # Stored as train's images, squares of its size, as predict frames every image: a split stored otherwise
-        # (whole images of one size where train's sizes differ) would be evaluated on views that predict never gives.
-        logger.info(f"Storing the {', '.join(unlike)} images as {size[0]}x{size[0]} squares, as the train images.")
-        squares = dataclasses.replace(data_args, decode_size=size[0])
-        splits.update(_materialize(source, unlike, labels, columns, squares, target_size))
     num_channels = max(split.num_channels for split in splits.values())
     for name, split in splits.items():
         if split.num_channels != num_channels:
@@ -178,9 +178,9 @@ def load_image_data(
     train, validation, test = splits["train"], splits["validation"], splits.get("test")
 
     sizes = {name: s.image_size for name, s in splits.items()}
-    size_text = ", ".join(f"{name} {h}x{w}" for name, (h, w) in sizes.items())
+    size_text = ", ".join(f"{name} {w}x{h}" for name, (h, w) in sizes.items())  # width x height, as Pillow's
     if len(set(sizes.values())) == 1:
-        size_text = "{}x{}".format(*train.image_size)
+        size_text = "{1}x{0}".format(*train.image_size)
     logger.info(
         f"Data from {source.description}: {len(train):,} train, {len(validation):,} validation ({how}), "
         f"{len(test) if test is not None else 0:,} test images; image size {size_text}, {num_channels} channel(s), "
@@ -199,8 +199,10 @@ def _materialize(
     columns: tuple[str, str] | None,
     data_args: DataArguments,
     target_size: int | None,
+    frame: tuple[int, int] | None = None,
 ) -> dict[str, ImageSplit]:
-    """The chosen images of every split: decoded (only the images some split takes) or taken from the arrays."""
+    """The chosen images of every split: decoded (only the images some split takes; at `frame`, a `(height, width)`,
+    where given) or taken from the arrays."""
     from finetune.data.cache import decoded_split
     from finetune.data.sources import image_files
 
@@ -210,7 +212,7 @@ def _materialize(
         needed = np.unique(np.concatenate([rows.positions for rows in parts.values()]))
         if source.encoded:
             pixels, row_of = decoded_split(
-                source, source_split, needed, labels[source_split], columns, data_args, target_size
+                source, source_split, needed, labels[source_split], columns, data_args, target_size, frame
             )
         else:
             pixels = torch.from_numpy(source.decoded[source_split][0])

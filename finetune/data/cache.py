@@ -44,9 +44,11 @@ def decoded_split(
     columns: tuple[str, str],
     data_args: DataArguments,
     target_size: int | None,
+    frame: tuple[int, int] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The images at positions `needed` of the source split `name`, mapped from the cache or decoded and cached: the
-    memory-mapped pixels and, for every position of the split, its row in them (-1: not decoded)."""
+    memory-mapped pixels and, for every position of the split, its row in them (-1: not decoded). `frame`, a
+    `(height, width)`, stores every image centre-fitted at that size (`decode_size` is a square one)."""
     dataset = source.encoded[name]
     where = f"the {name} split of {source.description}"
     subset = len(needed) < len(dataset)
@@ -61,8 +63,10 @@ def decoded_split(
     }
     # Without decode_size, same-size images no larger than target_size are stored at their native size, so the cache
     # is shared between models; sources of mixed or larger sizes depend on target_size ("fallback").
-    if data_args.decode_size is not None:
-        decode_modes = [f"resize:{data_args.decode_size}"]
+    if frame is None and data_args.decode_size is not None:
+        frame = (data_args.decode_size, data_args.decode_size)
+    if frame is not None:
+        decode_modes = [f"resize:{frame[0]}" if frame[0] == frame[1] else "resize:{}x{}".format(*frame)]
     else:
         decode_modes = ["native"] + ([f"fallback:{target_size}"] if target_size is not None else [])
     root = _cache_root(data_args)
@@ -88,7 +92,7 @@ def decoded_split(
         pixels, kept, rows, skipped, used_fallback = decode_images(
             lambda: image_items(selected, columns[0]),
             len(needed),
-            resize_to=data_args.decode_size,
+            resize_to=frame,
             fallback_size=target_size,
             corrupt_images=data_args.corrupt_images,
             where=where,

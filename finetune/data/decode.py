@@ -124,7 +124,7 @@ def _decode_chunk(path: str, first_row: int, items: list, mode: str, size: tuple
 def decode_images(
     read_items: Callable[[], Iterator[tuple[bytes | None, str | None]]],
     num_images: int,
-    resize_to: int | None,
+    resize_to: tuple[int, int] | None,
     fallback_size: int | None,
     corrupt_images: str,
     where: str,
@@ -172,7 +172,9 @@ def decode_images(
     mode = "RGB" if "RGB" in modes else "L"
     used_fallback = False
     if resize_to is not None:
-        size = (resize_to, resize_to)
+        size = (resize_to[1], resize_to[0])  # (height, width) -> Pillow's (width, height)
+        if sizes != {size}:
+            logger.info(f"Storing the images of {where} at {size[0]}x{size[1]} (resized to cover it, centre kept).")
     elif len(sizes) == 1 and (fallback_size is None or min(next(iter(sizes))) <= fallback_size):
         size = next(iter(sizes))
     elif fallback_size is None:

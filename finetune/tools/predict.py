@@ -223,14 +223,15 @@ def frame_size(prep: Preprocessing, stored_size: Sequence[int] | None = None) ->
 
 def model_view(image: Image.Image, prep: Preprocessing, stored_size: Sequence[int] | None = None) -> Image.Image:
     """The part of a decoded image the model sees, framed as training stored its images: at the run's `stored_size`
-    (from its results), any image of another size becomes the centre square of that size, in one resize (a 32 px
-    digit for a run of 8 px digits went through 9 px and lost 13 points); without it, an image that is not square, or
-    is larger than `frame_size`, becomes the centre square at that size, and a smaller square stays as it is. A run
-    that stored its images whole at one size that is not square: the whole image."""
+    (from its results, height and width), any image of another size is centre-fitted at that size, in one resize (a
+    32 px digit for a run of 8 px digits went through 9 px and lost 13 points); without it, an image that is not
+    square, or is larger than `frame_size`, becomes the centre square at that size, and a smaller square stays as it
+    is."""
     from finetune.data import center_fit
 
-    if stored_size and stored_size[0] != stored_size[1]:
-        return image
+    if stored_size and stored_size[0] != stored_size[1]:  # a run of images of one size that is not square
+        height, width = stored_size
+        return center_fit(image, (width, height)) if image.size != (width, height) else image
     size = frame_size(prep, stored_size)
     # At the run's stored size, it framed every other size there, smaller ones too.
     crop = image.size != (size, size) if stored_size else image.width != image.height or image.width > size

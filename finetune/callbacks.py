@@ -22,6 +22,7 @@ from transformers.trainer_utils import SaveStrategy, has_length
 from transformers.utils import logging
 
 from finetune.errors import Interrupted, signal_name
+from finetune.results import history_from_log_history
 
 
 logger = logging.get_logger(__name__)
@@ -751,11 +752,12 @@ class EvaluationLines(TrainerCallback):
 
 
 def evaluation_line(state, logs: dict | None) -> str | None:
-    """An evaluation's logs as one line (None for other logs): validation score and loss, the last training loss."""
+    """An evaluation's logs as one line (None for other logs): validation score and loss, and the training loss logged
+    since the previous evaluation (with `logging_steps` longer than an epoch, a loss 30 steps old is not repeated)."""
     score = next((name for name in ("accuracy", "map") if f"eval_{name}" in (logs or {})), None)
     if score is None:
         return None
-    train_loss = next((e["loss"] for e in reversed(state.log_history) if "loss" in e), None)
+    train_loss = history_from_log_history(state.log_history)[-1].train_loss  # the Trainer logged this evaluation
     name = "mAP" if score == "map" else score
     line = f"epoch {state.epoch:.2f}: validation {name} {logs[f'eval_{score}']:.2%}, loss {logs['eval_loss']:.4f}"
     return line + (f" (training loss {train_loss:.4f})" if train_loss is not None else "")

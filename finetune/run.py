@@ -209,17 +209,16 @@ def warn_of_scratch_options(scratch_args, do_train: bool) -> None:
 
 
 # The options only training uses, that an evaluation (`do_train: false`) names as ignored where given (a config of the
-# run, say). Not `label_smoothing_factor`, which the evaluation loss takes too.
-TRAINING_OPTIONS = (
-    "finetune_method", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "merge_lora", "layer_decay",
-    "random_resized_crop", "crop_scale", "crop_ratio", "random_crop_padding", "horizontal_flip", "rand_augment_ops",
-    "rand_augment_magnitude", "random_erasing", "learning_rate", "num_train_epochs", "max_steps", "weight_decay",
-    "warmup_steps", "lr_scheduler_type", "per_device_train_batch_size", "gradient_accumulation_steps",
-    "max_train_minutes", "budget_schedule", "ema_decay", "mixup_alpha", "cutmix_alpha", "early_stopping_patience",
-    "early_stopping_threshold", "class_weighting", "teacher_model_name_or_path", "distillation_type",
-    "distillation_alpha", "distillation_temperature", "max_nonfinite_steps", "optim", "optim_args", "adam_beta1",
-    "adam_beta2", "adam_epsilon", "max_grad_norm", "lr_scheduler_kwargs", "drop_path_rate",
-)  # fmt: skip
+# run, say). The evaluation loss is plain cross-entropy, as timm's: runs compare whatever their label smoothing.
+TRAINING_OPTIONS = """
+    label_smoothing_factor finetune_method lora_r lora_alpha lora_dropout lora_target_modules merge_lora
+    layer_decay random_resized_crop crop_scale crop_ratio random_crop_padding horizontal_flip rand_augment_ops
+    rand_augment_magnitude random_erasing learning_rate num_train_epochs max_steps weight_decay warmup_steps
+    lr_scheduler_type per_device_train_batch_size gradient_accumulation_steps max_train_minutes budget_schedule
+    ema_decay mixup_alpha cutmix_alpha early_stopping_patience early_stopping_threshold class_weighting
+    teacher_model_name_or_path distillation_type distillation_alpha distillation_temperature max_nonfinite_steps
+    optim optim_args adam_beta1 adam_beta2 adam_epsilon max_grad_norm lr_scheduler_kwargs drop_path_rate
+""".split()
 
 
 def warn_of_training_options(*options) -> None:
@@ -312,7 +311,8 @@ def summary(results: dict[str, Results], run_dirs: dict[str, Path], report: Path
         if result.test is not None:
             scores += f", test {name} {getattr(result.test, key):.2%}"
         if result.train.seconds:
-            scores += f", {result.train.seconds:.0f} s of training"
+            seconds = result.train.seconds
+            scores += f", {seconds:.{0 if seconds >= 10 else 1}f} s of training"  # not "0 s" for a run of 0.4 s
         lines.append(f"  {result.model_type}: {scores}")  # an evaluation's: what the model is
         written = ", ".join(name for name, pattern in WRITTEN if any(run_dirs[model_type].glob(pattern)))
         lines.append(f"    files: {run_dirs[model_type]}/ ({written})")

@@ -318,7 +318,9 @@ class ImageClassificationTrainer(Trainer):
     def metrics_and_loss(self, eval_pred: EvalPrediction) -> dict[str, float]:
         """`compute_metrics` and the loss, both of every process's predictions gathered without the duplicates that
         even sharding pads the last batches with. The Trainer's own loss repeats each batch's mean per image and cuts
-        the padding from those copies, so with several processes the duplicate counted and real images did not."""
+        the padding from those copies, so with several processes the duplicate counted and real images did not. The
+        loss is plain cross-entropy (binary for multi-label), without training's label smoothing or class weights, as
+        timm validates: it compares between runs."""
         logits, labels = torch.from_numpy(eval_pred.predictions), torch.from_numpy(eval_pred.label_ids)
         return {"loss": self.loss(logits, labels).item(), **self.scores(eval_pred)}
 

@@ -17,6 +17,7 @@ from finetune.callbacks import (
     ResumeRefused,
     RunClock,
     TrainingBudgetCallback,
+    evaluation_line,
     set_schedule_length,
 )
 from finetune.trainer import ImageClassificationTrainer, classification_loss
@@ -435,3 +436,18 @@ def test_a_resume_compares_the_options_as_the_checkpoint_saved_them(tmp_path):
     args.lr_scheduler_kwargs = {"since": datetime.date(2024, 1, 1)}  # a YAML date: it failed at the first checkpoint
     with pytest.raises(ValueError, match=r"`lr_scheduler_kwargs` .* cannot be saved with the checkpoints .*Fix: give"):
         ResumeCheck().on_train_begin(args, TrainerState(), TrainerControl())
+
+
+def test_an_evaluation_line_shows_only_a_training_loss_logged_since_the_previous_evaluation():
+    """With `logging_steps` 50 and 13 steps an epoch, the evaluations of epochs 5 and 6 repeated step 50's loss as if
+    it were theirs: an evaluation with no training loss logged since the previous one shows none."""
+    state = TrainerState(epoch=4.0, global_step=52)
+    state.log_history = [{"eval_loss": 1.0, "eval_accuracy": 0.5, "epoch": 3.0, "step": 39}]
+    state.log_history += [{"loss": 1.8084, "epoch": 3.85, "step": 50}]
+    state.log_history += [{"eval_loss": 0.9, "eval_accuracy": 0.6, "epoch": 4.0, "step": 52}]
+    assert evaluation_line(state, state.log_history[-1]) == (
+        "epoch 4.00: validation accuracy 60.00%, loss 0.9000 (training loss 1.8084)"
+    )
+    state.epoch, state.global_step = 5.0, 65
+    state.log_history += [{"eval_loss": 0.8, "eval_accuracy": 0.7, "epoch": 5.0, "step": 65}]
+    assert evaluation_line(state, state.log_history[-1]) == "epoch 5.00: validation accuracy 70.00%, loss 0.8000"

@@ -287,9 +287,14 @@ def test_scratch_options_given_to_an_evaluation_are_named_as_ignored(trained_scr
     [warning] = [r.getMessage() for r in caplog.records if "ScratchViT options" in r.getMessage()]
     assert warning.startswith("--image_size, --hidden_size: ScratchViT options, ignored by `do_train: false`")
     assert Results.load(tmp_path / "eval").image_size == Results.load(trained_scratch).image_size
-    # Training options too (they went by without a word); label smoothing, which the evaluation loss takes, is not.
+    # Training options too (they went by without a word); label smoothing as well: the evaluation loss is plain
+    # cross-entropy (a comment said it took the smoothing, and an evaluation ignored it without a word).
     run.main(["--do_train", "false", "--model_type", "scratch", "--model_name_or_path", str(trained_scratch), *DIGITS,
               "--ema_decay", "0.9", "--mixup_alpha", "0.5", "--learning_rate", "1e-3", "--label_smoothing_factor",
               "0.1", "--output_dir", str(tmp_path / "eval2")])  # fmt: skip
     [warning] = [r.getMessage() for r in caplog.records if "training options" in r.getMessage()]
-    assert warning.startswith("`learning_rate`, `ema_decay`, `mixup_alpha`: training options, ignored by `do_train")
+    assert warning.startswith(
+        "`label_smoothing_factor`, `learning_rate`, `ema_decay`, `mixup_alpha`: training options, ignored by `do_train"
+    )
+    loss = [json.loads((tmp_path / e / "results.json").read_text())["validation"]["loss"] for e in ("eval", "eval2")]
+    assert loss[0] == loss[1]

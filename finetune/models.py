@@ -41,7 +41,8 @@ logger = logging.get_logger(__name__)
 # Query and value projections, where LoRA's authors put the adapters: transformers' ViT (5.x names, then the 4.x
 # layout) and ScratchViT's fused query-key-value projection, which the adapter updates as one matrix.
 LORA_DEFAULT_TARGETS = ("q_proj", "v_proj", "query", "value", "qkv")
-HEAD_NAME = "classifier"
+# Where transformers' classifiers keep their heads: `classifier`, and the two of DeiT's and LeViT's "with teacher".
+HEAD_NAMES = ("classifier", "cls_classifier", "distillation_classifier", "classifier_distill")
 WEIGHT_FILES = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME)
 
 
@@ -220,15 +221,15 @@ def apply_finetune_method(model: PreTrainedModel, model_args: ModelArguments) ->
     method = model_args.finetune_method
     if method == "full":
         return model
-    head_name, head = classification_head(model)
-    if head is None:
+    heads = list(classification_heads(model))
+    if not heads:
         raise ValueError(
-            f"`finetune_method: {method}` trains the classification head `{HEAD_NAME}`, which "
+            f"`finetune_method: {method}` trains the classification head `{HEAD_NAMES[0]}`, which "
             f"{type(model).__name__} does not have. Use `finetune_method: full` for this model."
         )
     if method == "linear_probe":
         for name, parameter in model.named_parameters():
-            parameter.requires_grad = name.startswith(f"{head_name}.")
+            parameter.requires_grad = name.startswith(tuple(f"{head}." for head in heads))
         return keep_frozen_statistics(model)
     from peft import LoraConfig, get_peft_model
 
@@ -245,9 +246,10 @@ def apply_finetune_method(model: PreTrainedModel, model_args: ModelArguments) ->
         lora_alpha=model_args.lora_alpha,
         lora_dropout=model_args.lora_dropout,
         target_modules=targets,
-        modules_to_save=[head_name],
+        modules_to_save=heads,
     )
-    logger.info(f"LoRA r={config.r}, alpha={config.lora_alpha} on {targets}; the head `{head_name}` trains fully.")
+    named = ("the head " if len(heads) == 1 else "the heads ") + ", ".join(f"`{head}`" for head in heads)
+    logger.info(f"LoRA r={config.r}, alpha={config.lora_alpha} on {targets}; {named} train(s) fully.")
     return keep_frozen_statistics(get_peft_model(model, config))
 
 
@@ -399,9 +401,9 @@ def _load_pretrained(model_args: ModelArguments, data: ImageData, drop_path_rate
     # Per kind, the parameter names (a mismatched key may come as (name, saved shape, model shape)).
     kinds = ("missing_keys", "unexpected_keys", "mismatched_keys")
     keys = {kind: [k[0] if isinstance(k, tuple) else str(k) for k in info.get(kind, [])] for kind in kinds}
-    head_name = classification_head(model)[0]
-    new_head = any(k.startswith(head_name) for k in keys["mismatched_keys"])
-    others = {kind: [k for k in names if not k.startswith(head_name)] for kind, names in keys.items()}
+    heads = tuple(f"{head}." for head in classification_heads(model))
+    new_head = any(k.startswith(heads) for k in keys["mismatched_keys"])
+    others = {kind: [k for k in names if not k.startswith(heads)] for kind, names in keys.items()}
     if others["missing_keys"] or others["mismatched_keys"]:  # unexpected keys (an unused pooler) change nothing
         found = "; ".join(
             f"{kind.replace('_', ' ')}: {', '.join(names[:5])}" for kind, names in others.items() if names
@@ -436,27 +438,29 @@ def _shorten(names: list[str], limit: int = 5) -> str:
     return ", ".join(names[:limit]) + (f", ... ({len(names)} classes)" if len(names) > limit else "")
 
 
-def classification_head(model: torch.nn.Module) -> tuple[str, torch.nn.Module | None]:
-    """The name and module of `model`'s classification head: `classifier`, or in transformers' TimmWrapper the timm
-    model's own (`head`, `fc`, `head.fc`, ...), which timm's `get_classifier` names. None where there is none."""
+def classification_heads(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """The classification heads of `model` by name: `classifier`; with a distillation head too, DeiT's
+    `cls_classifier` and `distillation_classifier` or LeViT's `classifier` and `classifier_distill` (their logits are
+    the mean of the two); in transformers' TimmWrapper the timm model's own (`head`, `fc`, `head.fc`, ...), which
+    timm's `get_classifier` names. Empty where there is none."""
     timm_model = getattr(model, "timm_model", None)
     if timm_model is not None and hasattr(timm_model, "get_classifier"):
         head = timm_model.get_classifier()
-        return next((f"timm_model.{n}" for n, m in timm_model.named_modules() if m is head), HEAD_NAME), head
-    head = getattr(model, HEAD_NAME, None)
-    return HEAD_NAME, head if isinstance(head, torch.nn.Module) else None
+        return {next((f"timm_model.{n}" for n, m in timm_model.named_modules() if m is head), HEAD_NAMES[0]): head}
+    heads = {name: getattr(model, name, None) for name in HEAD_NAMES}
+    return {name: head for name, head in heads.items() if isinstance(head, torch.nn.Module)}
 
 
 def reset_head(model: PreTrainedModel) -> None:
-    """Re-initialise the classification head with the model's own `_init_weights`, as a head created on loading is.
+    """Re-initialise the classification heads with the model's own `_init_weights`, as a head created on loading is.
     Loading marks loaded tensors as initialised and the init functions skip those: the marks go first."""
-    head = classification_head(model)[1]
-    if head is None:
+    heads = classification_heads(model)
+    if not heads:
         raise ValueError(
-            f"{type(model).__name__} has no classification head `{HEAD_NAME}` to start anew; fine-tune it on data "
+            f"{type(model).__name__} has no classification head `{HEAD_NAMES[0]}` to start anew; fine-tune it on data "
             "with the checkpoint's classes, or from a checkpoint without a head."
         )
-    for module in head.modules():
+    for module in (m for head in heads.values() for m in head.modules()):
         module._is_hf_initialized = False
         for tensor in [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
             tensor._is_hf_initialized = False

@@ -257,3 +257,37 @@ def test_a_timm_checkpoint_of_other_classes_gets_a_new_head_of_its_own_kind(meth
     run.main([*args, "--model_name_or_path", str(three), "--output_dir", str(tmp_path / "run3")])
     assert [r for r in caplog.records if "has a 3-class head: a new 10-class head starts" in r.getMessage()]
     assert not [r for r in caplog.records if "does not fit the model everywhere" in r.getMessage()]
+
+
+@pytest.mark.parametrize("method", ["linear_probe", "lora"])
+def test_a_model_with_a_distillation_head_trains_and_saves_both_heads(method, tmp_path, caplog):
+    """DeiT's and LeViT's "with teacher" classifiers average two heads (DeiT's `cls_classifier` and
+    `distillation_classifier`, LeViT's `classifier` and `classifier_distill`): other classes were refused ("no
+    classification head `classifier` to start anew"), and LeViT's second head stayed random under linear probing and
+    LoRA, and was not saved with the adapter: its folder predicted differently at every load."""
+    from transformers import DeiTForImageClassificationWithTeacher, LevitConfig, LevitForImageClassificationWithTeacher
+
+    from finetune.models import classification_heads
+
+    torch.manual_seed(0)
+    config = DeiTConfig(image_size=8, patch_size=2, **VIT_SIZES, num_labels=10)
+    config.id2label = dict(enumerate("abcdefghij"))
+    DeiTForImageClassificationWithTeacher(config).save_pretrained(base := tmp_path / "base")
+    DeiTImageProcessor(size={"height": 8, "width": 8}, do_center_crop=False, **MEAN_STD).save_pretrained(base)
+    args = [*TRAIN, "--layer_decay", "none", "--finetune_method", method, "--learning_rate", "1e-2"]
+    run.main([*args, "--model_name_or_path", str(base), "--output_dir", str(out := tmp_path / "run")])
+    assert [r for r in caplog.records if "classifies a, b, c, d, e" in r.getMessage()]  # both heads start anew
+    if method == "linear_probe":
+        before, after = load_file(base / "model.safetensors"), load_file(out / "model.safetensors")
+        heads = ("cls_classifier.", "distillation_classifier.")
+        assert all(not torch.equal(before[name], after[name]) for name in before if name.startswith(heads))
+        assert all(torch.equal(before[name], after[name]) for name in before if not name.startswith(heads))
+    else:  # the adapter folder holds both heads: every load predicts as the run evaluated
+        saved = load_file(out / "adapter_model.safetensors")
+        assert [n for n in saved if "distillation_classifier" in n] and [n for n in saved if ".cls_classifier" in n]
+        image = np.random.default_rng(0).integers(0, 256, (8, 8), dtype=np.uint8)
+        Image.fromarray(image, "L").save(path := tmp_path / "digit.png")
+        first, second = (predict.main([str(out), str(path), "--top_k", "10"])[0] for _ in range(2))
+        assert first.probabilities == pytest.approx(second.probabilities, abs=1e-6)
+    levit = LevitForImageClassificationWithTeacher(LevitConfig(num_labels=3))  # the same for LeViT's two heads
+    assert list(classification_heads(levit)) == ["classifier", "classifier_distill"]

@@ -342,6 +342,7 @@ class Preprocessing:
     image_std: list[float]
     # The size evaluation resizes to before a center crop to `image_size`; `None` when the processor does not crop.
     resize_size: tuple[int, int] | None = None
+    flip_channels: bool = False  # BGR input, as MobileViT's processor makes it (`do_flip_channel_order`)
 
 
 # Photos trained with `RandomResizedCrop` are stored with this margin over the model's input, room for its crops: a
@@ -384,13 +385,28 @@ def preprocessing_from(processor, config) -> Preprocessing:
             resize_size = (int(256 / 224 * resize_size[0]),) * 2
         if getattr(processor, "do_center_crop", False) and _height_width(getattr(processor, "crop_size", None)):
             image_size = _height_width(processor.crop_size)
-        do_normalize = getattr(processor, "do_normalize", True)
-        mean = processor.image_mean if do_normalize else [0.0] * num_channels
-        std = processor.image_std if do_normalize else [1.0] * num_channels
+        mean, std = _normalization(processor, num_channels)
     mean, std = list(mean), list(std)
     if len(mean) != num_channels:
         mean, std = [sum(mean) / len(mean)] * num_channels, [sum(std) / len(std)] * num_channels
-    return Preprocessing(image_size, num_channels, mean, std, resize_size if resize_size != image_size else None)
+    flip = bool(getattr(processor, "do_flip_channel_order", False))
+    return Preprocessing(image_size, num_channels, mean, std, resize_size if resize_size != image_size else None, flip)
+
+
+def _normalization(processor, num_channels: int) -> tuple[list[float], list[float]]:
+    """The `image_mean` and `image_std` in [0, 1] units that give what an image processor makes of a pixel `v` in
+    [0, 255], written as `(v / 255 - mean) / std`: its rescale (`rescale_factor`; EfficientNet's `rescale_offset`
+    subtracts 1 after it, its `include_top` divides by `image_std` once more) then its normalisation."""
+    factor = processor.rescale_factor if getattr(processor, "do_rescale", True) else 1.0
+    offset = 1.0 if getattr(processor, "rescale_offset", False) else 0.0
+    if getattr(processor, "do_normalize", True) and processor.image_mean is not None:
+        mean, std = list(processor.image_mean), list(processor.image_std)
+    else:
+        mean, std = [0.0] * num_channels, [1.0] * num_channels
+    top = list(processor.image_std) if getattr(processor, "include_top", False) else [1.0] * len(std)
+    # (v * factor - offset - m) / s / t = (v / 255 - M) / S: S = s t / (255 factor), M = (offset + m) / (255 factor)
+    scale = 255 * factor
+    return [(offset + m) / scale for m in mean], [s * t / scale for s, t in zip(std, top)]
 
 
 def _height_width(size) -> tuple[int, int] | None:
@@ -415,6 +431,7 @@ class BatchTransform(nn.Module):
             (`finetune/arguments.py`) describe it; `random_resized_crop` a bool (`use_random_resized_crop`).
         eval_resize_size: evaluation resizes to this size and center-crops `image_size`, as image processors that
             crop do (`Preprocessing.resize_size`); `None`: evaluation resizes straight to `image_size`.
+        flip_channels: feed the model BGR (`Preprocessing.flip_channels`).
     """
 
     def __init__(
@@ -433,6 +450,7 @@ class BatchTransform(nn.Module):
         crop_ratio: Sequence[float] = (3 / 4, 4 / 3),
         random_erasing: float = 0.0,
         eval_resize_size: tuple[int, int] | None = None,
+        flip_channels: bool = False,
     ):
         super().__init__()
         self.image_size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
@@ -468,6 +486,7 @@ class BatchTransform(nn.Module):
             self.eval_resize = self.resize
         self.convert_channels = _channel_conversion(in_channels, out_channels)
         self.normalize = Normalize(mean, std)
+        self.flip_channels = flip_channels
 
     @classmethod
     def for_model(cls, prep: Preprocessing, in_channels: int, **augmentation) -> "BatchTransform":
@@ -480,6 +499,7 @@ class BatchTransform(nn.Module):
             in_channels,
             prep.num_channels,
             eval_resize_size=prep.resize_size,
+            flip_channels=prep.flip_channels,
             **augmentation,
         )
 
@@ -501,6 +521,7 @@ class BatchTransform(nn.Module):
         resized and center-cropped (evaluation), channels converted, normalized, and erased when training."""
         x = self.resize(x) if train else self.eval_resize(x)  # (B, C_in, h, w) -> (B, C_in, H, W)
         x = self.normalize(self.convert_channels(x))  # (B, C_in, H, W) -> (B, C_out, H, W)
+        x = x.flip(1) if self.flip_channels else x  # RGB -> BGR
         return self.erase(x) if train else x
 
     def checked(self, pixel_values: torch.Tensor) -> torch.Tensor:

@@ -162,6 +162,17 @@ def _framing_processor(processor, prep: Preprocessing, whole: bool):
     # A non-square resize of the centre square has no image processor setting: the whole photo is squeezed there.
     size = {"height": height, "width": width} if whole or height != width else {"shortest_edge": height}
     crop = {"height": prep.image_size[0], "width": prep.image_size[1]}
+    std = set(prep.image_std)
+    if prep.flip_channels and not any(prep.image_mean) and len(std) == 1:  # MobileViT's: rescaled, BGR
+        from transformers import MobileViTImageProcessor
+
+        framing = {"do_center_crop": True, "crop_size": crop, "do_flip_channel_order": True}
+        return MobileViTImageProcessor(size=size, rescale_factor=1 / (255 * std.pop()), **framing)
+    if prep.flip_channels:
+        logger.warning(
+            "The saved image processor feeds the model RGB where training fed it BGR (`do_flip_channel_order` with a "
+            "normalisation no processor of transformers has): pipeline() and the Auto classes will score other pixels."
+        )
     return ViTImageProcessor(
         size=size, do_center_crop=True, crop_size=crop, image_mean=prep.image_mean, image_std=prep.image_std
     )

@@ -391,6 +391,36 @@ def test_evaluation_resizes_and_crops_as_a_processor_that_resizes_beyond_its_cro
     assert levels.abs().max().item() < 2.0
 
 
+@pytest.mark.parametrize(
+    "name, kwargs",
+    [
+        ("MobileViTImageProcessor", {"size": {"shortest_edge": 16}, "crop_size": {"height": 16, "width": 16}}),  # BGR
+        ("MobileViTImageProcessorPil", {"size": {"shortest_edge": 16}, "crop_size": {"height": 16, "width": 16}}),
+        ("EfficientNetImageProcessor", {"size": {"height": 16, "width": 16}}),  # divides by image_std twice
+        ("EfficientNetImageProcessor",  # [-1, 1]: rescaled by 1/127.5, less 1
+         {"size": {"height": 16, "width": 16}, "rescale_factor": 1 / 127.5, "rescale_offset": True,
+          "do_normalize": False, "include_top": False}),
+        ("ViTImageProcessor", {"size": {"height": 16, "width": 16}, "rescale_factor": 1 / 127.5}),
+    ],
+)  # fmt: skip
+def test_evaluation_and_the_saved_processor_make_the_pixels_of_the_models_own_processor(name, kwargs):
+    """MobileViT's processor feeds BGR, EfficientNet's rescales to [-1, 1] or divides by the std twice: evaluation
+    took RGB in [0, 1], normalised once (pipeline() agreed with it on 10 of 18 images of a MobileViT); the processor
+    saved with the model (`_framing_processor`) makes the same pixels."""
+    import transformers
+
+    from finetune.models import _framing_processor
+
+    processor = getattr(transformers, name)(**kwargs)
+    prep = preprocessing_from(processor, transformers.MobileViTConfig(image_size=16))
+    image = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (3, 16, 16), dtype=np.uint8))
+    theirs = processor(images=[image.numpy() if name.endswith("Pil") else image], return_tensors="pt").pixel_values
+    ours = BatchTransform.for_model(prep, 3)(image[None], train=False)
+    saved = _framing_processor(processor, prep, whole=False)(images=[image], return_tensors="pt").pixel_values
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=0)
+    torch.testing.assert_close(saved, theirs, atol=1e-5, rtol=0)
+
+
 def test_training_without_random_resized_crop_frames_images_as_evaluation_crops_them():
     """A processor that resizes to 10 and crops 8: training's padded crop had the whole image, evaluation its centre
     (82% instead of 97% on digits). Stored at 20 px: the centre 16 px resized by 2, as evaluation's 10 px crop is."""

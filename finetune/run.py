@@ -46,6 +46,7 @@ from finetune.checkpoints import (  # noqa: E402
     RemoveEarlierRun,
     earlier_run,
     lock_output_dir,
+    numbered_checkpoints,
     release_output_dirs,
     resolve_checkpoint,
 )
@@ -404,6 +405,8 @@ def check_model_and_output_dir(model_args: ModelArguments, training_args: Traini
                 f"`output_dir` {run_dir} holds {', '.join(theirs)} of no earlier run, which training would replace. "
                 "Nothing was written. Fix: a new or empty folder as `--output_dir`, or an earlier run's."
             )
+    if training_args.do_train:
+        check_not_in_another_run(output, run_dirs, model_args.model_type)
     for what, path in sources.items():  # an export, an evaluation's results, a LoRA checkpoint-*, ...: one line each
         check_local_checkpoint(Path(path).expanduser(), model_args.trust_remote_code and what != "the teacher")
 
@@ -699,6 +702,27 @@ def check_evaluation_only(model_args: ModelArguments, push_to_hub: bool) -> None
         )
     if push_to_hub:
         raise ValueError("`do_train: false` trains no model to push: drop `push_to_hub`, or push the model's own run.")
+
+
+def check_not_in_another_run(output: Path, run_dirs: list[Path], model_type: str) -> None:
+    """Training writes a run's files into `run_dirs`: never into a checkpoint of another run (it replaced that
+    checkpoint's weights and state, leaving its optimizer: a mix of two runs), nor beside a run of the other layout
+    (a `model_type: both` run's pretrained/ and scratch/, or one model's run at the top), which compare leaves out."""
+    for run_dir in run_dirs:
+        if (run_dir / "trainer_state.json").is_file() and run_dir in numbered_checkpoints(run_dir.parent):
+            raise FileExistsError(
+                f"`output_dir` {run_dir} is a checkpoint of the run in {run_dir.parent}, which training would "
+                f"overwrite. Nothing was written. Fix: a new `--output_dir`, or resume that run with `--output_dir "
+                f"{run_dir.parent} --resume_from_checkpoint {run_dir}`."
+            )
+    layouts = ["pretrained", "scratch"] if model_type != "both" else ["."]
+    found = [name for name in layouts if (output / name / RESULTS_NAME).is_file()]
+    if found:
+        what = "of one model" if model_type == "both" else "of `model_type: both` (" + ", ".join(found) + ")"
+        raise FileExistsError(
+            f"`output_dir` {output} holds a finished run {what}, which this {model_type} run would be mixed with (a "
+            "comparison of the folder would leave one out). Nothing was written. Fix: a new `--output_dir`."
+        )
 
 
 def check_no_earlier_results(run_dir: Path, args: ImageClassificationTrainingArguments) -> None:

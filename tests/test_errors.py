@@ -464,6 +464,35 @@ def test_an_empty_output_dir_or_a_folder_of_the_users_files_is_refused(tmp_path,
     assert (mine / "README.md").read_text() == "my notes"
 
 
+def test_a_checkpoint_of_another_run_or_a_run_of_the_other_layout_is_refused_as_output_dir(tmp_path):
+    """A run into `run/checkpoint-8` replaced that checkpoint's weights and state and kept its optimizer (a mix of two
+    runs), and a run of one model beside a `model_type: both` run's pretrained/ and scratch/ (or the reverse) made a
+    folder whose comparison left one out: both refused before anything is written."""
+    checkpoint = tmp_path / "run" / "checkpoint-8"
+    checkpoint.mkdir(parents=True)
+    for name in ("trainer_state.json", "model.safetensors", "optimizer.pt"):
+        (checkpoint / name).write_text(name)
+    refused = (
+        r"^`output_dir` .*checkpoint-8 is a checkpoint of the run in .*run, which training would "
+        r"overwrite\. Nothing was written\. Fix: .*`--output_dir .*run --resume_from_checkpoint .*8`\.$"
+    )
+    with pytest.raises(FileExistsError, match=refused):
+        run.main([*SCRATCH, "--dataset_name", "sklearn:digits", "--output_dir", str(checkpoint)])
+    assert {p.name: p.read_text() for p in checkpoint.iterdir()} == {
+        name: name for name in ("trainer_state.json", "model.safetensors", "optimizer.pt")
+    }
+    (tmp_path / "both" / "scratch").mkdir(parents=True)
+    (tmp_path / "both" / "scratch" / "results.json").write_text("{}")
+    with pytest.raises(FileExistsError, match=r"holds a finished run of `model_type: both` \(scratch\), which this"):
+        run.main([*SCRATCH, "--dataset_name", "sklearn:digits", "--output_dir", str(tmp_path / "both")])
+    (tmp_path / "one").mkdir()
+    (tmp_path / "one" / "results.json").write_text("{}")
+    with pytest.raises(FileExistsError, match=r"holds a finished run of one model, which this both run"):
+        run.main([*SCRATCH, "--model_type", "both", "--model_name_or_path", "google/vit-base-patch16-224-in21k",
+                  "--dataset_name", "sklearn:digits", "--output_dir", str(tmp_path / "one")])  # fmt: skip
+    assert sorted(p.name for p in (tmp_path / "one").iterdir()) == ["results.json"]
+
+
 def test_an_image_folder_with_one_class_subfolder(tmp_path):
     (tmp_path / "images" / "cat").mkdir(parents=True)
     for i in range(4):

@@ -48,13 +48,18 @@ def restore_state(callback: ExportableState, state) -> None:
 OPTIMIZER_OPTIONS = ("learning_rate", "weight_decay", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps")
 OPTIMIZER_OPTIONS += ("optim", "optim_args", "adam_beta1", "adam_beta2", "adam_epsilon")
 # The options whose consequences a checkpoint holds otherwise: the validation split and the order of the images (the
-# seeds), the best model kept so far (by which metric), the weights' average.
+# seeds), the best model kept so far (by which metric), the weights' average, what taught them (the teacher's options).
 RUN_OPTIONS = ("seed", "data_seed", "metric_for_best_model", "greater_is_better", "ema_decay")
+DISTILLATION_OPTIONS = tuple(
+    "teacher_model_name_or_path distillation_type distillation_alpha distillation_temperature".split()
+)
+RUN_OPTIONS += DISTILLATION_OPTIONS
 HELD_BY = {
     **dict.fromkeys(OPTIMIZER_OPTIONS, "optimizer and schedule states"),
     **dict.fromkeys(("seed", "data_seed"), "validation split (another one holds images it trained on)"),
     **dict.fromkeys(("metric_for_best_model", "greater_is_better"), "best model so far"),
     "ema_decay": "weights' average",
+    **dict.fromkeys(DISTILLATION_OPTIONS, "weights, taught so far by another teacher or mix,"),
     # `decode_size`, `random_resized_crop` (its margin) or the processor set it: the earlier evaluations scored others.
     "stored_image_size": "evaluations so far (of images stored at that size: `decode_size`, `random_resized_crop`)",
 }
@@ -113,7 +118,7 @@ def check_options_kept(state: TrainerState, now: dict) -> None:
 
 # The options `check_options_kept` compares before the data loads: the rest follow the data (multi-label data keeps
 # the best mAP) or are the data's.
-KEPT_FROM_THE_START = (*OPTIMIZER_OPTIONS, "seed", "data_seed", "ema_decay")
+KEPT_FROM_THE_START = (*OPTIMIZER_OPTIONS, "seed", "data_seed", "ema_decay", *DISTILLATION_OPTIONS)
 
 
 class ResumeCheck(TrainerCallback, ExportableState):

@@ -1,5 +1,6 @@
 """Training-budget callbacks, the run clock, EMA of weights, and the Trainer's flip TTA and soft-target loss."""
 
+import dataclasses
 import datetime
 import json
 
@@ -451,3 +452,22 @@ def test_an_evaluation_line_shows_only_a_training_loss_logged_since_the_previous
     state.epoch, state.global_step = 5.0, 65
     state.log_history += [{"eval_loss": 0.8, "eval_accuracy": 0.7, "epoch": 5.0, "step": 65}]
     assert evaluation_line(state, state.log_history[-1]) == "epoch 5.00: validation accuracy 70.00%, loss 0.8000"
+
+
+def test_a_resume_with_another_teacher_or_distillation_mix_is_refused(tmp_path):
+    """A run taught by one teacher, resumed with another (or another `distillation_alpha`), went on and its results
+    named only the new one."""
+    args = ImageClassificationTrainingArguments(
+        output_dir=str(tmp_path), teacher_model_name_or_path="runs/teacher", report_to="none",
+        bf16=False, fp16=False, tf32=None, torch_compile=False,
+    )  # fmt: skip
+    first = ResumeCheck()
+    first.on_train_begin(args, TrainerState(), TrainerControl())
+    saved = {"ResumeCheck": json.loads(json.dumps(first.state()))}
+    ResumeCheck().on_train_begin(args, TrainerState(global_step=8, stateful_callbacks=saved), TrainerControl())
+    for name, value in (("teacher_model_name_or_path", "runs/other"), ("distillation_alpha", 0.9)):
+        changed = dataclasses.replace(args, **{name: value})
+        with pytest.raises(ResumeRefused, match=rf"trained with {name} .*\(now {value}\): its weights, taught so far"):
+            ResumeCheck().on_train_begin(
+                changed, TrainerState(global_step=8, stateful_callbacks=saved), TrainerControl()
+            )

@@ -391,15 +391,17 @@ class RunLock:
 
     def release(self) -> None:
         """Remove the lock if this process holds it, and the folder if the lock made it and it stayed empty (a run
-        refused on bad input leaves nothing behind)."""
-        if self.held and (read_lock(self.path) or {}).get("pid") == os.getpid():
-            self.path.unlink(missing_ok=True)
-            if self.made_folder and not any(self.path.parent.iterdir()):
-                self.path.parent.rmdir()
-        self.held = False
+        refused on bad input leaves nothing behind). A folder that turned read-only keeps its lock: a later run takes
+        a lock whose process is gone over, and the error that ended this run is the one shown."""
+        atexit.unregister(self.release)
         if self in HELD:
             HELD.remove(self)
-        atexit.unregister(self.release)
+        held, self.held = self.held, False
+        if held and (read_lock(self.path) or {}).get("pid") == os.getpid():
+            with contextlib.suppress(OSError):
+                self.path.unlink(missing_ok=True)
+                if self.made_folder and not any(self.path.parent.iterdir()):
+                    self.path.parent.rmdir()
 
     def __enter__(self) -> "RunLock":
         return self.acquire()

@@ -546,3 +546,25 @@ def test_overwrite_removes_what_would_serve_the_earlier_model_and_nothing_of_the
     Image.fromarray(np.arange(64, dtype=np.uint8).reshape(8, 8) * 4).save(image)
     served = predict.main([str(out), str(image)])[0].scores
     assert served == predict.main([str(out / "checkpoint-2"), str(image)])[0].scores  # the new run's model
+
+
+def test_a_lock_in_a_folder_that_turned_read_only_does_not_hide_the_runs_error(tmp_path, monkeypatch):
+    """The output folder turned read-only mid-run: removing the lock raised, replacing the error that ended the run
+    (a checkpoint that could not be written) with one about `.run.lock`, and again at exit with a traceback."""
+    from finetune import checkpoints
+
+    lock = RunLock(tmp_path / "run").acquire()
+    real_unlink = Path.unlink
+
+    def read_only(path, *args, **kwargs):
+        if path.name == LOCK_NAME:
+            raise OSError(30, "Read-only file system", str(path))
+        return real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "unlink", read_only)
+    with pytest.raises(ValueError, match="^the run's own error$"):
+        try:
+            raise ValueError("the run's own error")
+        finally:
+            checkpoints.release_output_dirs()
+    assert lock not in checkpoints.HELD and not lock.held and (tmp_path / "run" / LOCK_NAME).exists()

@@ -39,7 +39,7 @@ from transformers.dynamic_module_utils import custom_object_save  # noqa: E402
 
 from finetune import hardware  # noqa: E402
 from finetune.arguments import DataArguments, ModelArguments, is_set, parse_options, scratch_config_kwargs  # noqa: E402
-from finetune.augment import BatchTransform, describe_augmentation, use_random_resized_crop  # noqa: E402
+from finetune.augment import BatchTransform, CenterShare, describe_augmentation, use_random_resized_crop  # noqa: E402
 from finetune.callbacks import total_batch_size  # noqa: E402
 from finetune.checkpoints import (  # noqa: E402
     FINISHED,
@@ -606,10 +606,15 @@ def make_trainer(
     teacher, teacher_transform = None, None
     if args.do_train and args.teacher_model_name_or_path:
         teacher, teacher_prep = load_teacher(args.teacher_model_name_or_path, model, data)
-        # Only its `finish` runs: the teacher takes the student's augmented images, not augmentations of its own.
+        # Only its `frame` and `finish` run: the teacher takes the student's augmented images, not augmentations of
+        # its own, framed by the student's share of the image; where the teacher's evaluation crops a smaller centre
+        # (resize 10, crop 8), it sees that within them (the whole image it saw scored 62% where the teacher has 88%).
         teacher_transform = BatchTransform.for_model(
             teacher_prep, data.num_channels, random_crop_padding=0, horizontal_flip=False
         )
+        student, own = (getattr(t.frame, "share", (1.0, 1.0)) for t in (batch_transform, teacher_transform))
+        share = (1.0, 1.0) if crop else tuple(min(1.0, t / s) for t, s in zip(own, student))  # a box: as it is
+        teacher_transform.frame = CenterShare(share) if share != (1.0, 1.0) else torch.nn.Identity()
     return ImageClassificationTrainer(
         model=model,
         args=args,

@@ -5,8 +5,8 @@ Batches arrive on the training device as uint8 images at their stored resolution
 
     batch_transform.augmented     uint8 (B, C, h, w) -> float pixels, augmented on the device (finetune/augment.py)
     mix                           MixUp/CutMix: images mixed, labels (B,) or (B, K) -> (B, K)     [mixup/cutmix_alpha]
-    batch_transform.finish        -> normalised (B, C, H, W) at the model's resolution; the teacher's own finish
-                                  feeds it the same images at its resolution          [teacher_model_name_or_path]
+    batch_transform.finish        -> normalised (B, C, H, W) at the model's resolution; the teacher's own frame and
+                                  finish feed it the same images as it evaluates them [teacher_model_name_or_path]
     compiler.module_for           the compiled or the eager model (finetune/compile.py)            [torch_compile]
     classification_loss           cross-entropy on the labels or soft targets, with label smoothing; multi-label data:
                                   `multi_label_loss`, binary cross-entropy per label
@@ -184,7 +184,7 @@ class ImageClassificationTrainer(Trainer):
             `pos_weight`), or None.
         teacher: a trained classifier of the same labels that teaches the model (`distillation_loss`), or None; kept
             on the device in eval mode, never trained or saved.
-        teacher_transform: the `BatchTransform` that feeds the teacher (its `finish` only).
+        teacher_transform: the `BatchTransform` that feeds the teacher (its `frame` and `finish` only).
         data_options: the options that chose the images of each split, which a resume must keep (`ResumeCheck`)."""
 
     def __init__(self, *args, batch_transform, compile_choice: CompileChoice | None = None, layer_decay=None,
@@ -283,8 +283,9 @@ class ImageClassificationTrainer(Trainer):
         if self.teacher is None:
             loss = self.loss(outputs.logits, targets, a.label_smoothing_factor, self.class_weights)
         else:
-            with torch.no_grad():  # the same images at the teacher's resolution and normalisation
-                teacher_logits = self.teacher(pixel_values=self.teacher_transform.finish(images, train=True)).logits
+            with torch.no_grad():  # the same images, framed as its evaluation, at its resolution and normalisation
+                teacher_view = self.teacher_transform.finish(self.teacher_transform.frame(images), train=True)
+                teacher_logits = self.teacher(pixel_values=teacher_view).logits
             loss = distillation_loss(
                 outputs.logits,
                 teacher_logits,

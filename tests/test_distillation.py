@@ -3,6 +3,7 @@
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -69,9 +70,10 @@ def teacher_dir(tmp_path_factory):
     return output
 
 
-def test_a_taught_run_sees_the_students_images_and_names_its_teacher(teacher_dir, tmp_path, monkeypatch):
-    seen = {"student": [], "teacher": []}
-    trainers = []
+def record_inputs(monkeypatch) -> tuple[dict[str, list[torch.Tensor]], list]:
+    """The pixel values the student (training forwards only) and the teacher of the runs' trainers are given, and the
+    trainers, as runs that start after this append them."""
+    seen, trainers, make_trainer = {"student": [], "teacher": []}, [], run.make_trainer
 
     def recording(name, module):
         def hook(module, args, kwargs):
@@ -79,8 +81,6 @@ def test_a_taught_run_sees_the_students_images_and_names_its_teacher(teacher_dir
                 seen[name].append(kwargs["pixel_values"].detach().clone())
 
         module.register_forward_pre_hook(hook, with_kwargs=True)
-
-    make_trainer = run.make_trainer
 
     def make_recording_trainer(*args, **kwargs):
         trainer = make_trainer(*args, **kwargs)
@@ -90,6 +90,11 @@ def test_a_taught_run_sees_the_students_images_and_names_its_teacher(teacher_dir
         return trainer
 
     monkeypatch.setattr(run, "make_trainer", make_recording_trainer)
+    return seen, trainers
+
+
+def test_a_taught_run_sees_the_students_images_and_names_its_teacher(teacher_dir, tmp_path, monkeypatch):
+    seen, trainers = record_inputs(monkeypatch)
     output = tmp_path / "taught"
     # Crops, flips and MixUp: a teacher that augmented or mixed on its own would see other images.
     options = ["--random_crop_padding", "2", "--horizontal_flip", "true", "--mixup_alpha", "0.4"]
@@ -120,6 +125,31 @@ def test_a_taught_run_sees_the_students_images_and_names_its_teacher(teacher_dir
     ), "the teacher is never saved with the student"
     report = write_comparison([teacher_dir, output], tmp_path / "comparison").read_text()
     assert f"scratch, taught by `{teacher_dir.parent.name}/{teacher_dir.name}`" in report
+
+
+def test_a_teacher_whose_evaluation_crops_sees_the_centre_it_evaluates(teacher_dir, tmp_path, monkeypatch):
+    """A teacher whose processor resizes to 10 and crops 8 saw the student's whole image resized to 8, not the centre
+    its own evaluation sees (62% where it scores 88%): it sees the centre 8/10 of the student's view."""
+    import shutil
+
+    from transformers import ViTImageProcessor
+
+    from finetune.augment import Resize
+
+    teacher = Path(shutil.copytree(teacher_dir, tmp_path / "teacher"))
+    crop = {"do_center_crop": True, "crop_size": {"height": 8, "width": 8}}
+    ViTImageProcessor(size={"height": 10, "width": 10}, image_mean=[0.5], image_std=[0.5], **crop).save_pretrained(
+        teacher
+    )
+    seen, trainers = record_inputs(monkeypatch)
+    distill = ["--teacher_model_name_or_path", str(teacher), "--random_crop_padding", "0", "--num_train_epochs", "1"]
+    run.main([*TINY_SCRATCH, *distill, "--output_dir", str(tmp_path / "taught"), "--report_to", "none"])
+    student_norm, teacher_norm = trainers[0].batch_transform.normalize, trainers[0].teacher_transform.normalize
+    assert len(seen["teacher"]) == len(seen["student"]) > 0
+    for student_input, teacher_input in zip(seen["student"], seen["teacher"]):
+        centre = (student_input * student_norm.std + student_norm.mean)[..., 1:7, 1:7]  # round(8 * 0.8) = 6 px
+        teacher_pixels = teacher_input * teacher_norm.std + teacher_norm.mean
+        torch.testing.assert_close(teacher_pixels, Resize((8, 8))(centre), atol=1e-5, rtol=1e-5)
 
 
 def test_a_teacher_with_other_labels_is_refused_in_one_line(tmp_path):

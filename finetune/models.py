@@ -190,7 +190,7 @@ def load_trained_model(
         model = load_adapter_model(path, trust_remote_code=model_args.trust_remote_code, **attention)
     else:
         with hub_errors("model", path):
-            model = AutoModelForImageClassification.from_pretrained(path, **_load_kwargs(model_args), **attention)
+            model = load_saved_classifier(path, **_load_kwargs(model_args), **attention)
     processor = _load_processor(model_args)
     check_labels(model.config, data.label_names, path)
     if is_multi_label(model.config) != data.multi_label:
@@ -204,6 +204,23 @@ def load_trained_model(
     check_channels(data.num_channels, prep.num_channels, model_args.convert_channels)
     logger.info(f"Loaded {type(model).__name__} from {path}: {count_parameters(model):,} parameters.")
     return model.eval(), processor, prep
+
+
+def load_saved_classifier(path: str | os.PathLike, **kwargs) -> PreTrainedModel:
+    """A trained classifier as it was saved, every weight from its files: transformers starts the weights its files
+    lack at random (a config.json of another model beside them, a file of other weights), and the model would score,
+    predict and teach with them. `kwargs` go to `from_pretrained`."""
+    with transformers_errors_only():  # its load report, a table of warnings: the error below says it in one line
+        model, info = AutoModelForImageClassification.from_pretrained(path, output_loading_info=True, **kwargs)
+    missing = sorted(str(key) for key in info.get("missing_keys", []))
+    if missing:
+        listed = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise ValueError(
+            f"The weight files of {path} lack {listed}, of the {type(model).__name__} its config.json describes: "
+            "those would be random. Fix: the config.json saved with these weights (a run's folder and its "
+            "checkpoint-N folders hold both)."
+        )
+    return model
 
 
 def check_labels(config, label_names: list[str], path: str) -> None:
@@ -415,6 +432,13 @@ def _load_pretrained(model_args: ModelArguments, data: ImageData, drop_path_rate
     heads = tuple(f"{head}." for head in classification_heads(model))
     new_head = any(k.startswith(heads) for k in keys["mismatched_keys"])
     others = {kind: [k for k in names if not k.startswith(heads)] for kind, names in keys.items()}
+    backbone = [name for name in model.state_dict() if not name.startswith(heads)]
+    if backbone and set(backbone) <= {*others["missing_keys"], *others["mismatched_keys"]}:
+        raise ValueError(
+            f"None of the weights of {path} fit the {type(model).__name__} its config.json describes: fine-tuning it "
+            "would train a random model, recorded as pretrained. Fix: the config.json saved with these weights, or "
+            "`model_type: scratch` to train from scratch."
+        )
     if others["missing_keys"] or others["mismatched_keys"]:  # unexpected keys (an unused pooler) change nothing
         found = "; ".join(
             f"{kind.replace('_', ' ')}: {', '.join(names[:5])}" for kind, names in others.items() if names

@@ -4,6 +4,7 @@ import dataclasses
 import io
 
 import pytest
+import torch
 from PIL import Image
 from transformers import Trainer
 
@@ -534,3 +535,30 @@ def test_resuming_a_checkpoint_of_another_model(tmp_path):
                "vit.embeddings.cls_token saved, not in this model)")  # fmt: skip
     for tensor, other in zip(tensors, options):
         assert f"does not fit this model ({tensor}" in refused(other)
+
+
+def test_weights_that_do_not_fit_their_config_are_refused_not_started_at_random(tmp_path):
+    """A config.json of another model beside the weights (a layer more), or a file of unrelated weights: predict,
+    an evaluation and fine-tuning ran with random weights there and exited 0 (transformers only printed a table)."""
+    import json
+
+    from safetensors.torch import save_file
+    from test_run import tiny_vit_checkpoint
+
+    from finetune.tools import predict
+
+    model = tiny_vit_checkpoint(tmp_path / "model", num_labels=10)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 3}))
+    Image.new("L", (8, 8)).save(image := tmp_path / "digit.png")
+    lack = r"^The weight files of .*model lack vit\.(encoder\.layer|layers)\.2\..* and \d+ more, of the ViTFor"
+    with pytest.raises(ValueError, match=lack):
+        predict.main([str(model), str(image)])
+    with pytest.raises(ValueError, match=lack):
+        run.main(["--do_train", "false", "--model_name_or_path", str(model), "--dataset_name", "sklearn:digits",
+                  "--decoded_cache_dir", "none", "--output_dir", str(tmp_path / "evaluation")])  # fmt: skip
+    (model / "config.json").write_text(json.dumps(config))
+    save_file({"unrelated.weight": torch.zeros(2)}, model / "model.safetensors")
+    with pytest.raises(ValueError, match=r"^None of the weights of .*model fit the ViTForImageClassification its"):
+        run.main(["--num_train_epochs", "1", "--decoded_cache_dir", "none", "--model_name_or_path", str(model),
+                  "--dataset_name", "sklearn:digits", "--output_dir", str(tmp_path / "run")])  # fmt: skip

@@ -106,13 +106,19 @@ def load_classifier(model_dir, trust_remote_code: bool = False, attn_implementat
     model_dir = str(model_dir)
     check_model_dir(model_dir)
     import torch
-    from transformers import AutoImageProcessor, AutoModelForImageClassification
+    from transformers import AutoImageProcessor
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # "Loading weights" of a small model is noise
 
     import scratch_vit  # noqa: F401  (registers ScratchViT with the Auto classes)
-    from finetune.models import check_local_checkpoint, is_adapter_dir, load_adapter_model, transformers_errors_only
+    from finetune.models import (
+        check_local_checkpoint,
+        is_adapter_dir,
+        load_adapter_model,
+        load_saved_classifier,
+        transformers_errors_only,
+    )
 
     if os.path.isdir(model_dir):
         run_dir = os.path.dirname(os.path.abspath(model_dir))
@@ -125,7 +131,7 @@ def load_classifier(model_dir, trust_remote_code: bool = False, attn_implementat
         with transformers_errors_only():  # the base's head, replaced by the adapter's, is reported as MISMATCH
             model = load_adapter_model(model_dir, **kwargs)
     else:
-        model = AutoModelForImageClassification.from_pretrained(model_dir, **kwargs)
+        model = load_saved_classifier(model_dir, **kwargs)
     processor = AutoImageProcessor.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     return model.to(device).eval(), processor

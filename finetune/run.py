@@ -104,6 +104,7 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
         settings = hardware.choose_settings(options)
         training_args = build_training_args(options, settings)
         check_model_and_output_dir(model_args, training_args)
+        check_outside_the_data(data_args, training_args.output_dir)
         check_optimizer(training_args)
         setup_logging(training_args, settings)
         if model_args.model_type == "pretrained" or not training_args.do_train:
@@ -707,6 +708,19 @@ def check_evaluation_only(model_args: ModelArguments, push_to_hub: bool) -> None
         )
     if push_to_hub:
         raise ValueError("`do_train: false` trains no model to push: drop `push_to_hub`, or push the model's own run.")
+
+
+def check_outside_the_data(data_args: DataArguments, output_dir: str) -> None:
+    """A run (or an evaluation) writes figures, tables and folders: never inside the folder of images it reads, which
+    its next read would take for images or classes (`outputs/` became a class of its own)."""
+    output = Path(output_dir).expanduser().resolve()
+    for path in (data_args.dataset_name, data_args.train_file, data_args.validation_file, data_args.test_file):
+        folder = Path(path).expanduser().resolve() if path and os.path.isdir(os.path.expanduser(path)) else None
+        if folder is not None and (output == folder or folder in output.parents):
+            raise ValueError(
+                f"`output_dir` {output_dir} is inside the data folder {path}, where the run's files would be read as "
+                "data the next time. Nothing was written. Fix: an `--output_dir` outside it."
+            )
 
 
 def check_not_in_another_run(output: Path, run_dirs: list[Path], model_type: str) -> None:

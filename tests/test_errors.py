@@ -562,3 +562,18 @@ def test_weights_that_do_not_fit_their_config_are_refused_not_started_at_random(
     with pytest.raises(ValueError, match=r"^None of the weights of .*model fit the ViTForImageClassification its"):
         run.main(["--num_train_epochs", "1", "--decoded_cache_dir", "none", "--model_name_or_path", str(model),
                   "--dataset_name", "sklearn:digits", "--output_dir", str(tmp_path / "run")])  # fmt: skip
+
+
+def test_an_output_dir_inside_the_data_folder_is_refused(tmp_path):
+    """An evaluation into `photos/evaluation` wrote its CSV and figures into the dataset: the next run failed on the
+    CSV or trained on a class named `evaluation`."""
+    for name in ("cat", "dog"):
+        (tmp_path / "photos" / name).mkdir(parents=True)
+        for i in range(4):
+            Image.new("RGB", (8, 8), (60 * i, 0, 0)).save(tmp_path / "photos" / name / f"{i}.png")
+    inside = (
+        r"^`output_dir` .*photos/run is inside the data folder .*photos, where the run's files would be read as data"
+    )
+    with pytest.raises(ValueError, match=inside):
+        run.main([*SCRATCH, "--dataset_name", str(tmp_path / "photos"), "--output_dir", str(tmp_path / "photos/run")])
+    assert sorted(p.name for p in (tmp_path / "photos").iterdir()) == ["cat", "dog"]

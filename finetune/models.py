@@ -81,7 +81,9 @@ def build_model(
     model so `pipeline()` works) and the preprocessing the batch transform applies."""
     if model_type == "pretrained":
         model, processor = _load_pretrained(model_args, data, getattr(scratch_args, "drop_path_rate", None))
-        resize_position_embeddings(model, preprocessing_from(processor, model.config).image_size)
+        image_size = preprocessing_from(processor, model.config).image_size
+        resize_position_embeddings(model, image_size)
+        check_input_size(model, image_size, "Fix: an image processor of the checkpoint's size, or none.")
         model = apply_finetune_method(model, model_args)
     elif model_type == "scratch":
         model, processor = _build_scratch(scratch_args, data, model_args.attn_implementation)
@@ -108,6 +110,29 @@ RESIZABLE_POSITION_EMBEDDINGS = ("vit", "deit", "vit_msn", "scratch_vit")
 def _size_pair(size) -> tuple[int, int]:
     """A config's or an embedding's `image_size` (one number, or height and width) as `(height, width)`."""
     return tuple(size) if isinstance(size, (list, tuple)) else (size, size)
+
+
+def check_input_size(model: PreTrainedModel, image_size: tuple[int, int], fix: str, **forward) -> None:
+    """A model fed images of another size than its config's (an `image_processor_name`, predict's `--image_size`)
+    classifies one blank image first: a model that cannot take that size (timm's ViT, fixed at its own; LeViT's
+    attention biases) failed deep in its forward, after the data had loaded, or in predict with a tensor error.
+    `forward` holds the keyword arguments the model will be called with (`interpolate_pos_encoding`)."""
+    if _size_pair(getattr(model.config, "image_size", None)) == tuple(image_size):
+        return
+    channels = int(getattr(model.config, "num_channels", 3))
+    parameter = next(model.parameters())
+    blank = torch.zeros(1, channels, *image_size, device=parameter.device, dtype=parameter.dtype)
+    training = model.training
+    try:
+        with torch.no_grad():
+            model.eval()(pixel_values=blank, **forward)
+    except Exception as error:  # whatever the model's forward raises for a size it cannot take
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ValueError(
+            f"{type(model).__name__} cannot classify {image_size[0]}x{image_size[1]} images ({reason}). {fix}"
+        ) from error
+    finally:
+        model.train(training)
 
 
 def resize_position_embeddings(model: PreTrainedModel, image_size: tuple[int, int]) -> None:

@@ -379,3 +379,22 @@ def test_an_rgb_image_for_a_one_channel_model_is_converted_as_training_converts_
     [p] = predict.main([str(run_dirs["scratch-gray"]), str(tmp_path / "data" / "class0" / "0.png")])
     expected = torch.softmax(model(pixel_values=evaluated).logits, -1)[0].detach().numpy()
     np.testing.assert_allclose(p.probabilities, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_an_image_size_the_model_cannot_take_is_refused_in_one_line():
+    """LeViT's attention biases are fixed at its size: `--image_size 48` failed in its forward with "The size of tensor
+    a (9) must match the size of tensor b (16)"; a ViT, whose position embeddings interpolate, takes it."""
+    from transformers import LevitConfig, LevitForImageClassification
+
+    levit = LevitConfig(
+        image_size=32, patch_size=4, hidden_sizes=[32, 48, 64], num_attention_heads=[1, 2, 2], depths=[1, 1, 1],
+        key_dim=[8, 8, 8], down_ops=[["Subsample", 8, 2, 4, 2, 2], ["Subsample", 8, 4, 4, 2, 2]],
+    )  # fmt: skip
+    model = LevitForImageClassification(levit).train()
+    predict.check_image_size(model, 32)  # its own size
+    with pytest.raises(
+        ValueError, match=r"^LevitForImageClassification cannot classify 48x48 images \(.*\)\. Fix: drop"
+    ):
+        predict.check_image_size(model, 48)
+    assert model.training  # left as it was
+    predict.check_image_size(tiny_vit_model(), 32)  # at 16 px: 32 interpolated

@@ -289,6 +289,13 @@ def check_image_size(model, image_size: int | None) -> None:
             f"`image_size` must be a positive multiple of the model's patch size ({patch_size}), got {image_size}. "
             f"Try {max(patch_size, round(image_size / patch_size) * patch_size)}."
         )
+    import torch
+
+    from finetune.models import check_input_size
+
+    if isinstance(model, torch.nn.Module):  # not an ONNX export, which says so itself
+        forward = {"interpolate_pos_encoding": True} if needs_interpolation(model, image_size) else {}
+        check_input_size(model, (image_size, image_size), "Fix: drop `--image_size`.", **forward)
 
 
 def needs_interpolation(model, image_size: int | None) -> bool:

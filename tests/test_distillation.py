@@ -11,6 +11,7 @@ from test_run import TINY_SCRATCH, tiny_vit_checkpoint
 
 from finetune import run
 from finetune.tools.compare import write_comparison
+from finetune.tools.model_card import build_model_card
 from finetune.trainer import classification_loss, distillation_loss
 
 
@@ -125,6 +126,12 @@ def test_a_taught_run_sees_the_students_images_and_names_its_teacher(teacher_dir
     ), "the teacher is never saved with the student"
     report = write_comparison([teacher_dir, output], tmp_path / "comparison").read_text()
     assert f"scratch, taught by `{teacher_dir.parent.name}/{teacher_dir.name}`" in report
+    # The card said "trained from random initialisation" and named no teacher.
+    card = build_model_card(output).text
+    taught = (
+        f"It was taught by `{teacher_dir.parent.name}/{teacher_dir.name}` (soft distillation, alpha 0.7, temperature 2"
+    )
+    assert taught in card
 
 
 def test_a_teacher_whose_evaluation_crops_sees_the_centre_it_evaluates(teacher_dir, tmp_path, monkeypatch):

@@ -33,6 +33,7 @@ from finetune.tools.report import (
     is_hub_id,
     markdown_table,
     summary_table,
+    teacher_name,
 )
 
 
@@ -209,6 +210,22 @@ def _parameters(results: Results, merged: bool) -> str:
 
 
 def _description(results: Results, config: dict, model_name: str, merged: bool, hub: str | None) -> str:
+    return _model_description(results, config, model_name, merged, hub) + _teaching(results.hyperparameters)
+
+
+def _teaching(hyperparameters: dict) -> str:
+    """The sentence naming the model that taught a distilled run, and how."""
+    teacher = hyperparameters.get("teacher_model_name_or_path")
+    if not teacher:
+        return ""
+    kind = hyperparameters.get("distillation_type", "soft")
+    how = f"{kind} distillation, alpha {hyperparameters.get('distillation_alpha')}"
+    if kind == "soft":
+        how += f", temperature {hyperparameters.get('distillation_temperature')}"
+    return f" It was taught by `{teacher_name(teacher)}` ({how})."
+
+
+def _model_description(results: Results, config: dict, model_name: str, merged: bool, hub: str | None) -> str:
     dataset = f"`{display_dataset(results.dataset)}`"
     size = f"{results.image_size or config.get('image_size', '?')} px"
     params = _parameters(results, merged)

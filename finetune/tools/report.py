@@ -133,6 +133,11 @@ def summary_row(results: Results, name: str, run_dir: str) -> dict[str, Any]:
     return row
 
 
+def teacher_name(path: str) -> str:
+    """The model that taught a run: its Hub id, or a local folder by its last two parts (`runs/teacher`)."""
+    return path if is_hub_id(path) else "/".join(Path(path).parts[-2:])
+
+
 def summary_table(rows: Sequence[dict]) -> str:
     """The Markdown summary table of `summary_row` dicts, one line per run (a multi-label run's mAP and micro F1 in the
     accuracies' columns)."""
@@ -143,9 +148,8 @@ def summary_table(rows: Sequence[dict]) -> str:
             init = f"pretrained (`{base if is_hub_id(base) else Path(str(base)).name}`)" if base else "pretrained"
         else:
             init = row.get("model_type") or MISSING
-        if row.get("teacher"):  # a distilled run: the model that taught it, a local folder by its last two parts
-            teacher = row["teacher"] if is_hub_id(row["teacher"]) else "/".join(Path(row["teacher"]).parts[-2:])
-            init += f", taught by `{teacher}`"
+        if row.get("teacher"):  # a distilled run
+            init += f", taught by `{teacher_name(row['teacher'])}`"
         total, trained = row.get("num_parameters"), row.get("num_trainable_parameters")
         cells.append(
             [

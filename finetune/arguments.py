@@ -160,7 +160,10 @@ class DataArguments:
     max_train_samples: int | None = option(None, "Keep only this many training images.")
     max_eval_samples: int | None = option(None, "Keep only this many validation (and test) images.")
     corrupt_images: str = option(
-        "skip", "`skip` drops undecodable images and logs them; `error` stops.", choices=["skip", "error"]
+        "skip",
+        "`skip` drops undecodable images and logs them (a split most of whose images do not decode stops); `error` "
+        "stops at the first.",
+        choices=["skip", "error"],
     )
     decoded_cache_dir: str | None = option(
         None, "Cache of decoded uint8 images (default: $HF_HOME/vit-finetune/decoded); `none` disables it."

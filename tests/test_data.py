@@ -805,6 +805,17 @@ def test_corrupt_image_is_skipped_with_a_warning(tmp_path, caplog):
     assert any("Skipped 1 corrupt image" in m and "broken.png" in m for m in warnings), warnings
 
 
+def test_a_split_most_of_whose_images_are_corrupt_is_refused(tmp_path):
+    """Of 200 images, 187 did not decode: the run trained on 11, scored 0% on 2 and exited 0. Skipping is for a few."""
+    _write_png_folder(tmp_path / "pets", _images(6), _labels(6))
+    for i in range(7):
+        (tmp_path / "pets" / "cat" / f"broken{i}.png").write_bytes(b"\x89PNG garbage")
+    with pytest.raises(
+        ValueError, match=r"^7 of the 13 images of .* could not be decoded \(.*\): `corrupt_images: skip` "
+    ):
+        load_image_data(_args(dataset_name=str(tmp_path / "pets")), seed=0)
+
+
 def test_corrupt_image_raises_with_policy_error(tmp_path):
     _write_png_folder(tmp_path / "pets", _images(6), _labels(6))
     (tmp_path / "pets" / "cat" / "broken.png").write_bytes(b"\x89PNG garbage")

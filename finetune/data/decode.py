@@ -228,6 +228,12 @@ def decode_images(
     kept = np.flatnonzero(readable & ~failed)
     if len(kept) == 0:
         raise none_decoded()
+    if len(skipped) > num_images / 2:  # a run on what is left would say little, and exit 0
+        raise ValueError(
+            f"{len(skipped)} of the {num_images} images of {where} could not be decoded ({errors[0]} for the first): "
+            "`corrupt_images: skip` leaves out a few broken files, not most of a split. Fix: repair or re-export the "
+            "files (a table's image paths are read relative to the table)."
+        )
     return np.load(out_path, mmap_mode="r"), kept, rows[kept], skipped, used_fallback
 
 

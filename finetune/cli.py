@@ -43,9 +43,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if command == "train":
         answer_help(rest)  # the short help needs neither torch nor transformers: answered before importing them
-    module = importlib.import_module(COMMANDS[command][0])
     rest = ["push", *rest] if command == "push" else rest
-    return run_command(module.main, rest, keep_debug=command == "push")
+
+    def command_main(args: list[str]):  # imported inside `run_command`: Ctrl-C while torch loads is one line too
+        return importlib.import_module(COMMANDS[command][0]).main(args)
+
+    return run_command(command_main, rest, keep_debug=command == "push")
 
 
 if __name__ == "__main__":

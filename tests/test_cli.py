@@ -71,3 +71,18 @@ def test_help_all_lists_every_option(capsys):
         parse_options(["--help_all"])
     out = capsys.readouterr().out
     assert exit_status.value.code == 0 and "--adam_beta1" in out and "--config" in out and "--ema_decay" in out
+
+
+def test_ctrl_c_while_the_command_imports_its_libraries_is_one_line(tmp_path):
+    """Ctrl-C in the first seconds of `vit-finetune train`, while torch and transformers import, printed a traceback
+    of their import: the command is imported inside the error handling, which says it in one line."""
+    import signal
+    import time
+
+    command = [sys.executable, "-m", "finetune.cli", "train", "--dataset_name", "sklearn:digits", "--output_dir", "o"]
+    process = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.0)  # after Python and the CLI start, while the libraries import (2-3 s)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130 and "Traceback" not in err, err[-2000:]
+    assert err.strip().splitlines()[-1].startswith("error: interrupted (Ctrl-C)")

@@ -469,8 +469,9 @@ def load_yaml_config(path: str | os.PathLike, options: dict[str, tuple[Any, list
     while path is not None:
         if not os.path.isfile(path):
             named_by = f" (the `base` of {chain[-1]})" if chain else ""
+            what = "is a folder" if os.path.isdir(path) else "does not exist"
             raise FileNotFoundError(
-                f"Config file {path!r}{named_by} does not exist. Pass an existing YAML file, e.g. from configs/."
+                f"Config file {path!r}{named_by} {what}. Pass an existing YAML file, e.g. from configs/."
             )
         if os.path.realpath(path) in map(os.path.realpath, chain):
             raise ValueError(f"Config {chain[0]!r} has a `base` cycle: {' -> '.join([*chain, path])}. Remove one.")
@@ -493,8 +494,11 @@ def load_yaml_config(path: str | os.PathLike, options: dict[str, tuple[Any, list
 
 
 def read_yaml(path: str) -> tuple[dict, dict[str, int]]:
-    """The YAML map and the line of each key; a syntax error names the file, line and column."""
-    text = Path(path).read_text()
+    """The YAML map and the line of each key; a syntax error, or a key given twice, names the file, line and column."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"Config file {path!r} is not text (not UTF-8): pass a YAML file.") from None
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         values = yaml.safe_load(text) or {}
@@ -508,8 +512,23 @@ def read_yaml(path: str) -> tuple[dict, dict[str, int]]:
         raise ValueError(f"Config file {path!r} is not valid YAML: {error}") from None
     if not isinstance(values, dict):
         raise ValueError(f"Config file {path!r} must be a flat YAML map of `key: value`, got {type(values).__name__}.")
-    keys = node.value if node is not None else []  # an empty file (or comments only) sets nothing
-    return values, {key.value: key.start_mark.line + 1 for key, _ in keys if isinstance(key, yaml.ScalarNode)}
+    keys = [key for key, _ in node.value] if node is not None else []  # an empty file (or comments only) sets nothing
+    lines = {}
+    for key in keys:
+        if not isinstance(key, yaml.ScalarNode):
+            continue
+        if key.value in lines:  # YAML keeps the last silently: a config that sets one twice says one thing twice
+            raise ValueError(
+                f"Config file {path!r} sets `{key.value}` twice (lines {lines[key.value]} and "
+                f"{key.start_mark.line + 1}). Keep one."
+            )
+        lines[key.value] = key.start_mark.line + 1
+    wrong = [key for key in values if not isinstance(key, str)]
+    if wrong:
+        raise ValueError(
+            f"Config file {path!r} has the key {wrong[0]!r}, which names no option: keys are option names."
+        )
+    return values, lines
 
 
 def checked_value(key: str, value: Any, hint, choices: list[str] | None, default: Any, where: str) -> Any:

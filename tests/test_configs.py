@@ -216,7 +216,7 @@ def test_the_best_model_can_be_the_one_of_the_highest_macro_f1(tmp_path):
 )
 def test_null_for_an_option_that_cannot_be_unset_names_the_option(tmp_path, line, expected):
     key = line.split(":")[0]
-    config = _write(tmp_path / "c.yaml", f"seed: 1\n{line}\n")
+    config = _write(tmp_path / "c.yaml", f"weight_decay: 0.01\n{line}\n")
     with pytest.raises(ValueError, match=rf"^`{key}` in .*c\.yaml \(line 2\) cannot be null: it needs {expected}; "
                        "remove the line to use the default\\.$"):  # fmt: skip
         parse_options(["--config", str(config)])
@@ -239,3 +239,21 @@ def test_list_items_in_a_config_take_the_options_item_type(tmp_path):
     _, data_args, _, _ = parse_options(["--config", str(config), "--decoded_cache_dir", "none"])
     assert data_args.include_labels == ["2", "0", "1"] and data_args.crop_scale == [1.0, 1.0]
     assert load_image_data(data_args, seed=0).label_names == ["2", "0", "1"]
+
+
+def test_a_config_that_sets_a_key_twice_or_is_no_yaml_map_of_options_is_named(tmp_path):
+    """YAML kept the last of two `learning_rate` lines without a word; a number as a key failed with an AttributeError,
+    a binary file with a bare UnicodeDecodeError, a folder as "does not exist"."""
+    (twice := tmp_path / "twice.yaml").write_text("learning_rate: 0.1\nnum_train_epochs: 1\nlearning_rate: 0.002\n")
+    with pytest.raises(ValueError, match=r"twice\.yaml' sets `learning_rate` twice \(lines 1 and 3\)\. Keep one\.$"):
+        load_yaml_config(twice)
+    (number := tmp_path / "number.yaml").write_text("3: 4\n")
+    with pytest.raises(ValueError, match=r"number\.yaml' has the key 3, which names no option"):
+        load_yaml_config(number)
+    (binary := tmp_path / "binary.yaml").write_bytes(b"\x7fELF\x02\x01\x01\x00\xff\xfe")
+    with pytest.raises(ValueError, match=r"binary\.yaml' is not text \(not UTF-8\): pass a YAML file\.$"):
+        load_yaml_config(binary)
+    with pytest.raises(FileNotFoundError, match=r"is a folder\. Pass an existing YAML file"):
+        load_yaml_config(tmp_path)
+    for config in sorted(Path(__file__).resolve().parents[1].glob("configs/*.yaml")):  # the shipped ones hold none
+        load_yaml_config(config)

@@ -412,10 +412,10 @@ def check_stochastic_depth(model_args: ModelArguments, drop_path_rate: float, co
     path, config = model_args.model_name_or_path, config if config is not None else _load_config(model_args)
     if not 0 <= drop_path_rate < 1:  # `from_dict` sets it after the config's own checks (a ScratchViT's) have run
         raise ValueError(f"`drop_path_rate` must be a probability in [0, 1), got {drop_path_rate}.")
-    if not hasattr(config, "drop_path_rate"):
+    if not hasattr(config, "drop_path_rate") and config.model_type != "timm_wrapper":
         raise ValueError(
             f"`drop_path_rate`: {path} ({config.model_type}) has no stochastic depth. Drop the option, or fine-tune a "
-            "model that has it (BEiT, Swin, ConvNeXt, DINOv2, ScratchViT)."
+            "model that has it (BEiT, Swin, ConvNeXt, DINOv2, timm's, ScratchViT)."
         )
 
 
@@ -435,7 +435,10 @@ def _load_pretrained(model_args: ModelArguments, data: ImageData, drop_path_rate
     overrides = {"num_labels": len(data.label_names), "id2label": data.id2label, "label2id": data.label2id}
     if drop_path_rate is not None:
         check_stochastic_depth(model_args, drop_path_rate, original)
-        overrides["drop_path_rate"] = drop_path_rate
+        if original.model_type == "timm_wrapper":  # `create_model`'s argument, which the wrapper passes on
+            overrides["model_args"] = {**(original.model_args or {}), "drop_path_rate": drop_path_rate}
+        else:
+            overrides["drop_path_rate"] = drop_path_rate
     # The old labels go (timm's config saves its class names as `label_names`): with the old `id2label` left in,
     # transformers warned "You passed `num_labels=10` which is incompatible to the `id2label` map of length 3".
     saved = {k: v for k, v in original.to_dict().items() if k not in ("label_names", "id2label", "label2id")}

@@ -291,3 +291,15 @@ def test_a_model_with_a_distillation_head_trains_and_saves_both_heads(method, tm
         assert first.probabilities == pytest.approx(second.probabilities, abs=1e-6)
     levit = LevitForImageClassificationWithTeacher(LevitConfig(num_labels=3))  # the same for LeViT's two heads
     assert list(classification_heads(levit)) == ["classifier", "classifier_distill"]
+
+
+@needs_timm
+def test_a_timm_model_takes_stochastic_depth(tmp_path):
+    """`drop_path_rate` on a timm model was refused as "has no stochastic depth" though `--help` named timm's: timm's
+    `create_model` takes it, through the wrapper config's `model_args`, and the saved model keeps it."""
+    timm_vit(base := tmp_path / "base")
+    run.main([*TRAIN, "--model_name_or_path", str(base), "--output_dir", str(out := tmp_path / "run"),
+              "--drop_path_rate", "0.1", "--layer_decay", "none"])  # fmt: skip
+    assert json.loads((out / "config.json").read_text())["model_args"]["drop_path_rate"] == 0.1
+    model = AutoModelForImageClassification.from_pretrained(out)
+    assert model.timm_model.blocks[-1].drop_path1.drop_prob == pytest.approx(0.1)  # timm's rate at the last block

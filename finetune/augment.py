@@ -432,6 +432,8 @@ class BatchTransform(nn.Module):
         eval_resize_size: evaluation resizes to this size and center-crops `image_size`, as image processors that
             crop do (`Preprocessing.resize_size`); `None`: evaluation resizes straight to `image_size`.
         flip_channels: feed the model BGR (`Preprocessing.flip_channels`).
+        crop_size: the size RandomResizedCrop's boxes are resized to (`image_size`; a larger teacher's size, which
+            `finish` resizes to this model's).
     """
 
     def __init__(
@@ -451,6 +453,7 @@ class BatchTransform(nn.Module):
         random_erasing: float = 0.0,
         eval_resize_size: tuple[int, int] | None = None,
         flip_channels: bool = False,
+        crop_size: tuple[int, int] | None = None,
     ):
         super().__init__()
         self.image_size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
@@ -463,7 +466,7 @@ class BatchTransform(nn.Module):
             raise ValueError(f"`random_crop_padding` must be >= 0, got {random_crop_padding}.")
         # Training-only steps, uint8 -> uint8 at the source resolution: cheap, and exact for crops and flips.
         if random_resized_crop:
-            crop = RandomResizedCrop(self.image_size, crop_scale, crop_ratio)
+            crop = RandomResizedCrop(crop_size or self.image_size, crop_scale, crop_ratio)
         else:
             crop = RandomCrop(random_crop_padding) if random_crop_padding > 0 else nn.Identity()
         self.augment = nn.Sequential(
@@ -511,7 +514,7 @@ class BatchTransform(nn.Module):
     def augmented(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """The part of training's transform that models taught together share: uint8 `(B, C_in, h, w)` -> float
         pixel values in [0, 255] `(B, C_in, h', w')`, cropped, flipped and augmented at the stored resolution (at
-        `image_size` with `random_resized_crop`). MixUp/CutMix mix them before `finish`: resizing, channel conversion
+        `crop_size` with `random_resized_crop`). MixUp/CutMix mix them before `finish`: resizing, channel conversion
         and normalisation are linear (normalisation affine, and mixing weights sum to 1), so a batch mixed here is each
         model's mixed input, and a teacher sees the student's images (`finetune/trainer.py`)."""
         return self.augment(self.frame(self.checked(pixel_values))).float()

@@ -153,6 +153,9 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
         else:
             margin = training_args.do_train and data_args.random_resized_crop != "false"
             target_size = storage_size(model_type, model_args, scratch_args, margin)
+            if training_args.do_train and training_args.teacher_model_name_or_path:  # a larger teacher: at its size
+                teacher = ModelArguments(model_name_or_path=training_args.teacher_model_name_or_path)
+                target_size = max(target_size, storage_size("pretrained", teacher, scratch_args, margin))
         doing = "loading and decoding the dataset"
         with (
             stage(f"{doing}, before training started", f"Rerun the same command {REUSED}.", every_process=True),
@@ -600,13 +603,18 @@ def make_trainer(
             f"(`random_resized_crop: {data_args.random_resized_crop}`; images stored at "
             f"{'x'.join(map(str, data.train.image_size))}). Fix: `--random_resized_crop true`, or drop them."
         )
-    batch_transform = BatchTransform.for_model(prep, data.num_channels, random_resized_crop=crop, **augmentation)
+    teacher, teacher_prep, teacher_transform = None, None, None
+    if args.do_train and args.teacher_model_name_or_path:
+        teacher, teacher_prep = load_teacher(args.teacher_model_name_or_path, model, data)
+    # RandomResizedCrop's boxes at the larger of the two models' sizes: a larger teacher sees them at its own.
+    crop_size = tuple(map(max, prep.image_size, teacher_prep.image_size)) if teacher_prep else None
+    batch_transform = BatchTransform.for_model(
+        prep, data.num_channels, random_resized_crop=crop, crop_size=crop_size, **augmentation
+    )
     logger.info(describe_augmentation(batch_transform, training=args.do_train))
     weighted = args.class_weighting == "balanced" and args.do_train
     class_weights = balanced_class_weights(data.train.labels, data.label_names) if weighted else None
-    teacher, teacher_transform = None, None
-    if args.do_train and args.teacher_model_name_or_path:
-        teacher, teacher_prep = load_teacher(args.teacher_model_name_or_path, model, data)
+    if teacher is not None:
         # Only its `frame` and `finish` run: the teacher takes the student's augmented images, not augmentations of
         # its own, framed by the student's share of the image; where the teacher's evaluation crops a smaller centre
         # (resize 10, crop 8), it sees that within them (the whole image it saw scored 62% where the teacher has 88%).

@@ -2,6 +2,7 @@
 `finetune.run.main` in which a trained tiny ViT teaches a ScratchViT on scikit-learn's digits."""
 
 import json
+import logging
 import math
 from pathlib import Path
 
@@ -218,3 +219,32 @@ def test_a_taught_step_does_not_wait_for_the_device(teacher_dir, tmp_path):
     )
     assert trainer.state.global_step == 6
     assert reads == [], f"a taught step reads device values on the host: {reads}"
+
+
+def test_a_larger_teacher_sees_the_photos_at_its_own_size(tmp_path, monkeypatch, caplog):
+    """Photos were stored at the student's size (8 px plus the crop margin, 9 px) and RandomResizedCrop's boxes were
+    resized to 8 px: a 16 px teacher saw thumbnails upsampled twice (57% where it scored 81%). They are stored at the
+    teacher's size, the boxes resized to 16 px for the teacher and from there to 8 px for the student."""
+    from test_photos import CLASSES, tiny_vit_checkpoint, write_photo_folder
+    from transformers import ViTImageProcessor
+
+    from finetune.augment import Resize
+
+    photos = write_photo_folder(tmp_path / "photos", per_class=8)
+    processor = ViTImageProcessor(size={"height": 16, "width": 16}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    teacher = tiny_vit_checkpoint(tmp_path / "teacher", processor, labels=CLASSES)
+    seen, trainers = record_inputs(monkeypatch)
+    student = ["--model_type", "scratch", "--image_size", "8", "--patch_size", "2", "--hidden_size", "16",
+               "--num_hidden_layers", "1", "--num_attention_heads", "2", "--per_device_train_batch_size", "8",
+               "--num_train_epochs", "1", "--horizontal_flip", "false", "--decoded_cache_dir", "none"]  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="finetune"):
+        run.main([*student, "--dataset_name", str(photos), "--teacher_model_name_or_path", teacher,
+                  "--output_dir", str(tmp_path / "taught"), "--report_to", "none"])  # fmt: skip
+    assert "image size 18x18" in caplog.text  # 16 px plus the crop margin, not 9
+    student_norm, teacher_norm = trainers[0].batch_transform.normalize, trainers[0].teacher_transform.normalize
+    assert len(seen["teacher"]) == len(seen["student"]) > 0
+    for student_input, teacher_input in zip(seen["student"], seen["teacher"]):
+        student_pixels = student_input * student_norm.std + student_norm.mean  # (B, 3, 8, 8)
+        teacher_pixels = teacher_input * teacher_norm.std + teacher_norm.mean  # (B, 3, 16, 16)
+        torch.testing.assert_close(Resize((8, 8))(teacher_pixels), student_pixels, atol=1e-4, rtol=0)
+        assert (teacher_pixels - Resize((16, 16))(student_pixels)).abs().max() > 0.05  # more than the 8 px view

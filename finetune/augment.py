@@ -397,8 +397,9 @@ def _normalization(processor, num_channels: int) -> tuple[list[float], list[floa
     """The `image_mean` and `image_std` in [0, 1] units that give what an image processor makes of a pixel `v` in
     [0, 255], written as `(v / 255 - mean) / std`: its rescale (`rescale_factor`; EfficientNet's `rescale_offset`
     subtracts 1 after it, its `include_top` divides by `image_std` once more) then its normalisation."""
-    factor = processor.rescale_factor if getattr(processor, "do_rescale", True) else 1.0
-    offset = 1.0 if getattr(processor, "rescale_offset", False) else 0.0
+    rescale = getattr(processor, "do_rescale", True)
+    factor = processor.rescale_factor if rescale else 1.0
+    offset = 1.0 if rescale and getattr(processor, "rescale_offset", False) else 0.0  # part of EfficientNet's rescale
     if getattr(processor, "do_normalize", True) and processor.image_mean is not None:
         mean, std = list(processor.image_mean), list(processor.image_std)
     else:

@@ -401,6 +401,8 @@ def test_evaluation_resizes_and_crops_as_a_processor_that_resizes_beyond_its_cro
          {"size": {"height": 16, "width": 16}, "rescale_factor": 1 / 127.5, "rescale_offset": True,
           "do_normalize": False, "include_top": False}),
         ("ViTImageProcessor", {"size": {"height": 16, "width": 16}, "rescale_factor": 1 / 127.5}),
+        ("EfficientNetImageProcessor",  # no rescale: no offset either
+         {"size": {"height": 16, "width": 16}, "do_rescale": False, "rescale_offset": True, "include_top": False}),
     ],
 )  # fmt: skip
 def test_evaluation_and_the_saved_processor_make_the_pixels_of_the_models_own_processor(name, kwargs):
@@ -417,8 +419,8 @@ def test_evaluation_and_the_saved_processor_make_the_pixels_of_the_models_own_pr
     theirs = processor(images=[image.numpy() if name.endswith("Pil") else image], return_tensors="pt").pixel_values
     ours = BatchTransform.for_model(prep, 3)(image[None], train=False)
     saved = _framing_processor(processor, prep, whole=False)(images=[image], return_tensors="pt").pixel_values
-    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=0)
-    torch.testing.assert_close(saved, theirs, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-6)  # pixels up to 255 without a rescale
+    torch.testing.assert_close(saved, theirs, atol=1e-5, rtol=1e-6)
 
 
 def test_training_without_random_resized_crop_frames_images_as_evaluation_crops_them():

@@ -577,3 +577,19 @@ def test_an_output_dir_inside_the_data_folder_is_refused(tmp_path):
     with pytest.raises(ValueError, match=inside):
         run.main([*SCRATCH, "--dataset_name", str(tmp_path / "photos"), "--output_dir", str(tmp_path / "photos/run")])
     assert sorted(p.name for p in (tmp_path / "photos").iterdir()) == ["cat", "dog"]
+
+
+def test_weight_files_without_batch_norm_step_counters_load(tmp_path):
+    """`num_batches_tracked` counts steps, learns nothing; converted weight files often leave it out: not refused."""
+    from safetensors.torch import load_file, save_file
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    from finetune.models import load_saved_classifier
+
+    config = ResNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], num_labels=3)
+    ResNetForImageClassification(config).save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    save_file(
+        {k: v for k, v in weights.items() if not k.endswith("num_batches_tracked")}, tmp_path / "model.safetensors"
+    )
+    assert type(load_saved_classifier(tmp_path)).__name__ == "ResNetForImageClassification"

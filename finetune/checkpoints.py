@@ -47,7 +47,8 @@ def resolve_checkpoint(run_dir: Path, training_args: TrainingArguments, one_of_t
         raise ValueError(
             f"`resume_from_checkpoint` {resume} names one checkpoint, and `model_type: both` trains two models, "
             "each with its own. Fix: `--resume_from_checkpoint true` (each model goes on from its newest whole "
-            "checkpoint; a finished one is kept), or resume each model as its own run (`--model_type` one of them)."
+            "checkpoint; a finished one is kept), or resume each model as its own run (`--model_type` one of them, "
+            "`--output_dir` its folder, e.g. OUTPUT/scratch)."
         )
     if one_of_two and text in (*LATEST, "auto"):
         # A `both` run resumed: a model that finished is kept (resumed, it would train on past an early stop and

@@ -147,7 +147,7 @@ def load_image_data(
         labels = {name: np.asarray(y, dtype=np.int64) for name, (_, y) in source.decoded.items()}
     chosen, label_names, how = choose_rows(labels, label_names, data_args, seed)
 
-    # Train's images first: the other splits are stored as they are, centre-fitted at their size, as predict frames
+    # Train's images first: the other splits are stored as train's are, centre-fitted at its size, as predict frames
     # every image; stored otherwise (whole images of one size where train's sizes differ, squares where train's are
     # 40x30), they would be evaluated on views that predict never gives.
     with_train = {name: rows for name, rows in chosen.items() if rows.source == chosen["train"].source}

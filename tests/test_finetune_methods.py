@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 from safetensors.torch import load_file
 from test_evaluate_only import DIGITS
 from test_run import tiny_vit_checkpoint
@@ -194,6 +195,7 @@ def test_the_card_of_an_adapter_of_a_local_base_shows_no_path_of_the_training_ma
     assert str(base.parent) not in card.text and card.data.base_model is None
     assert 'from_pretrained("path/to/base", config=config' in card.text
     assert "A LoRA adapter (peft) of the local model `base`" in card.text
+    assert "interpolate_pos_encoding" not in card.text  # trained at its base's size
 
 
 def test_the_run_folder_gets_the_projects_card_not_peft_template(lora_run, tmp_path):
@@ -483,3 +485,15 @@ def test_a_lora_run_at_another_resolution_reloads_its_resized_position_embedding
     args = ["--do_train", "false", "--model_name_or_path", str(out), *DIGITS, "--output_dir", str(tmp_path / "e")]
     evaluated = run.main(args)["pretrained"]
     assert evaluated.confusion_matrix == trained.confusion_matrix
+    # The model card's code, as written (the base at its own size, its position embeddings interpolated at each
+    # call), scores an image as the merged model does; loading the base at the run's size started them anew.
+    image = tmp_path / "digit.png"
+    Image.fromarray(np.arange(64, dtype=np.uint8).reshape(8, 8) * 4).save(image)
+    code = build_model_card(out).text.split("```python\n")[1].split("```")[0]
+    assert "interpolate_pos_encoding=True" in code
+    namespace = {}
+    exec(code.replace("path/to/base", str(base)).replace("path/to/lora", str(out)).replace("image.jpg", str(image)),
+         namespace)  # fmt: skip
+    pixels = ViTImageProcessor.from_pretrained(out)(Image.open(image).convert("L"), return_tensors="pt").pixel_values
+    with torch.no_grad():
+        torch.testing.assert_close(namespace["logits"], merged(pixel_values=pixels).logits)

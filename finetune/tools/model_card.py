@@ -251,6 +251,25 @@ def _model_description(results: Results, config: dict, model_name: str, merged: 
     )
 
 
+def _adapter_resizes_positions(config: dict, base: str) -> bool:
+    """Whether a LoRA run's model used its base's position embeddings interpolated to another size (training resizes
+    them, frozen, and saves only the adapters): the base's config.json, read from its folder or the Hub, says the
+    base's size. Where it cannot be read, yes: the code that interpolates is right at any size."""
+    from finetune.models import RESIZABLE_POSITION_EMBEDDINGS
+
+    if config.get("model_type") not in RESIZABLE_POSITION_EMBEDDINGS:
+        return False
+    base_config = _read_json(Path(base) / "config.json")
+    if base_config is None:
+        try:
+            from huggingface_hub import hf_hub_download
+
+            base_config = _read_json(Path(hf_hub_download(base, "config.json")))
+        except Exception:  # offline, private or gone: unknown
+            return True
+    return not isinstance(base_config, dict) or base_config.get("image_size") != config.get("image_size")
+
+
 def _usage(results: Results, config: dict, repo: str, base: str | None, hub: str | None) -> str:
     """How to load the model: transformers' Auto classes (and pipeline), or peft for a LoRA adapter of `base` (the
     Hub id `hub`, or a local folder, named by a placeholder: its path on the training machine means nothing to
@@ -259,17 +278,33 @@ def _usage(results: Results, config: dict, repo: str, base: str | None, hub: str
     if base is not None:
         named = f"`{hub}`" if hub else f"the local model `{Path(base).name}`"
         source = hub or f"path/to/{Path(base).name}"
+        size, forward = "", ""
+        if _adapter_resizes_positions(config, base):  # its base's position embeddings, interpolated to the run's size
+            size = (
+                f"# the base loads at its own size; the adapter was trained with its position embeddings interpolated "
+                f"to {config.get('image_size')} px, as the call below does\n"
+                f'config.image_size = AutoConfig.from_pretrained("{source}"{remote}).image_size\n'
+            )
+            mode = "L" if config.get("num_channels") == 1 else "RGB"
+            forward = f"""
+
+inputs = processor(Image.open("image.jpg").convert("{mode}"), return_tensors="pt")
+with torch.no_grad():
+    logits = model(**inputs, interpolate_pos_encoding=True).logits
+print(model.config.id2label[logits.argmax(-1).item()])"""
+        imports = "import torch\nfrom PIL import Image\n" if forward else ""
+        base_args = f'"{source}", config=config, ignore_mismatched_sizes=True{remote}'
         return f"""A LoRA adapter (peft) of {named}, with the fine-tuned classification head:
 
 ```python
-from peft import PeftModel
+{imports}from peft import PeftModel
 from transformers import AutoConfig, AutoImageProcessor, AutoModelForImageClassification
 
 repo = "{repo}"
 config = AutoConfig.from_pretrained(repo{remote})  # the fine-tuned labels
-base = AutoModelForImageClassification.from_pretrained("{source}", config=config, ignore_mismatched_sizes=True{remote})
+{size}base = AutoModelForImageClassification.from_pretrained({base_args})
 model = PeftModel.from_pretrained(base, repo).merge_and_unload()
-processor = AutoImageProcessor.from_pretrained(repo)
+processor = AutoImageProcessor.from_pretrained(repo){forward}
 ```
 
 With this project's code, `python -m finetune.tools.predict MODEL_DIR image.jpg` loads the adapter folder as it is."""

@@ -90,9 +90,13 @@ class ResumeRefused(ValueError):
 
 def effective(options: dict, name: str):
     """An option's value as the run uses it: an unset `data_seed` is `seed` (`--data_seed 42` for a run of seed 42
-    keeps its split and order)."""
+    keeps its split and order), and a teacher's local folder is its full path (`./outputs/t` is `outputs/t`)."""
     value = options.get(name)
-    return options.get("seed") if name == "data_seed" and value is None else value
+    if name == "data_seed" and value is None:
+        return options.get("seed")
+    if name == "teacher_model_name_or_path" and value is not None and os.path.exists(value):
+        return os.path.realpath(value)
+    return value
 
 
 def check_options_kept(state: TrainerState, now: dict) -> None:

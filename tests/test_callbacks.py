@@ -454,9 +454,12 @@ def test_an_evaluation_line_shows_only_a_training_loss_logged_since_the_previous
     assert evaluation_line(state, state.log_history[-1]) == "epoch 5.00: validation accuracy 70.00%, loss 0.8000"
 
 
-def test_a_resume_with_another_teacher_or_distillation_mix_is_refused(tmp_path):
+def test_a_resume_with_another_teacher_or_distillation_mix_is_refused(tmp_path, monkeypatch):
     """A run taught by one teacher, resumed with another (or another `distillation_alpha`), went on and its results
-    named only the new one."""
+    named only the new one. The same folder written another way (`./runs/teacher`, its full path) is the same
+    teacher: it was refused."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "teacher").mkdir(parents=True)
     args = ImageClassificationTrainingArguments(
         output_dir=str(tmp_path), teacher_model_name_or_path="runs/teacher", report_to="none",
         bf16=False, fp16=False, tf32=None, torch_compile=False,
@@ -464,7 +467,9 @@ def test_a_resume_with_another_teacher_or_distillation_mix_is_refused(tmp_path):
     first = ResumeCheck()
     first.on_train_begin(args, TrainerState(), TrainerControl())
     saved = {"ResumeCheck": json.loads(json.dumps(first.state()))}
-    ResumeCheck().on_train_begin(args, TrainerState(global_step=8, stateful_callbacks=saved), TrainerControl())
+    for same in ("./runs/teacher", str(tmp_path / "runs" / "teacher"), "runs/teacher"):
+        kept = dataclasses.replace(args, teacher_model_name_or_path=same)
+        ResumeCheck().on_train_begin(kept, TrainerState(global_step=8, stateful_callbacks=saved), TrainerControl())
     for name, value in (("teacher_model_name_or_path", "runs/other"), ("distillation_alpha", 0.9)):
         changed = dataclasses.replace(args, **{name: value})
         with pytest.raises(ResumeRefused, match=rf"trained with {name} .*\(now {value}\): its weights, taught so far"):

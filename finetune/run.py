@@ -437,7 +437,10 @@ def train_and_evaluate(
     with stage(f"building the {model_type} model, before it trained", rerun):
         model_args, attention_why = choose_attention(model_type, model_args, scratch_args, args)
         model, processor, prep = build_model(model_type, model_args, scratch_args, data)
-        trainer = make_trainer(model, processor, prep, data_args, args, data, model_args.layer_decay, settings.compile)
+        trainer = make_trainer(
+            model, processor, prep, data_args, args, data, model_args.layer_decay, settings.compile,
+            model_args.convert_channels,
+        )  # fmt: skip
 
     # ---- Training. With `load_best_model_at_end` the best checkpoint by validation accuracy is reloaded here.
     if checkpoint is None or Path(checkpoint).resolve().parent != output_dir.resolve():  # another run's checkpoint
@@ -576,8 +579,10 @@ def make_trainer(
     data: ImageData,
     layer_decay: float | None = None,
     compile_choice: hardware.CompileChoice | None = None,
+    convert_channels: bool = False,
 ) -> ImageClassificationTrainer:
-    """The Trainer of one model, with the batch transform that feeds it at its resolution and normalisation."""
+    """The Trainer of one model, with the batch transform that feeds it at its resolution and normalisation; a
+    teacher's channels are converted as the run's `convert_channels` allows."""
     # A peft model's forward takes **kwargs, from which the Trainer cannot tell that `labels` are the labels.
     args.label_names = args.label_names or ["labels"]
     metric = (args.metric_for_best_model or "").removeprefix("eval_")
@@ -605,7 +610,7 @@ def make_trainer(
         )
     teacher, teacher_prep, teacher_transform = None, None, None
     if args.do_train and args.teacher_model_name_or_path:
-        teacher, teacher_prep = load_teacher(args.teacher_model_name_or_path, model, data)
+        teacher, teacher_prep = load_teacher(args.teacher_model_name_or_path, model, data, convert_channels)
     # RandomResizedCrop's boxes at the larger of the two models' sizes: a larger teacher sees them at its own.
     crop_size = tuple(map(max, prep.image_size, teacher_prep.image_size)) if teacher_prep else None
     batch_transform = BatchTransform.for_model(
@@ -657,9 +662,10 @@ def teacher_config(path: str):
         return transformers.AutoConfig.from_pretrained(path)
 
 
-def load_teacher(path: str, student, data: ImageData):
+def load_teacher(path: str, student, data: ImageData, convert_channels: bool = False):
     """The trained classifier at `path` that teaches `student` (`teacher_model_name_or_path`), and its
-    `Preprocessing`; its labels must be the student's, in the same order, or distillation would teach wrong classes."""
+    `Preprocessing`; its labels must be the student's, in the same order, or distillation would teach wrong classes.
+    With `convert_channels`, a teacher of 3 channels takes 1-channel data (and the reverse), as the student would."""
     from finetune.models import config_label_names, load_trained_model
 
     config = teacher_config(path)  # the labels, checked before the weights are read
@@ -671,7 +677,8 @@ def load_teacher(path: str, student, data: ImageData):
             "same order. Teach with a model trained on this dataset and classes (`include_labels` in the teacher's "
             "order), or drop `teacher_model_name_or_path`."
         )
-    teacher, _, prep = load_trained_model(ModelArguments(model_name_or_path=path, attn_implementation=None), data)
+    teacher_args = ModelArguments(model_name_or_path=path, attn_implementation=None, convert_channels=convert_channels)
+    teacher, _, prep = load_trained_model(teacher_args, data)
     logger.info(f"Teacher: {type(teacher).__name__} from {path} at {prep.image_size[0]} px ({config.model_type}).")
     return teacher, prep
 

@@ -95,6 +95,24 @@ def record_inputs(monkeypatch) -> tuple[dict[str, list[torch.Tensor]], list]:
     return seen, trainers
 
 
+def test_a_teachers_channels_are_converted_as_the_run_allows(tmp_path, monkeypatch):
+    """An RGB teacher of grayscale digits takes them with the gray channel repeated, as a student would; with
+    `convert_channels: false` the run refuses it as it would refuse such a student (the teacher converted anyway)."""
+    source = tiny_vit_checkpoint(tmp_path / "source", num_channels=3, num_labels=10)
+    teacher = tmp_path / "teacher"
+    args = [*TINY_SCRATCH, "--model_type", "pretrained", "--model_name_or_path", str(source), "--report_to", "none"]
+    run.main([*args, "--num_train_epochs", "1", "--output_dir", str(teacher)])
+    seen, _ = record_inputs(monkeypatch)
+    taught = [*TINY_SCRATCH, "--num_train_epochs", "1", "--teacher_model_name_or_path", str(teacher)]
+    taught += ["--report_to", "none"]
+    with pytest.raises(ValueError, match=r"expects 3-channel images .* Fix: set `convert_channels: true`"):
+        run.main([*taught, "--convert_channels", "false", "--output_dir", str(tmp_path / "refused")])
+    assert not (tmp_path / "refused" / "results.json").exists()
+    run.main([*taught, "--output_dir", str(tmp_path / "taught")])
+    gray, rgb = seen["student"][0], seen["teacher"][0]
+    assert gray.shape[1] == 1 and rgb.shape[1] == 3 and torch.equal(rgb[:, 0], rgb[:, 2])
+
+
 def test_a_taught_run_sees_the_students_images_and_names_its_teacher(teacher_dir, tmp_path, monkeypatch):
     seen, trainers = record_inputs(monkeypatch)
     output = tmp_path / "taught"

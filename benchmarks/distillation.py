@@ -3,11 +3,11 @@ ScratchViT trained alone on the same data, split, epochs and seed.
 
 Needs the quickstart's teacher (`python -m finetune.tools.quickstart` writes outputs/quickstart/pretrained). Trains the
 student alone (`configs/quickstart_distilled.yaml` without its teacher) and taught (with it), each skipped when its
-results.json exists, then writes the comparison report of teacher, student alone and student taught (validation
-accuracy, images/s of the training loop) and `distillation.json` into `--output`. Further `--key value` arguments
-go to the taught runs only (e.g. `--distillation_temperature 4`). `--seeds` repeats the pair with other training
-seeds on the teacher's split (`data_seed` 42: another split would validate on images the teacher trained on); the
-report shows the first seed's runs, `distillation.json` every seed's accuracies.
+folder holds a finished run of the same options, then writes the comparison report of teacher, student alone and
+student taught (validation accuracy, images/s of the training loop) and `distillation.json` into `--output`. Further
+`--key value` arguments go to the taught runs only (e.g. `--distillation_temperature 4`). `--seeds` repeats the pair
+with other training seeds on the teacher's split (`data_seed` 42: another split would validate on images the teacher
+trained on); the report shows the first seed's runs, `distillation.json` every seed's accuracies.
 
     python -m finetune.tools.quickstart
     python benchmarks/distillation.py --seeds 42 1 2 --output benchmarks/results/distillation
@@ -28,12 +28,16 @@ TEACHER_SPLIT_SEED = "42"  # configs/quickstart.yaml's seed, which drew the spli
 
 
 def train(output_dir: Path, argv: list[str]) -> None:
+    """Train unless `output_dir` holds a finished run of the same arguments (`benchmark_argv.json` records them): a
+    rerun with other options (`--distillation_temperature 4`) trains anew, where the earlier run was reported."""
     from finetune import run
 
-    if (output_dir / "results.json").exists():
-        print(f"{output_dir} is trained already; kept.", flush=True)
+    recorded = output_dir / "benchmark_argv.json"
+    if (output_dir / "results.json").exists() and recorded.exists() and json.loads(recorded.read_text()) == argv:
+        print(f"{output_dir} is trained already with these options; kept.", flush=True)
         return
     run.main(["--config", str(CONFIG), "--output_dir", str(output_dir), "--overwrite_output_dir", "true", *argv])
+    recorded.write_text(json.dumps(argv))
 
 
 def figures(run_dir: Path) -> dict:

@@ -409,8 +409,7 @@ def check_model_and_output_dir(model_args: ModelArguments, training_args: Traini
                 f"`output_dir` {run_dir} holds {', '.join(theirs)} of no earlier run, which training would replace. "
                 "Nothing was written. Fix: a new or empty folder as `--output_dir`, or an earlier run's."
             )
-    if training_args.do_train:
-        check_not_in_another_run(output, run_dirs, model_args.model_type)
+    check_not_in_another_run(output, run_dirs, model_args.model_type, training_args.do_train)
     for what, path in sources.items():  # an export, an evaluation's results, a LoRA checkpoint-*, ...: one line each
         check_local_checkpoint(Path(path).expanduser(), model_args.trust_remote_code and what != "the teacher")
 
@@ -738,11 +737,12 @@ def check_outside_the_data(data_args: DataArguments, output_dir: str) -> None:
             )
 
 
-def check_not_in_another_run(output: Path, run_dirs: list[Path], model_type: str) -> None:
+def check_not_in_another_run(output: Path, run_dirs: list[Path], model_type: str, training: bool = True) -> None:
     """Training writes a run's files into `run_dirs`: never into a checkpoint of another run (it replaced that
     checkpoint's weights and state, leaving its optimizer: a mix of two runs), nor beside a run of the other layout
-    (a `model_type: both` run's pretrained/ and scratch/, or one model's run at the top), which compare leaves out."""
-    for run_dir in run_dirs:
+    (a `model_type: both` run's pretrained/ and scratch/, or one model's run at the top), which compare leaves out.
+    An evaluation (not `training`) writes one model's results.json: never at the top of a `both` run's folder."""
+    for run_dir in run_dirs if training else []:
         if (run_dir / "trainer_state.json").is_file() and run_dir in numbered_checkpoints(run_dir.parent):
             raise FileExistsError(
                 f"`output_dir` {run_dir} is a checkpoint of the run in {run_dir.parent}, which training would "
@@ -753,8 +753,9 @@ def check_not_in_another_run(output: Path, run_dirs: list[Path], model_type: str
     found = [name for name in layouts if (output / name / RESULTS_NAME).is_file()]
     if found:
         what = "of one model" if model_type == "both" else "of `model_type: both` (" + ", ".join(found) + ")"
+        this = f"this {model_type} run" if training else "this evaluation's results"
         raise FileExistsError(
-            f"`output_dir` {output} holds a finished run {what}, which this {model_type} run would be mixed with (a "
+            f"`output_dir` {output} holds a finished run {what}, which {this} would be mixed with (a "
             "comparison of the folder would leave one out). Nothing was written. Fix: a new `--output_dir`."
         )
 

@@ -6,6 +6,7 @@ import io
 import pytest
 import torch
 from PIL import Image
+from test_run import tiny_vit_checkpoint
 from transformers import Trainer
 
 from finetune import run
@@ -486,6 +487,12 @@ def test_a_checkpoint_of_another_run_or_a_run_of_the_other_layout_is_refused_as_
     (tmp_path / "both" / "scratch" / "results.json").write_text("{}")
     with pytest.raises(FileExistsError, match=r"holds a finished run of `model_type: both` \(scratch\), which this"):
         run.main([*SCRATCH, "--dataset_name", "sklearn:digits", "--output_dir", str(tmp_path / "both")])
+    # An evaluation's results.json at the top of the folder: compare read it and left the two runs out.
+    model = tiny_vit_checkpoint(tmp_path / "model", num_labels=10)
+    with pytest.raises(FileExistsError, match=r"\(scratch\), which this evaluation's results would be mixed with"):
+        run.main(["--do_train", "false", "--model_name_or_path", str(model), "--dataset_name", "sklearn:digits",
+                  "--output_dir", str(tmp_path / "both")])  # fmt: skip
+    assert sorted(p.name for p in (tmp_path / "both").iterdir()) == ["scratch"]
     (tmp_path / "one").mkdir()
     (tmp_path / "one" / "results.json").write_text("{}")
     with pytest.raises(FileExistsError, match=r"holds a finished run of one model, which this both run"):

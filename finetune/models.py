@@ -334,7 +334,7 @@ def load_adapter_model(path: str | os.PathLike, merge: bool = True, **kwargs) ->
     """A LoRA run's output: the base model its `adapter_config.json` names, with the run's labels, then the adapters
     and head through peft; merged into a plain transformers model with `merge`. `kwargs` go to `from_pretrained`.
     A checkpoint-* of the run holds no config.json: the run folder around it has the labels."""
-    from peft import PeftConfig, PeftModel
+    from peft import PeftConfig, PeftModel, get_peft_model_state_dict, load_peft_weights
 
     path = str(path)
     base = PeftConfig.from_pretrained(path).base_model_name_or_path
@@ -363,7 +363,15 @@ def load_adapter_model(path: str | os.PathLike, merge: bool = True, **kwargs) ->
             f"`base_model_name_or_path` in {ADAPTER_CONFIG_NAME} to its local folder), or load the merged model "
             "(`merge_lora: true` saves it to OUTPUT/merged)."
         ) from error
-    model = PeftModel.from_pretrained(model, path)
+    model = PeftModel.from_pretrained(model, path)  # peft only warns of adapter weights the file lacks
+    missing = sorted(set(get_peft_model_state_dict(model)) - set(load_peft_weights(path)))
+    if missing:
+        listed = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise ValueError(
+            f"The adapter weights in {path} lack {listed}, of the adapters its {ADAPTER_CONFIG_NAME} describes: "
+            "those would be random. Fix: the adapter_model.safetensors saved with this adapter_config.json (a run's "
+            "folder and its checkpoint-N folders hold both)."
+        )
     return model.merge_and_unload() if merge else model
 
 

@@ -4,6 +4,7 @@ no-weight-decay groups of the optimizer."""
 
 import json
 import logging
+import re
 import shutil
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from test_evaluate_only import DIGITS
 from test_run import tiny_vit_checkpoint
 from test_scratch_vit_hub import BLOCK_PROJECT_PACKAGES, run_without_the_package
@@ -165,6 +166,18 @@ def test_adapter_loads_in_a_clean_process_and_in_predict(lora_run, tmp_path):
     Image.fromarray(np.random.default_rng(0).integers(0, 256, (8, 8), dtype=np.uint8), "L").save(image)
     assert len(predict.main([str(out), str(image), "--top-k", "3"])) == 1
     assert len(attention.main([str(out), str(image), "--output", str(tmp_path / "maps")])) == 2
+
+
+def test_an_adapter_file_lacking_weights_is_refused(lora_run, tmp_path):
+    """peft only warns of adapter weights its file lacks and starts them at random: the model scored and predicted
+    with them. A head the file lacks, peft refuses itself."""
+    _, out, _ = lora_run
+    cut = Path(shutil.copytree(out, tmp_path / "cut", ignore=shutil.ignore_patterns("checkpoint-*", "merged")))
+    weights = load_file(cut / "adapter_model.safetensors")
+    dropped = next(name for name in weights if "lora_A" in name)
+    save_file({name: w for name, w in weights.items() if name != dropped}, cut / "adapter_model.safetensors")
+    with pytest.raises(ValueError, match=rf"^The adapter weights in .*cut lack {re.escape(dropped)}, of the adapters"):
+        load_adapter_model(cut)
 
 
 def test_a_lora_run_fine_tunes_further_from_its_merged_model(lora_run, tmp_path):

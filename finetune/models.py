@@ -238,15 +238,24 @@ def load_saved_classifier(path: str | os.PathLike, **kwargs) -> PreTrainedModel:
     with transformers_errors_only():  # its load report, a table of warnings: the error below says it in one line
         model, info = AutoModelForImageClassification.from_pretrained(path, output_loading_info=True, **kwargs)
     # A batch norm's `num_batches_tracked` counts steps, learns nothing: converted weight files often leave it out.
-    missing = sorted(str(k) for k in info.get("missing_keys", []) if not str(k).endswith("num_batches_tracked"))
+    missing = [str(k) for k in info.get("missing_keys", []) if not str(k).endswith("num_batches_tracked")]
+    check_no_missing_weights(
+        missing, f"The weight files of {path}", f"the {type(model).__name__} its config.json describes",
+        "the config.json saved with these weights",
+    )  # fmt: skip
+    return model
+
+
+def check_no_missing_weights(missing: list[str], files: str, described: str, fix: str) -> None:
+    """Refuse weights that the saved files lack (`missing`): loaded, they would be random, and the model would score,
+    predict and teach with them."""
     if missing:
+        missing = sorted(missing)
         listed = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
         raise ValueError(
-            f"The weight files of {path} lack {listed}, of the {type(model).__name__} its config.json describes: "
-            "those would be random. Fix: the config.json saved with these weights (a run's folder and its "
+            f"{files} lack {listed}, of {described}: those would be random. Fix: {fix} (a run's folder and its "
             "checkpoint-N folders hold both)."
         )
-    return model
 
 
 def check_labels(config, label_names: list[str], path: str) -> None:
@@ -364,14 +373,11 @@ def load_adapter_model(path: str | os.PathLike, merge: bool = True, **kwargs) ->
             "(`merge_lora: true` saves it to OUTPUT/merged)."
         ) from error
     model = PeftModel.from_pretrained(model, path)  # peft only warns of adapter weights the file lacks
-    missing = sorted(set(get_peft_model_state_dict(model)) - set(load_peft_weights(path)))
-    if missing:
-        listed = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
-        raise ValueError(
-            f"The adapter weights in {path} lack {listed}, of the adapters its {ADAPTER_CONFIG_NAME} describes: "
-            "those would be random. Fix: the adapter_model.safetensors saved with this adapter_config.json (a run's "
-            "folder and its checkpoint-N folders hold both)."
-        )
+    check_no_missing_weights(
+        list(set(get_peft_model_state_dict(model)) - set(load_peft_weights(path))), f"The adapter weights in {path}",
+        f"the adapters its {ADAPTER_CONFIG_NAME} describes", f"the adapter_model.safetensors saved with this "
+        f"{ADAPTER_CONFIG_NAME}",
+    )  # fmt: skip
     return model.merge_and_unload() if merge else model
 
 

@@ -547,7 +547,13 @@ def reset_head(model: PreTrainedModel) -> None:
 
 def check_model_path(path: str, option: str = "model_name_or_path") -> None:
     """Refuse a path that looks local (`./x`, `/x`, `~/x`, ...) but is no folder: `from_pretrained` would try it as a
-    Hub id and fail with "Repo id must be in the form 'repo_name'"."""
+    Hub id and fail with "Repo id must be in the form 'repo_name'"; nor a file (`model.safetensors`, `run/x.bin`),
+    which transformers reads as a config.json and says is not valid JSON."""
+    if os.path.isfile(os.path.expanduser(path)):
+        raise FileNotFoundError(
+            f"`{option}` {path!r} is a file. Pass the folder that holds the model (config.json and the weights): "
+            f"`{os.path.dirname(path) or '.'}`, or a Hub model id such as `google/vit-base-patch16-224-in21k`."
+        )
     if looks_like_local_path(path) and not os.path.isdir(os.path.expanduser(path)):
         raise FileNotFoundError(
             f"`{option}` {path!r} is not a directory. Pass a local checkpoint folder (with config.json and the "

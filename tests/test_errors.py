@@ -2,6 +2,7 @@
 
 import dataclasses
 import io
+from pathlib import Path
 
 import pytest
 import torch
@@ -108,6 +109,17 @@ def test_local_model_path_that_does_not_exist(tmp_path):
         run.main(["--model_type", "pretrained", "--model_name_or_path", str(tmp_path / "missing_model"),
                   "--dataset_name", "sklearn:digits", "--decoded_cache_dir", "none",
                   "--output_dir", str(tmp_path / "out")])  # fmt: skip
+
+
+def test_a_model_file_is_refused_with_its_folder(tmp_path, monkeypatch):
+    """A weights file given for the model (in the current folder: no path separator, so a Hub id to transformers)
+    was read as a config.json and reported as the Hub being off."""
+    monkeypatch.chdir(tmp_path)
+    Path("model.safetensors").write_bytes(b"weights")
+    with pytest.raises(FileNotFoundError, match=r"^`model_name_or_path` 'model.safetensors' is a file\. Pass the fo"):
+        run.main(["--model_type", "pretrained", "--model_name_or_path", "model.safetensors",
+                  "--dataset_name", "/nonexistent/data", "--output_dir", "out"])  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]
 
 
 def test_a_teacher_path_that_does_not_exist_is_named_before_the_data_loads(tmp_path):

@@ -4,6 +4,7 @@ snake_case as transformers' `HfArgumentParser` writes them (`--top-k` is accepte
 (finetune/errors.py).
 """
 
+import difflib
 import importlib
 import sys
 
@@ -39,7 +40,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
-        print(f"vit-finetune: unknown command {command!r}.\n\n{usage()}", file=sys.stderr)
+        close = difflib.get_close_matches(command, COMMANDS, n=1)
+        fix = (f"did you mean `{close[0]}`? " if close else "") + f"the commands are {', '.join(COMMANDS)}"
+        sys.stderr.write(f"error: unknown command {command!r}: {fix} (`vit-finetune --help`).\n")
         return 2
     if command == "train":
         answer_help(rest)  # the short help needs neither torch nor transformers: answered before importing them

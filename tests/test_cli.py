@@ -24,7 +24,9 @@ def test_usage_and_unknown_command(capsys):
     out = capsys.readouterr().out
     assert all(name in out for name in cli.COMMANDS)
     assert cli.main(["trian"]) == 2
-    assert "unknown command 'trian'" in capsys.readouterr().err
+    err = capsys.readouterr().err  # one line, with the closest command
+    assert err.startswith("error: unknown command 'trian': did you mean `train`? the commands are train, quickstart,")
+    assert err.count("\n") == 1
 
 
 def test_console_script_is_installed():

@@ -947,6 +947,16 @@ def test_stratified_split_rounds_to_the_exact_size():
         stratified_split(labels, len(labels), seed=0)
 
 
+def test_a_class_of_one_image_is_never_held_out_while_the_size_allows():
+    """A class whose one image went to validation was never trained on, and scored 0% there."""
+    labels = np.array([0] * 5 + [1] * 5 + [2])  # shares 2.27, 2.27, 0.45: the largest remainder is the lone image's
+    for seed in range(5):
+        _, validation = stratified_split(labels, 5, seed=seed)
+        assert len(validation) == 5 and 10 not in validation.tolist()
+    _, validation = stratified_split(np.arange(4), 2, seed=0)  # only classes of one image: held out all the same
+    assert len(validation) == 2
+
+
 def test_validation_split_end_to_end_is_seeded_and_disjoint():
     args = _args(dataset_name="sklearn:digits", validation_size=0.25)
     first, again, other = (load_image_data(args, seed=s) for s in (7, 7, 8))

@@ -102,7 +102,8 @@ def stratified_split(labels: np.ndarray, validation_size: float, seed: int) -> t
     of the int class ids `labels`, with class proportions kept and the same split for the same seed.
 
     Every class gets its share rounded down; the images left over go to the classes with the largest remainders
-    (ties broken at random by the seed), so the validation split has exactly the requested size.
+    (ties broken at random by the seed), so the validation split has exactly the requested size. A class's last
+    image stays in train unless the size cannot be reached otherwise: a class of one image held out was never trained.
     """
     n = len(labels)
     n_validation = int(round(validation_size * n)) if validation_size < 1 else int(validation_size)
@@ -116,6 +117,8 @@ def stratified_split(labels: np.ndarray, validation_size: float, seed: int) -> t
     share = counts * (n_validation / n)
     quota = np.floor(share).astype(np.int64)
     order = np.lexsort((rng.random(len(classes)), -(share - quota)))  # largest remainder first
+    room = quota[order] < counts[order] - 1
+    order = np.concatenate([order[room], order[~room]])
     quota[order[: n_validation - quota.sum()]] += 1
     validation = np.concatenate([rng.permutation(np.flatnonzero(class_of == k))[:q] for k, q in enumerate(quota)])
     return np.setdiff1d(np.arange(n), validation), np.sort(validation)

@@ -120,6 +120,8 @@ class ImageClassificationTrainingArguments(TrainingLoopArguments, TrainingArgume
                 ("adam_epsilon", lambda v: v >= 0, ">= 0 (e.g. 1e-8)"),
                 # A diverged run makes every step non-finite: the default stops it five steps in.
                 ("max_nonfinite_steps", lambda v: not isinstance(v, bool) and v >= 1, "an integer >= 1 (default 5)"),
+                # torch refused it once the data was loaded and the model built.
+                ("dataloader_num_workers", lambda v: v >= 0, "an integer >= 0 (0 loads in the main process)"),
             ],
         )
         for kind in ("eval", "save", "logging"):

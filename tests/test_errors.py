@@ -192,6 +192,7 @@ STEPS = ["--eval_strategy", "steps", "--save_strategy", "steps", "--eval_steps",
         (["--lr_scheduler_type", "cosine_with_min_lr"], r"`lr_scheduler_type: cosine_with_min_lr` needs min_lr in"),
         (["--lr_scheduler_type", "warmup_stable_decay"], r"needs num_decay_steps in `lr_scheduler_kwargs`"),
         (["--adam_beta1", "1.5"], r"^`adam_beta1` must be in \[0, 1\) \(e\.g\. 0\.9\), got 1\.5\.$"),
+        (["--dataloader_num_workers", "-1"], r"^`dataloader_num_workers` must be an integer >= 0 \(0 loads in"),
         (["--adam_epsilon", "-1"], r"^`adam_epsilon` must be >= 0"),
         (["--eval_steps", "2"], r"^`eval_steps: 2` counts steps, but `eval_strategy` is epoch, so it would be"),
         # Each of these was ignored, or kept no best model, without a word.

@@ -101,6 +101,17 @@ def test_parquet_with_image_and_classlabel_features(tmp_path):
     _assert_covers(data, images, labels)
 
 
+def test_a_parquet_file_cut_short_is_one_error_naming_it(tmp_path, capfd):
+    """`datasets` logged "Failed to read schema", then raised "Parquet magic bytes not found", naming no file."""
+    images, labels = _images(30), _labels(30)
+    whole, cut = tmp_path / "whole.parquet", tmp_path / "train.parquet"
+    _dataset(images, labels).to_parquet(whole)
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    with pytest.raises(ValueError, match=r"train\.parquet cannot be read as a \.parquet file \(ArrowInvalid: .*cut"):
+        load_image_data(_args(dataset_name=str(cut), validation_size=6), seed=0)
+    assert "Failed to read schema" not in capfd.readouterr().err
+
+
 def test_grayscale_source_stays_one_channel(tmp_path):
     images, labels = _images(12, channels=1), _labels(12)
     path = tmp_path / "gray.parquet"

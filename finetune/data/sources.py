@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 from datasets.packaged_modules.imagefolder.imagefolder import ImageFolder
 
 from finetune.arguments import is_set
+from finetune.errors import one_line
 from finetune.locations import looks_like_local_path, offline_switch
 
 
@@ -352,8 +353,7 @@ def _open_split_files(files: dict[str, str | list[str]], data_args: DataArgument
             if extension == ".csv":
                 dataset = _read_csv(path, data_args)
             else:
-                dataset = datasets.load_dataset(TABLE_EXTENSIONS[extension], data_files=path, split="train")
-                dataset = _paths_from_table_folder(dataset, data_args, path)
+                dataset = _paths_from_table_folder(_read_table(path, extension), data_args, path)
             fingerprint_paths += [*_referenced_files(dataset, data_args, path), path]
             parts.append(dataset)
         splits[split] = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(_by_one_class_label(parts))
@@ -361,6 +361,22 @@ def _open_split_files(files: dict[str, str | list[str]], data_args: DataArgument
         description = ", ".join(f"{split}: {p}" for split, p in files.items()) if len(files) > 1 else files["train"]
     fingerprint = content_hash([_files_fingerprint(fingerprint_paths), *folder_fingerprints])
     return Source(str(description), fingerprint, encoded=splits)
+
+
+def _read_table(path: str, extension: str) -> datasets.Dataset:
+    """A parquet or arrow file as a Dataset; a damaged one (a copy stopped midway) is one error line naming the
+    file, where `datasets` logged the error, then raised it without the file's name."""
+    verbosity = datasets.logging.get_verbosity()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its own error line, said below with the fix
+    try:
+        return datasets.load_dataset(TABLE_EXTENSIONS[extension], data_files=path, split="train")
+    except (pa.ArrowInvalid, pa.ArrowIOError) as error:
+        raise ValueError(
+            f"{path} cannot be read as a {extension} file ({one_line(error)}): it is damaged, cut short (a copy or "
+            "download stopped midway) or of another format. Fix: copy or export it again."
+        ) from error
+    finally:
+        datasets.logging.set_verbosity(verbosity)
 
 
 def _by_one_class_label(parts: list[datasets.Dataset]) -> list[datasets.Dataset]:

@@ -389,12 +389,8 @@ def preprocessing_from(processor, config) -> Preprocessing:
     mean, std = list(mean), list(std)
     if len(mean) != num_channels:
         mean, std = [sum(mean) / len(mean)] * num_channels, [sum(std) / len(std)] * num_channels
-    flip = bool(getattr(processor, "do_flip_channel_order", False)) or type(processor).__name__ in BGR_PROCESSORS
+    flip = bool(getattr(processor, "do_flip_channel_order", False))
     return Preprocessing(image_size, num_channels, mean, std, resize_size if resize_size != image_size else None, flip)
-
-
-# Image processors that always feed BGR, with no `do_flip_channel_order` to say so (after normalising, as ours does).
-BGR_PROCESSORS = ("PPLCNetImageProcessor",)
 
 
 def _normalization(processor, num_channels: int) -> tuple[list[float], list[float]]:

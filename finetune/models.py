@@ -28,15 +28,7 @@ from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGH
 from scratch_vit import ScratchViTConfig, ScratchViTForImageClassification
 
 from .arguments import ModelArguments, scratch_config_kwargs
-from .augment import (
-    BGR_PROCESSORS,
-    CROP_MARGIN,
-    LUMA_WEIGHTS,
-    Preprocessing,
-    RGBToGrayscale,
-    photo_size,
-    preprocessing_from,
-)
+from .augment import CROP_MARGIN, LUMA_WEIGHTS, Preprocessing, RGBToGrayscale, photo_size, preprocessing_from
 from .checkpoints import read_weights
 from .data import MULTI_LABEL, ImageData, is_multi_label
 from .errors import one_line
@@ -201,12 +193,6 @@ def _framing_processor(processor, prep: Preprocessing, whole: bool):
 
         framing = {"do_center_crop": True, "crop_size": crop, "do_flip_channel_order": True}
         return MobileViTImageProcessor(size=size, rescale_factor=1 / (255 * std.pop()), **framing)
-    if prep.flip_channels and type(processor).__name__ in BGR_PROCESSORS and not whole and height == width:
-        # PP-LCNet's: the short side resized (`resize_short`), the centre cropped, normalised, BGR
-        return type(processor)(
-            size={"height": height, "width": width}, resize_short=height, crop_size=crop,
-            image_mean=prep.image_mean, image_std=prep.image_std, rescale_factor=1 / 255, do_rescale=True,
-        )  # fmt: skip
     if prep.flip_channels:
         logger.warning(
             "The saved image processor feeds the model RGB where training fed it BGR (`do_flip_channel_order` with a "

@@ -401,8 +401,6 @@ def test_evaluation_resizes_and_crops_as_a_processor_that_resizes_beyond_its_cro
          {"size": {"height": 16, "width": 16}, "rescale_factor": 1 / 127.5, "rescale_offset": True,
           "do_normalize": False, "include_top": False}),
         ("ViTImageProcessor", {"size": {"height": 16, "width": 16}, "rescale_factor": 1 / 127.5}),
-        ("PPLCNetImageProcessor",  # BGR with no flag, after its normalisation (whose mean is in BGR order)
-         {"size": {"height": 16, "width": 16}, "resize_short": 16, "crop_size": {"height": 16, "width": 16}}),
         ("EfficientNetImageProcessor",  # no rescale: no offset either
          {"size": {"height": 16, "width": 16}, "do_rescale": False, "rescale_offset": True, "include_top": False}),
     ],

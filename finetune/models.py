@@ -7,14 +7,18 @@ supplies resolution and normalisation. `scratch`: a `ScratchViTForImageClassific
 """
 
 import contextlib
+import inspect
 import json
 import os
 import re
 import tempfile
+from dataclasses import fields as fields_of
+from dataclasses import is_dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+import transformers
 from transformers import (
     MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING,
     AutoConfig,
@@ -23,6 +27,7 @@ from transformers import (
     PreTrainedModel,
     ViTImageProcessor,
 )
+from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME, logging
 
 from scratch_vit import ScratchViTConfig, ScratchViTForImageClassification
@@ -237,6 +242,7 @@ def load_saved_classifier(path: str | os.PathLike, **kwargs) -> PreTrainedModel:
     predict and teach with them. `kwargs` go to `from_pretrained`."""
     with transformers_errors_only():  # its load report, a table of warnings: the error below says it in one line
         model, info = AutoModelForImageClassification.from_pretrained(path, output_loading_info=True, **kwargs)
+    check_gives_logits(type(model), str(path))
     # A batch norm's `num_batches_tracked` counts steps, learns nothing: converted weight files often leave it out.
     missing = [str(k) for k in info.get("missing_keys", []) if not str(k).endswith("num_batches_tracked")]
     check_no_missing_weights(
@@ -407,7 +413,24 @@ def _load_kwargs(model_args: ModelArguments) -> dict:
 def _load_config(model_args: ModelArguments):
     check_model_path(model_args.model_name_or_path)
     with hub_errors("model", model_args.model_name_or_path):
-        return AutoConfig.from_pretrained(model_args.model_name_or_path, **_load_kwargs(model_args))
+        config = AutoConfig.from_pretrained(model_args.model_name_or_path, **_load_kwargs(model_args))
+    name = MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES.get(config.model_type)
+    if isinstance(name, str) and hasattr(transformers, name):  # before the data loads
+        check_gives_logits(getattr(transformers, name), model_args.model_name_or_path)
+    return config
+
+
+def check_gives_logits(model_class: type, path: str) -> None:
+    """Refuse a classifier class whose forward returns no `logits` (PP-LCNet's returns them as `last_hidden_state`,
+    with no loss): training failed at its first step with an AttributeError."""
+    output = inspect.signature(model_class.forward).return_annotation
+    fields = {f.name for t in getattr(output, "__args__", (output,)) if is_dataclass(t) for f in fields_of(t)}
+    if fields and "logits" not in fields:
+        raise ValueError(
+            f"{path} is a {model_class.__name__}, whose output ({getattr(output, '__name__', output)}) holds no "
+            "classification `logits`: it cannot be fine-tuned, scored or served here. Fix: another image "
+            "classification checkpoint."
+        )
 
 
 @contextlib.contextmanager

@@ -122,6 +122,27 @@ def test_a_model_file_is_refused_with_its_folder(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]
 
 
+def test_a_classifier_that_returns_no_logits_is_refused_before_the_data_loads(tmp_path):
+    """PP-LCNet's ForImageClassification returns its scores as `last_hidden_state`, with no loss: training failed at
+    the first step with an AttributeError, after the data loaded."""
+    import transformers
+
+    if not hasattr(transformers, "PPLCNetConfig"):
+        pytest.skip("this transformers has no PP-LCNet")
+    model = tmp_path / "lcnet"
+    config = transformers.PPLCNetConfig(scale=0.25, class_expand=16, num_labels=3)
+    transformers.PPLCNetForImageClassification(config).save_pretrained(model)
+    transformers.PPLCNetImageProcessor().save_pretrained(model)
+    refused = r"^.*lcnet is a PPLCNetForImageClassification, whose output \(BaseModelOutputWithNoAttention\) holds no"
+    with pytest.raises(ValueError, match=refused):
+        run.main(["--model_type", "pretrained", "--model_name_or_path", str(model), "--dataset_name",
+                  "/nonexistent/data", "--output_dir", str(tmp_path / "out")])  # fmt: skip
+    from finetune.tools import predict
+
+    with pytest.raises(ValueError, match=refused):
+        predict.load_classifier(model)
+
+
 def test_a_teacher_path_that_does_not_exist_is_named_before_the_data_loads(tmp_path):
     """It was tried as a Hub id after the data loaded and the model was built ("Repo id must be in the form")."""
     with pytest.raises(FileNotFoundError, match=r"^`teacher_model_name_or_path` .*_teacher. is not a directory"):

@@ -13,6 +13,13 @@ from huggingface_hub import constants as hub_constants
 ADAPTER_CONFIG_NAME = "adapter_config.json"  # peft's: a folder with one holds a LoRA run's adapters
 
 
+def is_onnx_export(folder: str | os.PathLike) -> bool:
+    """Whether `folder` is an ONNX export (`vit-finetune export` writes RUN/onnx), not a run's PyTorch model: it holds
+    its run's results.json, whose figures are the run's."""
+    folder = Path(folder)
+    return (folder / "model.onnx").is_file() and not any(folder.glob("*.safetensors"))
+
+
 def looks_like_local_path(name: str) -> bool:
     """Whether `name` is written as a local path rather than a Hub id (`name` or `owner/name`): it starts with
     `.`, `/`, `~` or `\\`, is absolute, or has more than one `/`."""

@@ -161,6 +161,17 @@ def test_not_a_run_directory(tmp_path):
         compare.main([str(tmp_path), "--output", str(tmp_path / "out")])
 
 
+def test_an_onnx_export_is_not_compared_as_another_run(tmp_path):
+    """RUN/onnx holds its run's results.json: compared beside its run, it was a second row of the same figures."""
+    run = make_run_dir(tmp_path / "a", "scratch")
+    (run / "onnx").mkdir()
+    for name in ("model.onnx", "results.json"):
+        (run / "onnx" / name).write_bytes((run / "results.json").read_bytes() if name == "results.json" else b"onnx")
+    with pytest.raises(ValueError, match=r"onnx: an ONNX export, whose results.json is its run's\. Fix: compare the"):
+        compare.main([str(run), str(run / "onnx"), "--output", str(tmp_path / "report")])
+    assert not (tmp_path / "report").exists()
+
+
 def test_runs_scored_on_other_images_are_said_to_be(tmp_path):
     """Runs of the same dataset with other classes (`include_labels`), or a validation split held out from train with
     another seed: the report and the model card say that the figures are not on the same images."""

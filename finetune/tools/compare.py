@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from finetune.errors import ArgumentParser, run_command
-from finetune.locations import make_folder
+from finetune.locations import is_onnx_export, make_folder
 from finetune.results import Results, find_run_dirs
 from finetune.tools.report import (
     SUMMARY_NOTE,
@@ -82,6 +82,12 @@ def write_comparison(run_dirs: Sequence[str | os.PathLike], output_dir: str | os
     and `comparison.json` (the summary rows and `data_differences`, for the model card) into `output_dir`; returns the
     report's path. Paths in the report are relative to `output_dir`, so the folder can be moved or uploaded as is."""
     run_dirs = find_run_dirs(run_dirs)
+    exports = [str(d) for d in run_dirs if is_onnx_export(d)]
+    if exports:  # the same figures as its run's, compared with them as another run
+        raise ValueError(
+            f"{', '.join(exports)}: an ONNX export, whose results.json is its run's. Fix: compare the run folder it "
+            "was exported from."
+        )
     runs = [Results.load(d) for d in run_dirs]
     unscored = [str(d) for d, run in zip(run_dirs, runs) if run.validation is None]
     if unscored:  # an export of a checkpoint keeps its run's settings, not the figures of the run's kept model

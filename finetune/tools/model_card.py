@@ -19,7 +19,7 @@ from typing import Any
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from finetune.errors import ArgumentParser, run_command
-from finetune.locations import ADAPTER_CONFIG_NAME
+from finetune.locations import ADAPTER_CONFIG_NAME, is_onnx_export
 from finetune.results import RESULTS_NAME, Results
 from finetune.tools.compare import REPORT_NAME, SUMMARY_NAME
 from finetune.tools.report import (
@@ -82,7 +82,7 @@ def run_dir_of(output_dir: str | os.PathLike) -> Path:
 
 def check_not_export(output_dir: Path, command: str = "card") -> None:
     """Refuse an ONNX export folder (`export` writes RUN/onnx): the card describes the run's PyTorch model."""
-    if (output_dir / "model.onnx").is_file() and not any(output_dir.glob("*.safetensors")):
+    if is_onnx_export(output_dir):
         fix = f"{command} its run folder"
         if (output_dir.resolve().parent / "config.json").is_file():
             fix = f"{command} the run folder {output_dir.parent}"

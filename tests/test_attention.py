@@ -185,6 +185,12 @@ def test_a_folder_gives_the_maps_of_its_images_as_predict_reads_them(tmp_path):
     ]
     with pytest.raises(ValueError, match=r"missing does not exist. Pass image files or folders of images.$"):
         attention.main([str(run), str(tmp_path / "missing"), "--output", str(tmp_path / "maps")])
+    # Nothing to draw: no empty --output folder is left behind.
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.txt").write_text("not an image")
+    with pytest.raises(ValueError, match=r"could be read as an image; nothing was written"):
+        attention.main([str(run), str(tmp_path / "notes"), "--output", str(tmp_path / "none")])
+    assert not (tmp_path / "none").exists()
 
 
 def test_other_resolution_gives_a_finer_grid(tmp_path):

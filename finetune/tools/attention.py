@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from finetune.errors import ArgumentParser, run_command
-from finetune.locations import make_folder
+from finetune.locations import check_folder, make_folder
 from finetune.tools import predict
 
 
@@ -257,7 +257,7 @@ def write_attention_maps(
     `flip_tta` as in `compute_attention_maps`."""
     from PIL import Image
 
-    output_dir = make_folder(output_dir)
+    output_dir = check_folder(output_dir)  # made with its first maps: a run that fails leaves no empty folder
     written, used_names = [], set()
     prep = predict.model_preprocessing(model, processor, image_size)
     for image_path in map(Path, image_paths):
@@ -275,6 +275,7 @@ def write_attention_maps(
         maps = compute_attention_maps(model, processor, image, image_size, stored_size, flip_tta)
         shown = center_crop_view(image, prep)
         title = f"{image_path.name}, {type(model).__name__}"
+        make_folder(output_dir)
         written.append(plot_attention_figure(shown, maps, output_dir / f"{name}_attention.png", title))
         written.append(output_dir / f"{name}_rollout.png")
         Image.fromarray(overlay_heatmap(display_image(shown), maps.rollout)).save(written[-1])

@@ -821,6 +821,16 @@ def test_a_failed_push_of_both_models_tries_each_after_the_summary(tmp_path, mon
         assert f"python -m finetune.tools.hub push {out / name} --repo_id me/digits-{name}" in error
 
 
+def test_the_card_says_where_the_processor_cannot_frame_a_photo_as_training_did(both_output, tmp_path):
+    """Images stored smaller than the model's input (CIFAR-10's 32 px, a 224 px ViT): predict shrinks a larger photo
+    to 32 px first, the processor straight to 224; the card said nothing of it (4 of 12 top-1 differed)."""
+    run = Path(shutil.copytree(both_output / "scratch", tmp_path / "scratch"))
+    results = json.loads((run / "results.json").read_text())
+    assert "stored at" not in model_card.build_model_card(run).text
+    (run / "results.json").write_text(json.dumps({**results, "stored_image_size": [8, 8], "image_size": 24}))
+    assert "stored at 8 px and enlarged to 24 px: for a photo larger" in model_card.build_model_card(run).text
+
+
 @pytest.mark.parametrize("flip_tta", [False, True])
 def test_the_cards_snippet_computes_the_logits_its_scores_are_of(both_output, tmp_path, monkeypatch, flip_tta):
     """A `flip_tta` run's scores (and multi-label thresholds) are of the mean of each image's logits and its mirror
@@ -844,3 +854,17 @@ def test_the_cards_snippet_computes_the_logits_its_scores_are_of(both_output, tm
         expected, model(pixel_values=pixels.flip(-1)).logits.detach(), atol=1e-6
     )  # not symmetric
     assert ("without the mirror image" in card) == flip_tta
+    # The snippet opens images as training decoded them: a phone photo upright by its EXIF tag, a 16-bit PNG scaled
+    # to 8 bits, transparency on white (`Image.open(...).convert(...)` got 10, 7 and 12 of 12 top-1 otherwise).
+    from finetune.data.decode import decode_image
+
+    rng = np.random.default_rng(1)
+    rotated = Image.fromarray(rng.integers(0, 255, (20, 30, 3), dtype=np.uint8))
+    exif = rotated.getexif()
+    exif[0x0112] = 6  # orientation: rotate 90 degrees clockwise to view
+    rotated.save("rotated.jpg", exif=exif)
+    Image.fromarray(rng.integers(0, 65535, (12, 10), dtype=np.uint16)).save("deep.png")
+    Image.fromarray(rng.integers(0, 255, (9, 11, 4), dtype=np.uint8), "RGBA").save("clear.png")
+    for name in ("rotated.jpg", "deep.png", "clear.png"):
+        opened, decoded = namespace["open_image"](name), decode_image(name, "RGB")
+        assert opened.size == decoded.size and np.abs(np.asarray(opened, np.int16) - np.asarray(decoded)).max() <= 1

@@ -313,7 +313,7 @@ With this project's code, `python -m finetune.tools.predict MODEL_DIR image.jpg`
     if mode == "RGB":  # transformers' pipeline converts every image to RGB: a 1-channel model cannot run it
         pipeline = f"""
 
-# or, in one line:
+# or, in one line (pipeline() reads transparent and 16-bit images otherwise):
 classifier = pipeline("image-classification", model=repo{remote})
 print(classifier("image.jpg"))"""
     answer, printed = "print(model.config.id2label[logits.argmax(-1).item()])", "the top-5 classes"
@@ -322,7 +322,7 @@ print(classifier("image.jpg"))"""
         forward = "# as the scores above: the mean of the image's logits and its mirror image's (flip_tta)\n    " + (
             'logits = (model(**inputs).logits + model(pixel_values=inputs["pixel_values"].flip(-1)).logits) / 2'
         )
-        pipeline = pipeline.replace("in one line:", "in one line (without the mirror image):")
+        pipeline = pipeline.replace("in one line (", "in one line (without the mirror image; ")
     if results.multi_label:  # the thresholds chosen on the validation split are in results.json
         thresholds = [round(results.per_class_threshold.get(name, 0.5), 4) for name in results.label_names]
         answer = (
@@ -333,28 +333,55 @@ print(classifier("image.jpg"))"""
     serve, tensors = "To serve without PyTorch", '"np")["pixel_values"]'
     if config.get("model_type") == "timm_wrapper":  # transformers' TimmWrapper processor makes only PyTorch tensors
         serve, tensors = "To serve from ONNX (a timm processor needs PyTorch)", '"pt")["pixel_values"].numpy()'
+    mirror = " (one view: `predict MODEL_DIR/onnx` adds the mirror image's, as above)" if "mirror" in forward else ""
     return f"""```python
+import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, ImageOps
 from transformers import AutoImageProcessor, AutoModelForImageClassification{", pipeline" if pipeline else ""}
 
 repo = "{repo}"
 processor = AutoImageProcessor.from_pretrained(repo)
 model = AutoModelForImageClassification.from_pretrained(repo{remote})
 
-inputs = processor(Image.open("image.jpg").convert("{mode}"), return_tensors="pt")
+
+def open_image(path):  # as training read images: upright by their EXIF tag, 16-bit scaled to 8, transparency on white
+    image = ImageOps.exif_transpose(Image.open(path))
+    if image.mode.startswith("I"):
+        image = Image.fromarray((np.asarray(image).clip(0, 65535) >> 8).astype(np.uint8))
+    if image.mode in ("RGBA", "LA", "P", "PA"):
+        image = Image.alpha_composite(Image.new("RGBA", image.size, "white"), image.convert("RGBA"))
+    return image.convert("{mode}")
+
+
+inputs = processor(open_image("image.jpg"), return_tensors="pt")
 with torch.no_grad():
     {forward}
 {answer}{pipeline}
 ```
-
+{_framing_note(results)}
 With this project's code, `python -m finetune.tools.predict MODEL_DIR image.jpg` prints {printed}, and \
 `python -m finetune.tools.attention MODEL_DIR image.jpg --output maps/` plots the attention maps.
 
 {serve}, `vit-finetune export MODEL_DIR --format onnx` writes `MODEL_DIR/onnx/model.onnx` (its \
 logits checked against PyTorch's within 1e-4 on real images), which runs with onnxruntime: \
 `onnxruntime.InferenceSession("onnx/model.onnx").run(["logits"], {{"pixel_values": \
-AutoImageProcessor.from_pretrained("onnx")(images, return_tensors={tensors}}})`."""
+AutoImageProcessor.from_pretrained("onnx")(images, return_tensors={tensors}}})`{mirror}."""
+
+
+def _framing_note(results: Results) -> str:
+    """Where the processor cannot give training's pixels: images stored smaller than the model's input (CIFAR-10's
+    32 px for a 224 px ViT), which evaluation enlarged; a larger photo is shrunk to the stored size first by predict,
+    straight to the input size by the processor."""
+    stored, size = results.stored_image_size, results.image_size
+    if not stored or not size or max(stored) >= size:
+        return ""
+    stored_text = "x".join(map(str, stored)) if len(set(stored)) > 1 else f"{stored[0]} px"
+    return (
+        f"\nThe training images were stored at {stored_text} and enlarged to {size} px: for a photo larger than that, "
+        f"`predict` (below) shrinks it to {stored_text} first, as training saw its images, where the processor "
+        f"resizes it straight to {size} px, sharper than anything the model trained on.\n"
+    )
 
 
 def _results_section(results: Results) -> list[str]:

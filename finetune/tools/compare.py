@@ -82,12 +82,6 @@ def write_comparison(run_dirs: Sequence[str | os.PathLike], output_dir: str | os
     and `comparison.json` (the summary rows and `data_differences`, for the model card) into `output_dir`; returns the
     report's path. Paths in the report are relative to `output_dir`, so the folder can be moved or uploaded as is."""
     run_dirs = find_run_dirs(run_dirs)
-    exports = [str(d) for d in run_dirs if is_onnx_export(d)]
-    if exports:  # the same figures as its run's, compared with them as another run
-        raise ValueError(
-            f"{', '.join(exports)}: an ONNX export, whose results.json is its run's. Fix: compare the run folder it "
-            "was exported from."
-        )
     runs = [Results.load(d) for d in run_dirs]
     unscored = [str(d) for d, run in zip(run_dirs, runs) if run.validation is None]
     if unscored:  # an export of a checkpoint keeps its run's settings, not the figures of the run's kept model
@@ -95,6 +89,12 @@ def write_comparison(run_dirs: Sequence[str | os.PathLike], output_dir: str | os
             f"{', '.join(unscored)}: no figures to compare (the export of a checkpoint). Score the checkpoint, then "
             "compare that folder: `python -m finetune.run --do_train false --model_name_or_path RUN/checkpoint-N "
             "--output_dir NEW` with the run's data options."
+        )
+    exports = [str(d) for d in run_dirs if is_onnx_export(d)]
+    if exports:  # the export of a run's kept model: its figures, compared with them as another run's
+        raise ValueError(
+            f"{', '.join(exports)}: an ONNX export, whose results.json is its run's. Fix: compare the run folder it "
+            "was exported from."
         )
     output_dir = make_folder(output_dir)
     names = [run.run_name or run_dir.name for run, run_dir in zip(runs, run_dirs)]

@@ -205,6 +205,9 @@ class ResumeCheck(TrainerCallback, ExportableState):
                 f"and record a limit it did not keep. Fix: {fix}, or resume from an earlier checkpoint "
                 "(`--resume_from_checkpoint` its folder)."
             )
+        if resumed and state.global_step == state.max_steps:  # the Trainer would take one more step before it checks
+            logger.info(f"The resumed checkpoint is at the run's last step ({state.global_step}): no step is trained.")
+            control.should_training_stop = True
         constant = str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)).startswith("constant")
         if resumed and planned not in (None, state.max_steps) and state.global_step < planned and fitted is None:
             if state.is_world_process_zero and not constant:  # an unfinished run given another length: said

@@ -507,6 +507,20 @@ def test_resume_auto_starts_a_new_run_and_resumes_an_interrupted_one(tmp_path, c
     assert results.train.steps == 16 and checkpoints(out) == ["checkpoint-16", "checkpoint-8"]
 
 
+def test_a_max_steps_run_resumed_from_its_last_step_trains_no_further_step(tmp_path, caplog):
+    """A `max_steps` run ending inside an epoch, resumed from its last checkpoint (finished, or stopped after its last
+    step): the Trainer took one step more before it checked `max_steps`, and rewrote the results with it."""
+    out = tmp_path / "out"
+    args = [*TINY, "--max_steps", "12", "--output_dir", str(out), "--resume_from_checkpoint", "auto"]
+    first = run.main(args)["scratch"]
+    (out / "results.json").unlink()  # as if stopped after its last step's checkpoint
+    with caplog.at_level("INFO"):
+        again = run.main(args)["scratch"]
+    assert again.train.steps == first.train.steps == 12 and checkpoints(out) == ["checkpoint-12", "checkpoint-8"]
+    assert "at the run's last step (12): no step is trained" in caplog.text
+    assert again.validation.accuracy == first.validation.accuracy and again.history == first.history
+
+
 def test_overwrite_output_dir_removes_the_earlier_run_only_once_the_new_one_can_train(tmp_path):
     """`--overwrite_output_dir` with a mistake elsewhere (a missing dataset, a ScratchViT that cannot be built) must
     fail before it deletes the earlier run: it was deleted first, then the new run refused, leaving neither."""

@@ -643,6 +643,9 @@ def make_trainer(
         teacher=teacher,
         teacher_transform=teacher_transform,
         data_options={
+            # The same data by its place (a hash of a local folder's or file's real path, or the Hub id): another
+            # dataset with the same classes went on silently, its evaluations in one history with the first's.
+            "dataset": f"local {location}" if (location := dataset_location(data.source)) else data.source,
             "validation_size": data_args.validation_size if data.validation_held_out else None,
             **{name: getattr(data_args, name) for name in ("include_labels", "max_train_samples", "max_eval_samples")},
             "stored_image_size": list(data.train.image_size),  # the pixels trained and scored so far

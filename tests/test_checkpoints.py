@@ -19,6 +19,7 @@ from PIL import Image
 
 from finetune import run
 from finetune.arguments import parse_args
+from finetune.callbacks import ResumeRefused
 from finetune.checkpoints import LOCK_NAME, RunLock, checkpoint_problem, resolve_checkpoint
 from finetune.errors import run_command
 
@@ -66,6 +67,7 @@ PAUSE_IN_SECOND_SAVE = """
 import sys, time
 from finetune import run
 from finetune.arguments import parse_args
+from finetune.callbacks import ResumeRefused
 from finetune.trainer import ImageClassificationTrainer
 
 marker, argv = sys.argv[1], sys.argv[2:]
@@ -519,6 +521,29 @@ def test_a_max_steps_run_resumed_from_its_last_step_trains_no_further_step(tmp_p
     assert again.train.steps == first.train.steps == 12 and checkpoints(out) == ["checkpoint-12", "checkpoint-8"]
     assert "at the run's last step (12): no step is trained" in caplog.text
     assert again.validation.accuracy == first.validation.accuracy and again.history == first.history
+
+
+def test_a_resume_on_another_dataset_is_refused_and_on_the_same_folder_spelt_otherwise_goes_on(tmp_path, monkeypatch):
+    """Another dataset of the same classes went on silently: its evaluations joined the first's in one history, the
+    best model chosen across both."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    for folder, flip in (("digits", False), ("mirrored", True)):
+        for i in range(80):
+            class_dir = tmp_path / folder / str(digits.target[i])
+            class_dir.mkdir(parents=True, exist_ok=True)
+            image = digits.images[i][:, ::-1] if flip else digits.images[i]
+            Image.fromarray((image * 15).astype(np.uint8)).save(class_dir / f"{i}.png")
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    args = [*TINY, "--num_train_epochs", "2", "--output_dir", str(out), "--resume_from_checkpoint", "auto"]
+    run.main([*args, "--dataset_name", "digits"])
+    (out / "results.json").unlink()
+    shutil.rmtree(out / "checkpoint-16")  # as if stopped after its first epoch
+    with pytest.raises(ResumeRefused, match=r"trained with dataset local \w+ \(now local \w+\): its weights, trained"):
+        run.main([*args, "--dataset_name", "mirrored"])
+    assert run.main([*args, "--dataset_name", str(tmp_path / "digits")])["scratch"].train.steps == 16
 
 
 def test_overwrite_output_dir_removes_the_earlier_run_only_once_the_new_one_can_train(tmp_path):

@@ -121,6 +121,25 @@ def check_options_kept(state: TrainerState, now: dict) -> None:
         )
 
 
+# The training recipe: changed on resume, the run goes on with the new values (MixUp off for the last epochs is a
+# recipe of its own), said, as its results.json records them for the whole run. The augmentation options come with
+# `ResumeCheck`'s `data_options` (as "augmentation").
+RECIPE_OPTIONS = ("mixup_alpha", "cutmix_alpha", "label_smoothing_factor", "max_grad_norm", "class_weighting")
+RECIPE_OPTIONS += ("flip_tta",)
+
+
+def check_recipe_kept(state: TrainerState, saved: dict | None, now: dict) -> None:
+    """Say which `RECIPE_OPTIONS` a resumed run (`state`) changes from those its checkpoint trained with (`saved`,
+    None where it recorded none)."""
+    changed = [f"{name} {number(saved[name])} (now {number(value)})" for name, value in now.items()
+               if name in (saved or {}) and saved[name] != value]  # fmt: skip
+    if state.global_step > 0 and changed and state.is_world_process_zero:
+        logger.warning(
+            f"The resumed checkpoint (step {state.global_step}) trained with {', '.join(changed)}: the run goes on "
+            "with the new values, and its results.json records them for the whole run."
+        )
+
+
 # The options `check_options_kept` compares before the data loads: the rest follow the data (multi-label data keeps
 # the best mAP) or are the data's.
 KEPT_FROM_THE_START = (*OPTIMIZER_OPTIONS, "seed", "data_seed", "ema_decay", *DISTILLATION_OPTIONS)
@@ -137,13 +156,13 @@ class ResumeCheck(TrainerCallback, ExportableState):
     fitted to (`TrainingBudgetCallback`) is refused."""
 
     def __init__(self, data_options: dict | None = None):
-        self.steps_per_epoch = self.options = self.precision = self.max_steps = None
+        self.steps_per_epoch = self.options = self.precision = self.max_steps = self.recipe = None
         self.ended = False
         self.data_options = data_options or {}
 
     def state(self) -> dict:
         attributes = {"steps_per_epoch": self.steps_per_epoch, "options": self.options, "precision": self.precision}
-        attributes["max_steps"] = self.max_steps
+        attributes.update(max_steps=self.max_steps, recipe=self.recipe)
         return {"args": {}, "attributes": attributes}
 
     def on_epoch_begin(self, args, state, control, **kwargs):
@@ -158,7 +177,7 @@ class ResumeCheck(TrainerCallback, ExportableState):
 
     def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
         self.steps_per_epoch, self.options, self.precision, resumed = None, None, None, state.global_step > 0
-        self.max_steps = None
+        self.max_steps = self.recipe = None
         restore_state(self, state)
         planned, self.max_steps = self.max_steps, state.max_steps
         fitted = state.stateful_callbacks.get("TrainingBudgetCallback", {}).get("attributes", {}).get("planned_steps")
@@ -174,8 +193,12 @@ class ResumeCheck(TrainerCallback, ExportableState):
                 f"with `{flags}` to go on as it trained."
             )
         self.options = {name: option(args, name) for name in OPTIMIZER_OPTIONS + RUN_OPTIONS}
-        self.options.update(json.loads(json.dumps(self.data_options)))
+        data_options = json.loads(json.dumps(self.data_options))
+        augmentation = data_options.pop("augmentation", {})
+        self.options.update(data_options)
         check_options_kept(state, self.options)  # against the saved ones, which `state` holds
+        saved_recipe, self.recipe = self.recipe, {name: option(args, name) for name in RECIPE_OPTIONS} | augmentation
+        check_recipe_kept(state, saved_recipe, self.recipe)
         if has_length(train_dataloader):  # else no epochs to count
             now = math.ceil(len(train_dataloader) / args.gradient_accumulation_steps)  # as the Trainer counts them
             # From a checkpoint that did not save them: `epoch` counts the running epoch's batches, so the ratio lies

@@ -649,6 +649,10 @@ def make_trainer(
             "validation_size": data_args.validation_size if data.validation_held_out else None,
             **{name: getattr(data_args, name) for name in ("include_labels", "max_train_samples", "max_eval_samples")},
             "stored_image_size": list(data.train.image_size),  # the pixels trained and scored so far
+            # Said when changed, not refused (`RECIPE_OPTIONS`).
+            "augmentation": {
+                name: getattr(data_args, name) for name in ("random_resized_crop", *AUGMENTATION_OPTIONS)
+            },
         },
     )
 

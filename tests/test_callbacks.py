@@ -454,6 +454,34 @@ def test_an_evaluation_line_shows_only_a_training_loss_logged_since_the_previous
     assert evaluation_line(state, state.log_history[-1]) == "epoch 5.00: validation accuracy 70.00%, loss 0.8000"
 
 
+def test_a_resume_with_another_recipe_goes_on_and_says_so(tmp_path, caplog):
+    """MixUp, label smoothing or an augmentation changed on resume: accepted without a word, while results.json
+    recorded the new values for the whole run. They are a recipe (MixUp off for the last epochs): said, not refused."""
+    args = ImageClassificationTrainingArguments(
+        output_dir=str(tmp_path), report_to="none", bf16=False, fp16=False, tf32=None, torch_compile=False,
+        mixup_alpha=0.8,
+    )  # fmt: skip
+    augmentation = {"augmentation": {"random_crop_padding": 4, "crop_scale": (0.08, 1.0)}}
+    first = ResumeCheck(augmentation)
+    first.on_train_begin(args, TrainerState(), TrainerControl())
+    saved = {"ResumeCheck": json.loads(json.dumps(first.state()))}
+    with caplog.at_level("WARNING"):
+        ResumeCheck(augmentation).on_train_begin(
+            args, TrainerState(global_step=8, stateful_callbacks=saved), TrainerControl()
+        )
+        assert not caplog.records  # the same recipe
+        changed = dataclasses.replace(args, mixup_alpha=0.0, label_smoothing_factor=0.1)
+        other = {"augmentation": {"random_crop_padding": 0, "crop_scale": (0.08, 1.0)}}
+        ResumeCheck(other).on_train_begin(
+            changed, TrainerState(global_step=8, stateful_callbacks=saved), TrainerControl()
+        )
+    assert caplog.messages == [
+        "The resumed checkpoint (step 8) trained with mixup_alpha 0.8 (now 0), label_smoothing_factor 0 (now 0.1), "
+        "random_crop_padding 4 (now 0): the run goes on with the new values, and its results.json records them "
+        "for the whole run."
+    ]
+
+
 def test_a_resume_with_another_teacher_or_distillation_mix_is_refused(tmp_path, monkeypatch):
     """A run taught by one teacher, resumed with another (or another `distillation_alpha`), went on and its results
     named only the new one. The same folder written another way (`./runs/teacher`, its full path) is the same

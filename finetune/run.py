@@ -10,6 +10,7 @@ import contextlib
 import copy
 import dataclasses
 import itertools
+import json
 import logging
 import os
 import re
@@ -645,7 +646,7 @@ def make_trainer(
         data_options={
             # The same data by its place (a hash of a local folder's or file's real path, or the Hub id): another
             # dataset with the same classes went on silently, its evaluations in one history with the first's.
-            "dataset": f"local {location}" if (location := dataset_location(data.source)) else data.source,
+            "dataset": dataset_key(data.source),
             "validation_size": data_args.validation_size if data.validation_held_out else None,
             **{name: getattr(data_args, name) for name in ("include_labels", "max_train_samples", "max_eval_samples")},
             "stored_image_size": list(data.train.image_size),  # the pixels trained and scored so far
@@ -784,15 +785,21 @@ def check_held_out_as_trained(
     """An evaluation of the model at `path`, or a run it teaches (`args.do_train`), that holds out its validation split
     from train holds out the one the model was trained without, as its run's results.json records it (seed,
     data_seed, validation_size): another would hold images the model trained on."""
-    trained = results_of_model(path) if data.validation_held_out else None
-    if trained is None:
+    if not data.validation_held_out:
         return
-    recorded = trained.hyperparameters
-    # A local dataset: the same files, however the path is spelled; a Hub id (or older results.json): the same name.
-    fingerprint, local = trained.dataset_fingerprint, os.path.exists(os.path.expanduser(data.source))
-    same = fingerprint == data.fingerprint if fingerprint and local else trained.dataset == data.source
+    trained = results_of_model(path)
     model, this = (f"The teacher {path}", "this run's") if args.do_train else (path, "this evaluation's")
-    changed = trained.dataset_location is not None and trained.dataset_location == dataset_location(data.source)
+    if trained is None:  # a checkpoint of a run still training, or stopped: its split as its checkpoint saved it
+        recorded = checkpoint_options(path)
+        if recorded.get("dataset") is None or recorded["dataset"] != dataset_key(data.source):
+            return
+        same = changed = True
+    else:
+        recorded = trained.hyperparameters
+        # A local dataset: the same files, however the path is spelled; a Hub id (or older results.json): the name.
+        fingerprint, local = trained.dataset_fingerprint, os.path.exists(os.path.expanduser(data.source))
+        same = fingerprint == data.fingerprint if fingerprint and local else trained.dataset == data.source
+        changed = trained.dataset_location is not None and trained.dataset_location == dataset_location(data.source)
     if not same and changed and not recorded.get("evaluation_only"):
         raise ValueError(
             f"{model} was trained on {data.source} as it was then: its files have changed since, so {this} held-out "
@@ -815,6 +822,22 @@ def check_held_out_as_trained(
         f"{f', validation_size {trained_size:g}' if trained_size else ''}: {this} (seed {seed}, validation_size "
         f"{size:g}) would hold out images it trained on. Fix: {fix}."
     )
+
+
+def dataset_key(source: str) -> str:
+    """The dataset as a checkpoint records it (`ResumeCheck`): a hash of a local folder's or file's real path, or
+    the Hub id."""
+    return f"local {location}" if (location := dataset_location(source)) else source
+
+
+def checkpoint_options(path: str) -> dict:
+    """The options a checkpoint's run trained with, as it saved them (`ResumeCheck`), or {} for another folder."""
+    state = Path(path).expanduser() / "trainer_state.json"
+    try:
+        callbacks = json.loads(state.read_text()).get("stateful_callbacks", {}) if state.is_file() else {}
+    except (OSError, ValueError):
+        return {}  # resuming or loading it says what is wrong with it
+    return callbacks.get("ResumeCheck", {}).get("attributes", {}).get("options") or {}
 
 
 def data_seed(args: ImageClassificationTrainingArguments) -> int:

@@ -4,6 +4,7 @@
 import json
 import logging
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -195,6 +196,19 @@ def test_a_teacher_trained_on_this_runs_validation_images_is_refused(teacher_dir
     with pytest.raises(ValueError, match=r"^The teacher .* would hold out images it trained on") as error:
         run.main([*args, "--seed", "1"])
     assert str(error.value).endswith("Fix: `--seed 0`, or a teacher trained with this run's split.")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_teacher_checkpoint_of_an_unfinished_run_is_held_to_its_split(teacher_dir, tmp_path):
+    """A checkpoint of a run still training (or stopped) has no results.json: its split went unchecked, and a
+    student holding out another one was validated on images its teacher trained on. The checkpoint saved it."""
+    unfinished = Path(shutil.copytree(teacher_dir, tmp_path / "unfinished"))
+    (unfinished / "results.json").unlink()  # written when a run ends
+    checkpoint = next(unfinished.glob("checkpoint-*"))
+    args = [*TINY_SCRATCH, "--teacher_model_name_or_path", str(checkpoint), "--output_dir", str(tmp_path / "out")]
+    with pytest.raises(ValueError, match=r"^The teacher .*checkpoint-\d+ was trained on sklearn:digits holding out .*"
+                                         r"seed 0.*would hold out images it trained on. Fix: `--seed 0`"):  # fmt: skip
+        run.main([*args, "--seed", "1"])
     assert not (tmp_path / "out").exists()
 
 

@@ -95,8 +95,8 @@ def effective(options: dict, name: str):
     value = options.get(name)
     if name == "data_seed" and value is None:
         return options.get("seed")
-    if name == "teacher_model_name_or_path" and value is not None and os.path.exists(value):
-        return os.path.realpath(value)
+    if name == "teacher_model_name_or_path" and value is not None and os.path.exists(os.path.expanduser(value)):
+        return os.path.realpath(os.path.expanduser(value))
     return value
 
 
@@ -131,8 +131,9 @@ RECIPE_OPTIONS += ("flip_tta",)
 def check_recipe_kept(state: TrainerState, saved: dict | None, now: dict) -> None:
     """Say which `RECIPE_OPTIONS` a resumed run (`state`) changes from those its checkpoint trained with (`saved`,
     None where it recorded none)."""
+    saved = {**(saved or {}), **({"flip_tta": bool(saved["flip_tta"])} if "flip_tta" in (saved or {}) else {})}
     changed = [f"{name} {number(saved[name])} (now {number(value)})" for name, value in now.items()
-               if name in (saved or {}) and saved[name] != value]  # fmt: skip
+               if name in saved and saved[name] != value]  # fmt: skip
     if state.global_step > 0 and changed and state.is_world_process_zero:
         logger.warning(
             f"The resumed checkpoint (step {state.global_step}) trained with {', '.join(changed)}: the run goes on "
@@ -198,6 +199,7 @@ class ResumeCheck(TrainerCallback, ExportableState):
         self.options.update(data_options)
         check_options_kept(state, self.options)  # against the saved ones, which `state` holds
         saved_recipe, self.recipe = self.recipe, {name: option(args, name) for name in RECIPE_OPTIONS} | augmentation
+        self.recipe["flip_tta"] = bool(self.recipe["flip_tta"])  # unset is off
         check_recipe_kept(state, saved_recipe, self.recipe)
         if has_length(train_dataloader):  # else no epochs to count
             now = math.ceil(len(train_dataloader) / args.gradient_accumulation_steps)  # as the Trainer counts them

@@ -579,7 +579,7 @@ def make_trainer(
     data: ImageData,
     layer_decay: float | None = None,
     compile_choice: hardware.CompileChoice | None = None,
-    convert_channels: bool = False,
+    convert_channels: bool = True,
 ) -> ImageClassificationTrainer:
     """The Trainer of one model, with the batch transform that feeds it at its resolution and normalisation; a
     teacher's channels are converted as the run's `convert_channels` allows."""
@@ -669,7 +669,7 @@ def teacher_config(path: str):
         return transformers.AutoConfig.from_pretrained(path)
 
 
-def load_teacher(path: str, student, data: ImageData, convert_channels: bool = False):
+def load_teacher(path: str, student, data: ImageData, convert_channels: bool = True):
     """The trained classifier at `path` that teaches `student` (`teacher_model_name_or_path`), and its
     `Preprocessing`; its labels must be the student's, in the same order, or distillation would teach wrong classes.
     With `convert_channels`, a teacher of 3 channels takes 1-channel data (and the reverse), as the student would."""

@@ -212,6 +212,14 @@ def test_a_timm_runs_saved_processor_resizes_as_training_did(tmp_path, digit_ima
     saved = AutoImageProcessor.from_pretrained(out)(image, return_tensors="pt").pixel_values
     assert ours.shape == saved.shape == (1, 3, 16, 16)
     assert ((ours - saved) * 0.5 * 255).abs().max() < 2  # levels: rounding only
+    # A checkpoint saved with timm's bicubic resize (before it was set) resumes: preprocessing, not the model.
+    [checkpoint] = out.glob("checkpoint-*")
+    config = json.loads((checkpoint / "config.json").read_text())
+    config["pretrained_cfg"]["interpolation"] = "bicubic"
+    (checkpoint / "config.json").write_text(json.dumps(config))
+    (out / "results.json").unlink()
+    resumed = ["--model_name_or_path", str(base), *TRAIN, "--output_dir", str(out), "--resume_from_checkpoint", "true"]
+    assert run.main(resumed)["pretrained"].train.steps == 2
 
 
 @pytest.mark.parametrize("name", [case(name) for name in BACKBONES])

@@ -466,9 +466,10 @@ def test_a_resume_with_another_recipe_goes_on_and_says_so(tmp_path, caplog):
     first.on_train_begin(args, TrainerState(), TrainerControl())
     saved = {"ResumeCheck": json.loads(json.dumps(first.state()))}
     with caplog.at_level("WARNING"):
-        ResumeCheck(augmentation).on_train_begin(
-            args, TrainerState(global_step=8, stateful_callbacks=saved), TrainerControl()
-        )
+        ResumeCheck(augmentation).on_train_begin(  # `flip_tta` unset is false
+            dataclasses.replace(args, flip_tta=False), TrainerState(global_step=8, stateful_callbacks=saved),
+            TrainerControl(),
+        )  # fmt: skip
         assert not caplog.records  # the same recipe
         changed = dataclasses.replace(args, mixup_alpha=0.0, label_smoothing_factor=0.1)
         other = {"augmentation": {"random_crop_padding": 0, "crop_scale": (0.08, 1.0)}}

@@ -60,7 +60,8 @@ HELD_BY = {
     **dict.fromkeys(("metric_for_best_model", "greater_is_better"), "best model so far"),
     "ema_decay": "weights' average",
     **dict.fromkeys(DISTILLATION_OPTIONS, "weights, taught so far by another teacher or mix,"),
-    "dataset": "weights, trained so far on other images, and evaluations so far",
+    # Data moved since: a link at its old path takes it up again.
+    "dataset": "weights, trained so far on other images (or on these at their old path), and evaluations so far",
     # `decode_size`, `random_resized_crop` (its margin) or the processor set it: the earlier evaluations scored others.
     "stored_image_size": "evaluations so far (of images stored at that size: `decode_size`, `random_resized_crop`)",
 }

@@ -646,7 +646,7 @@ def make_trainer(
         data_options={
             # The same data by its place (a hash of a local folder's or file's real path, or the Hub id): another
             # dataset with the same classes went on silently, its evaluations in one history with the first's.
-            "dataset": dataset_key(data.source),
+            "dataset": dataset_key(data_args),
             "validation_size": data_args.validation_size if data.validation_held_out else None,
             **{name: getattr(data_args, name) for name in ("include_labels", "max_train_samples", "max_eval_samples")},
             "stored_image_size": list(data.train.image_size),  # the pixels trained and scored so far
@@ -791,7 +791,7 @@ def check_held_out_as_trained(
     model, this = (f"The teacher {path}", "this run's") if args.do_train else (path, "this evaluation's")
     if trained is None:  # a checkpoint of a run still training, or stopped: its split as its checkpoint saved it
         recorded = checkpoint_options(path)
-        if recorded.get("dataset") is None or recorded["dataset"] != dataset_key(data.source):
+        if recorded.get("dataset") is None or recorded["dataset"] != dataset_key(data_args):
             return
         same = changed = True
     else:
@@ -824,10 +824,13 @@ def check_held_out_as_trained(
     )
 
 
-def dataset_key(source: str) -> str:
-    """The dataset as a checkpoint records it (`ResumeCheck`): a hash of a local folder's or file's real path, or
-    the Hub id."""
-    return f"local {location}" if (location := dataset_location(source)) else source
+def dataset_key(data_args: DataArguments) -> str:
+    """The data as a checkpoint records it (`ResumeCheck`): the real path of each local folder or file, however it is
+    spelt, or the Hub id (and its configuration)."""
+    names = (data_args.dataset_name, data_args.dataset_config_name, data_args.train_file, data_args.validation_file)
+    names += (data_args.test_file,)
+    paths = [os.path.expanduser(name) for name in names if name]
+    return ", ".join(os.path.realpath(path) if os.path.exists(path) else path for path in paths)
 
 
 def checkpoint_options(path: str) -> dict:

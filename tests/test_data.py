@@ -110,6 +110,17 @@ def test_a_parquet_file_cut_short_is_one_error_naming_it(tmp_path, capfd):
     with pytest.raises(ValueError, match=r"train\.parquet cannot be read as a \.parquet file \(ArrowInvalid: .*cut"):
         load_image_data(_args(dataset_name=str(cut), validation_size=6), seed=0)
     assert "Failed to read schema" not in capfd.readouterr().err
+    # An arrow stream cut short reads its schema, then fails in `datasets`' generation ("unexpected").
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(whole)
+    with pa.OSFile(str(tmp_path / "whole.arrow"), "wb") as file, pa.ipc.new_stream(file, table.schema) as stream:
+        stream.write_table(table)
+    stream_bytes = (tmp_path / "whole.arrow").read_bytes()
+    (tmp_path / "cut.arrow").write_bytes(stream_bytes[: len(stream_bytes) // 2])
+    with pytest.raises(ValueError, match=r"cut\.arrow cannot be read as a \.arrow file \(OSError: .*\): it is dama"):
+        load_image_data(_args(dataset_name=str(tmp_path / "cut.arrow"), validation_size=6), seed=0)
 
 
 def test_grayscale_source_stays_one_channel(tmp_path):

@@ -370,9 +370,13 @@ def _read_table(path: str, extension: str) -> datasets.Dataset:
     datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its own error line, said below with the fix
     try:
         return datasets.load_dataset(TABLE_EXTENSIONS[extension], data_files=path, split="train")
-    except (pa.ArrowInvalid, pa.ArrowIOError) as error:
+    except (pa.ArrowInvalid, datasets.exceptions.DatasetGenerationError) as error:
+        # Reading a stream cut short raises pyarrow's OSError, with no errno (a full disk or a refused write has one).
+        cause = error if isinstance(error, pa.ArrowInvalid) else error.__cause__
+        if not isinstance(cause, pa.ArrowInvalid) and not (isinstance(cause, OSError) and cause.errno is None):
+            raise
         raise ValueError(
-            f"{path} cannot be read as a {extension} file ({one_line(error)}): it is damaged, cut short (a copy or "
+            f"{path} cannot be read as a {extension} file ({one_line(cause)}): it is damaged, cut short (a copy or "
             "download stopped midway) or of another format. Fix: copy or export it again."
         ) from error
     finally:

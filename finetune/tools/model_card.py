@@ -271,58 +271,31 @@ def _adapter_resizes_positions(config: dict, base: str) -> bool:
 
 
 def _usage(results: Results, config: dict, repo: str, base: str | None, hub: str | None) -> str:
-    """How to load the model: transformers' Auto classes (and pipeline), or peft for a LoRA adapter of `base` (the
-    Hub id `hub`, or a local folder, named by a placeholder: its path on the training machine means nothing to
-    readers)."""
+    """How to load and run the model: transformers' Auto classes (and pipeline), or peft for a LoRA adapter of `base`
+    (the Hub id `hub`, or a local folder, named by a placeholder: its path on the training machine means nothing to
+    readers); images opened as training read them, the logits as the scores are of (`flip_tta`), the labels above
+    the thresholds of a multi-label run."""
     remote = ", trust_remote_code=True" if is_scratch(results) else ""
-    if base is not None:
-        named = f"`{hub}`" if hub else f"the local model `{Path(base).name}`"
-        source = hub or f"path/to/{Path(base).name}"
-        size, forward = "", ""
-        if _adapter_resizes_positions(config, base):  # its base's position embeddings, interpolated to the run's size
-            size = (
-                f"# the base loads at its own size; the adapter was trained with its position embeddings interpolated "
-                f"to {config.get('image_size')} px, as the call below does\n"
-                f'config.image_size = AutoConfig.from_pretrained("{source}"{remote}).image_size\n'
-            )
-            mode = "L" if config.get("num_channels") == 1 else "RGB"
-            forward = f"""
-
-inputs = processor(Image.open("image.jpg").convert("{mode}"), return_tensors="pt")
-with torch.no_grad():
-    logits = model(**inputs, interpolate_pos_encoding=True).logits
-print(model.config.id2label[logits.argmax(-1).item()])"""
-        imports = "import torch\nfrom PIL import Image\n" if forward else ""
-        base_args = f'"{source}", config=config, ignore_mismatched_sizes=True{remote}'
-        return f"""A LoRA adapter (peft) of {named}, with the fine-tuned classification head:
-
-```python
-{imports}from peft import PeftModel
-from transformers import AutoConfig, AutoImageProcessor, AutoModelForImageClassification
-
-repo = "{repo}"
-config = AutoConfig.from_pretrained(repo{remote})  # the fine-tuned labels
-{size}base = AutoModelForImageClassification.from_pretrained({base_args})
-model = PeftModel.from_pretrained(base, repo).merge_and_unload()
-processor = AutoImageProcessor.from_pretrained(repo){forward}
-```
-
-With this project's code, `python -m finetune.tools.predict MODEL_DIR image.jpg` loads the adapter folder as it is."""
     mode = "L" if config.get("num_channels") == 1 else "RGB"
+    # A LoRA run at another size than its base's: the base's position embeddings, interpolated at each call.
+    interpolate = (
+        ", interpolate_pos_encoding=True" if base is not None and _adapter_resizes_positions(config, base) else ""
+    )
+    forward = f"logits = model(**inputs{interpolate}).logits"
     pipeline = ""
-    if mode == "RGB":  # transformers' pipeline converts every image to RGB: a 1-channel model cannot run it
+    if mode == "RGB" and base is None:  # transformers' pipeline converts every image to RGB: not a 1-channel model
         pipeline = f"""
 
 # or, in one line (pipeline() reads transparent and 16-bit images otherwise):
 classifier = pipeline("image-classification", model=repo{remote})
 print(classifier("image.jpg"))"""
-    answer, printed = "print(model.config.id2label[logits.argmax(-1).item()])", "the top-5 classes"
-    forward = "logits = model(**inputs).logits"
     if results.hyperparameters.get("flip_tta"):  # the scores above and the thresholds are of flip-averaged logits
+        mirror = f'model(pixel_values=inputs["pixel_values"].flip(-1){interpolate}).logits'
         forward = "# as the scores above: the mean of the image's logits and its mirror image's (flip_tta)\n    " + (
-            'logits = (model(**inputs).logits + model(pixel_values=inputs["pixel_values"].flip(-1)).logits) / 2'
+            f"logits = (model(**inputs{interpolate}).logits + {mirror}) / 2"
         )
         pipeline = pipeline.replace("in one line (", "in one line (without the mirror image; ")
+    answer, printed = "print(model.config.id2label[logits.argmax(-1).item()])", "the top-5 classes"
     if results.multi_label:  # the thresholds chosen on the validation split are in results.json
         thresholds = [round(results.per_class_threshold.get(name, 0.5), 4) for name in results.label_names]
         answer = (
@@ -330,19 +303,35 @@ print(classifier("image.jpg"))"""
             "print([model.config.id2label[i] for i, p in enumerate(logits.sigmoid()[0]) if p >= thresholds[i]])"
         )
         printed = "every label above its threshold (results.json's `per_class_threshold`)"
-    serve, tensors = "To serve without PyTorch", '"np")["pixel_values"]'
-    if config.get("model_type") == "timm_wrapper":  # transformers' TimmWrapper processor makes only PyTorch tensors
-        serve, tensors = "To serve from ONNX (a timm processor needs PyTorch)", '"pt")["pixel_values"].numpy()'
-    mirror = " (one view: `predict MODEL_DIR/onnx` adds the mirror image's, as above)" if "mirror" in forward else ""
-    return f"""```python
-import numpy as np
-import torch
-from PIL import Image, ImageOps
-from transformers import AutoImageProcessor, AutoModelForImageClassification{", pipeline" if pipeline else ""}
+    auto = f"AutoImageProcessor, AutoModelForImageClassification{', pipeline' if pipeline else ''}"
+    loading = f"""from transformers import {auto}
 
 repo = "{repo}"
 processor = AutoImageProcessor.from_pretrained(repo)
-model = AutoModelForImageClassification.from_pretrained(repo{remote})
+model = AutoModelForImageClassification.from_pretrained(repo{remote})"""
+    if base is not None:
+        source = hub or f"path/to/{Path(base).name}"
+        size = ""
+        if interpolate:
+            size = (
+                f"# the base loads at its own size; the adapter was trained with its position embeddings interpolated "
+                f"to {config.get('image_size')} px, as the calls below do\n"
+                f'config.image_size = AutoConfig.from_pretrained("{source}"{remote}).image_size\n'
+            )
+        base_args = f'"{source}", config=config, ignore_mismatched_sizes=True{remote}'
+        loading = f"""from peft import PeftModel
+from transformers import AutoConfig, AutoImageProcessor, AutoModelForImageClassification
+
+repo = "{repo}"
+config = AutoConfig.from_pretrained(repo{remote})  # the fine-tuned labels
+{size}base = AutoModelForImageClassification.from_pretrained({base_args})
+model = PeftModel.from_pretrained(base, repo).merge_and_unload()
+processor = AutoImageProcessor.from_pretrained(repo)"""
+    code = f"""```python
+import numpy as np
+import torch
+from PIL import Image, ImageOps
+{loading}
 
 
 def open_image(path):  # as training read images: upright by their EXIF tag, 16-bit scaled to 8, transparency on white
@@ -359,7 +348,18 @@ with torch.no_grad():
     {forward}
 {answer}{pipeline}
 ```
-{_framing_note(results)}
+{_framing_note(results)}"""
+    if base is not None:
+        named = f"`{hub}`" if hub else f"the local model `{Path(base).name}`"
+        return (
+            f"A LoRA adapter (peft) of {named}, with the fine-tuned classification head:\n\n{code}\nWith this "
+            "project's code, `python -m finetune.tools.predict MODEL_DIR image.jpg` loads the adapter folder as it is."
+        )
+    serve, tensors = "To serve without PyTorch", '"np")["pixel_values"]'
+    if config.get("model_type") == "timm_wrapper":  # transformers' TimmWrapper processor makes only PyTorch tensors
+        serve, tensors = "To serve from ONNX (a timm processor needs PyTorch)", '"pt")["pixel_values"].numpy()'
+    mirror = " (one view: `predict MODEL_DIR/onnx` adds the mirror image's, as above)" if "mirror" in forward else ""
+    return f"""{code}
 With this project's code, `python -m finetune.tools.predict MODEL_DIR image.jpg` prints {printed}, and \
 `python -m finetune.tools.attention MODEL_DIR image.jpg --output maps/` plots the attention maps.
 

@@ -101,11 +101,16 @@ def effective(options: dict, name: str):
     return value
 
 
+def saved_options(state: TrainerState) -> dict:
+    """The options a checkpoint's run trained with, as `ResumeCheck` saved them ({} before they were recorded)."""
+    return state.stateful_callbacks.get("ResumeCheck", {}).get("attributes", {}).get("options") or {}
+
+
 def check_options_kept(state: TrainerState, now: dict) -> None:
     """Refuse to resume the checkpoint of `state` where an option of `now` (name: value, as `option` reads it)
     differs from the one it was trained with (`ResumeCheck` saved them; a checkpoint saved before one was recorded
     keeps it)."""
-    saved = state.stateful_callbacks.get("ResumeCheck", {}).get("attributes", {}).get("options") or {}
+    saved = saved_options(state)
     changed = [
         f"{name} {number(saved[name])} (now {number(value)})"
         for name, value in now.items()
@@ -132,7 +137,7 @@ RECIPE_OPTIONS += ("flip_tta",)
 def check_recipe_kept(state: TrainerState, saved: dict | None, now: dict) -> None:
     """Say which `RECIPE_OPTIONS` a resumed run (`state`) changes from those its checkpoint trained with (`saved`,
     None where it recorded none)."""
-    saved = {**(saved or {}), **({"flip_tta": bool(saved["flip_tta"])} if "flip_tta" in (saved or {}) else {})}
+    saved = saved or {}
     changed = [f"{name} {number(saved[name])} (now {number(value)})" for name, value in now.items()
                if name in saved and saved[name] != value]  # fmt: skip
     if state.global_step > 0 and changed and state.is_world_process_zero:

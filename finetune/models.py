@@ -768,8 +768,8 @@ def config_changes(checkpoint: str, config) -> list[str]:
     saved, here = json.loads(path.read_text()), json.loads(config.to_json_string(use_diff=False))
     # Set on saving, or by the Trainer (`use_cache` from its arguments), or timm's preprocessing (`pretrained_cfg`,
     # whose resize `_framing_processor` sets to training's): not the model's shape or training.
-    metadata = {"architectures", "transformers_version", "_name_or_path", "dtype", "torch_dtype", "use_cache"}
-    metadata.add("pretrained_cfg")
+    metadata = {"architectures", "transformers_version", "_name_or_path", "dtype", "torch_dtype", "use_cache",
+                "pretrained_cfg"}  # fmt: skip
     names = sorted((saved.keys() & here.keys()) - metadata)
 
     def change(name: str) -> str:

@@ -10,7 +10,6 @@ import contextlib
 import copy
 import dataclasses
 import itertools
-import json
 import logging
 import os
 import re
@@ -35,13 +34,14 @@ if __name__ == "__main__":
 import datasets  # noqa: E402
 import torch.distributed  # noqa: E402
 import transformers  # noqa: E402
-from transformers import TrainingArguments, set_seed  # noqa: E402
+from transformers import TrainerState, TrainingArguments, set_seed  # noqa: E402
 from transformers.dynamic_module_utils import custom_object_save  # noqa: E402
+from transformers.trainer import TRAINER_STATE_NAME  # noqa: E402
 
 from finetune import hardware  # noqa: E402
 from finetune.arguments import DataArguments, ModelArguments, is_set, parse_options, scratch_config_kwargs  # noqa: E402
 from finetune.augment import BatchTransform, CenterShare, describe_augmentation, use_random_resized_crop  # noqa: E402
-from finetune.callbacks import total_batch_size  # noqa: E402
+from finetune.callbacks import saved_options, total_batch_size  # noqa: E402
 from finetune.checkpoints import (  # noqa: E402
     FINISHED,
     RemoveEarlierRun,
@@ -644,8 +644,8 @@ def make_trainer(
         teacher=teacher,
         teacher_transform=teacher_transform,
         data_options={
-            # The same data by its place (a hash of a local folder's or file's real path, or the Hub id): another
-            # dataset with the same classes went on silently, its evaluations in one history with the first's.
+            # The same data by its place (the real paths of local data, or the Hub id): another dataset with the same
+            # classes went on silently, its evaluations in one history with the first's.
             "dataset": dataset_key(data_args),
             "validation_size": data_args.validation_size if data.validation_held_out else None,
             **{name: getattr(data_args, name) for name in ("include_labels", "max_train_samples", "max_eval_samples")},
@@ -834,13 +834,12 @@ def dataset_key(data_args: DataArguments) -> str:
 
 
 def checkpoint_options(path: str) -> dict:
-    """The options a checkpoint's run trained with, as it saved them (`ResumeCheck`), or {} for another folder."""
-    state = Path(path).expanduser() / "trainer_state.json"
+    """The options a checkpoint's run trained with, as it saved them (`saved_options`), or {} for another folder."""
+    state_file = Path(path).expanduser() / TRAINER_STATE_NAME
     try:
-        callbacks = json.loads(state.read_text()).get("stateful_callbacks", {}) if state.is_file() else {}
-    except (OSError, ValueError):
+        return saved_options(TrainerState.load_from_json(str(state_file))) if state_file.is_file() else {}
+    except (OSError, ValueError, TypeError):
         return {}  # resuming or loading it says what is wrong with it
-    return callbacks.get("ResumeCheck", {}).get("attributes", {}).get("options") or {}
 
 
 def data_seed(args: ImageClassificationTrainingArguments) -> int:

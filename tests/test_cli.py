@@ -86,5 +86,7 @@ def test_ctrl_c_while_the_command_imports_its_libraries_is_one_line(tmp_path):
     time.sleep(1.0)  # after Python and the CLI start, while the libraries import (2-3 s)
     process.send_signal(signal.SIGINT)
     _, err = process.communicate(timeout=120)
-    assert process.returncode == 130 and "Traceback" not in err, err[-2000:]
+    # 130, or (about one time in three when the signal lands early in the imports, though the error line shows it was
+    # handled) Python ends itself by SIGINT at exit: a shell reports both as 130.
+    assert process.returncode in (130, -signal.SIGINT) and "Traceback" not in err, err[-2000:]
     assert err.strip().splitlines()[-1].startswith("error: interrupted (Ctrl-C)")

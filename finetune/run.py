@@ -21,8 +21,7 @@ from pathlib import Path
 
 
 if __package__ in (None, ""):
-    # `python finetune/run.py` / `accelerate launch finetune/run.py` run this file as a script: make the project
-    # root importable so `finetune` resolves even without `pip install -e .`.
+    # Run as a script (`python finetune/run.py`): the project root importable without `pip install -e .`.
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 if __name__ == "__main__":
@@ -97,7 +96,6 @@ def main(argv: list[str] | None = None) -> dict[str, Results]:
 
 
 def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
-    """The pipeline's stages (`main` adds the process group's end)."""
     with stage("starting, before anything was written", RERUN, every_process=True):
         # ---- Arguments, then the settings this machine gives each `auto` (precision, compilation, CPU or GPU): a step
         # of its own, so that building the arguments probes nothing (finetune/training_args.py says why).
@@ -126,10 +124,8 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
             if training_args.teacher_model_name_or_path:
                 teacher_config(training_args.teacher_model_name_or_path)
         output_dir = Path(training_args.output_dir)
-        if model_args.model_type == "both":
-            run_dirs = {t: output_dir / t for t in ("pretrained", "scratch")}
-        else:
-            run_dirs = {model_args.model_type: output_dir}
+        both = ("pretrained", "scratch") if model_args.model_type == "both" else ()
+        run_dirs = {t: output_dir / t for t in both} or {model_args.model_type: output_dir}
         if push_to_hub and len(run_dirs) > 1:  # pushed as hub_model_id-pretrained and -scratch: ids of their own
             for model_type in run_dirs:
                 check_push_possible(f"{training_args.hub_model_id}-{model_type}", hub_token)
@@ -142,11 +138,9 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
             check_no_earlier_results(run_dirs[model_args.model_type], training_args)
 
     with peers_answering(training_args):
-        # ---- Data: decoded once into uint8 tensors (and cached); the main process decodes first, the others read it.
-        # Photos of mixed sizes are stored at the size the model's processor resizes them to, plus a margin where
-        # training may use RandomResizedCrop. A saved model is scored on the pixels its run scored (its results.json
-        # says the size), else as its processor frames a photo; a ScratchViT's too: the options given now do not
-        # shape it.
+        # ---- Data: decoded once (and cached) by the main process first. Photos are stored at the model's input size
+        # plus a margin for RandomResizedCrop; a saved model is scored on the pixels its run scored (results.json),
+        # else as its processor frames a photo (a ScratchViT's too: the options given now do not shape it).
         model_type = model_args.model_type if training_args.do_train else "pretrained"
         scored = None if training_args.do_train else results_of_model(model_args.model_name_or_path)
         if scored is not None and scored.stored_image_size:
@@ -202,8 +196,7 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
 
 
 def warn_of_scratch_options(scratch_args, do_train: bool) -> None:
-    """A pretrained model, and a saved one scored as it is, keeps its own architecture and resolution: say so for
-    ScratchViT options that would shape it (all but `drop_path_rate`, which a pretrained ViT takes too)."""
+    """Warn of ScratchViT options a pretrained or evaluated model ignores (`drop_path_rate` it takes too)."""
     ignored = [f"--{name}" for name in scratch_config_kwargs(scratch_args) if name != "drop_path_rate"]
     if ignored:
         by, fix = ("`model_type: pretrained`", ", or train a ScratchViT with `model_type: scratch` (or `both`)")
@@ -228,8 +221,7 @@ TRAINING_OPTIONS = """
 
 
 def warn_of_training_options(*options) -> None:
-    """`do_train: false` scores a saved model as it is: say so for the training options given (on the command line
-    or in the config, a run's reused)."""
+    """Warn of training options given to `do_train: false` (a run's config reused, say)."""
     given = [f"`{name}`" for o in options for name in TRAINING_OPTIONS if hasattr(o, name) and is_set(o, name)]
     if given:
         logger.warning(
@@ -239,8 +231,7 @@ def warn_of_training_options(*options) -> None:
 
 
 def warn_of_pretrained_options(model_args: ModelArguments) -> None:
-    """`model_type: scratch` builds a new ScratchViT from its config fields: say so for the options of a pretrained
-    model it ignores (a run's folder as `model_name_or_path`, meant to train on, would start from random weights)."""
+    """Warn of pretrained-model options `model_type: scratch` ignores (a run's folder meant to train on, say)."""
     ignored = [f"--{name}" for name in ("model_name_or_path", "image_processor_name") if is_set(model_args, name)]
     if ignored:
         logger.warning(
@@ -252,8 +243,8 @@ def warn_of_pretrained_options(model_args: ModelArguments) -> None:
 
 @contextlib.contextmanager
 def peers_answering(training_args: TrainingArguments):
-    """A multi-process run whose peer froze, was stopped or died ends with one line in every process still running,
-    after `ddp_timeout` seconds (the process group's timeout, also on the CPU: `build_training_args`)."""
+    """A peer that froze, was stopped or died ends the run with one line in every process still running, after
+    `ddp_timeout` seconds (the process group's timeout, also on the CPU: `build_training_args`)."""
     try:
         yield
     except RuntimeError as error:
@@ -272,10 +263,9 @@ def peers_answering(training_args: TrainingArguments):
 
 @contextlib.contextmanager
 def stage(doing: str, then: str | Callable[[], str], every_process: bool = False):
-    """A stage of the run outside the training loop (where `InterruptCallback` answers signals): a signal there ends
-    the run with one line saying what it was `doing` and what to do `then` (`run_command` gives the exit status).
-    Cache entries and results.json are renamed into place only when complete. Errors of a stage where `every_process`
-    does the same work on the same inputs (start-up, data) are said once (`errors.said_elsewhere`)."""
+    """A stage outside the training loop (where `InterruptCallback` answers signals): a signal ends the run with one
+    line saying what it was `doing` and what to do `then`. Errors of a stage where `every_process` does the same work
+    on the same inputs (start-up, data) are said once (`errors.said_elsewhere`)."""
     try:
         yield
     except Exception as error:
@@ -308,8 +298,7 @@ WRITTEN = (("model", "config.json"), ("merged/", "merged"), ("results.json", "re
 
 
 def summary(results: dict[str, Results], run_dirs: dict[str, Path], report: Path | None) -> str:
-    """The closing lines of a run: each model's accuracies, its training time and where its files are; with two
-    models the comparison's summary table and report."""
+    """The closing lines of a run: each model's scores, training time and files, and the comparison's summary."""
     lines = ["", "Summary"]
     for model_type, result in results.items():
         name, key = ("mAP", "map") if result.multi_label else ("accuracy", "accuracy")
@@ -339,7 +328,7 @@ class ConsoleFormatter(logging.Formatter):
 
 def setup_logging(training_args: TrainingArguments, settings: hardware.Settings) -> None:
     """The pipeline's own lines at INFO on the main process (warnings only on the others, as the example scripts do),
-    the libraries' at WARNING unless `log_level` asks for more; then what the run uses and why, and its warnings."""
+    the libraries' at WARNING unless `log_level` asks for more."""
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(ConsoleFormatter())
     logging.basicConfig(handlers=[handler])  # a no-op where the root logger has handlers already (tests, notebooks)
@@ -367,9 +356,9 @@ def setup_logging(training_args: TrainingArguments, settings: hardware.Settings)
 
 
 def check_model_and_output_dir(model_args: ModelArguments, training_args: TrainingArguments) -> None:
-    """Before any data is loaded or file written: a local model the run reads (to fine-tune, to evaluate, its teacher)
-    must be a complete image classifier, and the run must not write into it (saving would replace weights, config and
-    labels; `overwrite_output_dir` would delete checkpoints). Nor may it replace files of the user's."""
+    """Before any data is loaded: a local model the run reads must be a complete classifier that the run does not
+    write into (saving would replace weights, config and labels; `overwrite_output_dir` would delete checkpoints), nor
+    may it replace files of the user's."""
     if not training_args.output_dir.strip():
         raise ValueError(
             "`output_dir` is empty, which would write the run into the current folder. Name a folder, e.g. "
@@ -382,7 +371,6 @@ def check_model_and_output_dir(model_args: ModelArguments, training_args: Traini
     output = Path(training_args.output_dir).expanduser().resolve()
     # The folders the run writes into (saves, checkpoint rotation, cleanup): under `both`, one per model.
     run_dirs = [output / "pretrained", output / "scratch"] if model_args.model_type == "both" else [output]
-    # The models it reads, by their role (a ScratchViT trains from no model).
     if not training_args.do_train:
         reads = {"the model to evaluate": model_args.model_name_or_path}
     else:
@@ -391,7 +379,6 @@ def check_model_and_output_dir(model_args: ModelArguments, training_args: Traini
     for what, path in reads.items():  # a path that looks local but is no folder, here rather than after the data
         if path:
             check_model_path(path, "teacher_model_name_or_path" if what == "the teacher" else "model_name_or_path")
-    # The local folders among them: a Hub id is explained when it is loaded.
     sources = {what: path for what, path in reads.items() if path and is_local(path)}
     for what, path in sources.items():
         model = Path(path).expanduser().resolve()
@@ -425,7 +412,7 @@ def train_and_evaluate(
     data: ImageData,
     checkpoint: str | None,
 ) -> Results:
-    """Train one model, keep the best by validation accuracy, test it and write `results.json`."""
+    """Train one model, keep the best by validation, test it and write `results.json`."""
     start = time.perf_counter()
     output_dir = Path(args.output_dir)
     logger.info(f"==== {model_type} model -> {args.output_dir}")
@@ -502,9 +489,8 @@ def train_and_evaluate(
 
 
 def warn_if_at_chance(metrics: dict, data: ImageData, train_loss: float | None) -> None:
-    """Say so loudly when the kept model is no better than always answering the validation split's largest class
-    (multi-label data: than one constant score, whose mAP is the share of positive images): a run that diverged with
-    a finite loss (or learned nothing) must not pass for a result."""
+    """Warn when the kept model is no better than always answering the largest class (multi-label: a constant score):
+    a run that diverged with a finite loss (or learned nothing) must not pass for a result."""
     labels = data.validation.labels
     if data.multi_label:
         name, score, baseline = "mAP", metrics.get("eval_map"), "a constant score"
@@ -522,10 +508,8 @@ def warn_if_at_chance(metrics: dict, data: ImageData, train_loss: float | None) 
 
 
 def evaluated_model_fields(args, model, prep, data: ImageData, on_validation, on_test, start: float) -> dict:
-    """The `Results` fields of a trained or an evaluation-only run alike: the model, the data, the machine, the
-    Trainer's predictions `on_validation` and `on_test` (None without a test split) with their figures, the confusion
-    report of the test split where there is one, else of validation (multi-label data: the per-label report, at
-    thresholds chosen on validation), and the wall time since `start`."""
+    """The `Results` fields of a trained or an evaluation-only run alike; the confusion report is of the test split
+    where there is one (multi-label data: the per-label report, at thresholds chosen on validation)."""
     prediction, confusion_split = (on_validation, "validation") if on_test is None else (on_test, "test")
     logits, labels, names = prediction.predictions, prediction.label_ids, data.label_names
     if data.multi_label:
@@ -581,8 +565,7 @@ def make_trainer(
     compile_choice: hardware.CompileChoice | None = None,
     convert_channels: bool = True,
 ) -> ImageClassificationTrainer:
-    """The Trainer of one model, with the batch transform that feeds it at its resolution and normalisation; a
-    teacher's channels are converted as the run's `convert_channels` allows."""
+    """The Trainer of one model, with the batch transform that feeds it at its resolution and normalisation."""
     # A peft model's forward takes **kwargs, from which the Trainer cannot tell that `labels` are the labels.
     args.label_names = args.label_names or ["labels"]
     metric = (args.metric_for_best_model or "").removeprefix("eval_")
@@ -670,9 +653,8 @@ def teacher_config(path: str):
 
 
 def load_teacher(path: str, student, data: ImageData, convert_channels: bool = True):
-    """The trained classifier at `path` that teaches `student` (`teacher_model_name_or_path`), and its
-    `Preprocessing`; its labels must be the student's, in the same order, or distillation would teach wrong classes.
-    With `convert_channels`, a teacher of 3 channels takes 1-channel data (and the reverse), as the student would."""
+    """The teacher at `path` and its `Preprocessing`; its labels must be the student's, in the same order, or
+    distillation would teach wrong classes."""
     from finetune.models import config_label_names, load_trained_model
 
     config = teacher_config(path)  # the labels, checked before the weights are read
@@ -691,10 +673,9 @@ def load_teacher(path: str, student, data: ImageData, convert_channels: bool = T
 
 
 def save_lora_model(model, processor, output_dir: Path, merge: bool, earlier_card: bytes | None = None) -> None:
-    """Next to the adapter `save_model` wrote: the fine-tuned model's `config.json` (its labels, for loading the base
-    with the right head and for the Hub), and with `merge` the merged plain model in `output_dir/merged`. The README.md
-    peft's `save_pretrained` wrote (its blank template, or its metadata added to `earlier_card`, the one there before)
-    goes: `card` would keep it as edited by hand, and `push` upload it in place of the run's card."""
+    """Next to the adapter: the fine-tuned `config.json` (its labels, to load the base with the right head), and with
+    `merge` the merged model in `output_dir/merged`. The README.md peft's `save_pretrained` wrote goes (back to
+    `earlier_card`): `card` would keep it as edited by hand, and `push` upload it in place of the run's card."""
     card = output_dir / "README.md"
     if earlier_card is None:
         card.unlink(missing_ok=True)
@@ -712,12 +693,11 @@ def save_lora_model(model, processor, output_dir: Path, merge: bool, earlier_car
 
 
 def is_local(model_name_or_path: str) -> bool:
-    """Whether the model the run reads is a local folder (else a Hub id)."""
+    """Whether a model (or data) path is a local folder (else a Hub id)."""
     return os.path.isdir(os.path.expanduser(model_name_or_path))
 
 
 def check_evaluation_only(model_args: ModelArguments, push_to_hub: bool) -> None:
-    """`do_train: false` scores one saved model; refuse what it cannot do before any data is loaded."""
     if model_args.model_type == "both":
         raise ValueError(
             "`do_train: false` evaluates one saved model, but `model_type: both` trains two. Fix: `model_type: "
@@ -733,11 +713,11 @@ def check_evaluation_only(model_args: ModelArguments, push_to_hub: bool) -> None
 
 
 def check_outside_the_data(data_args: DataArguments, output_dir: str) -> None:
-    """A run (or an evaluation) writes figures, tables and folders: never inside the folder of images it reads, which
-    its next read would take for images or classes (`outputs/` became a class of its own)."""
+    """Never write inside the folder of images the run reads: its next read would take the files for images or
+    classes (`outputs/` became a class of its own)."""
     output = Path(output_dir).expanduser().resolve()
     for path in (data_args.dataset_name, data_args.train_file, data_args.validation_file, data_args.test_file):
-        folder = Path(path).expanduser().resolve() if path and os.path.isdir(os.path.expanduser(path)) else None
+        folder = Path(path).expanduser().resolve() if path and is_local(path) else None
         if folder is not None and (output == folder or folder in output.parents):
             raise ValueError(
                 f"`output_dir` {output_dir} is inside the data folder {path}, where the run's files would be read as "
@@ -746,10 +726,9 @@ def check_outside_the_data(data_args: DataArguments, output_dir: str) -> None:
 
 
 def check_not_in_another_run(output: Path, run_dirs: list[Path], model_type: str, training: bool = True) -> None:
-    """Training writes a run's files into `run_dirs`: never into a checkpoint of another run (it replaced that
-    checkpoint's weights and state, leaving its optimizer: a mix of two runs), nor beside a run of the other layout
-    (a `model_type: both` run's pretrained/ and scratch/, or one model's run at the top), which compare leaves out.
-    An evaluation (not `training`) writes one model's results.json: never at the top of a `both` run's folder."""
+    """Training never writes into a checkpoint of another run (a mix of two runs), nor beside a run of the other
+    layout (`model_type: both`'s pretrained/ and scratch/, or one model's at the top), which compare leaves out; an
+    evaluation never at the top of a `both` run's folder."""
     for run_dir in run_dirs if training else []:
         if (run_dir / "trainer_state.json").is_file() and run_dir in numbered_checkpoints(run_dir.parent):
             raise FileExistsError(
@@ -769,7 +748,6 @@ def check_not_in_another_run(output: Path, run_dirs: list[Path], model_type: str
 
 
 def check_no_earlier_results(run_dir: Path, args: ImageClassificationTrainingArguments) -> None:
-    """An evaluation writes results.json and predictions: never over an earlier run's, unless asked to."""
     earlier = [p.name for p in (run_dir / RESULTS_NAME, *run_dir.glob("predictions_*.csv")) if p.exists()]
     # results.json is written last: without it the files are of an evaluation stopped midway, which this one redoes.
     if RESULTS_NAME in earlier and not args.overwrite_output_dir:
@@ -782,9 +760,8 @@ def check_no_earlier_results(run_dir: Path, args: ImageClassificationTrainingArg
 def check_held_out_as_trained(
     path: str, data_args: DataArguments, args: ImageClassificationTrainingArguments, data: ImageData
 ) -> None:
-    """An evaluation of the model at `path`, or a run it teaches (`args.do_train`), that holds out its validation split
-    from train holds out the one the model was trained without, as its run's results.json records it (seed,
-    data_seed, validation_size): another would hold images the model trained on."""
+    """An evaluation of the model at `path`, or a run it teaches, that holds out its validation split from train holds
+    out the one the model was trained without (seed, data_seed, validation_size): another holds trained images."""
     if not data.validation_held_out:
         return
     trained = results_of_model(path)
@@ -825,8 +802,7 @@ def check_held_out_as_trained(
 
 
 def dataset_key(data_args: DataArguments) -> str:
-    """The data as a checkpoint records it (`ResumeCheck`): the real path of each local folder or file, however it is
-    spelt, or the Hub id (and its configuration)."""
+    """The data as a checkpoint records it (`ResumeCheck`): real local paths, however spelt, or the Hub id."""
     names = (data_args.dataset_name, data_args.dataset_config_name, data_args.train_file, data_args.validation_file)
     names += (data_args.test_file,)
     paths = [os.path.expanduser(name) for name in names if name]
@@ -854,10 +830,8 @@ def evaluate_only(
     settings: hardware.Settings,
     data: ImageData,
 ) -> Results:
-    """Score the saved model `model_name_or_path` on the validation and test splits without training it: writes
-    `results.json` (the confusion matrix of the test split, else validation), `confusion_matrix.png`, and
-    `predictions_<split>.csv` per split (finetune/tools/report.py); multi-label data has no confusion matrix, and
-    its CSVs name the labels predicted at the thresholds chosen on the validation split."""
+    """Score the saved model `model_name_or_path` without training it: `results.json`, `confusion_matrix.png` (not for
+    multi-label data) and `predictions_<split>.csv` per split."""
     from finetune.models import load_trained_model
     from finetune.tools.predict import run_flip_tta
     from finetune.tools.report import plot_confusion_matrix, write_predictions_csv
@@ -955,8 +929,7 @@ OFF = (None, False, 0, "none")
 
 
 def hyperparameters(args, settings: hardware.Settings, model, model_type: str, model_args: ModelArguments, chosen):
-    """The settings a reader of the results needs to reproduce them, with the attention and compilation `chosen` and
-    the fine-tuning method's (LoRA's only for LoRA, layer decay only when set)."""
+    """The settings a reader of the results needs to reproduce them."""
     method = model_args.finetune_method if model_type == "pretrained" else "full"
     values = {
         "learning_rate": args.learning_rate,
@@ -996,8 +969,8 @@ def hyperparameters(args, settings: hardware.Settings, model, model_type: str, m
 
 
 def push_results(run_dirs, training_args, token) -> None:
-    """Push each trained model to the Hub (`hub_model_id`, suffixed by the model type when both were trained); a failed
-    push does not stop the next, and the error at the end names the command that retries each failed one."""
+    """Push each trained model to the Hub (suffixed by the model type under `both`); a failed push does not stop the
+    next, and the error at the end names the command that retries each failed one."""
     from finetune.tools.hub import HubPushError, push_output_dir, retry_command
 
     # `hub_model_id` is checked with the arguments, before anything is trained (`finetune/training_args.py`).

@@ -37,11 +37,8 @@ logger = logging.getLogger(__name__)
 
 
 def attention_rollout(attentions: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Attention rollout through all layers: `A_L @ ... @ A_1` with `A = normalize_rows(mean_heads(attention) + I)`.
-
-    `attentions` holds one `(..., heads, T, T)` tensor per layer, first layer first, rows summing to 1. Returns
-    `(..., T, T)` float32: row `i` is how much output token `i` of the last layer draws on each input token.
-    """
+    """`A_L @ ... @ A_1` with `A = normalize_rows(mean_heads(attention) + I)` of one `(..., heads, T, T)` tensor per
+    layer, first layer first: `(..., T, T)`, row `i` how much output token `i` draws on each input token."""
     import torch
 
     if len(attentions) == 0:
@@ -59,9 +56,8 @@ def attention_rollout(attentions: Sequence[torch.Tensor]) -> torch.Tensor:
 def _patch_grid(
     matrix: torch.Tensor, grid_size: tuple[int, int], num_prefix_tokens: int, mean_pooled: bool = False
 ) -> torch.Tensor:
-    """The weight the classifier's query puts on each patch of a `(..., T, T)` attention (or rollout) matrix, as a
-    `(..., gh, gw)` grid: the CLS row (token 0), or for a mean-pooled model (`mean_pooled`, or no prefix tokens) the
-    mean over the patch tokens' rows."""
+    """The weight the classifier's query (the CLS row, or a mean-pooled model's mean over the patch rows) puts on each
+    patch of a `(..., T, T)` matrix, as a `(..., gh, gw)` grid."""
     if num_prefix_tokens > 0 and not mean_pooled:
         queries = matrix[..., 0, :]  # (..., T, T) -> (..., T)
     else:
@@ -82,8 +78,7 @@ def cls_attention_maps(
     num_prefix_tokens: int = 1,
     mean_pooled: bool = False,
 ) -> torch.Tensor:
-    """Per-layer attention of the CLS token to the patches, heads averaged: `(layers, ..., gh, gw)` from one
-    `(..., heads, T, T)` tensor per layer (a mean-pooled model's: the mean over the patches' rows)."""
+    """Per-layer attention of the CLS token to the patches, heads averaged: `(layers, ..., gh, gw)`."""
     import torch
 
     layers = torch.stack([a.float().mean(dim=-3) for a in attentions])  # L x (..., nh, T, T) -> (L, ..., T, T)
@@ -96,14 +91,12 @@ def rollout_map(
     num_prefix_tokens: int = 1,
     mean_pooled: bool = False,
 ) -> torch.Tensor:
-    """The attention rollout read at the CLS token (a mean-pooled model's: the mean over the patches' rows):
-    `(..., gh, gw)`."""
+    """The attention rollout read at the CLS token (or a mean-pooled model's patches): `(..., gh, gw)`."""
     return _patch_grid(attention_rollout(attentions), grid_size, num_prefix_tokens, mean_pooled)
 
 
 def overlay_heatmap(image: Image.Image, heatmap: torch.Tensor, alpha: float = 0.5, cmap: str = "jet") -> np.ndarray:
-    """The image (RGB) blended with the `(gh, gw)` heatmap upsampled to it, scaled to [0, 1] and colored: `(H, W, 3)`
-    uint8."""
+    """The image blended with the `(gh, gw)` heatmap upsampled to it: `(H, W, 3)` uint8."""
     import matplotlib
     import numpy as np
     import torch.nn.functional as F
@@ -118,8 +111,7 @@ def overlay_heatmap(image: Image.Image, heatmap: torch.Tensor, alpha: float = 0.
 
 
 def display_image(image: Image.Image, min_side: int = 224) -> Image.Image:
-    """The image in RGB, enlarged so its longer side is at least `min_side` pixels (a 32x32 CIFAR image would show as
-    a few blocks)."""
+    """The image in RGB, enlarged to at least `min_side` (a 32x32 CIFAR image would show as a few blocks)."""
     from PIL import Image, ImageOps
 
     image = image.convert("RGB")
@@ -152,10 +144,8 @@ class AttentionMaps:
 def compute_attention_maps(
     model, processor, image: Image.Image, image_size: int | None = None, stored_size=None, flip_tta: bool = False
 ) -> AttentionMaps:
-    """Run one image through the model with `output_attentions=True` and reduce the attentions to maps
-    (`stored_size` as in `finetune.tools.predict.model_view`); the prediction as predict gives it (`flip_tta` as in
-    `finetune.tools.predict.class_probabilities`). Load transformers' ViT with `attn_implementation="eager"`: SDPA
-    returns no attention probabilities."""
+    """One image's attention maps and its prediction as predict gives it. Load transformers' ViT with
+    `attn_implementation="eager"`: SDPA returns no attention probabilities."""
     import torch
 
     windowed = getattr(model.config, "window_size", None)  # Swin: no token attends to the whole image
@@ -205,8 +195,7 @@ def compute_attention_maps(
 
 
 def attention_heading(maps: AttentionMaps) -> str:
-    """The figure's heading: which query the maps read (CLS token, or the mean over the patch tokens), what the
-    classifier reads, and the prediction."""
+    """The figure's heading: which query the maps read, what the classifier reads, and the prediction."""
     query = "CLS token's attention to the patches"
     if not maps.reads.startswith("CLS"):
         query = "Mean attention of the patch tokens"
@@ -252,16 +241,13 @@ def write_attention_maps(
     stored_size=None,
     flip_tta: bool = False,
 ) -> list[Path]:
-    """Write `<name>_attention.png` and `<name>_rollout.png` (the rollout alone, enlarged if tiny) for every image
-    into `output_dir`; returns the paths. Images that cannot be read are logged and skipped. `stored_size` and
-    `flip_tta` as in `compute_attention_maps`."""
+    """Write `<name>_attention.png` and `<name>_rollout.png` for every readable image into `output_dir`."""
     from PIL import Image
 
     output_dir = check_folder(output_dir)  # made with its first maps: a run that fails leaves no empty folder
     written, used_names = [], set()
     prep = predict.model_preprocessing(model, processor, image_size)
     for image_path in map(Path, image_paths):
-        # Logs a file it cannot read.
         images, _, _ = predict.load_images([image_path], "RGB", predict.frame_size(prep, stored_size))
         if not images:
             continue

@@ -93,8 +93,7 @@ def export_onnx(model: torch.nn.Module, example: torch.Tensor, path: str | Path)
 
 
 def onnx_logits(path: str | Path, pixel_values: torch.Tensor) -> np.ndarray:
-    """The logits onnxruntime computes on the CPU for `pixel_values` `(B, C, H, W)`: `(B, num_labels)`, as `predict`
-    runs the export folder around `path`."""
+    """The logits onnxruntime computes for `pixel_values`, as `predict` runs the export folder around `path`."""
     return predict.OnnxClassifier(Path(path).parent)(pixel_values).logits.numpy()
 
 
@@ -118,9 +117,7 @@ def check_onnx(path: str | Path, model: torch.nn.Module, pixel_values: torch.Ten
 
 
 def export_results(run_dir: Path) -> Results | None:
-    """The results.json an export of `run_dir` carries for predict (how the run stored its images, a multi-label run's
-    thresholds): the run's; a checkpoint's is its run's less the kept model's figures, named after the checkpoint.
-    None for a model that no run of this project wrote."""
+    """The results.json an export carries for predict: a checkpoint's is its run's less the kept model's figures."""
     results = results_of_model(run_dir)  # in it, or in the run folder around a checkpoint-* or merged/
     if results is None or (run_dir / RESULTS_NAME).is_file() or run_dir_of(run_dir) != run_dir:
         return results  # a LoRA run's merged/ is its kept model: the run's figures are its own
@@ -128,8 +125,7 @@ def export_results(run_dir: Path) -> Results | None:
 
 
 def check_output(output: Path, run_dir: Path, model, results: Results | None) -> None:
-    """Refuse an `output` folder that holds another model or run (its files would be overwritten); a new or unrelated
-    folder, or an earlier export of this same model (same config.json and `results`), is fine."""
+    """Refuse an `output` folder that holds another model or run (not an earlier export of this same model)."""
     check_folder(output)
     names = sorted(p.name for p in output.iterdir()) if output.is_dir() else []
     taken = [name for name in names if name in WRITTEN or any(fnmatch.fnmatch(name, p) for p in OTHER_MODEL)]
@@ -153,9 +149,9 @@ def check_output(output: Path, run_dir: Path, model, results: Results | None) ->
 def write_export(
     output: Path, results: Results | None, model, processor, pixel_values: torch.Tensor, atol: float
 ) -> tuple[Path, float]:
-    """Write model.onnx, and the files predict reads beside it, into `output` by way of a folder beside it, where it is
-    checked (`check_onnx`): an interrupted export leaves no half-written folder, which a rerun would refuse as another
-    model's, and a failed check no export that predict would serve. Returns the path and the check's difference."""
+    """Write model.onnx and the files predict reads into `output` by way of a folder beside it, where it is checked:
+    an interrupted export leaves no half-written folder, which a rerun would refuse as another model's, and a failed
+    check no export that predict would serve."""
     target = output.resolve()  # `--output .` has no name to put a folder beside
     # A name of its own (a user's `tmp-NAME` folder was deleted); if it exists, an export killed earlier left it.
     partial = target.with_name(f".{target.name}.export-{os.getpid()}")
@@ -184,9 +180,8 @@ def write_export(
 def check_images(
     run_dir: Path, results: Results | None, paths: list[str] | None, model, processor, count: int = CHECK_IMAGES
 ) -> tuple[list[Image.Image], str]:
-    """Up to `count` images to check the export on, and where they came from: the given image files or folders,
-    found and decoded as `predict` does, else validation images of the dataset the run trained on (its `results`
-    name it), as training stores them."""
+    """Up to `count` images to check the export on (the given files, else validation images of the run's dataset),
+    and where they came from."""
     import numpy as np
     from PIL import Image
 

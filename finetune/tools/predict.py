@@ -54,9 +54,8 @@ class Prediction:
 
 
 class OnnxClassifier:
-    """A folder that `vit-finetune export` wrote, run by onnxruntime on the CPU, with what this module reads of a
-    transformers model: `config`, `device`, and a call that returns `.logits`. Neither transformers nor torchvision is
-    imported: predicting starts seconds sooner."""
+    """A `vit-finetune export` folder run by onnxruntime on the CPU, with what this module reads of a transformers
+    model. Neither transformers nor torchvision is imported: predicting starts seconds sooner."""
 
     device = "cpu"
 
@@ -90,9 +89,7 @@ class OnnxClassifier:
 
 def load_classifier(model_dir, trust_remote_code: bool = False, attn_implementation: str | None = None, device=None):
     """`(model, processor)` of a saved image classifier, the model in eval mode on `device` (default: CUDA when
-    available, else CPU). ScratchViT folders load without `trust_remote_code` (importing `scratch_vit` registers the
-    local code); a LoRA run's folder loads its base model with the adapters merged in; a `vit-finetune export` folder
-    loads as an `OnnxClassifier`, its processor as the settings of its preprocessor_config.json."""
+    available): a ScratchViT, a LoRA run's folder (its base with the adapters merged in) or an ONNX export."""
     if (Path(model_dir) / ONNX_NAME).is_file():
         if attn_implementation is not None:
             raise ValueError(
@@ -138,9 +135,8 @@ def load_classifier(model_dir, trust_remote_code: bool = False, attn_implementat
 
 
 def check_model_dir(model_dir: str) -> None:
-    """Raise `FileNotFoundError` for a MODEL_DIR that does not exist and cannot be a Hub id, or whose first folder
-    exists: a misspelt path, which transformers would answer with a message about the network or about repo ids; and
-    `NotADirectoryError` for a file (model.safetensors, model.onnx), which it would answer with one about repo ids."""
+    """Refuse a misspelt path or a file (model.safetensors), which transformers would answer with a message about the
+    network or repo ids."""
     from finetune.tools.report import is_hub_id
 
     if os.path.isfile(os.path.expanduser(model_dir)):
@@ -156,9 +152,8 @@ def check_model_dir(model_dir: str) -> None:
 
 
 def collect_image_paths(paths: Iterable[str | os.PathLike]) -> list[Path]:
-    """A file as it is (whatever its extension); a folder searched recursively (links to folders followed, each folder
-    once), sorted, for the files training reads of a folder: datasets' imagefolder extensions, no hidden files or
-    folders, no `__*` folders. Raises `FileNotFoundError` for a path that does not exist."""
+    """A file as it is; a folder searched recursively (each folder once) for the files training reads of a folder:
+    datasets' imagefolder extensions, no hidden files or folders, no `__*` folders."""
     found: list[Path] = []
     for path in map(Path, paths):
         if path.is_dir():
@@ -181,9 +176,8 @@ def collect_image_paths(paths: Iterable[str | os.PathLike]) -> list[Path]:
 
 
 def load_images(paths: Sequence[str | os.PathLike], mode: str | None, min_size: int | None = None):
-    """Decode image files in `mode` (`"L"`, `"RGB"`, or None: "L" for grayscale sources, else "RGB") as training
-    does (`min_size`: the storage size of photos). Returns the images, their paths (as str), and the unreadable files
-    as `(path, reason)` pairs, each logged."""
+    """Decode image files as training does: the images, their paths, and the unreadable files as `(path, reason)`,
+    each logged."""
     from PIL import Image, UnidentifiedImageError
 
     from finetune.data import decode_image
@@ -200,15 +194,9 @@ def load_images(paths: Sequence[str | os.PathLike], mode: str | None, min_size: 
     return images, names, skipped
 
 
-def image_mode(model) -> str:
-    """The Pillow mode the model's inputs are built from: `"L"` for a one-channel model, else `"RGB"`."""
-    return "L" if getattr(model.config, "num_channels", 3) == 1 else "RGB"
-
-
 def model_preprocessing(model, processor, image_size: int | None = None) -> Preprocessing:
-    """Resolution, channels and normalisation of the model's inputs, read from its saved processor as training reads
-    them; with `image_size`, inputs of `image_size` x `image_size`, center-cropped from the same part of the image as
-    evaluation's crop (a DeiT's 256 / 224: 439 / 384)."""
+    """The model's `Preprocessing` as training reads it; with `image_size`, center-cropped from the same part of the
+    image as evaluation's crop (a DeiT's 256 / 224: 439 / 384)."""
     from finetune.augment import preprocessing_from
 
     prep = preprocessing_from(processor, model.config)
@@ -219,20 +207,17 @@ def model_preprocessing(model, processor, image_size: int | None = None) -> Prep
 
 
 def frame_size(prep: Preprocessing, stored_size: Sequence[int] | None = None) -> int:
-    """The side of the square a run stored its images at (`stored_size`, from its results), else the size its saved
-    processor resizes a photo to (`photo_size` without margin, as `pipeline()` frames it): what `model_view` frames an
-    image at, and the size `load_images` decodes a large JPEG for."""
+    """The side of the square a run stored its images at, else the size its processor resizes a photo to (as
+    `pipeline()` frames it)."""
     from finetune.augment import photo_size
 
     return stored_size[0] if stored_size and stored_size[0] == stored_size[1] else photo_size(prep, margin=False)
 
 
 def model_view(image: Image.Image, prep: Preprocessing, stored_size: Sequence[int] | None = None) -> Image.Image:
-    """The part of a decoded image the model sees, framed as training stored its images: at the run's `stored_size`
-    (from its results, height and width), any image of another size is centre-fitted at that size, in one resize (a
-    32 px digit for a run of 8 px digits went through 9 px and lost 13 points); without it, an image that is not
-    square, or is larger than `frame_size`, becomes the centre square at that size, and a smaller square stays as it
-    is."""
+    """The part of a decoded image the model sees, framed as training stored its images: centre-fitted to the run's
+    `stored_size` in one resize (a 32 px digit for a run of 8 px digits went through 9 px and lost 13 points); without
+    it, an image not square or larger than `frame_size` becomes the centre square at that size."""
     from finetune.data import center_fit
 
     if stored_size and stored_size[0] != stored_size[1]:  # a run of images of one size that is not square
@@ -251,10 +236,8 @@ def preprocess(
     image_size: int | None = None,
     stored_size: Sequence[int] | None = None,
 ) -> torch.Tensor:
-    """Pixel values as training's evaluation makes them, `(B, C, H, W)` float32: each image, "L" or "RGB" (others
-    converted to the model's `image_mode`), framed by `model_view`, then resized, cropped, converted to the model's
-    channels and normalized by `BatchTransform`, as training converts the images it stored: an RGB image for a
-    1-channel model takes its luma in float there, not Pillow's rounded "L" (probabilities 1.5e-3 apart)."""
+    """Pixel values as training's evaluation makes them, `(B, C, H, W)` float32, through `BatchTransform`: an RGB
+    image for a 1-channel model takes its luma in float there, not Pillow's rounded "L" (1.5e-3 apart)."""
     import numpy as np
     import torch
 
@@ -262,9 +245,10 @@ def preprocess(
 
     prep = model_preprocessing(model, processor, image_size)
     transforms = {channels: BatchTransform.for_model(prep, channels) for channels in (1, 3)}  # by the image's
+    mode = "L" if getattr(model.config, "num_channels", 3) == 1 else "RGB"  # the model's, for images in other modes
     batches = []
     for image in images:  # one at a time: framed images of different sizes do not stack
-        image = image if image.mode in ("L", "RGB") else image.convert(image_mode(model))
+        image = image if image.mode in ("L", "RGB") else image.convert(mode)
         # np.array, not asarray: writable (torch warns about read-only arrays).
         array = np.array(model_view(image, prep, stored_size))
         array = array[None] if array.ndim == 2 else np.ascontiguousarray(array.transpose(2, 0, 1))  # (C, h, w)
@@ -274,8 +258,8 @@ def preprocess(
 
 
 def check_image_size(model, image_size: int | None) -> None:
-    """Raise `ValueError` unless `image_size` (if given) is a positive multiple of the model's patch size, or, for a
-    timm ViT (whose position embeddings are fixed at its own size when timm creates it), that size."""
+    """`image_size` must be a multiple of the patch size, or for a timm ViT (position embeddings fixed at creation)
+    its own size."""
     if image_size is None:
         return
     patch_embed = getattr(getattr(model, "timm_model", None), "patch_embed", None)  # a timm model's
@@ -299,15 +283,13 @@ def check_image_size(model, image_size: int | None) -> None:
 
 
 def needs_interpolation(model, image_size: int | None) -> bool:
-    """Whether inputs of `image_size` differ from the resolution the model was trained on."""
     return image_size is not None and image_size != getattr(model.config, "image_size", image_size)
 
 
 def class_probabilities(
     model, pixel_values: torch.Tensor, interpolate_pos_encoding: bool = False, flip_tta: bool = False
 ) -> torch.Tensor:
-    """`logit_probabilities` of the model's logits for `pixel_values`: `(B, num_labels)`; with `flip_tta`, of the mean
-    logits of each image and its mirror image, as the run's evaluation computed them (`flip_tta: true`)."""
+    """`(B, num_labels)` probabilities; with `flip_tta`, of the mean logits of each image and its mirror image."""
     import torch
 
     kwargs = {"interpolate_pos_encoding": True} if interpolate_pos_encoding else {}
@@ -321,8 +303,7 @@ def class_probabilities(
 
 
 def logit_probabilities(model, logits: torch.Tensor) -> torch.Tensor:
-    """Softmax over all classes of the model's `logits` `(B, num_labels)`, in float32 on the CPU; a multi-label
-    model's sigmoid of each label."""
+    """Softmax (a multi-label model's sigmoid) of `logits`, float32 on the CPU."""
     from finetune.data import is_multi_label
 
     logits = logits.float()
@@ -330,19 +311,16 @@ def logit_probabilities(model, logits: torch.Tensor) -> torch.Tensor:
 
 
 def run_stored_size(results: Results | None) -> list[int] | None:
-    """The size at which the run stored its training images (`model_view`'s `stored_size`), where it says."""
     return (results.stored_image_size or None) if results is not None else None
 
 
 def run_flip_tta(results: Results | None) -> bool:
-    """Whether the run's evaluation averaged the logits of each image and its mirror image (`flip_tta: true`): its
-    figures and thresholds are of those means."""
+    """Whether the run's figures and thresholds are of flip-averaged logits (`flip_tta: true`)."""
     return bool(results is not None and results.hyperparameters.get("flip_tta"))
 
 
 def label_thresholds(model, results: Results | None, model_dir) -> list[float] | None:
-    """A multi-label model's probability threshold per label, as its run chose them on validation (0.5 for those
-    `results` lack); None for a single-label model."""
+    """A multi-label model's threshold per label, as its run chose them (else 0.5); None for a single-label model."""
     from finetune.data import is_multi_label
 
     if not is_multi_label(model.config):
@@ -369,10 +347,8 @@ def predict_files(
     stored_size: Sequence[int] | None = None,
     flip_tta: bool = False,
 ):
-    """Classify image files in batches: the predictions (in the order of `paths`) and the unreadable files, as
-    `load_images` returns them. With `thresholds` (`label_thresholds`), a prediction's labels are those at or above
-    their threshold, most probable first, instead of the top k; `stored_size` as in `model_view`, `flip_tta` as in
-    `class_probabilities`."""
+    """Classify image files in batches: the predictions and the unreadable files. With `thresholds`, a prediction's
+    labels are those at or above their threshold instead of the top k."""
     import torch
 
     if top_k < 1:
@@ -402,8 +378,7 @@ def predict_files(
 
 
 def write_predictions(predictions: Sequence[Prediction], output, skipped: Sequence[tuple[str, str]] = ()) -> Path:
-    """Write predictions as CSV (one row per file: path, then label and probability for each rank) or JSON (a list
-    of `{path, label, score, top_k}` plus the skipped files), chosen by the file's extension."""
+    """Write predictions as CSV or JSON (with the skipped files), by the file's extension."""
     output = Path(output)
     suffix = output.suffix.lower()
     if suffix not in (".csv", ".json"):
@@ -434,8 +409,7 @@ def add_flag(parser: argparse.ArgumentParser, name: str, **kwargs) -> None:
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, image_metavar: str = "PATH") -> None:
-    """The arguments of every command that runs a saved classifier on image files (predict, attention), read by
-    `classifier_from_arguments`."""
+    """The arguments of every command that runs a saved classifier on image files (predict, attention)."""
     parser.add_argument("model_dir", metavar="MODEL_DIR", help="Output directory of a run (config.json, weights).")
     paths_help = "Image files, or folders searched recursively."
     parser.add_argument("paths", nargs="+", metavar=image_metavar, help=paths_help)
@@ -446,8 +420,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, image_metavar: str = "P
 
 
 def check_device(device: str | None) -> None:
-    """Refuse a `--device` that is no torch device, or that this machine does not have (torch's own errors name
-    every device type torch knows, or the missing driver, not the fix)."""
+    """Refuse a `--device` this machine does not have: torch's own errors name every device type, not the fix."""
     if device is None:
         return
     import torch
@@ -463,9 +436,8 @@ def check_device(device: str | None) -> None:
 
 
 def classifier_from_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace, attn_implementation=None):
-    """`(model, processor, results, paths)` as `add_model_arguments`' arguments say: the classifier, its run's results
-    (`finetune.results.results_of_model`) and the image files (`collect_image_paths`). A path that does not exist, or
-    an `--image_size` that does not fit the model, is a usage error."""
+    """`(model, processor, results, paths)` as `add_model_arguments`' arguments say; a missing path or an
+    `--image_size` that does not fit the model is a usage error."""
     try:
         paths = collect_image_paths(args.paths)
         check_device(args.device)
@@ -482,7 +454,6 @@ def classifier_from_arguments(parser: argparse.ArgumentParser, args: argparse.Na
 
 
 def main(argv: list[str] | None = None) -> list[Prediction]:
-    """Command-line entry; prints each file's top-k labels and probabilities, then the skipped files."""
     parser = ArgumentParser(
         prog="python -m finetune.tools.predict",
         description="Classify image files (any size or format) with a saved ScratchViT or ViT classifier.",

@@ -39,9 +39,8 @@ LEARNING_CURVES_NAME = "learning_curves.png"
 
 
 def per_class_table(runs: Sequence[Results], names: Sequence[str]) -> str:
-    """Markdown table of per-class accuracy (the recall): one row per class (in label order), one column per run,
-    followed by a precision and an F1 column for each run whose results hold them, and a multi-label run's threshold
-    and average precision per label."""
+    """Markdown table of per-class accuracy (the recall) per run, then the runs' precision and F1 where they hold
+    them, and a multi-label run's threshold and average precision."""
     classes = list(dict.fromkeys(label for run in runs for label in [*run.label_names, *run.per_class_accuracy]))
     headers = ["Class"] + [f"{name} ({run.confusion_split or '?'})" for run, name in zip(runs, names)]
     columns = [run.per_class_recall if run.multi_label else run.per_class_accuracy for run in runs]
@@ -57,9 +56,7 @@ def per_class_table(runs: Sequence[Results], names: Sequence[str]) -> str:
 
 
 def data_differences(runs: Sequence[Results]) -> list[str]:
-    """What differs between the data the runs were scored on, as their results.json records it: the dataset, the
-    classes, the number of validation or test images (among the runs with a test split), the seed or size of a
-    validation split held out from train (among the training runs that held one out)."""
+    """What differs between the data the runs were scored on, as their results.json records it."""
 
     def held_out(run: Results) -> list | None:
         recorded = run.hyperparameters
@@ -78,9 +75,8 @@ def data_differences(runs: Sequence[Results]) -> list[str]:
 
 
 def write_comparison(run_dirs: Sequence[str | os.PathLike], output_dir: str | os.PathLike) -> Path:
-    """Write `report.md`, `learning_curves.png`, a `confusion_matrix_<run>.png` per run that has a confusion matrix
-    and `comparison.json` (the summary rows and `data_differences`, for the model card) into `output_dir`; returns the
-    report's path. Paths in the report are relative to `output_dir`, so the folder can be moved or uploaded as is."""
+    """Write `report.md`, `learning_curves.png`, a `confusion_matrix_<run>.png` per run and `comparison.json` (for the
+    model card) into `output_dir`; returns the report's path. Its paths are relative: the folder can be moved."""
     run_dirs = find_run_dirs(run_dirs)
     runs = [Results.load(d) for d in run_dirs]
     unscored = [str(d) for d, run in zip(run_dirs, runs) if run.validation is None]

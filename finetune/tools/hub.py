@@ -110,12 +110,9 @@ def _describe_network_error(error: BaseException, endpoint: str, where: str, tri
 
 
 class BoundedRetryTransport(httpx2.BaseTransport):
-    """Wraps an `httpx2` transport: retries a request on a network error or a retryable status, with backoff.
-
-    Only requests with the client's timeout and a body that can be sent again (bytes and JSON: every Hub API call of
-    a push) are retried here. A streamed upload is passed through once (huggingface_hub's own retry, which rewinds the
-    file, covers it); a request with a timeout of its own (huggingface_hub's best-effort lookups) is sent once.
-    """
+    """Retries a request on a network error or a retryable status, with backoff: only requests with the client's
+    timeout and a body that can be sent again (every Hub API call of a push). A streamed upload is passed through once
+    (huggingface_hub's own retry rewinds the file), as is a request with a timeout of its own (best-effort lookups)."""
 
     def __init__(self, inner: httpx2.BaseTransport, retries: int, timeout: float):
         self.inner, self.retries, self.timeout = inner, retries, timeout
@@ -163,8 +160,7 @@ def _server_message(body: bytes) -> str:
 
 @contextlib.contextmanager
 def bounded_hub_requests(endpoint: str, timeout: float, retries: int):
-    """Within the block, every request huggingface_hub sends waits at most `timeout` seconds and is retried up to
-    `retries` times."""
+    """Within the block, every Hub request waits at most `timeout` seconds and is retried up to `retries` times."""
     # huggingface_hub sends its requests through one shared client, made by the factory of its public
     # `set_client_factory`, with no timeout. Ours keep the library client's event hooks (offline mode, request ids)
     # and the proxy the environment names for the Hub's host. There is no getter for the factory, so on exit a factory
@@ -191,15 +187,11 @@ def bounded_hub_requests(endpoint: str, timeout: float, retries: int):
 def resolve_timeout(timeout: float | str | None) -> float:
     """`timeout`, else `FINETUNE_HUB_TIMEOUT`, else `DEFAULT_TIMEOUT`: a positive number of seconds."""
     source = "timeout" if timeout is not None else TIMEOUT_ENV
-    if timeout is None:
-        timeout = os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT
-    try:
-        value = float(timeout)
-    except (TypeError, ValueError):
-        value = float("nan")
-    if not 0 < value < float("inf"):
-        raise ValueError(f"{source} must be a positive number of seconds (e.g. 60), got {timeout!r}.")
-    return value
+    timeout = (os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT) if timeout is None else timeout
+    with contextlib.suppress(TypeError, ValueError):
+        if 0 < float(timeout) < float("inf"):
+            return float(timeout)
+    raise ValueError(f"{source} must be a positive number of seconds (e.g. 60), got {timeout!r}.")
 
 
 def _size(num_bytes: float) -> str:
@@ -211,8 +203,7 @@ def _size(num_bytes: float) -> str:
 
 
 def upload_plan(output_dir: str | os.PathLike) -> list[tuple[str, Path]]:
-    """The files a push uploads, as sorted `(path_in_repo, local_path)` pairs: the top-level model files of
-    `output_dir` (`pytorch_model*.bin` only without safetensors) and the comparison report covering the run."""
+    """The files a push uploads, as sorted `(path_in_repo, local_path)` pairs."""
 
     def matching(folder: Path, patterns) -> list[Path]:
         files = sorted(p for p in folder.iterdir() if p.is_file())  # links too: DVC and git-annex keep files so
@@ -269,13 +260,8 @@ def push_output_dir(
     timeout: float | None = None,
     retries: int | None = None,
 ) -> str:
-    """Write the model card, then upload a run's output directory to the Hub repo `repo_id` in one commit (creating
-    the repo, `private` if so, and the branch `revision` when missing); returns the commit's URL.
-
-    `token` defaults to `HF_TOKEN` or the stored login, `endpoint` to `HF_ENDPOINT`. Raises `FileNotFoundError` for a
-    directory that is not a finished training run's (`check_trained_run`), `ValueError` for a bad `timeout` or
-    `retries`, and `HubPushError` when the push fails, with the cause and the command that retries it.
-    """
+    """Write the model card, then upload a run's output directory to `repo_id` in one commit (creating the repo and
+    the branch `revision` when missing); returns the commit's URL. A failed push raises `HubPushError`."""
     output_dir = Path(output_dir)
     check_trained_run(output_dir, "push")
     try:  # before the card, which names the repo, is written, and without a retry command that cannot succeed

@@ -57,8 +57,8 @@ ARCHITECTURE_KEYS = (
 
 
 def find_comparison_dir(output_dir: str | os.PathLike) -> Path | None:
-    """The comparison report that covers this run, if any: `output_dir/comparison/`, or a sibling `../comparison/`
-    (the `model_type: both` layout) whose `comparison.json` lists this run."""
+    """`output_dir/comparison/`, or a sibling `../comparison/` (`model_type: both`) whose `comparison.json` lists this
+    run, if any."""
     output_dir = Path(output_dir)
     child = output_dir / COMPARISON_DIR_NAME
     if (child / REPORT_NAME).is_file():
@@ -72,17 +72,17 @@ def find_comparison_dir(output_dir: str | os.PathLike) -> Path | None:
 
 
 def run_dir_of(output_dir: str | os.PathLike) -> Path:
-    """The folder whose results.json describes the model in `output_dir`: itself, or for a LoRA run's merged model
-    (`merge_lora: true` writes RUN/merged) the run folder RUN."""
+    """The folder whose results.json describes the model in `output_dir`: itself, or a LoRA run's for RUN/merged."""
     output_dir = Path(output_dir)
     run_dir = output_dir.resolve().parent
     merged = output_dir.name == "merged" and (run_dir / ADAPTER_CONFIG_NAME).is_file()
     return run_dir if merged else output_dir
 
 
-def check_not_export(output_dir: Path, command: str = "card") -> None:
-    """Refuse an ONNX export folder (`export` writes RUN/onnx): the card describes the run's PyTorch model."""
-    if is_onnx_export(output_dir):
+def check_trained_run(output_dir: Path, command: str = "card") -> None:
+    """Refuse a folder that is not a finished training run's output (the card would describe, and the push upload, a
+    model that is not there), naming what is missing and what to `command` instead."""
+    if is_onnx_export(output_dir):  # `export` writes RUN/onnx: the card describes the run's PyTorch model
         fix = f"{command} its run folder"
         if (output_dir.resolve().parent / "config.json").is_file():
             fix = f"{command} the run folder {output_dir.parent}"
@@ -90,12 +90,6 @@ def check_not_export(output_dir: Path, command: str = "card") -> None:
             f"{output_dir} is an ONNX export, which the model card does not describe: {fix} (its card says how to "
             "export it)."
         )
-
-
-def check_trained_run(output_dir: Path, command: str = "card") -> None:
-    """Raise `FileNotFoundError` for a folder that is not a finished training run's output (the card would describe,
-    and the push upload, a model that is not there), naming what is missing and what to `command` instead."""
-    check_not_export(output_dir, command)
     names = {p.name for p in output_dir.iterdir()} if output_dir.is_dir() else set()
     has_weights = any(fnmatch.fnmatch(name, p) for name in names for p in ("*.safetensors", *LEGACY_WEIGHT_PATTERNS))
     missing = [] if "config.json" in names else ["config.json"]
@@ -121,10 +115,9 @@ def check_trained_run(output_dir: Path, command: str = "card") -> None:
 
 
 def hub_base(name: str | None, run_dir: Path, local: bool | None = None) -> str | None:
-    """`name`, the model a run fine-tuned from, where it is a Hub id: None for a local folder (`local`, as the run
-    recorded it). Without that record (an earlier version's results.json), a name is local where it exists relative
-    to a folder the run could have been launched from (`--model_name_or_path bases/vit --output_dir runs/vit`), which
-    need not be the current one."""
+    """`name`, the model a run fine-tuned from, where it is a Hub id, else None. Without the run's `local` record (an
+    earlier results.json), a name is local where it exists relative to a folder the run could have been launched from
+    (`--model_name_or_path bases/vit --output_dir runs/vit`), which need not be the current one."""
     if local is None and name:
         local = any((folder / name).exists() for folder in run_dir.resolve().parents)
     return name if name and not local and is_hub_id(name) else None
@@ -145,7 +138,6 @@ def is_scratch(results: Results) -> bool:
 
 
 def card_license(results: Results) -> str | None:
-    """`results.json`'s `license`, else the license of a known base checkpoint, else unknown (None)."""
     if results.license or results.model_type != "pretrained":
         return results.license
     base = results.model_name_or_path or ""
@@ -155,8 +147,7 @@ def card_license(results: Results) -> str | None:
 def card_data(
     results: Results, model_name: str, adapter_base_model: str | None = None, base_model: str | None = None
 ) -> ModelCardData:
-    """The card's YAML metadata; a LoRA run's (`adapter_base_model` given) is a `library_name: peft` repo.
-    `base_model`, a Hub id (`hub_base`) or None, goes in as it is: the Hub rejects any other."""
+    """The card's YAML metadata; `base_model` must be a Hub id (`hub_base`) or None: the Hub rejects any other."""
     scratch = is_scratch(results)
     dataset, dataset_name = results.dataset, display_dataset(results.dataset)
     task = {"task_type": "image-classification", "task_name": "Image Classification", "dataset_name": dataset_name}
@@ -194,9 +185,8 @@ def card_data(
 
 
 def _parameters(results: Results, merged: bool) -> str:
-    """The model's parameters and which of them trained, from results.json. A LoRA run counts its base model with
-    the adapters and the head's trained copy, which are what it trained: the model itself, its base with the new head
-    (as many as merged), is that count less the trained ones."""
+    """The model's parameters and which of them trained. A LoRA run's count holds the adapters and the head's trained
+    copy: the model itself (its base with the new head, as many as merged) is that count less the trained ones."""
     total, trained = format_count(results.num_parameters), format_count(results.num_trainable_parameters)
     if results.hyperparameters.get("finetune_method") == "lora":
         counts = (results.num_parameters, results.num_trainable_parameters)
@@ -209,12 +199,7 @@ def _parameters(results: Results, merged: bool) -> str:
     return f"{total} parameters, of which {trained} trained"
 
 
-def _description(results: Results, config: dict, model_name: str, merged: bool, hub: str | None) -> str:
-    return _model_description(results, config, model_name, merged, hub) + _teaching(results.hyperparameters)
-
-
 def _teaching(hyperparameters: dict) -> str:
-    """The sentence naming the model that taught a distilled run, and how."""
     teacher = hyperparameters.get("teacher_model_name_or_path")
     if not teacher:
         return ""
@@ -272,9 +257,7 @@ def _adapter_resizes_positions(config: dict, base: str) -> bool:
 
 def _usage(results: Results, config: dict, repo: str, base: str | None, hub: str | None) -> str:
     """How to load and run the model: transformers' Auto classes (and pipeline), or peft for a LoRA adapter of `base`
-    (the Hub id `hub`, or a local folder, named by a placeholder: its path on the training machine means nothing to
-    readers); images opened as training read them, the logits as the scores are of (`flip_tta`), the labels above
-    the thresholds of a multi-label run."""
+    (a local one by a placeholder: its path on the training machine means nothing to readers)."""
     remote = ", trust_remote_code=True" if is_scratch(results) else ""
     mode = "L" if config.get("num_channels") == 1 else "RGB"
     # A LoRA run at another size than its base's: the base's position embeddings, interpolated at each call.
@@ -456,7 +439,7 @@ def build_model_card(output_dir: str | os.PathLike, repo_id: str | None = None) 
     adapter = _read_json(output_dir / ADAPTER_CONFIG_NAME)  # a LoRA run's peft adapter names its base model
     base = adapter.get("base_model_name_or_path") if isinstance(adapter, dict) else None
     hub = hub_base(base or results.model_name_or_path, run_dir, results.model_is_local)
-    description = _description(results, config, model_name, merged, hub)
+    description = _model_description(results, config, model_name, merged, hub) + _teaching(results.hyperparameters)
     sections = [f"# {model_name}", description, *_results_section(results)]
     comparison_dir = find_comparison_dir(run_dir)
     summary = _read_json(comparison_dir / SUMMARY_NAME) if comparison_dir else None
@@ -483,7 +466,7 @@ def build_model_card(output_dir: str | os.PathLike, repo_id: str | None = None) 
 
 
 def edited_card(output_dir: str | os.PathLike) -> Path | None:
-    """`output_dir/README.md` when it is not a card written here and left unchanged: edited by hand, or not ours."""
+    """`output_dir/README.md` unless it is a card written here and left unchanged."""
     path = Path(output_dir) / CARD_NAME
     if not path.is_file():
         return None
@@ -493,10 +476,8 @@ def edited_card(output_dir: str | os.PathLike) -> Path | None:
 
 
 def write_model_card(output_dir: str | os.PathLike, repo_id: str | None = None, keep_edited: bool = False) -> str:
-    """Write the model card of a run to `output_dir/README.md` and return its text; `repo_id`, the Hub repo the model
-    goes to, names the model and fills the loading snippet. A README.md edited since it was written (`edited_card`) is
-    never replaced: with `keep_edited` it is kept and its text returned, else `FileExistsError` says how to replace it.
-    """
+    """Write the model card of a run to `output_dir/README.md` and return its text. A README.md edited since it was
+    written is never replaced: with `keep_edited` it is kept and its text returned, else refused."""
     card = str(build_model_card(output_dir, repo_id)).rstrip("\n") + "\n"  # checks the folder first
     edited = edited_card(output_dir)
     if edited and keep_edited:

@@ -38,8 +38,7 @@ def is_hub_id(name: str | None) -> bool:
 
 
 def display_dataset(name: str | None) -> str:
-    """A dataset name fit for a public report: a Hub id (or `sklearn:digits`) as it is, a local path by its last
-    component only, also in the `train: PATH, validation: PATH` of separate split files."""
+    """A dataset name fit for a public report: a local path by its last component only (also of split files)."""
     if not name:
         return MISSING
     if is_hub_id(name) or name.startswith("sklearn:"):
@@ -107,7 +106,7 @@ SUMMARY_NOTE = (
 
 
 def summary_row(results: Results, name: str, run_dir: str) -> dict[str, Any]:
-    """The raw values of one run's line in the summary table (also stored in `comparison.json`)."""
+    """The raw values of one run's line in the summary table (and `comparison.json`)."""
     final = results.test if results.test is not None else results.validation  # the split of the headline metrics
     row = {
         "run": name,
@@ -139,8 +138,7 @@ def teacher_name(path: str) -> str:
 
 
 def summary_table(rows: Sequence[dict]) -> str:
-    """The Markdown summary table of `summary_row` dicts, one line per run (a multi-label run's mAP and micro F1 in the
-    accuracies' columns)."""
+    """The Markdown table of `summary_row` dicts (a multi-label run's mAP and micro F1 in the accuracies' columns)."""
     cells = []
     for row in rows:
         if row.get("model_type") == "pretrained":
@@ -209,9 +207,8 @@ def write_predictions_csv(
     files: Sequence[str | None] | None = None,
 ) -> Path:
     """Per-image predictions of a split as CSV: `index` (the image's position in its source split, as the corrupt-image
-    warnings number it: `positions`, else the row's), `file` (where `files` are known), `label`, `predicted`, and the
-    `top_k` classes by softmax probability (`top1`, `top1_probability`, `top2`, ...). Multi-hot `labels` (multi-label
-    data): `labels`, the labels `predicted` at their `thresholds`, each label's probability."""
+    warnings number it), `file`, the label, the prediction and the `top_k` classes (multi-label data: the labels
+    `predicted` at their `thresholds` and each label's probability)."""
     import numpy as np
     import torch
 
@@ -242,8 +239,7 @@ def write_predictions_csv(
 
 
 def plot_learning_curves(runs: Sequence[Results], names: Sequence[str], path: str | os.PathLike) -> Path:
-    """Two panels on shared epoch axes: train (solid) and validation (dashed) loss, and validation accuracy; each run
-    keeps one color in both."""
+    """Two panels on shared epoch axes: train and validation loss, and validation accuracy."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(12, 4.8), layout="constrained")
@@ -274,15 +270,15 @@ def plot_learning_curves(runs: Sequence[Results], names: Sequence[str], path: st
 
 
 def _series(history: Sequence[HistoryRow], key: str, scale: float = 1.0):
-    """`(epochs, values)` of the history rows where both are numbers: a training loss at the epoch it was logged at
-    (the evaluation's in files of earlier versions)."""
+    """`(epochs, values)` where both are numbers; a training loss at the epoch it was logged at (older files: the
+    evaluation's)."""
     at = [h.train_loss_epoch if key == "train_loss" and h.train_loss_epoch is not None else h.epoch for h in history]
     points = [(x, scale * getattr(h, key)) for x, h in zip(at, history) if is_number(x) and is_number(getattr(h, key))]
     return tuple(zip(*points)) if points else ((), ())
 
 
 def normalize_confusion(matrix: Sequence[Sequence[int]]) -> np.ndarray:
-    """Each row (a true class) divided by its count; a class with no samples keeps a row of zeros."""
+    """Each row divided by its count; a class with no samples keeps a row of zeros."""
     import numpy as np
 
     matrix = np.asarray(matrix, dtype=np.float64)

@@ -33,7 +33,7 @@ def option(default: Any = dataclasses.MISSING, help: str = "", *, factory=datacl
 
 
 def check_ranges(options, checks) -> None:
-    """Refuse a value out of range; `checks` holds (field name, whether a value is valid, what a valid one is)."""
+    """Refuse a value out of range; `checks` holds (field name, validity test, what a valid value is)."""
     for name, valid, expected in checks:
         if not valid(getattr(options, name)):
             raise ValueError(f"`{name}` must be {expected}, got {getattr(options, name)}.")
@@ -47,8 +47,8 @@ def is_set(options, name: str) -> bool:
 
 
 def check_unused(options, names, without: str, fix: str) -> None:
-    """Refuse the fields among `names` set to other than their defaults where nothing uses them (`without` says
-    why: e.g. no teacher to distill from), rather than train as if they were not given."""
+    """Refuse the fields among `names` set where nothing uses them (`without` says why), rather than train as if they
+    were not given."""
     given = [name for name in names if is_set(options, name)]
     if given:
         raise ValueError(
@@ -380,13 +380,11 @@ CONFIG_HELP = "YAML config (configs/); options given here override it"
 
 
 def command_name() -> str:
-    """How the user started the run, for the usage line: `vit-finetune train` or `python -m finetune.run`."""
     return "vit-finetune train" if Path(sys.argv[0]).name in ("vit-finetune", "cli.py") else "python -m finetune.run"
 
 
 def help_parser() -> argparse.ArgumentParser:
-    """The short `--help`, built from the dataclasses alone: `--config`, then the pipeline's options by group. Parsing
-    a command line with it reads `--config`, `--help` and `--help_all`; the other options pass through."""
+    """The short `--help`, from the dataclasses alone; parsing with it reads `--config`, `--help` and `--help_all`."""
     parser = ArgumentParser(
         prog=command_name(),
         allow_abbrev=False,
@@ -419,12 +417,11 @@ def help_parser() -> argparse.ArgumentParser:
 
 
 def first_sentence(text: str) -> str:
-    """The help's first sentence, for the short help (`--help_all` gives it whole)."""
     return re.split(r"(?<!e\.g)(?<!i\.e)\.(?:\s|$)", text, maxsplit=1)[0] + ("." if text else "")
 
 
 def option_specs(dataclass_types) -> dict[str, tuple[Any, list | None, Any]]:
-    """Each option's name -> (type hint, choices, default), from the dataclasses' fields and type hints."""
+    """Each option's name -> (type hint, choices, default)."""
     specs = {}
     for options in dataclass_types:
         hints = typing.get_type_hints(options)  # not `f.type`, which HfArgumentParser rewrites
@@ -457,13 +454,13 @@ def parsed_type(hint):
 
 
 def unset(text: str, name: str, hint) -> bool:
-    """Whether `text` given for the option `name` of type `hint` means None: `null`, or `none` where not a value."""
+    """Whether `text` for the option `name` means None: `null`, or `none` where not a value."""
     return is_optional(hint) and (text in NULL_WORDS or (text in NONE_WORDS and name not in NONE_IS_A_VALUE))
 
 
 def load_yaml_config(path: str | os.PathLike, options: dict[str, tuple[Any, list | None, Any]] | None = None) -> dict:
-    """A flat YAML config with its `base:` chain merged in; with `options` (`option_specs`), an unknown key is refused
-    with the closest names, and a value of the wrong kind with the file and line."""
+    """A flat YAML config with its `base:` chain merged in; with `options` (`option_specs`), its keys and values
+    checked."""
     values, chain = {}, []
     path = os.fspath(path)
     while path is not None:
@@ -584,7 +581,7 @@ EXAMPLE_OPTIONS = {
 
 
 def unknown_message(unknown: list[str], known, where: str, prefix: str = "") -> str:
-    """One line naming each unknown option and the closest known names (or what replaces an example script's)."""
+    """One line naming each unknown option and the closest known names."""
     parts = []
     for key in unknown:
         name = key.removeprefix(prefix).split("=")[0].replace("-", "_")
@@ -597,8 +594,8 @@ def unknown_message(unknown: list[str], known, where: str, prefix: str = "") -> 
 
 
 def parse_options(argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, ScratchViTArguments, dict]:
-    """Read `--config FILE.yaml` (optional) and the command line into the three pipeline dataclasses and the
-    `TrainingArguments` values as given, `auto` still unresolved. A malformed command line raises `UsageError`."""
+    """The config and command line as the three pipeline dataclasses and the `TrainingArguments` values as given,
+    `auto` still unresolved."""
     from finetune.training_args import option_parser  # transformers: imported once a command line is read
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -639,8 +636,7 @@ def parse_options(argv: list[str] | None = None) -> tuple[ModelArguments, DataAr
 
 
 def parse_args(argv: list[str] | None = None):
-    """`(model_args, data_args, scratch_args, training_args)` as `finetune.run` builds them, for tests and benchmarks
-    (the run also keeps the settings, with why each was chosen)."""
+    """`(model_args, data_args, scratch_args, training_args)` as `finetune.run` builds them (tests, benchmarks)."""
     from finetune import hardware
     from finetune.training_args import build_training_args
 
@@ -649,8 +645,7 @@ def parse_args(argv: list[str] | None = None):
 
 
 def check_choices(options, fields_of=None) -> None:
-    """Refuse a value outside a field's `choices` (of the fields of `fields_of`, else all), as the parser does, for
-    dataclasses built in code."""
+    """Refuse a value outside a field's `choices`, as the parser does, for dataclasses built in code."""
     for name, (hint, choices, _) in option_specs([fields_of or type(options)]).items():
         value = getattr(options, name)
         if choices and value not in choices and not (value is None and is_optional(hint)):  # None: unset
@@ -658,8 +653,7 @@ def check_choices(options, fields_of=None) -> None:
 
 
 def answer_help(argv: list[str]) -> None:
-    """Print the short help and exit where `argv` asks for it (`-h`, `--help`); entry points call this before they
-    import torch and transformers."""
+    """Print the short help and exit where `argv` asks for it; called before torch and transformers are imported."""
     if "-h" in argv or "--help" in argv:
         help_parser().print_help()
         raise SystemExit(0)

@@ -34,7 +34,6 @@ class Interrupted(KeyboardInterrupt):
 
 
 def signal_name(signum: int) -> str:
-    """How an error line names the signal `signum`."""
     return {signal.SIGINT: "SIGINT (Ctrl-C)", signal.SIGTERM: "SIGTERM"}.get(signum, f"signal {signum}")
 
 
@@ -53,7 +52,7 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 def one_line(error: BaseException, limit: int = 300) -> str:
-    """An exception as one short line, for a message that explains it: its type and the first line of its message."""
+    """An exception as one short line: its type and the first line of its message."""
     text = str(error).strip().splitlines()
     line = f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
     return line if len(line) <= limit else line[: limit - 3] + "..."
@@ -69,10 +68,9 @@ def error_line(error: BaseException) -> str:
 
 
 def said_elsewhere(error: BaseException) -> bool:
-    """Whether another process of a multi-process run says `error`: each machine's first (`LOCAL_RANK` 0) says what
-    every process raises alike, a signal (the terminal, the launcher and schedulers signal every process) or an error
-    marked `every_process` (the same work on the same inputs, or an agreement); the others keep the same exit status.
-    An error of one process is said by that process."""
+    """Whether another process says `error`: each machine's first (`LOCAL_RANK` 0) says what every process raises
+    alike, a signal (the terminal, the launcher and schedulers signal every process) or an error marked
+    `every_process`."""
     alike = isinstance(error, KeyboardInterrupt) or getattr(error, "every_process", False)
     return alike and os.environ.get("LOCAL_RANK", "0") != "0"
 
@@ -80,8 +78,7 @@ def said_elsewhere(error: BaseException) -> bool:
 def run_command(
     main: Callable[[list[str]], object], argv: Sequence[str] | None = None, keep_debug: bool = False
 ) -> int:
-    """Call `main(argv)` and return its exit status (0, or as the module docstring says after an error). `--debug` is
-    taken out of `argv` unless the command parses it itself (`keep_debug`)."""
+    """Call `main(argv)` and return its exit status; `--debug` is taken out of `argv` unless `keep_debug`."""
     argv = list(sys.argv[1:] if argv is None else argv)
     # A bare `--debug`; one followed by a value is TrainingArguments' (`--debug underflow_overflow`).
     flags = {i for i, a in enumerate(argv) if a == "--debug" and (i + 1 == len(argv) or argv[i + 1].startswith("-"))}

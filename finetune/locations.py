@@ -14,22 +14,19 @@ ADAPTER_CONFIG_NAME = "adapter_config.json"  # peft's: a folder with one holds a
 
 
 def is_onnx_export(folder: str | os.PathLike) -> bool:
-    """Whether `folder` is an ONNX export (`vit-finetune export` writes RUN/onnx), not a run's PyTorch model: it holds
-    its run's results.json, whose figures are the run's."""
+    """Whether `folder` is an ONNX export, not a run's PyTorch model: its results.json's figures are its run's."""
     folder = Path(folder)
     return (folder / "model.onnx").is_file() and not any(folder.glob("*.safetensors"))
 
 
 def looks_like_local_path(name: str) -> bool:
-    """Whether `name` is written as a local path rather than a Hub id (`name` or `owner/name`): it starts with
-    `.`, `/`, `~` or `\\`, is absolute, or has more than one `/`."""
+    """Whether `name` is written as a local path rather than a Hub id (`name` or `owner/name`)."""
     return name.startswith((".", "/", "~", "\\")) or os.path.isabs(name) or name.count("/") > 1
 
 
 def offline_switch(datasets: bool = False) -> str | None:
-    """The environment variable that switches the Hub off (`HF_HUB_OFFLINE`, and with `datasets` also
-    `HF_DATASETS_OFFLINE`), or None when downloads are allowed. Read at every call, besides the value huggingface_hub
-    read at import, so that a switch set after the import (a test, a notebook cell) counts too."""
+    """The environment variable that switches the Hub off, or None. Read at every call, besides the value
+    huggingface_hub read at import, so that a switch set after the import (a test, a notebook cell) counts too."""
     names = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE") if datasets else ("HF_HUB_OFFLINE",)
     for name in names:
         if os.environ.get(name, "").strip().upper() in hub_constants.ENV_VARS_TRUE_VALUES:
@@ -38,8 +35,7 @@ def offline_switch(datasets: bool = False) -> str | None:
 
 
 def check_folder(path: str | os.PathLike, option: str = "--output", is_file: bool = False) -> Path:
-    """`path` as a folder that exists or can be made (with `is_file`, a file in such a folder): a file in its place or
-    on its way is refused in one line."""
+    """`path` as a folder that exists or can be made (with `is_file`, a file in such a folder)."""
     path = Path(path)
     on_the_way = path.parents if is_file else (path, *path.parents)
     file = next((p for p in on_the_way if p.is_file()), None)
@@ -53,7 +49,6 @@ def check_folder(path: str | os.PathLike, option: str = "--output", is_file: boo
 
 
 def make_folder(path: str | os.PathLike, option: str = "--output") -> Path:
-    """The folder `path` (`check_folder`), created if missing."""
     path = check_folder(path, option)
     path.mkdir(parents=True, exist_ok=True)
     return path

@@ -461,14 +461,12 @@ def train_and_evaluate(
         trainer.save_metrics("train", {**train_result.metrics, **figures})
         trainer.save_state()
 
-        # ---- Evaluation of the kept model: validation, then the test split (used only here), each scored once; the
-        # confusion matrix is of the test split where there is one (multi-label thresholds: chosen on validation).
+        # ---- Evaluation of the kept model: validation, then the test split (used only here), each scored once.
         on_validation = trainer.predict(data.validation, metric_key_prefix="eval")
         if trainer.is_world_process_zero():
             warn_if_at_chance(on_validation.metrics, data, train.loss)
         on_test = trainer.predict(data.test, metric_key_prefix="test") if data.test is not None else None
 
-        # ---- Results: every figure once, the timings from the run's one clock.
         chosen = {"attention_choice": attention_why, "torch_compile": trainer.compiler.summary()}
         if data.validation_held_out:  # an evaluation holds out the same split: `check_held_out_as_trained`
             chosen["validation_size"] = data_args.validation_size

@@ -24,7 +24,6 @@ logger = logging.getLogger(__name__)
 
 @cache
 def load_metric(name: str) -> evaluate.EvaluationModule:
-    """One of the metric modules in `finetune/metrics/` (`classification`, `top_k_accuracy`)."""
     if not (METRICS_DIR / name / f"{name}.py").is_file():
         available = sorted(p.name for p in METRICS_DIR.iterdir() if (p / f"{p.name}.py").is_file())
         raise ValueError(f"Unknown metric {name!r}; the package ships {available}.")
@@ -32,21 +31,19 @@ def load_metric(name: str) -> evaluate.EvaluationModule:
 
 
 def nan_rows(logits: np.ndarray) -> np.ndarray:
-    """The images `(N,)` whose logits hold a NaN: the model classified none of them, and each counts as wrong (an
-    argmax would have taken the first NaN's class for a prediction). `compute_metrics` says so once per evaluation."""
+    """The images `(N,)` whose logits hold a NaN: each counts as wrong (an argmax would have taken the first NaN's
+    class for a prediction)."""
     return np.isnan(logits).any(axis=-1)
 
 
 def classification_scores(logits: np.ndarray, labels: np.ndarray, num_labels: int) -> dict:
-    """The `classification` module's figures for the argmax predictions of `logits` `(N, K)`; an image with NaN
-    logits is predicted as -1, no class (`nan_rows`)."""
+    """The `classification` module's figures for the argmax of `logits`; NaN logits predict -1, no class."""
     predictions = np.where(nan_rows(logits), -1, np.argmax(logits, axis=-1))
     return load_metric("classification").compute(predictions=predictions, references=labels, num_labels=num_labels)
 
 
 def compute_metrics(eval_pred: EvalPrediction) -> dict[str, float]:
-    """Accuracy, top-5 accuracy (with more than 5 classes) and macro F1, or for multi-hot labels `multi_label_scores`;
-    the Trainer prefixes them (`eval_accuracy`, `test_top5_accuracy`, `eval_macro_f1`)."""
+    """Accuracy, top-5 accuracy (with more than 5 classes) and macro F1, or `multi_label_scores`."""
     logits, labels = eval_pred.predictions, eval_pred.label_ids
     logits = logits[0] if isinstance(logits, tuple) else logits
     if (nan := nan_rows(logits)).any():
@@ -62,8 +59,7 @@ def compute_metrics(eval_pred: EvalPrediction) -> dict[str, float]:
 
 
 def confusion_report(logits: np.ndarray, labels: np.ndarray, label_names: list[str]) -> dict:
-    """Confusion matrix (`[true][predicted]` counts) and per-class accuracy (the recall), precision, recall and F1
-    keyed by label name (None where undefined)."""
+    """Confusion matrix and per-class accuracy (the recall), precision, recall and F1 by label name."""
     scores = classification_scores(logits, labels, len(label_names))
     return {
         "confusion_matrix": scores["confusion_matrix"],
@@ -83,10 +79,8 @@ def finite_scores(logits: np.ndarray) -> np.ndarray:
 
 
 def multi_label_scores(logits: np.ndarray, labels: np.ndarray, thresholds=None) -> dict[str, float]:
-    """Multi-label figures of `logits` against multi-hot `labels` `(N, K)`: `map`, the mean over the labels that have
-    a positive image of scikit-learn's average precision, and micro and macro F1 of the labels whose probability
-    reaches their `thresholds` (`(K,)`; None: above 0.5, as the evaluations during training have no thresholds yet),
-    macro over the same labels as `map` (a label no image has has no F1). NaN where no label has a positive image."""
+    """`map` over the labels that have a positive image (a label no image has has no F1 either), micro and macro F1 at
+    `thresholds` (None: 0.5, as the evaluations during training have no thresholds yet)."""
     from scipy.special import expit
     from sklearn.metrics import average_precision_score, f1_score
 
@@ -109,9 +103,8 @@ def multi_label_scores(logits: np.ndarray, labels: np.ndarray, thresholds=None) 
 def multi_label_report(
     logits: np.ndarray, labels: np.ndarray, label_names: list[str], validation_logits, validation_labels
 ) -> dict:
-    """Per label, keyed by name: the probability threshold that maximises its F1 on the validation split (0.5 for a
-    label no validation image has), and at those thresholds the precision, recall, F1 and number of positive images
-    (support) of `logits` against multi-hot `labels`, with the average precision (None where undefined)."""
+    """Per label: the threshold that maximises its F1 on the validation split (0.5 for a label no validation image
+    has), and at those thresholds the precision, recall, F1, support and average precision."""
     from scipy.special import expit
     from sklearn.metrics import average_precision_score, precision_recall_curve, precision_recall_fscore_support
 

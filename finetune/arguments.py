@@ -509,9 +509,8 @@ def read_yaml(path: str) -> tuple[dict, dict[str, int]]:
         raise ValueError(f"Config file {path!r} is not valid YAML: {error}") from None
     if not isinstance(values, dict):
         raise ValueError(f"Config file {path!r} must be a flat YAML map of `key: value`, got {type(values).__name__}.")
-    keys = [key for key, _ in node.value] if node is not None else []  # an empty file (or comments only) sets nothing
     lines = {}
-    for key in keys:
+    for key, _ in node.value if node is not None else []:  # an empty file (or comments only) sets nothing
         if not isinstance(key, yaml.ScalarNode):
             continue
         if key.value in lines:  # YAML keeps the last silently: a config that sets one twice says one thing twice

@@ -35,10 +35,9 @@ def total_batch_size(args) -> int:
 
 
 def restore_state(callback: ExportableState, state) -> None:
-    """Take up a callback's attributes that the checkpoint of a resumed run saved (`TrainerState.stateful_callbacks`,
-    under its class name). The Trainer's own `restore_callback_states_from_checkpoint` would replace the callback with
-    a new one, which the trainer's references to it would not follow. A checkpoint saved without it gets its entry,
-    which the Trainer's next save updates (and fails without)."""
+    """Take up a callback's attributes saved in a resumed run's checkpoint (`TrainerState.stateful_callbacks`). Not
+    the Trainer's `restore_callback_states_from_checkpoint`, which replaces the callback behind the trainer's back. A
+    checkpoint saved without it gets its entry, which the Trainer's next save updates (and fails without)."""
     saved = state.stateful_callbacks.setdefault(type(callback).__name__, callback.state())
     for name, value in saved.get("attributes", {}).items():
         setattr(callback, name, value)
@@ -49,11 +48,9 @@ OPTIMIZER_OPTIONS = ("learning_rate", "weight_decay", "lr_scheduler_type", "lr_s
 OPTIMIZER_OPTIONS += ("optim", "optim_args", "adam_beta1", "adam_beta2", "adam_epsilon")
 # The options whose consequences a checkpoint holds otherwise: the validation split and the order of the images (the
 # seeds), the best model kept so far (by which metric), the weights' average, what taught them (the teacher's options).
-RUN_OPTIONS = ("seed", "data_seed", "metric_for_best_model", "greater_is_better", "ema_decay")
-DISTILLATION_OPTIONS = tuple(
-    "teacher_model_name_or_path distillation_type distillation_alpha distillation_temperature".split()
-)
-RUN_OPTIONS += DISTILLATION_OPTIONS
+DISTILLATION_OPTIONS = ("teacher_model_name_or_path", "distillation_type", "distillation_alpha")
+DISTILLATION_OPTIONS += ("distillation_temperature",)
+RUN_OPTIONS = ("seed", "data_seed", "metric_for_best_model", "greater_is_better", "ema_decay", *DISTILLATION_OPTIONS)
 HELD_BY = {
     **dict.fromkeys(OPTIMIZER_OPTIONS, "optimizer and schedule states"),
     **dict.fromkeys(("seed", "data_seed"), "validation split (another one holds images it trained on)"),
@@ -107,9 +104,8 @@ def saved_options(state: TrainerState) -> dict:
 
 
 def check_options_kept(state: TrainerState, now: dict) -> None:
-    """Refuse to resume the checkpoint of `state` where an option of `now` (name: value, as `option` reads it)
-    differs from the one it was trained with (`ResumeCheck` saved them; a checkpoint saved before one was recorded
-    keeps it)."""
+    """Refuse to resume the checkpoint of `state` where an option of `now` (as `option` reads it) differs from the
+    one it was trained with (one it did not record is kept)."""
     saved = saved_options(state)
     changed = [
         f"{name} {number(saved[name])} (now {number(value)})"
@@ -127,25 +123,11 @@ def check_options_kept(state: TrainerState, now: dict) -> None:
         )
 
 
-# The training recipe: changed on resume, the run goes on with the new values (MixUp off for the last epochs is a
-# recipe of its own), said, as its results.json records them for the whole run. The augmentation options come with
+# The training recipe: changed on resume (MixUp off for the last epochs is a recipe of its own), the run goes on with
+# the new values, said, as results.json records them for the whole run. The augmentation options come with
 # `ResumeCheck`'s `data_options` (as "augmentation").
 RECIPE_OPTIONS = ("mixup_alpha", "cutmix_alpha", "label_smoothing_factor", "max_grad_norm", "class_weighting")
 RECIPE_OPTIONS += ("flip_tta",)
-
-
-def check_recipe_kept(state: TrainerState, saved: dict | None, now: dict) -> None:
-    """Say which `RECIPE_OPTIONS` a resumed run (`state`) changes from those its checkpoint trained with (`saved`,
-    None where it recorded none)."""
-    saved = saved or {}
-    changed = [f"{name} {number(saved[name])} (now {number(value)})" for name, value in now.items()
-               if name in saved and saved[name] != value]  # fmt: skip
-    if state.global_step > 0 and changed and state.is_world_process_zero:
-        logger.warning(
-            f"The resumed checkpoint (step {state.global_step}) trained with {', '.join(changed)}: the run goes on "
-            "with the new values, and its results.json records them for the whole run."
-        )
-
 
 # The options `check_options_kept` compares before the data loads: the rest follow the data (multi-label data keeps
 # the best mAP) or are the data's.
@@ -154,13 +136,10 @@ KEPT_FROM_THE_START = (*OPTIMIZER_OPTIONS, "seed", "data_seed", "ema_decay", *DI
 
 class ResumeCheck(TrainerCallback, ExportableState):
     """Refuses a resumed checkpoint trained with other `OPTIMIZER_OPTIONS`, `RUN_OPTIONS` or `data_options` (the
-    options of the images' split, from `finetune.run`; recorded since they are), or whose optimizer steps do not
-    count this run's epochs. The Trainer reads the saved step count through this run's steps
-    an epoch: step 20 of a one-process run (16 an epoch) resumed by two processes (8) was read as epoch 2.5. Whatever
-    sets them (processes, batch size, accumulation, the images, a batch size found by `auto_find_batch_size`), the
-    steps tell; they are saved with each checkpoint. A resume in another mixed precision, or of an unfinished run with
-    another length (its schedule stretched), is said, with the fix; one without the time budget its schedule was
-    fitted to (`TrainingBudgetCallback`) is refused."""
+    options of the images' split, from `finetune.run`), or at another count of optimizer steps an epoch, whatever set
+    it: the Trainer reads the saved step through this run's (step 20 at 16 an epoch, resumed at 8, was epoch 2.5). A
+    resume in another mixed precision, or of an unfinished run with another length, is said with the fix; one without
+    the time budget its schedule was fitted to (`TrainingBudgetCallback`) is refused."""
 
     def __init__(self, data_options: dict | None = None):
         self.steps_per_epoch = self.options = self.precision = self.max_steps = self.recipe = None
@@ -173,9 +152,8 @@ class ResumeCheck(TrainerCallback, ExportableState):
         return {"args": {}, "attributes": attributes}
 
     def on_epoch_begin(self, args, state, control, **kwargs):
-        # Training stopped before its first step: a resumed run whose training had ended (early stopping, a time
-        # budget). The epoch takes no batch (`ImageClassificationTrainer.get_batch_samples`), and ends without
-        # evaluating or saving again the step its checkpoint evaluated and saved.
+        # A resumed run whose training had ended: the epoch takes no batch (`ImageClassificationTrainer.
+        # get_batch_samples`), and ends without evaluating or saving again the step its checkpoint holds.
         self.ended = control.should_training_stop
 
     def on_epoch_end(self, args, state, control, **kwargs):
@@ -204,13 +182,18 @@ class ResumeCheck(TrainerCallback, ExportableState):
         augmentation = data_options.pop("augmentation", {})
         self.options.update(data_options)
         check_options_kept(state, self.options)  # against the saved ones, which `state` holds
-        saved_recipe, self.recipe = self.recipe, {name: option(args, name) for name in RECIPE_OPTIONS} | augmentation
+        saved, self.recipe = self.recipe or {}, {name: option(args, name) for name in RECIPE_OPTIONS} | augmentation
         self.recipe["flip_tta"] = bool(self.recipe["flip_tta"])  # unset is off
-        check_recipe_kept(state, saved_recipe, self.recipe)
+        changed = [f"{name} {number(saved[name])} (now {number(value)})" for name, value in self.recipe.items()
+                   if name in saved and saved[name] != value]  # fmt: skip
+        if resumed and changed and state.is_world_process_zero:
+            logger.warning(
+                f"The resumed checkpoint (step {state.global_step}) trained with {', '.join(changed)}: the run goes "
+                "on with the new values, and its results.json records them for the whole run."
+            )
         if has_length(train_dataloader):  # else no epochs to count
             now = math.ceil(len(train_dataloader) / args.gradient_accumulation_steps)  # as the Trainer counts them
-            # From a checkpoint that did not save them: `epoch` counts the running epoch's batches, so the ratio lies
-            # between batches / accumulation and its ceiling (not after a resume with `ignore_data_skip`).
+            # A checkpoint that did not save them: the ratio lies between batches / accumulation and its ceiling.
             then = self.steps_per_epoch or (state.epoch and math.ceil(state.global_step / state.epoch - 1e-6))
             self.steps_per_epoch = now
             if resumed and then != now:
@@ -252,9 +235,8 @@ class ResumeCheck(TrainerCallback, ExportableState):
 
 
 class ResumedEarlyStopping(EarlyStoppingCallback):
-    """transformers' early stopping, whose count of evaluations without improvement goes on after a resume (it
-    started again from 0, so a resumed run trained past the point where the uninterrupted one stopped); a run resumed
-    from the checkpoint of its stop trains no further step."""
+    """transformers' early stopping, whose count of evaluations without improvement goes on after a resume (from 0, a
+    resumed run trained past the uninterrupted one's stop); resumed from its stop's checkpoint, it trains no step."""
 
     def on_train_begin(self, args, state, control, **kwargs):
         super().on_train_begin(args, state, control, **kwargs)
@@ -266,11 +248,9 @@ class ResumedEarlyStopping(EarlyStoppingCallback):
 
 class RunClock(TrainerCallback, ExportableState):
     """The run's clock: stamps each log entry with `elapsed_seconds` since training began, and adds up the training
-    loop's own time (evaluations and checkpoints left out), its optimizer steps and the sum of their losses. The totals
-    are saved with every checkpoint (`TrainerState.stateful_callbacks`) and taken up again on resume, so
-    `results.json` covers the whole run. Images per second count the epochs trained times `num_images` (the training
-    split's, over every process), each epoch's last, partial batch as it is; without it, steps times the batch size.
-    `time_fn` returns seconds; tests pass a fake one."""
+    loop's own time (evaluations and checkpoints left out), its optimizer steps and the sum of their losses, saved
+    with every checkpoint so that `results.json` covers a resumed run whole. Images per second count the epochs
+    trained times `num_images` (the training split's, over every process); without it, steps times the batch size."""
 
     def __init__(self, time_fn: Callable[[], float] = time.perf_counter, num_images: int | None = None):
         self.time_fn = time_fn
@@ -295,12 +275,11 @@ class RunClock(TrainerCallback, ExportableState):
         self.loss_sum = self.loss_sum + loss.detach()
 
     def elapsed(self) -> float:
-        """Seconds since training began (0 before it does)."""
         return 0.0 if self.train_start is None else self.time_fn() - self.train_start
 
     def training_seconds(self) -> float:
-        """The training loop's seconds, a resumed run's included: the running epoch's up to its last step, without
-        its evaluations and checkpoints."""
+        """The training loop's seconds, a resumed run's included, up to the last step, without evaluations and
+        checkpoints."""
         if self._epoch_start is None:
             return self.train_seconds
         end = self._mark if self._mark is not None else self.time_fn()
@@ -342,8 +321,7 @@ class RunClock(TrainerCallback, ExportableState):
     def figures(self, args) -> dict:
         """The whole run's training figures (a resumed run's included), named as transformers names its session's."""
         seconds, images = self.training_seconds(), self.images(args)
-        # Each process adds up its own batches' losses; the run's mean is over all of them (every process asks for the
-        # figures at the same point: the end of training).
+        # The mean of every process's sums (all ask for the figures at the same point: the end of training).
         loss = reduce(torch.as_tensor(self.loss_sum, dtype=torch.float32, device=args.device), reduction="mean")
         return {
             "train_loss": float(loss) / self.steps if self.steps else None,
@@ -354,8 +332,7 @@ class RunClock(TrainerCallback, ExportableState):
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs is not None and "train_runtime" in logs:
-            # The Trainer's closing line counts this session and the steps it planned (a run stopped by its budget
-            # after 1 of 200 planned epochs: 200 epochs' images per second).
+            # The Trainer's closing line counts this session and the steps it planned, not those run.
             figures = self.figures(args)
             logs.update(figures)
             state.log_history[-1].update(figures)
@@ -371,7 +348,7 @@ class RunClock(TrainerCallback, ExportableState):
                 entry["train_images_per_second"] = round(images / seconds, 1) if seconds > 0 else None
 
     def images(self, args) -> float:
-        """The training images the run has taken so far, every process's (a resumed run's included)."""
+        """The training images of the whole run so far, every process's."""
         if not self.num_images:
             return self.steps * total_batch_size(args)
         batch = args.per_device_train_batch_size * args.world_size
@@ -380,9 +357,9 @@ class RunClock(TrainerCallback, ExportableState):
 
 
 class ClockBeforeSave(TrainerCallback):
-    """Before each checkpoint, every process's `RunClock.loss_sum` replaced by their mean, which process 0 saves: a
-    resumed run takes it up in every process, and the mean of the sums (`RunClock.figures`) stays the run's. Registered
-    after the callbacks that ask for a checkpoint (budget, early stopping, interrupt), to act once they have."""
+    """Before each checkpoint, every process's `RunClock.loss_sum` replaced by their mean, which process 0 saves and
+    every resumed process takes up: the mean of the sums stays the run's. Registered after the callbacks that ask for
+    a checkpoint (budget, early stopping, interrupt)."""
 
     def __init__(self, clock: RunClock):
         self.clock, self.shared_at = clock, None
@@ -406,8 +383,7 @@ class TrainingBudgetCallback(TrainerCallback, ExportableState):
     """Stop training when `max_minutes` of wall-clock time have passed since training began (by `clock`, registered
     before this callback); with `fit_schedule`, re-plan the learning-rate schedule to end at the budget, from the
     seconds per step measured after `calibration_fraction` of it and again after each further tenth. The plan and the
-    stop are saved with each checkpoint: a resumed run keeps the planned schedule, and one whose budget had ended its
-    training trains no further step."""
+    stop are saved with each checkpoint, and a resumed run keeps them."""
 
     def __init__(
         self,
@@ -419,14 +395,12 @@ class TrainingBudgetCallback(TrainerCallback, ExportableState):
         settle_steps: int = 1,
     ):
         self.budget_seconds = 60.0 * max_minutes
-        # The steps with one-off costs, after which the rate is measured: the first (allocation, kernel selection)
-        # and, under `torch_compile: auto`, the first compiled one after its eager steps (`TrainingCompiler`).
+        # The rate is measured after the steps with one-off costs: the first, and under `torch_compile: auto` the
+        # first compiled one (`TrainingCompiler.first_compiled_step`).
         self.settle_steps = settle_steps
-        self.clock = clock
-        self.fit_schedule = fit_schedule
-        # With several processes, each with its own clock, the `NonFiniteGuard` agrees on the step at which the budget
-        # is spent (stopping at different steps would leave the others waiting) and on the (step, seconds) the
-        # schedule is planned from, so that every process plans the same schedule at the same step.
+        self.clock, self.fit_schedule = clock, fit_schedule
+        # With several processes, the `NonFiniteGuard` agrees on the step at which the budget is spent (else the others
+        # wait) and on the (step, seconds) the schedule is planned from, so that every process plans alike.
         self.guard = guard
         self.planned_steps = None
         self.next_plan = calibration_fraction  # the budget's fraction at which the schedule is planned next
@@ -476,14 +450,13 @@ class TrainingBudgetCallback(TrainerCallback, ExportableState):
             self._stop(args, state, control, elapsed)
 
     def _spent(self, spent_here: bool) -> bool:
-        """Whether to stop now: as this process's clock says, or as every process agreed through the guard."""
+        """Whether to stop now: by this process's clock, or as every process agreed through the guard."""
         if self.guard is None:
             return spent_here
         self.guard.budget_requested = self.guard.budget_requested or int(spent_here)
         return bool(self.guard.budget_agreed)
 
     def _planning_point(self, state, elapsed: float) -> tuple[int, float]:
-        """The step and seconds to plan from: this process's, or the last pair that every process agreed on."""
         return (state.global_step, elapsed) if self.guard is None else self.guard.elapsed_agreed
 
     def on_epoch_end(self, args, state, control, lr_scheduler=None, **kwargs):
@@ -492,7 +465,7 @@ class TrainingBudgetCallback(TrainerCallback, ExportableState):
 
     def expected_steps(self, state) -> int | None:
         """The optimizer steps training will take: the planned schedule's, or those that fit in the budget at the
-        rate so far (evaluations included), at most the Trainer's own `max_steps`."""
+        rate so far, at most the Trainer's `max_steps`."""
         if self.planned_steps is not None:
             return self.planned_steps
         elapsed = self.clock.elapsed()
@@ -503,8 +476,7 @@ class TrainingBudgetCallback(TrainerCallback, ExportableState):
         )
 
     def on_evaluate(self, args, state, control, **kwargs):
-        # An evaluation can be what spends the budget; stop before the next step starts (the evaluation just done
-        # counts as the stop's: asking for another would evaluate the same step twice).
+        # An evaluation can spend the budget: stop before the next step, without evaluating the same step again.
         elapsed = self.clock.elapsed()
         if self._spent(elapsed >= self.budget_seconds):
             self._stop(args, state, control, elapsed, evaluate=False)
@@ -520,8 +492,8 @@ class TrainingBudgetCallback(TrainerCallback, ExportableState):
             )
         self.stopped_at, self.stopped_budget = state.global_step, self.budget_seconds
         control.should_training_stop = True
-        # Evaluate and save at the stopping point, so the final model is a candidate for the best one. With the
-        # `epoch` strategies the Trainer does so anyway at the end of the interrupted epoch.
+        # Evaluate and save at the stop, so the final model is a candidate for the best one (the `epoch` strategies
+        # do so at the interrupted epoch's end).
         if args.eval_strategy == "steps" and evaluate:
             control.should_evaluate = True
         if args.save_strategy == "steps":
@@ -534,8 +506,7 @@ class TrainingBudgetCallback(TrainerCallback, ExportableState):
             return
         seconds_per_step = (elapsed - reference_seconds) / steps_done
         total = step + int((self.budget_seconds - elapsed) / seconds_per_step)
-        # Never past the Trainer's own end (`num_train_epochs` / `max_steps`): on a faster machine the schedule then
-        # ends there, before the budget, instead of being cut off mid-decay.
+        # Never past the Trainer's own end: a faster machine then ends the schedule before the budget, not mid-decay.
         total = max(min(total, state.max_steps or total), state.global_step + 1)
         if set_schedule_length(lr_scheduler, total):
             if self.planned_steps is None:
@@ -550,8 +521,8 @@ class TrainingBudgetCallback(TrainerCallback, ExportableState):
 
 
 def set_schedule_length(lr_scheduler, num_training_steps: int) -> bool:
-    """Set `num_training_steps` of a transformers schedule (cosine, linear, ...) in place: transformers builds them as
-    `functools.partial(lr_lambda, num_warmup_steps=..., num_training_steps=...)`. False for one without a length."""
+    """Set `num_training_steps` of a transformers schedule, built as `functools.partial(lr_lambda, ...,
+    num_training_steps=...)`, in place; False for one without a length."""
     lambdas = getattr(lr_scheduler, "lr_lambdas", None)
     if not lambdas or not all(
         isinstance(f, functools.partial) and "num_training_steps" in f.keywords for f in lambdas
@@ -564,14 +535,11 @@ def set_schedule_length(lr_scheduler, num_training_steps: int) -> bool:
 
 
 class ModelEMA:
-    """Exponential moving average of a model's floating-point parameters and buffers, in float32 on its device.
-
-    After each `update(model)`, `ema = decay_t * ema + (1 - decay_t) * weights`, with `decay_t = decay` or, with
-    `warmup=True`, `min(decay, (1 + t) / (10 + t))` at update `t` (as timm does), so early, random weights fade fast.
-    Not `torch.optim.swa_utils.AveragedModel` (with `get_ema_multi_avg_fn`, the same average: tests/test_callbacks.py):
-    its `update_parameters` reads its update count from the device at every call (a host-device sync per step on a
-    GPU) and averages integer buffers too, and it is slower on the CPU (`benchmarks/ema_update.py`, 2-core CPU:
-    15.9 against 16.7 ms per update for ViT-B/16, 0.16 against 0.29 ms for the notebooks' scratch ViT)."""
+    """Exponential moving average of a model's floating-point parameters and buffers, in float32 on its device:
+    `ema = decay_t * ema + (1 - decay_t) * weights`, `decay_t = decay` or, with `warmup`, `min(decay, (1 + t) / (10 +
+    t))` at update `t` (as timm does), so early, random weights fade fast. Not `torch.optim.swa_utils.AveragedModel`
+    (the same average: tests/test_callbacks.py): it reads its update count from the device at every update (a sync
+    per step on a GPU), averages integer buffers too, and is slower on the CPU (`benchmarks/ema_update.py`)."""
 
     def __init__(self, model: nn.Module, decay: float, warmup: bool = True):
         self.decay, self.warmup, self.num_updates = decay, warmup, 0
@@ -603,8 +571,7 @@ def _averaged_tensors(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
 class EMACallback(TrainerCallback):
     """Updates `ema` after every optimizer step and swaps the average into the model when the Trainer is about to
     evaluate or save (registered last, after the callbacks that decide so); `restorer`, registered first, swaps it
-    back before the next step. `save_state` writes `ema_state.safetensors` into each checkpoint, from which a resume
-    continues exactly. Training ends with the model holding the average."""
+    back before the next step. Training ends with the model holding the average."""
 
     def __init__(self, ema: ModelEMA, model: nn.Module):
         self.ema, self.model = ema, model
@@ -638,8 +605,8 @@ class EMACallback(TrainerCallback):
     on_epoch_end = on_step_end
 
     def save_state(self, args, folder: str) -> None:
-        """Write `ema_state.safetensors` into the checkpoint `folder` being saved (`ImageClassificationTrainer.
-        save_model`: beside its weights, before the Trainer removes older checkpoints)."""
+        """Write `ema_state.safetensors`, from which a resume goes on exactly, into the checkpoint `folder` being
+        saved (`ImageClassificationTrainer.save_model`)."""
         if not args.should_save:
             return
         current = dict(_averaged_tensors(self.model))
@@ -671,17 +638,16 @@ class EMARestorer(TrainerCallback):
 
 class InterruptCallback(TrainerCallback):
     """The first SIGTERM (a scheduler's preemption) or SIGINT (Ctrl-C) asks `guard` to stop: once every process has
-    agreed (the guard reduces the request with its flags), the Trainer saves a checkpoint after the running optimizer
-    step, and `Interrupted` ends training right after that save (before the Trainer's end, which could reload or
-    rotate checkpoints); after the last step, at the end of training, where a checkpoint holds that step (else the run
-    goes on to its results rather than lose its training). A second signal ends the process at once. `signal` is the
-    first one's number in the process that received it; `guard.stop_agreed` the one all stop for."""
+    agreed (through the guard's flags), the Trainer saves a checkpoint after the running optimizer step, and
+    `Interrupted` ends training right after that save (before the Trainer's end, which could reload or rotate
+    checkpoints); after the last step, at the end of training where a checkpoint holds that step (else the run goes on
+    to its results rather than lose its training). A second signal ends the process at once."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
     def __init__(self, guard):
         self.guard = guard
-        self.signal: int | None = None
+        self.signal: int | None = None  # the first one's, in the process that received it
         self.saved_step = None  # the step of the last checkpoint saved (or resumed)
         self._previous = {}
 
@@ -711,9 +677,8 @@ class InterruptCallback(TrainerCallback):
         self._previous = {}
 
     def on_step_end(self, args, state, control, **kwargs):
-        # An evaluation due at this step still runs before the save (the checkpoint then holds its figures, as the
-        # uninterrupted run's does); at an epoch's last step, the save waits for the epoch's end and its evaluation:
-        # a resumed run never comes back to an epoch that is over.
+        # An evaluation due at this step still runs before the save; at an epoch's last step, the save waits for the
+        # epoch's end and its evaluation: a resumed run never comes back to an epoch that is over.
         if self.guard.stop_agreed:
             self.stop(args, control, save=control.should_save or not float(state.epoch).is_integer())
 
@@ -725,8 +690,7 @@ class InterruptCallback(TrainerCallback):
     def stop(args, control, save: bool) -> None:
         control.should_training_stop, control.should_save = True, save
         if args.save_strategy == SaveStrategy.BEST:
-            # Which saves after an evaluation only a new best: the stop's checkpoint is saved whatever its score (else
-            # the run ended saying it had stopped after its last step, and the resume went back to the best one).
+            # Which saves only a new best: the stop's checkpoint is saved whatever its score.
             args.save_strategy = SaveStrategy.STEPS
 
     def on_save(self, args, state, control, **kwargs):
@@ -744,8 +708,8 @@ class InterruptCallback(TrainerCallback):
 
     def on_train_end(self, args, state, control, **kwargs):
         self.restore_handlers()
-        # A signal after the last optimizer step, which no step passed on to the other processes: every process stops
-        # here, before the final evaluation and the results, which the resumed run (no step left) then writes.
+        # A signal after the last optimizer step, which no step passed on to the other processes: all stop here,
+        # before the final evaluation and the results, which the resumed run then writes.
         signum = int(reduce(torch.tensor(self.signal or 0, device=args.device), reduction="max"))
         if signum and self.saved_step != state.global_step:
             # No checkpoint holds the last step (`save_strategy: no`, or `best` where it was not): stopping loses it.
@@ -765,7 +729,7 @@ class InterruptCallback(TrainerCallback):
 
 class QuietProgress(ProgressCallback):
     """transformers' progress bars, with one line per evaluation instead of a dict per log, and under a time budget a
-    training bar whose total (and so its ETA) is the steps that fit in the budget, not the epochs' upper bound."""
+    training bar whose total (its ETA) is the steps that fit in the budget."""
 
     def __init__(self, budget: TrainingBudgetCallback | None = None):
         super().__init__()
@@ -786,8 +750,7 @@ class QuietProgress(ProgressCallback):
 
 
 class EvaluationLines(TrainerCallback):
-    """Without progress bars (`disable_tqdm`), the lines of `QuietProgress` logged, in place of transformers'
-    `PrinterCallback`, which prints a dict per log."""
+    """Without progress bars (`disable_tqdm`), the lines of `QuietProgress` logged, for transformers' dict per log."""
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         line = evaluation_line(state, logs)
@@ -797,7 +760,7 @@ class EvaluationLines(TrainerCallback):
 
 def evaluation_line(state, logs: dict | None) -> str | None:
     """An evaluation's logs as one line (None for other logs): validation score and loss, and the training loss logged
-    since the previous evaluation (with `logging_steps` longer than an epoch, a loss 30 steps old is not repeated)."""
+    since the previous evaluation, if any."""
     score = next((name for name in ("accuracy", "map") if f"eval_{name}" in (logs or {})), None)
     if score is None:
         return None

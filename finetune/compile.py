@@ -1,19 +1,17 @@
 """torch.compile of the training forward pass that is never fatal and, under `auto`, never slower than eager.
 
 `TrainingCompiler` compiles instead of the Trainer, which would compile evaluation too and end the run on a compiler
-error. Only training steps at the first step's batch size run compiled (an epoch's smaller last batch and evaluation
-run eagerly: no recompilation, and CUDA graphs would overwrite the logits the evaluation loop keeps). A step that fails
-compiled runs again eagerly and training goes on eagerly, with a warning. Under `auto` (`verify`) the eager step is
-timed first over `window` steps (evaluations and checkpoints left out); then, after `warmup` compiled steps, the
-compiled step over `window` steps, and the faster is kept. With several processes the times are averaged over them
-and a compiler error in one turns all eager, so all decide alike.
+error. Only training steps at the first step's batch size run compiled (no recompilation for an epoch's last batch;
+in evaluation CUDA graphs would overwrite the logits the loop keeps). A step that fails compiled runs again eagerly
+and training goes on eagerly, with a warning. Under `auto` (`verify`) the eager step is timed over `window` steps
+(evaluations and checkpoints left out), then, after `warmup` compiled steps, the compiled step, and the faster is
+kept. With several processes the times are averaged and a compiler error in one turns all eager, so all decide alike.
 
 CUDA graphs (what `auto` compiles with) remove the launch cost of a step's kernels, which matters only while the GPU
-waits for the host. If the eager steps queue all their kernels in under half of the step's time (`LAUNCH_BOUND`), the
-GPU sets the pace and `auto` stays eager without compiling: on one H200 (`gpu_suite.py --parts pipeline notebook_job`,
-benchmarks/README.md#the-gpu-suite), ViT-B/16 at batch 512 ran 177.5 ms per step eager against 219.9 ms compiled, and
-the attempt cost 38 s of compilation in a 69 s run; inductor without CUDA graphs gained nothing there either (2,929
-against 2,936 images/s). At batch 32 the host is the bottleneck and compiling halves the step (20.4 against 36.4 ms).
+waits for the host. If the eager steps queue their kernels in under `LAUNCH_BOUND` of the step's time, the GPU sets
+the pace and `auto` stays eager without compiling: on one H200 (benchmarks/README.md#the-gpu-suite), ViT-B/16 at batch
+512 ran 177.5 ms per step eager against 219.9 ms compiled, after 38 s of compilation in a 69 s run; at batch 32 the
+host is the bottleneck and compiling halves the step (20.4 against 36.4 ms).
 """
 
 import time
@@ -63,13 +61,12 @@ class TrainingCompiler(TrainerCallback):
         self.outcome = "compiled" if choice.enabled else "eager"
         self._compiled: dict[int, nn.Module] = {}
         self.failed = False
-        # The check: the phases of (name, steps) still to run. In a multi-process run every compiled choice has an
-        # agreement point after warm-up, so that a compiler error in one process turns every process eager.
+        # The check's (name, steps) still to run; with several processes an agreement point after warm-up, so that a
+        # compiler error in one turns all eager.
         self._phases = [("warmup", warmup)] if choice.enabled and world_size > 1 else []
         if choice.enabled and choice.verify:
             self._phases = [("eager warmup", 2), ("eager", window), ("warmup", warmup), ("compiled", window)]
-        # The optimizer step that compiles (its one-off cost), after `auto`'s eager steps: a time budget measures the
-        # rate of steps after it (`TrainingBudgetCallback.settle_steps`).
+        # The step that compiles (a one-off cost a time budget measures its rate after: `settle_steps`).
         self.first_compiled_step = 1 + sum(steps for name, steps in self._phases if name.startswith("eager"))
         self._phase_steps, self._phase_seconds = 0, 0.0
         self._segment_start = self._last_end = self._step_start = None
@@ -99,9 +96,9 @@ class TrainingCompiler(TrainerCallback):
         return self._compiled[key]
 
     def run(self, step: Callable[[], T], on_fallback: Callable[[], None] = lambda: None) -> T:
-        """`step()`, which takes its module from `module_for`; if it fails compiled, it runs again eagerly, and only
-        if that succeeds is the compiler at fault: training goes on eagerly and `on_fallback()` is called (the Trainer
-        skips that optimizer step, whose gradients a compiled backward that failed halfway may hold twice)."""
+        """`step()`, which takes its module from `module_for`; if it fails compiled and succeeds eagerly, training
+        goes on eagerly and `on_fallback()` is called (the Trainer skips that optimizer step: a compiled backward that
+        failed halfway may have added its gradients already)."""
         first = self.active and self.compile_seconds is None
         start = self.time_fn()
         try:
@@ -173,7 +170,6 @@ class TrainingCompiler(TrainerCallback):
         self._segment_start = self._last_end = None
 
     def _mean_over_processes(self, *values: float) -> list[float]:
-        """`values` averaged over the run's processes, so that every process decides alike."""
         if self.world_size > 1 and torch.distributed.is_initialized():
             stats = torch.tensor(values, dtype=torch.float64, device=self.device)
             torch.distributed.all_reduce(stats)
@@ -181,8 +177,7 @@ class TrainingCompiler(TrainerCallback):
         return list(values)
 
     def _gpu_bound(self) -> bool:
-        """After the eager window: eager for good, without compiling, where the GPU, not the kernel launches, sets
-        the step's pace."""
+        """After the eager window: eager for good where the GPU, not the kernel launches, sets the pace."""
         queued, total = self._mean_over_processes(*self._queued)
         if total <= 0 or queued >= LAUNCH_BOUND * total:
             return False

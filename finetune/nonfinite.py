@@ -1,12 +1,11 @@
 """No optimizer step on a non-finite loss or gradient, and a loud stop when training has diverged.
 
-`NonFiniteGuard` keeps the buffers (BatchNorm statistics) at each step's begin; flags a non-finite loss
-(`observe_loss`, from `training_step`) and gradient (`on_pre_optimizer_step`) on the device, max-reduced over the
-processes with the requests every process must act on at the same step (a signal's stop, a spent time budget) and the
-seconds the budget's schedule is planned from; skips the update (fused optimizers take the flag as `found_inf`; others
-have their gradients cleared; under fp16 the scaler skips it already); restores the buffers of a skipped step; and
-reads the flags `LAG` steps later on CUDA, so the host never waits for the device. Skipped steps leave the weights as
-they were, so a run whose steps are all bad cannot recover: `max_consecutive` in a row raise `TrainingDiverged`."""
+`NonFiniteGuard` flags a non-finite loss (`observe_loss`) and gradient (`on_pre_optimizer_step`) on the device,
+max-reduced over the processes with the requests every process must act on at the same step (a signal's stop, a spent
+time budget) and the seconds the budget's schedule is planned from; skips the update (fused optimizers take the flag
+as `found_inf`, others have their gradients cleared, under fp16 the scaler skips it already) and restores the buffers
+(BatchNorm statistics) of a skipped step; and reads the flags `LAG` steps later on CUDA, so the host never waits for
+the device. A run whose steps are all bad cannot recover: `max_consecutive` in a row raise `TrainingDiverged`."""
 
 from collections import deque
 
@@ -39,19 +38,17 @@ class TrainingDiverged(RuntimeError):
 
 class NonFiniteGuard(TrainerCallback, ExportableState):
     """Skips optimizer steps with a non-finite loss or gradient; raises `TrainingDiverged` after `max_consecutive`
-    in a row (`max_nonfinite_steps`). `scaler` is the fp16 `GradScaler`, where there is one. The count of bad steps is
-    saved with each checkpoint, so that a resumed run's results count them all."""
+    in a row. `scaler` is the fp16 `GradScaler`, if any. The count of bad steps is saved with each checkpoint."""
 
     def __init__(self, model, max_consecutive=DEFAULT_MAX_CONSECUTIVE, world_size=1, scaler=None):
         self.model, self.max_consecutive, self.world_size = model, max_consecutive, world_size
         self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
         self.bad_steps = 0  # bad steps read back so far
-        # Requests that every process must act on at the same step, max-reduced with the flags and read back with
-        # them: a signal to stop (its number) and a spent time budget (1); 0 is none.
+        # Requests every process must act on at the same step, reduced with the flags: a signal to stop (its number)
+        # and a spent time budget (1); 0 is none.
         self.stop_requested = self.stop_agreed = 0
         self.budget_requested = self.budget_agreed = 0
-        # The budget's clock at the end of the last step, in milliseconds (0: none yet); agreed as the slowest
-        # process's, with that step: (step, seconds), for a schedule that every process plans alike.
+        # The budget's clock at the last step's end, in ms (0: none yet); agreed as the slowest process's (step, s).
         self.elapsed_ms, self.elapsed_agreed = 0, (0, 0.0)
         self._loss_bad = self._saved = self._flags = None
         self._skip = False
@@ -95,8 +92,7 @@ class NonFiniteGuard(TrainerCallback, ExportableState):
             # Overflows are the scaler's (it skips and lowers its scale); count them only once no scale is left.
             grads_bad = grads_bad & (self.scaler.get_scale() < 1.0)
         loss_bad = self._loss_bad.to(device) if self._loss_bad is not None else torch.zeros_like(grads_bad)
-        # `torch.full` on the device, not `torch.tensor` of a list: a copy from the host would wait for the device.
-        # int64: milliseconds overflow int32 after 24 days.
+        # `torch.full` on the device: a copy from the host would wait for it. int64: ms overflow int32 in 24 days.
         scalars = (int(self._skip), self.stop_requested, self.budget_requested, self.elapsed_ms)
         skip, stop, budget, elapsed = (torch.full((), value, dtype=torch.int64, device=device) for value in scalars)
         flags = torch.stack([(loss_bad | grads_bad).long(), loss_bad.long(), skip, stop, budget, elapsed])
@@ -143,7 +139,7 @@ class NonFiniteGuard(TrainerCallback, ExportableState):
     on_train_end = on_epoch_end
 
     def poll(self, state, wait_all: bool = False) -> None:
-        """Read the flags that are due: at once off CUDA; on CUDA those over `LAG` steps old (the same in all)."""
+        """Read the flags that are due: at once off CUDA, else those over `LAG` steps old (the same in all)."""
         while self._pending:
             step, learning_rate, host, event = self._pending[0]
             if event is not None:

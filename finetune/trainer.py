@@ -13,14 +13,13 @@ Batches arrive on the training device as uint8 images at their stored resolution
     distillation_loss             with a teacher: that, mixed with the loss on the teacher's logits    [distillation_*]
     guard.observe_loss            a non-finite loss is flagged on the device (finetune/nonfinite.py)
 
-The Trainer then runs the backward pass and, per optimizer step, its callbacks around `optimizer.step()`: the guard
-checks the gradients and skips a bad update (`on_pre_optimizer_step`), the EMA follows the weights
-(`on_optimizer_step`), the clock, the budget and the interrupt handler act at the step's end (finetune/callbacks.py).
-Evaluation and prediction (`prediction_step`) use the same transform without augmentation, with optional flip
-test-time augmentation. Nothing in a step waits for the device, so the host queues work ahead of a GPU.
+The Trainer then runs the backward pass and its callbacks (finetune/callbacks.py): the guard skips an update with bad
+gradients, the EMA follows the weights, the clock, the budget and the interrupt handler act at the step's end.
+Evaluation (`prediction_step`) uses the same transform without augmentation, with optional flip test-time
+augmentation. Nothing in a step waits for the device, so the host queues work ahead of a GPU.
 
-Private Trainer methods overridden, and why (each pinned by tests/test_trainer_hooks.py, which fails with a clear
-message the day transformers changes them):
+Private Trainer methods overridden, and why (pinned by tests/test_trainer_hooks.py, which fails the day transformers
+changes them):
     _load_from_checkpoint, _load_best_model: the Trainer reloads weights with a non-strict `load_state_dict` of the
         saved file, which skips the key renaming that `from_pretrained` applies (transformers' ViT saves its blocks as
         `vit.encoder.layer.*` and holds them as `vit.layers.*`): it would silently keep the current weights.
@@ -31,7 +30,6 @@ Other private transformers members read, for want of a public one (pinned by the
     PreTrainedModel._init_weights and the `_is_hf_initialized` marks (models.reset_head): a checkpoint that classifies
         other classes than the dataset's gets its head initialised exactly as loading initialises a new head."""
 
-import contextlib
 import copy
 import os
 import warnings
@@ -108,9 +106,8 @@ def distillation_loss(
 
 def check_optimizer(args) -> None:
     """An `optim` whose package is missing (bitsandbytes' 8-bit AdamW, say) fails at start-up in one line, not once
-    the data is loaded and the model built; so do `optim_args` the optimizer would ignore (transformers passes AdamW
-    none) or cannot read. The optimizers that need the model to be named (GaLore, Apollo, LOMO) are checked when
-    `create_optimizer` builds them."""
+    the model is built; so do `optim_args` the optimizer would ignore (transformers passes AdamW none) or cannot read.
+    Those that need the model (GaLore, Apollo, LOMO) are checked when `create_optimizer` builds them."""
     name = getattr(args.optim, "value", args.optim)
 
     def kwargs(optim_args: str | None) -> dict:
@@ -127,8 +124,7 @@ def check_optimizer(args) -> None:
         return  # it needs the model (or several processes cannot run it: said when it is built)
 
     def read_at_other_values(key: str) -> bool:
-        """Whether `key` reaches the optimizer at some value: a key read with a default (`optim_args.get(key,
-        default)`) and given at that default leaves the arguments as they were."""
+        """Whether `key` reaches the optimizer at some value (one given at its default changes nothing)."""
         for probe in ("1", "2", "true", "float16"):
             try:
                 if kwargs(f"{key}={probe}") != plain:
@@ -178,12 +174,10 @@ class ImageClassificationTrainer(Trainer):
 
     Args:
         batch_transform: `finetune.augment.BatchTransform`, called as `batch_transform(pixel_values, train=...)`.
-        compile_choice: how `torch_compile` was resolved for this machine (`finetune.hardware.choose_compile`).
+        compile_choice: `torch_compile` resolved for this machine (`finetune.hardware.choose_compile`).
         layer_decay: per-layer learning-rate decay of `parameter_groups` (BEiT's), or None.
-        class_weights: per-class weights (K,) of the training loss (`class_weighting: balanced`; multi-label data:
-            `pos_weight`), or None.
-        teacher: a trained classifier of the same labels that teaches the model (`distillation_loss`), or None; kept
-            on the device in eval mode, never trained or saved.
+        class_weights: per-class weights (K,) of the training loss (multi-label: `pos_weight`), or None.
+        teacher: a trained classifier of the same labels (`distillation_loss`), or None; never trained or saved.
         teacher_transform: the `BatchTransform` that feeds the teacher (its `frame` and `finish` only).
         data_options: the options that chose the images of each split, which a resume must keep (`ResumeCheck`)."""
 
@@ -231,9 +225,8 @@ class ImageClassificationTrainer(Trainer):
         if a.early_stopping_patience is not None:
             self.early_stopping = ResumedEarlyStopping(a.early_stopping_patience, a.early_stopping_threshold)
         self.remove_callback(PrinterCallback if a.disable_tqdm else ProgressCallback)
-        # Order matters: the EMA's training weights are back before the guard keeps the buffers of a step; the
-        # callbacks that ask for a save (budget, early stopping, interrupt) act before the EMA swaps its average in,
-        # last, acting on what the callbacks before it decided.
+        # Order matters: the EMA's training weights are back before the guard keeps a step's buffers; the callbacks
+        # that ask for a save (budget, early stopping, interrupt) act before the EMA swaps its average in, last.
         progress = EvaluationLines() if a.disable_tqdm else QuietProgress(self.budget)
         callbacks = [self.ema and self.ema.restorer, ResumeCheck(data_options), self.clock, self.guard, self.compiler]
         callbacks += [self.budget, self.early_stopping, progress, InterruptCallback(self.guard)]
@@ -255,9 +248,8 @@ class ImageClassificationTrainer(Trainer):
         return loss
 
     def save_model(self, output_dir: str | None = None, *args, **kwargs) -> None:
-        """The Trainer's, and into a checkpoint the EMA's state (`EMACallback.save_state`), beside its weights:
-        written on `on_save`, it came after the Trainer had removed the older checkpoints, and a process killed
-        between the two left no whole checkpoint to resume from."""
+        """The Trainer's, and into a checkpoint the EMA's state, beside its weights: written on `on_save`, it came
+        after the Trainer had removed the older checkpoints, and a kill between the two left no whole checkpoint."""
         super().save_model(output_dir, *args, **kwargs)
         checkpoint = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
         if self.ema is not None and output_dir is not None and os.path.basename(output_dir) == checkpoint:
@@ -317,43 +309,38 @@ class ImageClassificationTrainer(Trainer):
         return self.loss(logits, labels).detach(), None if prediction_loss_only else logits, labels
 
     def metrics_and_loss(self, eval_pred: EvalPrediction) -> dict[str, float]:
-        """`compute_metrics` and the loss, both of every process's predictions gathered without the duplicates that
-        even sharding pads the last batches with. The Trainer's own loss repeats each batch's mean per image and cuts
-        the padding from those copies, so with several processes the duplicate counted and real images did not. The
-        loss is plain cross-entropy (binary for multi-label), without training's label smoothing or class weights, as
-        timm validates: it compares between runs."""
+        """`compute_metrics` and the loss, of every process's predictions gathered without the duplicates that even
+        sharding pads the last batches with (the Trainer's own loss, per batch, counted them). The loss is plain
+        cross-entropy (binary for multi-label), without label smoothing or class weights, as timm validates."""
         logits, labels = torch.from_numpy(eval_pred.predictions), torch.from_numpy(eval_pred.label_ids)
         return {"loss": self.loss(logits, labels).item(), **self.scores(eval_pred)}
 
     def get_eval_dataloader(self, eval_dataset=None):
-        with self.every_image():
-            return super().get_eval_dataloader(eval_dataset)
+        return self.every_image(super().get_eval_dataloader, eval_dataset)
 
     def get_test_dataloader(self, test_dataset):
-        with self.every_image():
-            return super().get_test_dataloader(test_dataset)
+        return self.every_image(super().get_test_dataloader, test_dataset)
 
-    @contextlib.contextmanager
-    def every_image(self):
+    def every_image(self, get_dataloader, dataset):
         """The Trainer applies `dataloader_drop_last` to evaluation too, scoring a split without its last images:
         here it is for training only."""
         drop, self.args.dataloader_drop_last = self.args.dataloader_drop_last, False
         try:
-            yield
+            return get_dataloader(dataset)
         finally:
             self.args.dataloader_drop_last = drop
 
     def evaluate(self, *args, **kwargs):
-        # Evaluation draws no number from the training's random generators (the DataLoader takes a seed from them),
-        # so a run resumed from a checkpoint saved before an evaluation replays the same batches and augmentations.
+        # Evaluation draws no number from the training's random generators, so a run resumed from a checkpoint saved
+        # before an evaluation replays the same batches and augmentations.
         with torch.random.fork_rng(devices=[self.args.device] if self.args.device.type == "cuda" else []):
             return super().evaluate(*args, **kwargs)
 
     # ---- Optimizer, training and checkpoint loading.
 
     def create_optimizer(self, model=None) -> torch.optim.Optimizer:
-        """The Trainer's optimizer over `parameter_groups`: no weight decay on norms, biases, position embeddings
-        and prefix tokens, and with `layer_decay` a learning rate per layer."""
+        """The Trainer's optimizer over `parameter_groups` (no weight decay on norms, biases, position embeddings
+        and prefix tokens; with `layer_decay` a learning rate per layer)."""
         if self.optimizer is not None:
             return self.optimizer
         model = self.model if model is None else model

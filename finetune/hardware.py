@@ -1,6 +1,5 @@
-"""What a run runs on: the machine recorded in `results.json` (so that every figure names its machine), and the
-settings `choose_settings` picks for it where the arguments say `auto` (precision, TF32, compilation, CPU or GPU,
-pinned memory), a step of its own in `finetune.run`; and the attention kernel."""
+"""What a run runs on: the machine recorded in `results.json`, and the settings `choose_settings` picks for it where
+the arguments say `auto` (precision, TF32, compilation, CPU or GPU, pinned memory); and the attention kernel."""
 
 import functools
 import os
@@ -24,12 +23,11 @@ ONEDNN_ISAS_WITHOUT_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", 
 # (benchmarks/README.md, "Precision on CPUs without native bf16").
 CPU_BF16_SLOWDOWN = "about 13x"
 # bf16 autocast must beat float32 by this much in `measure_cpu_bf16_speedup` for `bf16: auto` to take it on a CPU
-# with native bf16: a 2-core Intel Xeon with AVX512-BF16 (no AMX) runs bf16 matmuls at 0.56-0.69x float32's speed and
-# the CPU recipe's step at 0.82x (630 against 767 images/s, `benchmarks/model_speed.py --preset cpu30 --threads 2
-# --attention eager [--bf16]`), where a 2-core AMD EPYC with it trains 1.5-1.7x faster in bf16 (benchmarks/README.md).
+# with native bf16: a 2-core Intel Xeon with AVX512-BF16 (no AMX) ran the CPU recipe's step at 0.82x float32's speed,
+# where a 2-core AMD EPYC with it trains 1.5-1.7x faster in bf16 (benchmarks/README.md).
 CPU_BF16_MIN_SPEEDUP = 1.2
-# Largest attention head size for which SDPA's CPU kernel under bf16 is slower than the explicit path (measured at
-# head sizes 12 and 16: 2.5-3x slower; benchmarks/README.md, "model_speed"). Head size 64 (ViT-B) keeps SDPA.
+# Largest attention head size for which SDPA's CPU kernel under bf16 is slower than the explicit path (2.5-3x at 12
+# and 16: benchmarks/README.md, "model_speed"). Head size 64 (ViT-B) keeps SDPA.
 SMALL_HEAD_SIZE = 32
 # Compute capability Triton (inductor's GPU code generator) needs.
 TRITON_MIN_CAPABILITY = (7, 0)
@@ -84,10 +82,9 @@ def cpu_has_native_bf16(flags: set[str] | None = None, max_isa: str | None = Non
 @functools.cache
 def measure_cpu_bf16_speedup() -> float:
     """How many times faster a linear layer's forward and backward run under bf16 autocast than in float32 on this
-    CPU, on one thread (about 0.1 s; one thread, so that processes starting side by side barely disturb each other):
-    the CPU flags say whether bf16 is native, not whether oneDNN makes it faster here. The fastest time of each counts:
-    a busy machine only ever slows a sample down (on a loaded 2-core AMD EPYC the ratio of the medians ran 1.2-16x,
-    across the 1.2x threshold, where that of the fastest samples ran 2.6-4.0x)."""
+    CPU (the flags say whether bf16 is native, not whether it is faster here), on one thread (about 0.1 s), so that
+    processes starting side by side barely disturb each other. The fastest time of each counts: a busy machine only
+    slows a sample down (on a loaded 2-core AMD EPYC the medians' ratio ran 1.2-16x, the fastest samples' 2.6-4.0x)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -169,13 +166,9 @@ def choose_precision(
     launcher_precision: str | None = None,
 ) -> PrecisionChoice:
     """Resolve `auto` for mixed precision and TF32 from the device; an explicit value is kept, and so is a precision
-    given to `accelerate launch --mixed_precision` (`launcher_precision`).
-
-    CUDA: bf16 where the GPU supports it, else fp16; TF32 from compute capability 8.0 (Ampere). CPU: bf16 only with
-    native bf16 and where bf16 measured at least `CPU_BF16_MIN_SPEEDUP` times as fast (`cpu_bf16_speedup`, from
-    `measure_cpu_bf16_speedup`); an explicit bf16 without native bf16 warns. MPS and others: float32 (the Trainer's
-    mixed precision there is untested; `--bf16 true` or `--fp16 true` try it).
-    """
+    given to `accelerate launch --mixed_precision` (`launcher_precision`). CUDA: bf16 where the GPU supports it, else
+    fp16; TF32 from compute capability 8.0. CPU: bf16 only if native and measured at least `CPU_BF16_MIN_SPEEDUP`
+    times as fast; an explicit bf16 without native bf16 warns. MPS and others: float32 (`--bf16 true` tries it)."""
     bf16, fp16, tf32 = parse_switch(bf16, "bf16"), parse_switch(fp16, "fp16"), parse_switch(tf32, "tf32")
     launcher = launcher_precision if launcher_precision in ("bf16", "fp16") else None
     # A precision chosen explicitly or by the launcher turns `auto` off; a switch on wins over the launcher's.
@@ -188,14 +181,11 @@ def choose_precision(
             auto, why = "bf16", "this GPU supports bf16"
         elif device == "cuda":
             auto, why = "fp16", "this GPU has no bf16, fp16 instead"
-        elif device == "cpu" and cpu_native_bf16 and cpu_bf16_speedup < CPU_BF16_MIN_SPEEDUP:
-            auto = None
-            why = f"this CPU has native bf16 (AVX512-BF16/AMX), but bf16 matmuls ran {cpu_bf16_speedup:.2f}x as fast"
-            why += " as float32 here"
         elif device == "cpu" and cpu_native_bf16:
-            auto = "bf16"
-            why = f"this CPU has native bf16 (AVX512-BF16/AMX); bf16 matmuls ran {cpu_bf16_speedup:.2f}x as fast"
-            why += " as float32"
+            fast = cpu_bf16_speedup >= CPU_BF16_MIN_SPEEDUP
+            auto = "bf16" if fast else None
+            why = f"this CPU has native bf16 (AVX512-BF16/AMX){'; ' if fast else ', but '}bf16 matmuls ran "
+            why += f"{cpu_bf16_speedup:.2f}x as fast as float32{'' if fast else ' here'}"
         elif device == "cpu":
             auto = None
             why = f"this CPU has no native bf16 (AVX512-BF16/AMX), where bf16 runs {CPU_BF16_SLOWDOWN} slower"
@@ -298,8 +288,8 @@ def choose_compile(
 
 @dataclass
 class Settings:
-    """What a run uses on this machine: the precision and compilation chosen (each with its reasons), the
-    `TrainingArguments` values that replace `auto` and the unset machine-dependent options, and warnings to log."""
+    """The precision and compilation chosen for this machine, the `TrainingArguments` values that replace `auto` and
+    the unset machine-dependent options, and warnings to log."""
 
     precision: PrecisionChoice
     compile: CompileChoice
@@ -312,10 +302,9 @@ class Settings:
 
 
 def choose_settings(options: Mapping[str, Any]) -> Settings:
-    """Answer each `auto` (and each unset machine-dependent option) of `options`, the `TrainingArguments` values as
-    given: `use_cpu` where torch sees no accelerator (else processes that `accelerate launch` starts on a machine with
-    no GPU would each train alone), pinned memory with non-blocking copies where CUDA is used, precision and
-    compilation."""
+    """Answer each `auto` (and each unset machine-dependent option) of the `TrainingArguments` values `options`:
+    `use_cpu` where torch sees no accelerator (else processes that `accelerate launch` starts without a GPU would each
+    train alone), pinned memory with non-blocking copies where CUDA is used, precision and compilation."""
     use_cpu = options.get("use_cpu")
     use_cpu = accelerator_type(use_cpu=False) == "cpu" if use_cpu is None else use_cpu
     pin_memory = options.get("dataloader_pin_memory")

@@ -94,15 +94,13 @@ def resolve_checkpoint(run_dir: Path, training_args: TrainingArguments, one_of_t
 
 
 def earlier_run(run_dir: Path) -> list[str]:
-    """The names of an earlier run's checkpoints (`checkpoint-N` folders, not a user's `checkpoint-notes`) and results
-    in `run_dir`."""
+    """The names of an earlier run's `checkpoint-N` folders and results in `run_dir`."""
     earlier = [p.name for p in reversed(numbered_checkpoints(run_dir))]
     return earlier + ([RESULTS_NAME] if (run_dir / RESULTS_NAME).exists() else [])
 
 
 # What else a run, or a tool on it, writes into its folder that the next run may not write again, and that would then
-# be served as its model: the other kind's weights (LoRA adapters over a full model, or the reverse; shards), merged/,
-# an ONNX export, the model card, the predictions and figures of an evaluation.
+# be served as its model: the other kind's weights (LoRA or full, shards), merged/, ONNX, the card, evaluations.
 EARLIER_OUTPUTS = (
     ADAPTER_CONFIG_NAME, "adapter_model.safetensors", "adapter_model.bin", "model.safetensors", "pytorch_model.bin",
     "model.safetensors.index.json", "model-*-of-*.safetensors", "pytorch_model.bin.index.json", "merged", "onnx",
@@ -122,10 +120,9 @@ def earlier_outputs(run_dir: Path) -> list[Path]:
 
 
 def remove_earlier_run(run_dir: Path, training_args: TrainingArguments) -> None:
-    """`overwrite_output_dir`: remove the earlier run's checkpoints, whose checkpoints would otherwise mix with the new
-    ones in rotation, its results, and its model files and outputs the new run may not replace (`earlier_outputs`).
-    Called just before training, once the data and the model are ready: a mistake found on the way then leaves the
-    earlier run whole."""
+    """`overwrite_output_dir`: remove the earlier run's checkpoints (else mixed with the new ones in rotation), its
+    results, and its outputs the new run may not replace. Called just before training, once the data and the model
+    are ready: a mistake found on the way then leaves the earlier run whole."""
     earlier = earlier_run(run_dir)
     if earlier and training_args.overwrite_output_dir and training_args.process_index == 0:
         paths = [run_dir / name for name in earlier] + earlier_outputs(run_dir)
@@ -138,8 +135,8 @@ def remove_earlier_run(run_dir: Path, training_args: TrainingArguments) -> None:
 
 
 class RemoveEarlierRun(TrainerCallback):
-    """`remove_earlier_run` at the start of training, after the callbacks before it (`ResumeCheck`) accepted the
-    resumed checkpoint: a resume of another run's checkpoint refused there had deleted the earlier run first."""
+    """`remove_earlier_run` at the start of training, once `ResumeCheck` accepted the resumed checkpoint (a resume
+    refused there had deleted the earlier run first)."""
 
     def __init__(self, run_dir: Path):
         self.run_dir = run_dir
@@ -173,8 +170,8 @@ def newest_whole_checkpoint(run_dir: Path, training_args: TrainingArguments) -> 
 
 
 def prepare_resume(checkpoint: str, run_dir: Path, training_args: TrainingArguments) -> str:
-    """`checkpoint`, with its recorded best checkpoint found by name next to it when the run folder was moved. Options
-    it must be resumed with are checked here, before the data loads (`ResumeCheck` checks the rest)."""
+    """`checkpoint`, with its recorded best checkpoint found by name next to it when the run folder was moved, and
+    the options it must be resumed with checked before the data loads (`ResumeCheck` checks the rest)."""
     path = Path(checkpoint) / TRAINER_STATE_NAME
     state = TrainerState.load_from_json(str(path))
     check_options_kept(state, {name: option(training_args, name) for name in KEPT_FROM_THE_START})
@@ -217,8 +214,8 @@ def fix_for(problem: str, checkpoint: str | os.PathLike) -> str:
 
 def checkpoint_problem(checkpoint: Path, training_args: TrainingArguments) -> str | None:
     """What keeps `checkpoint` from being resumed exactly, naming the file (`optimizer.pt is missing`), or None when
-    every file the Trainer loads on resume is present and readable. Reading is cheap: safetensors headers only, and
-    `torch.load` memory-maps (a cut-short zip fails on its missing central directory without reading the tensors)."""
+    every file the Trainer loads on resume is present and readable (cheaply: safetensors headers only, and
+    `torch.load` memory-maps, where a cut-short zip fails on its missing central directory)."""
     files = os.listdir(checkpoint)
     has_states = any(f in ("optimizer.pt", "scheduler.pt") or f.startswith("rng_state") for f in files)
     if not (training_args.deepspeed or has_states):
@@ -254,8 +251,7 @@ def checkpoint_problem(checkpoint: Path, training_args: TrainingArguments) -> st
 
 
 def weight_files(checkpoint: Path, files: list[str]) -> list[tuple[str, Callable[[Path], object]]]:
-    """The weight files the resume loads, with how to read each: a LoRA run's adapter, one safetensors file, the
-    shards an index names, or a legacy `pytorch_model.bin`."""
+    """The weight files the resume loads, with how to read each."""
     if ADAPTER_CONFIG_NAME in files:
         return [("adapter_model.bin" if "adapter_model.bin" in files else "adapter_model.safetensors", read_weights)]
     if "model.safetensors.index.json" in files:
@@ -304,8 +300,7 @@ def read_torch(path: Path) -> None:
 
 
 def remove_partial_checkpoints(run_dir: Path, training_args: TrainingArguments) -> None:
-    """Delete the `tmp-checkpoint-*` folders that earlier versions saved into and renamed once whole: one left by a
-    failed or killed save is incomplete by construction, and nothing can resume from it."""
+    """Delete the incomplete `tmp-checkpoint-*` folders that earlier versions' interrupted saves left."""
     partial = sorted(run_dir.glob("tmp-checkpoint-*")) if run_dir.is_dir() else []
     if partial and training_args.process_index == 0:
         logger.warning(
@@ -317,11 +312,9 @@ def remove_partial_checkpoints(run_dir: Path, training_args: TrainingArguments) 
 
 
 class RunLock:
-    """`output_dir/.run.lock`, holding `{pid, host, started}` of the one run that uses the folder.
-
-    A file created atomically (`O_CREAT | O_EXCL`, also on NFS v3+), not `fcntl.flock`, which is per host (two machines
-    sharing the folder would both get it). A lock whose process is gone from this host (`kill -9`) is stale and taken
-    over; whether a process of another host lives cannot be checked, so its lock is reported with the fix."""
+    """`output_dir/.run.lock`, holding `{pid, host, started}` of the one run that uses the folder: created atomically
+    (`O_CREAT | O_EXCL`, also on NFS v3+), not `fcntl.flock`, which is per host. A lock whose process is gone from this
+    host is stale and taken over; one of another host cannot be checked, so it is reported with the fix."""
 
     def __init__(self, output_dir: str | os.PathLike):
         self.path = Path(output_dir) / LOCK_NAME
@@ -347,7 +340,7 @@ class RunLock:
 
     def refuse_nested(self, me: dict) -> None:
         """Release and refuse while a live run holds a folder above this one or right below it (a `both` run's
-        `pretrained/`): writing here (`--overwrite_output_dir` deletes checkpoints) would destroy that run's work."""
+        `pretrained/`): writing here could destroy that run's work."""
         folder = self.path.parent.resolve()
         for path in [*(p / LOCK_NAME for p in folder.parents), *folder.glob(f"*/{LOCK_NAME}")]:
             holder = read_lock(path)
@@ -376,8 +369,7 @@ class RunLock:
         return holder["pid"] == me["pid"] or not process_exists(holder["pid"])
 
     def take_over(self, holder: dict) -> None:
-        """Remove a stale lock: renamed away first, and put back if it turns out to be a new one (another run took the
-        stale lock over first), so that a live lock is never removed."""
+        """Remove a stale lock: renamed away first, and put back if another run took it over first."""
         aside = self.path.with_name(f"{LOCK_NAME}.{os.getpid()}")
         try:
             os.rename(self.path, aside)
@@ -391,9 +383,8 @@ class RunLock:
         aside.unlink()
 
     def release(self) -> None:
-        """Remove the lock if this process holds it, and the folder if the lock made it and it stayed empty (a run
-        refused on bad input leaves nothing behind). A folder that turned read-only keeps its lock: a later run takes
-        a lock whose process is gone over, and the error that ended this run is the one shown."""
+        """Remove the lock if this process holds it, and the folder if the lock made it and it stayed empty. A folder
+        that turned read-only keeps its lock (taken over later as stale), and the error that ended the run is shown."""
         atexit.unregister(self.release)
         if self in HELD:
             HELD.remove(self)
@@ -443,7 +434,7 @@ def read_lock(path: Path) -> dict | None:
 
 def lock_output_dir(output_dir: str | os.PathLike, training_args: TrainingArguments) -> RunLock:
     """Lock `output_dir` for this run (`run.main` releases it); refuse, on every process, if another run holds it.
-    Only global rank 0 locks: each node's local rank 0 would lock the same folder twice where nodes share it."""
+    Only global rank 0 locks: nodes may share the folder."""
     lock, refusal = RunLock(output_dir), [None]
     if training_args.process_index == 0:
         try:

@@ -33,9 +33,8 @@ class EvalMetrics:
     images_per_second: float | None = None
     top5_accuracy: float | None = None  # only with more than 5 classes
     macro_f1: float | None = None
-    # Multi-label data: mean average precision, and micro F1 (and macro F1 above) at the per-label thresholds chosen
-    # on validation (`Results.per_class_threshold`), so optimistic on validation itself; evaluations between epochs
-    # (the log, `metric_for_best_model`) have no thresholds yet and count a label above 0.5.
+    # Multi-label data: mean average precision, and micro F1 (and macro F1) at the per-label thresholds chosen on
+    # validation (so optimistic there); evaluations between epochs have none yet and count a label above 0.5.
     map: float | None = None
     micro_f1: float | None = None
 
@@ -84,16 +83,15 @@ class Results:
     model_type: str
     architecture: str | None = None
     model_name_or_path: str | None = None
-    # Whether `model_name_or_path` was a local folder when the run read it (None in files of earlier versions): the
-    # model card links a Hub id only, also after that folder was moved or deleted.
+    # Whether `model_name_or_path` was a local folder (None in earlier files): the model card links Hub ids only.
     model_is_local: bool | None = None
     dataset: str | None = None
     dataset_fingerprint: str | None = None  # `ImageData.fingerprint`: an evaluation knows the same data by it
     dataset_location: str | None = None  # a local dataset's folder or file (`dataset_location`), hashed: no path shown
     label_names: list[str] = field(default_factory=list)
     image_size: int | None = None
-    # (H, W) the training images were stored at: not square only where all had that one size; predict then resizes
-    # whole images as evaluation did, where it otherwise takes the centre square of a photo (finetune/data/decode.py).
+    # (H, W) the training images were stored at, not square only where all had that size: predict then resizes whole
+    # images as evaluation did, not the centre square of a photo (finetune/data/decode.py).
     stored_image_size: list[int] | None = None
     num_parameters: int | None = None
     num_trainable_parameters: int | None = None  # those the fine-tuning method trains (LoRA: adapters and head)
@@ -111,9 +109,8 @@ class Results:
     per_class_f1: dict[str, float | None] = field(default_factory=dict)
     confusion_matrix: list[list[int]] = field(default_factory=list)
     confusion_split: str | None = None
-    # Multi-label runs (several labels per image) have no accuracy nor confusion matrix: per label, the threshold
-    # chosen on the validation split (predict uses it), and on `confusion_split` the precision, recall and F1 at it
-    # (above), the positive images and the average precision.
+    # Multi-label runs have no accuracy nor confusion matrix: per label, the threshold chosen on validation (predict
+    # uses it), and on `confusion_split` the precision, recall and F1 at it (above), support and average precision.
     multi_label: bool = False
     per_class_threshold: dict[str, float] = field(default_factory=dict)
     per_class_support: dict[str, int] = field(default_factory=dict)
@@ -125,8 +122,7 @@ class Results:
 
     def save(self, output_dir: str | os.PathLike) -> Path:
         path = Path(output_dir) / RESULTS_NAME
-        # Written beside it, then renamed: a run stopped mid-write leaves the earlier file whole or none, never a cut
-        # one (results.json marks a finished model: `resolve_checkpoint`, `check_no_earlier_results`).
+        # Written beside it, then renamed: never a cut file (results.json marks a finished model).
         tmp = path.with_name(RESULTS_NAME + ".tmp")
         tmp.write_text(json.dumps(dataclasses.asdict(self), indent=2) + "\n")
         os.replace(tmp, path)
@@ -166,16 +162,14 @@ class Results:
 
 
 def dataset_location(source: str) -> str | None:
-    """A hash of the real path of a local dataset (None for a Hub id): the same folder or file, whatever its files now
-    hold, however its path is spelt; a hash, as results.json goes to the Hub with the model."""
+    """A hash of the real path of a local dataset (None for a Hub id); a hash, as results.json goes to the Hub."""
     path = os.path.expanduser(source)
     return hashlib.sha256(os.path.realpath(path).encode()).hexdigest()[:24] if os.path.exists(path) else None
 
 
 def results_of_model(model_dir: str | os.PathLike) -> Results | None:
     """The results of the run that wrote the model in `model_dir`: its own results.json, or that of the run folder
-    around it (a checkpoint-*, a LoRA run's merged/, an ONNX export's onnx/, a copy); None for a model that no run of
-    this project wrote (a Hub id, a model saved elsewhere)."""
+    around it (a checkpoint-*, merged/, onnx/); None for a model that no run of this project wrote."""
     folder = Path(model_dir).expanduser()
     run_dir = next((p for p in (folder, folder.resolve().parent) if (p / RESULTS_NAME).is_file()), None)
     return Results.load(run_dir) if run_dir is not None else None
@@ -187,9 +181,8 @@ def _dataclass_from(cls, data: dict[str, Any] | None):
 
 
 def history_from_log_history(log_history: Sequence[dict]) -> list[HistoryRow]:
-    """One row per evaluation of a Trainer `log_history`: epoch, step, the training loss logged since the previous
-    evaluation (None when none was: a plot then draws only logged points) and the epoch it was logged at, validation
-    loss and accuracy, and the time since training began (`RunClock` stamps it)."""
+    """One row per evaluation of a Trainer `log_history`, with the training loss logged since the previous one (None
+    when none was: a plot then draws only logged points) and the epoch it was logged at."""
     rows, train_loss, train_loss_epoch = [], None, None
     for entry in log_history:
         if "loss" in entry:
@@ -204,7 +197,7 @@ def history_from_log_history(log_history: Sequence[dict]) -> list[HistoryRow]:
 
 def find_run_dirs(paths: Sequence[str | os.PathLike]) -> list[Path]:
     """The run directories (with `results.json`) of `paths`, each once: a folder without one stands for its subfolders
-    that have one, as `model_type: both` writes `OUTPUT/pretrained` and `OUTPUT/scratch`."""
+    that have one (`model_type: both`)."""
     run_dirs = []
     for path in map(Path, paths):
         if (path / RESULTS_NAME).is_file():

@@ -1,9 +1,7 @@
 """`ImageClassificationTrainingArguments`: transformers' `TrainingArguments` with the pipeline's defaults and its
-training-loop options (`finetune.arguments.TrainingLoopArguments`); the command-line parser; and `build_training_args`.
-
-The arguments are built from concrete values once `finetune.hardware.choose_settings` has answered each `auto`
-(precision, compilation, CPU or GPU): probing the machine while building them made them change under the reader.
-"""
+training-loop options (`finetune.arguments.TrainingLoopArguments`); the command-line parser; and `build_training_args`,
+which builds them from concrete values once `finetune.hardware.choose_settings` has answered each `auto` (probing the
+machine while building them made them change under the reader)."""
 
 import inspect
 import logging
@@ -251,8 +249,7 @@ class ImageClassificationTrainingArguments(TrainingLoopArguments, TrainingArgume
 
 
 class OptionParser(ArgumentParser, HfArgumentParser):
-    """`HfArgumentParser` with one-line errors where `--OPTION null` (or `none`: `arguments.unset`) unsets an optional
-    option, as `null` does in a YAML config."""
+    """`HfArgumentParser` with one-line errors, where `--OPTION null` (`arguments.unset`) unsets an optional option."""
 
     def __init__(self, dataclass_types, **kwargs):
         self.options = option_specs(dataclass_types)  # name -> (type hint, choices, default), read by `parse_options`
@@ -290,8 +287,7 @@ SCHEDULE_ARGUMENTS = ("optimizer", "num_warmup_steps", "num_training_steps", "la
 
 
 def check_scheduler_kwargs(args: TrainingArguments) -> None:
-    """Refuse `lr_scheduler_kwargs` that the schedule does not take or lacks, now, not at the first step after the
-    data loaded (as "TypeError: get_linear_schedule_with_warmup() got an unexpected keyword argument")."""
+    """Refuse `lr_scheduler_kwargs` the schedule does not take or lacks now, not at the first step (a TypeError)."""
     kind = SchedulerType(args.lr_scheduler_type)
     name, schedule = kind.value, TYPE_TO_SCHEDULER_FUNCTION.get(kind)
     parameters = inspect.signature(schedule).parameters if schedule else {}
@@ -316,8 +312,7 @@ def check_scheduler_kwargs(args: TrainingArguments) -> None:
 
 
 def check_push_possible(repo_id: str | None, token: str | None) -> None:
-    """`push_to_hub: true` pushes once training has ended: what would make that push fail for certain (no repo id, an
-    invalid one, no token, the Hub switched off) is refused before anything is trained."""
+    """Refuse, before anything is trained, what would make `push_to_hub`'s push after training fail for certain."""
     later = "Nothing was trained; fix it, or drop `push_to_hub` and push later (`vit-finetune push RUN --repo_id ID`)."
     if not repo_id:
         raise ValueError(f"`push_to_hub: true` needs `hub_model_id` (e.g. `your-name/vit-cifar10`). {later}")
@@ -343,9 +338,8 @@ def check_push_possible(repo_id: str | None, token: str | None) -> None:
 
 
 def check_batches(args: TrainingArguments, num_images: int) -> None:
-    """The training batches one epoch of `num_images` gives each process, as accelerate shards them: none (with
-    `dataloader_drop_last`) is refused, where transformers would stop on `max_steps`; fewer than
-    `gradient_accumulation_steps` shrink every optimizer step's batch, which is said."""
+    """The training batches one epoch of `num_images` gives each process, as accelerate shards them: none is refused
+    (transformers would stop on `max_steps`); fewer than `gradient_accumulation_steps` (smaller steps) are said."""
     size, world, drop = args.per_device_train_batch_size, args.world_size, args.dataloader_drop_last
     batches = num_images // size // world if drop else math.ceil(math.ceil(num_images / size) / world)
     if batches == 0:
@@ -365,8 +359,8 @@ def check_batches(args: TrainingArguments, num_images: int) -> None:
 def build_training_args(options: dict, settings: hardware.Settings) -> ImageClassificationTrainingArguments:
     """The run's `TrainingArguments`: the options as given, with the settings chosen for this machine. On the CPU
     with several processes the gloo group starts here with `ddp_timeout`, which transformers does not pass on there
-    (a frozen peer would block the others for 30 minutes); accelerate then joins this group. There every process
-    trains in process 0's precision: `bf16: auto` measures bf16 in each, and a CPU near the threshold could split."""
+    (a frozen peer would block the others for 30 minutes; accelerate then joins this group), and every process takes
+    process 0's precision (`bf16: auto` measures in each, and a CPU near the threshold could split)."""
     values = {**options, **settings.arguments}
     if values["use_cpu"] and int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.distributed.is_initialized():
         timeout = timedelta(seconds=values.get("ddp_timeout", 1800))

@@ -253,12 +253,9 @@ class RunClock(TrainerCallback, ExportableState):
     trained times `num_images` (the training split's, over every process); without it, steps times the batch size."""
 
     def __init__(self, time_fn: Callable[[], float] = time.perf_counter, num_images: int | None = None):
-        self.time_fn = time_fn
-        self.num_images = num_images
+        self.time_fn, self.num_images = time_fn, num_images
         self.epoch = 0.0  # the Trainer's epoch count at the last step: whole epochs and the running one's share
-        self.train_start = None
-        self.train_seconds = 0.0
-        self.steps = 0
+        self.train_start, self.train_seconds, self.steps = None, 0.0, 0
         self.loss_sum = 0.0  # a tensor on the device while training (no host read per step)
         self.elapsed_seconds = None  # a resumed run's seconds since training began, when its checkpoint was saved
         self._epoch_start = None
@@ -278,8 +275,7 @@ class RunClock(TrainerCallback, ExportableState):
         return 0.0 if self.train_start is None else self.time_fn() - self.train_start
 
     def training_seconds(self) -> float:
-        """The training loop's seconds, a resumed run's included, up to the last step, without evaluations and
-        checkpoints."""
+        """The training loop's seconds up to the last step (a resumed run's included), without evaluations."""
         if self._epoch_start is None:
             return self.train_seconds
         end = self._mark if self._mark is not None else self.time_fn()
@@ -358,8 +354,7 @@ class RunClock(TrainerCallback, ExportableState):
 
 class ClockBeforeSave(TrainerCallback):
     """Before each checkpoint, every process's `RunClock.loss_sum` replaced by their mean, which process 0 saves and
-    every resumed process takes up: the mean of the sums stays the run's. Registered after the callbacks that ask for
-    a checkpoint (budget, early stopping, interrupt)."""
+    every resumed process takes up. Registered after the callbacks that ask for a checkpoint."""
 
     def __init__(self, clock: RunClock):
         self.clock, self.shared_at = clock, None
@@ -402,10 +397,9 @@ class TrainingBudgetCallback(TrainerCallback, ExportableState):
         # With several processes, the `NonFiniteGuard` agrees on the step at which the budget is spent (else the others
         # wait) and on the (step, seconds) the schedule is planned from, so that every process plans alike.
         self.guard = guard
-        self.planned_steps = None
+        self.planned_steps = self.reference = None
         self.next_plan = calibration_fraction  # the budget's fraction at which the schedule is planned next
         self.stopped_at = self.stopped_budget = None  # the step and budget (seconds) of the stop
-        self.reference = None
 
     def state(self) -> dict:
         names = ("planned_steps", "next_plan", "stopped_at", "stopped_budget", "reference")
@@ -464,8 +458,7 @@ class TrainingBudgetCallback(TrainerCallback, ExportableState):
             self._plan(state, lr_scheduler, *self._planning_point(state, self.clock.elapsed()))
 
     def expected_steps(self, state) -> int | None:
-        """The optimizer steps training will take: the planned schedule's, or those that fit in the budget at the
-        rate so far, at most the Trainer's `max_steps`."""
+        """The steps training will take: the planned schedule's, or those that fit in the budget at the rate so far."""
         if self.planned_steps is not None:
             return self.planned_steps
         elapsed = self.clock.elapsed()
@@ -574,8 +567,7 @@ class EMACallback(TrainerCallback):
     back before the next step. Training ends with the model holding the average."""
 
     def __init__(self, ema: ModelEMA, model: nn.Module):
-        self.ema, self.model = ema, model
-        self.swapped = False
+        self.ema, self.model, self.swapped = ema, model, False
         self.resume_from: str | None = None  # set by the trainer before training
         self.restorer = EMARestorer(self)
 
@@ -605,8 +597,7 @@ class EMACallback(TrainerCallback):
     on_epoch_end = on_step_end
 
     def save_state(self, args, folder: str) -> None:
-        """Write `ema_state.safetensors`, from which a resume goes on exactly, into the checkpoint `folder` being
-        saved (`ImageClassificationTrainer.save_model`)."""
+        """Write `ema_state.safetensors`, from which a resume goes on exactly, into the checkpoint `folder`."""
         if not args.should_save:
             return
         current = dict(_averaged_tensors(self.model))
@@ -624,8 +615,7 @@ class EMACallback(TrainerCallback):
 
 
 class EMARestorer(TrainerCallback):
-    """`EMACallback.restorer`: registered before the other callbacks (the non-finite guard keeps each step's buffers
-    from the training weights)."""
+    """`EMACallback.restorer`, registered first: the non-finite guard keeps the training weights' buffers."""
 
     def __init__(self, ema_callback: EMACallback):
         self.ema_callback = ema_callback

@@ -123,15 +123,11 @@ def check_optimizer(args) -> None:
     except (ValueError, TypeError, NotImplementedError):
         return  # it needs the model (or several processes cannot run it: said when it is built)
 
-    def read_at_other_values(key: str) -> bool:
-        """Whether `key` reaches the optimizer at some value (one given at its default changes nothing)."""
-        for probe in ("1", "2", "true", "float16"):
-            try:
-                if kwargs(f"{key}={probe}") != plain:
-                    return True
-            except (ValueError, TypeError, AttributeError):
-                continue
-        return False
+    def changes_kwargs(optim_args: str) -> bool:  # a key given at its default changes nothing: others are tried
+        try:
+            return kwargs(optim_args) != plain
+        except (ValueError, TypeError, AttributeError):
+            return False
 
     ignored = []
     for item in (item.strip() for item in (args.optim_args or "").split(",") if item.strip()):
@@ -140,7 +136,7 @@ def check_optimizer(args) -> None:
             given = kwargs(f"{key}={value}")
         except (ValueError, TypeError, AttributeError) as error:
             raise ValueError(f"`optim_args: {item}` cannot be read by `optim: {name}`: {error}.") from None
-        if given == plain and not read_at_other_values(key):
+        if given == plain and not any(changes_kwargs(f"{key}={probe}") for probe in ("1", "2", "true", "float16")):
             ignored.append(key)
     if ignored:
         adam = "; AdamW takes `adam_beta1`, `adam_beta2`, `adam_epsilon` and `weight_decay`" if "adam" in name else ""

@@ -193,7 +193,8 @@ class ResumeCheck(TrainerCallback, ExportableState):
             )
         if has_length(train_dataloader):  # else no epochs to count
             now = math.ceil(len(train_dataloader) / args.gradient_accumulation_steps)  # as the Trainer counts them
-            # A checkpoint that did not save them: the ratio lies between batches / accumulation and its ceiling.
+            # A checkpoint that did not save them: `epoch` counts the running epoch's batches, so the ratio lies
+            # between batches / accumulation and its ceiling (not after a resume with `ignore_data_skip`).
             then = self.steps_per_epoch or (state.epoch and math.ceil(state.global_step / state.epoch - 1e-6))
             self.steps_per_epoch = now
             if resumed and then != now:
@@ -235,8 +236,8 @@ class ResumeCheck(TrainerCallback, ExportableState):
 
 
 class ResumedEarlyStopping(EarlyStoppingCallback):
-    """transformers' early stopping, whose count of evaluations without improvement goes on after a resume (from 0, a
-    resumed run trained past the uninterrupted one's stop); resumed from its stop's checkpoint, it trains no step."""
+    """transformers' early stopping, whose count of evaluations without improvement goes on after a resume (from 0,
+    it trained past the uninterrupted run's stop); a run resumed from its stop's checkpoint trains no step."""
 
     def on_train_begin(self, args, state, control, **kwargs):
         super().on_train_begin(args, state, control, **kwargs)
@@ -680,7 +681,8 @@ class InterruptCallback(TrainerCallback):
     def stop(args, control, save: bool) -> None:
         control.should_training_stop, control.should_save = True, save
         if args.save_strategy == SaveStrategy.BEST:
-            # Which saves only a new best: the stop's checkpoint is saved whatever its score.
+            # Which saves only a new best: the stop's checkpoint is saved whatever its score (else the run said it had
+            # stopped after its last step, and the resume went back to the best one).
             args.save_strategy = SaveStrategy.STEPS
 
     def on_save(self, args, state, control, **kwargs):
@@ -750,7 +752,7 @@ class EvaluationLines(TrainerCallback):
 
 def evaluation_line(state, logs: dict | None) -> str | None:
     """An evaluation's logs as one line (None for other logs): validation score and loss, and the training loss logged
-    since the previous evaluation, if any."""
+    since the previous evaluation (a loss logged before that one is not repeated)."""
     score = next((name for name in ("accuracy", "map") if f"eval_{name}" in (logs or {})), None)
     if score is None:
         return None

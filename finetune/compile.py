@@ -80,10 +80,8 @@ class TrainingCompiler(TrainerCallback):
             return model
         if self.batch_size is None:  # the first training step's, also where `auto` runs it eagerly
             self.batch_size = batch_size
-        if self._phases and self._phases[0][0].startswith("eager"):
-            return model  # `auto`'s eager steps
-        if batch_size != self.batch_size:
-            return model  # the smaller last batch of an epoch: eager, no recompilation
+        if batch_size != self.batch_size or (self._phases and self._phases[0][0].startswith("eager")):
+            return model  # an epoch's smaller last batch (no recompilation), or `auto`'s eager steps
         if self.choice.cuda_graphs:
             # A new iteration: outputs of the previous step's CUDA graphs may be overwritten from here on.
             torch.compiler.cudagraph_mark_step_begin()

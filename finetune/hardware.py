@@ -19,8 +19,7 @@ NATIVE_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 # oneDNN instruction-set caps (`ONEDNN_MAX_CPU_ISA`) below AVX512_CORE_BF16: with one set, oneDNN (PyTorch's CPU
 # bf16 matmuls) runs as on a CPU without native bf16, which is how benchmarks/precision.py emulates such a CPU.
 ONEDNN_ISAS_WITHOUT_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
-# bf16 autocast against float32 on a CPU without native bf16, training step of the CPU recipe's model
-# (benchmarks/README.md, "Precision on CPUs without native bf16").
+# bf16 autocast against float32 on a CPU without native bf16 (benchmarks/README.md, "Precision on CPUs without ...").
 CPU_BF16_SLOWDOWN = "about 13x"
 # bf16 autocast must beat float32 by this much in `measure_cpu_bf16_speedup` for `bf16: auto` to take it on a CPU
 # with native bf16: a 2-core Intel Xeon with AVX512-BF16 (no AMX) ran the CPU recipe's step at 0.82x float32's speed,
@@ -31,8 +30,7 @@ CPU_BF16_MIN_SPEEDUP = 1.2
 SMALL_HEAD_SIZE = 32
 # Compute capability Triton (inductor's GPU code generator) needs.
 TRITON_MIN_CAPABILITY = (7, 0)
-# What `auto` compiles with on a CUDA GPU: CUDA graphs replay a whole forward or backward pass as one launch, which
-# removes the per-kernel launch cost that bounds small-batch steps (a ViT-B/16 step launches several hundred kernels).
+# `auto` on CUDA: CUDA graphs replay a pass as one launch, removing the per-kernel launch cost of small-batch steps.
 AUTO_CUDA_COMPILE = {"backend": "inductor", "mode": "reduce-overhead"}
 
 

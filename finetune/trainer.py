@@ -5,11 +5,9 @@ Batches arrive on the training device as uint8 images at their stored resolution
 
     batch_transform.augmented     uint8 (B, C, h, w) -> float pixels, augmented on the device (finetune/augment.py)
     mix                           MixUp/CutMix: images mixed, labels (B,) or (B, K) -> (B, K)     [mixup/cutmix_alpha]
-    batch_transform.finish        -> normalised (B, C, H, W) at the model's resolution; the teacher's own frame and
-                                  finish feed it the same images as it evaluates them [teacher_model_name_or_path]
+    batch_transform.finish        -> normalised (B, C, H, W) at the model's resolution (a teacher's: at its own)
     compiler.module_for           the compiled or the eager model (finetune/compile.py)            [torch_compile]
-    classification_loss           cross-entropy on the labels or soft targets, with label smoothing; multi-label data:
-                                  `multi_label_loss`, binary cross-entropy per label
+    classification_loss           cross-entropy with label smoothing (multi-label data: `multi_label_loss`, binary)
     distillation_loss             with a teacher: that, mixed with the loss on the teacher's logits    [distillation_*]
     guard.observe_loss            a non-finite loss is flagged on the device (finetune/nonfinite.py)
 
@@ -123,7 +121,7 @@ def check_optimizer(args) -> None:
     except (ValueError, TypeError, NotImplementedError):
         return  # it needs the model (or several processes cannot run it: said when it is built)
 
-    def changes_kwargs(optim_args: str) -> bool:  # a key given at its default changes nothing: others are tried
+    def changes_kwargs(optim_args: str) -> bool:  # a key read with a default and given at it changes nothing
         try:
             return kwargs(optim_args) != plain
         except (ValueError, TypeError, AttributeError):

@@ -420,7 +420,7 @@ def test_relative_image_paths_of_a_parquet_are_read_from_its_folder(tmp_path, mo
 def test_a_tables_images_held_as_bytes_are_read_as_they_are(tmp_path):
     """A Hub download's parquet names each image by a bare file name beside its bytes: its column was copied whole
     into memory (4x the file's size) to make paths absolute that nothing reads. Rows read from files still are."""
-    from finetune.data.sources import _paths_from_table_folder
+    from finetune.data.sources import _image_paths
 
     images, labels = _images(12), _labels(12)
     hub = _dataset(images, labels, image_column="image")  # bytes, and the name `image.png`-like paths below
@@ -430,7 +430,7 @@ def test_a_tables_images_held_as_bytes_are_read_as_they_are(tmp_path):
     )
     hub.to_parquet(tmp_path / "hub.parquet")
     table = datasets.load_dataset("parquet", data_files=str(tmp_path / "hub.parquet"), split="train")
-    assert _paths_from_table_folder(table, _args(), str(tmp_path / "hub.parquet")) is table
+    assert _image_paths(table, _args(), str(tmp_path / "hub.parquet"))[0] is table
     data = load_image_data(_args(dataset_name=str(tmp_path / "hub.parquet"), validation_size=3), seed=0)
     _assert_covers(data, images, labels)
     # One row read from a file beside the table (bytes dropped), the others from their bytes.
@@ -441,7 +441,7 @@ def test_a_tables_images_held_as_bytes_are_read_as_they_are(tmp_path):
         },
         with_indices=True,
     )
-    read = _paths_from_table_folder(mixed, _args(), str(tmp_path / "mixed.parquet"))
+    read = _image_paths(mixed, _args(), str(tmp_path / "mixed.parquet"))[0]
     column = read.cast_column("image", datasets.Image(decode=False))["image"]
     assert column[0]["path"] == str(paths[0]) and column[1] == mixed[1]["image"]
 

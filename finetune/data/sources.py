@@ -320,7 +320,7 @@ def _label_by_class_folder(
 
 def _open_split_files(files: dict[str, str | list[str]], data_args: DataArguments, description: str = "") -> Source:
     """Parquet/arrow/csv files (or a folder of them) per split."""
-    # The folders' own fingerprints cover the image files their tables name, as `_referenced_files` does for a file's.
+    # The folders' own fingerprints cover the image files their tables name, as `_image_paths` does for a file's.
     splits, fingerprint_paths, folder_fingerprints = {}, [], []
     for split, paths in files.items():
         paths = [paths] if isinstance(paths, str) else list(paths)
@@ -350,11 +350,9 @@ def _open_split_files(files: dict[str, str | list[str]], data_args: DataArgument
                     f"Unsupported data file {path!r}: expected one of {sorted(TABLE_EXTENSIONS)}. "
                     f"`dataset_name` accepts {ACCEPTED_SOURCES}."
                 )
-            if extension == ".csv":
-                dataset = _read_csv(path, data_args)
-            else:
-                dataset = _paths_from_table_folder(_read_table(path, extension), data_args, path)
-            fingerprint_paths += [*_referenced_files(dataset, data_args, path), path]
+            table = _read_csv(path, data_args) if extension == ".csv" else _read_table(path, extension)
+            dataset, referenced = _image_paths(table, data_args, path)
+            fingerprint_paths += [*referenced, path]
             parts.append(dataset)
         splits[split] = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(_by_one_class_label(parts))
     if not description:
@@ -404,52 +402,35 @@ def _by_one_class_label(parts: list[datasets.Dataset]) -> list[datasets.Dataset]
     return parts
 
 
-def _referenced_files(dataset: datasets.Dataset, data_args: DataArguments, where: str) -> list[str]:
-    """The image files a table names instead of holding their bytes (a csv's paths, or an `Image` without bytes, as
-    `datasets` writes an image folder to parquet): editing them must invalidate the decoded cache."""
-    try:
-        column = find_columns(dataset, data_args, where)[0]
-    except ValueError:
-        return []  # reported with the columns of every split by `load_image_data`
-    values = _arrow_column(dataset, column)
-    paths = _paths(values)
-    if paths is None:
-        return []
-    if isinstance(values.type, pa.StructType) and values.type.get_field_index("bytes") >= 0:
-        paths = paths.filter(pc.is_null(pc.struct_field(values, "bytes")))
-    return [path for path in paths.to_pylist() if path]
-
-
-def _paths_from_table_folder(dataset: datasets.Dataset, data_args: DataArguments, table: str) -> datasets.Dataset:
-    """A parquet or arrow table's relative image paths (path strings, or an `Image` without bytes, as `to_parquet`
-    writes an image folder) made absolute from the table's folder, as a csv's are, unless the first one is found from
-    the working directory only (where datasets reads them from). Images held as bytes (a Hub download's, named by a
-    bare file name) are left as they are, and read from the file without a copy."""
+def _image_paths(dataset: datasets.Dataset, data_args: DataArguments, table: str) -> tuple[datasets.Dataset, list]:
+    """A table's relative image paths (path strings, or an `Image` without bytes, as `to_parquet` writes an image
+    folder) made absolute from the table's folder, unless the first one is found from the working directory only
+    (where datasets reads them from), and the files the table names instead of holding their bytes: editing them must
+    invalidate the decoded cache. Images held as bytes (a Hub download's, named by a bare file name) are left as they
+    are, and read from the file without a copy."""
     try:
         column = find_columns(dataset, data_args, table)[0]
     except ValueError:
-        return dataset  # reported with the columns of every split by `load_image_data`
+        return dataset, []  # reported with the columns of every split by `load_image_data`
     values = _arrow_column(dataset, column)
     paths = _paths(values)
     if paths is None:
-        return dataset
+        return dataset, []
     named = paths.to_pylist()  # the path strings alone
     with_bytes = isinstance(values.type, pa.StructType) and values.type.get_field_index("bytes") >= 0
     from_file = pc.is_null(pc.struct_field(values, "bytes")).to_pylist() if with_bytes else [True] * len(named)
     relative = [i for i, (path, read) in enumerate(zip(named, from_file)) if read and path and not os.path.isabs(path)]
     base = os.path.dirname(os.path.abspath(table))
-    if not relative or (
-        not os.path.exists(os.path.join(base, named[relative[0]])) and os.path.exists(named[relative[0]])
-    ):
-        return dataset
-    for i in relative:
-        named[i] = os.path.join(base, named[i])
-    new_paths = pa.array(named, pa.string())
-    if isinstance(values.type, pa.StructType):  # an `Image`: its other fields as they are
-        struct = values.combine_chunks()
-        fields = [new_paths if f.name == "path" else struct.field(f.name) for f in values.type]
-        new_paths = pa.StructArray.from_arrays(fields, fields=list(values.type), mask=struct.is_null())
-    return dataset.remove_columns(column).add_column(column, new_paths, feature=dataset.features[column])
+    if relative and (os.path.exists(os.path.join(base, named[relative[0]])) or not os.path.exists(named[relative[0]])):
+        for i in relative:
+            named[i] = os.path.join(base, named[i])
+        new_paths = pa.array(named, pa.string())
+        if isinstance(values.type, pa.StructType):  # an `Image`: its other fields as they are
+            struct = values.combine_chunks()
+            fields = [new_paths if f.name == "path" else struct.field(f.name) for f in values.type]
+            new_paths = pa.StructArray.from_arrays(fields, fields=list(values.type), mask=struct.is_null())
+        dataset = dataset.remove_columns(column).add_column(column, new_paths, feature=dataset.features[column])
+    return dataset, [path for path, read in zip(named, from_file) if read and path]
 
 
 def _read_csv(path: str, data_args: DataArguments) -> datasets.Dataset:

@@ -27,7 +27,7 @@ from transformers import (
     PreTrainedModel,
     ViTImageProcessor,
 )
-from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES
+from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES as CLASSIFIER_NAMES
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME, logging
 
 from scratch_vit import ScratchViTConfig, ScratchViTForImageClassification
@@ -119,10 +119,9 @@ def _size_pair(size) -> tuple[int, int]:
 
 
 def check_input_size(model: PreTrainedModel, image_size: tuple[int, int], fix: str, **forward) -> None:
-    """A model fed images of another size than its config's (an `image_processor_name`, predict's `--image_size`)
-    classifies one blank image first: a model that cannot take that size (timm's ViT, fixed at its own; LeViT's
-    attention biases) failed deep in its forward, after the data had loaded, or in predict with a tensor error.
-    `forward` holds the keyword arguments the model will be called with (`interpolate_pos_encoding`)."""
+    """A model fed another size than its config's classifies one blank image first: one that cannot take it (timm's
+    ViT; LeViT's attention biases) failed deep in its forward, after the data had loaded. `forward`: the keyword
+    arguments it will be called with (`interpolate_pos_encoding`)."""
     if _size_pair(getattr(model.config, "image_size", None)) == tuple(image_size):
         return
     channels = int(getattr(model.config, "num_channels", 3))
@@ -142,11 +141,9 @@ def check_input_size(model: PreTrainedModel, image_size: tuple[int, int], fix: s
 
 
 def resize_position_embeddings(model: PreTrainedModel, image_size: tuple[int, int]) -> None:
-    """Fine-tuning at another resolution than the checkpoint's (an `image_processor_name` of another size): a ViT whose
-    embeddings refuse other sizes unless told to interpolate (ViT, DeiT, ViT-MSN, ScratchViT) gets its position
-    embeddings resized to the new patch grid once, by the model's own `interpolate_pos_encoding`, as timm resizes them
-    on loading. The model then takes the new size natively: its config, `pipeline()`, ONNX export and the Hub need no
-    interpolation. A ScratchViT's sinusoidal positions, computed from the token index when it loads, are refused."""
+    """Fine-tuning at another resolution than the checkpoint's: a ViT, DeiT, ViT-MSN or ScratchViT gets its position
+    embeddings resized once by its own `interpolate_pos_encoding`, as timm does on loading, so its config,
+    `pipeline()`, ONNX export and the Hub take the new size natively."""
     if getattr(model.config, "model_type", None) not in RESIZABLE_POSITION_EMBEDDINGS:
         return  # e.g. Hiera (list sizes, unrolled token order) and Swin: other geometry, left as they are
     embeddings = model.base_model.embeddings
@@ -184,11 +181,9 @@ def resize_position_embeddings(model: PreTrainedModel, image_size: tuple[int, in
 
 
 def _framing_processor(processor, prep: Preprocessing, whole: bool, config=None):
-    """The processor saved with the model (for `pipeline()`, the model card's code, ONNX serving): it frames a photo
-    as training stored it and evaluation resized it (`prep`): the centre square, or with `whole` (images all of one
-    non-square size, stored whole) the whole image. timm's processor (which already crops the centre) is kept, with
-    training's bilinear resize in place of its own bicubic one: it is read from the model's `config.pretrained_cfg`
-    (5 of 12 digits were classified otherwise than by predict)."""
+    """The processor saved with the model (`pipeline()`, the model card, ONNX serving), framing a photo as training
+    stored it and evaluation resized it: the centre square, or with `whole` (one non-square size) the whole image.
+    timm's is kept with training's bilinear resize for its bicubic one (5 of 12 digits were classified otherwise)."""
     if getattr(processor, "data_config", None):
         if processor.data_config.get("interpolation", "bilinear") == "bilinear" or config is None:
             return processor
@@ -243,9 +238,8 @@ def load_trained_model(
 
 
 def load_saved_classifier(path: str | os.PathLike, **kwargs) -> PreTrainedModel:
-    """A trained classifier as it was saved, every weight from its files: transformers starts the weights its files
-    lack at random (a config.json of another model beside them, a file of other weights), and the model would score,
-    predict and teach with them. `kwargs` go to `from_pretrained`."""
+    """A trained classifier as it was saved, every weight from its files: transformers starts missing ones at random,
+    and the model would score, predict and teach with them. `kwargs` go to `from_pretrained`."""
     with transformers_errors_only():  # its load report, a table of warnings: the error below says it in one line
         model, info = AutoModelForImageClassification.from_pretrained(path, output_loading_info=True, **kwargs)
     check_gives_logits(type(model), str(path))
@@ -259,8 +253,7 @@ def load_saved_classifier(path: str | os.PathLike, **kwargs) -> PreTrainedModel:
 
 
 def check_no_missing_weights(missing: list[str], files: str, described: str, fix: str) -> None:
-    """Refuse weights that the saved files lack (`missing`): loaded, they would be random, and the model would score,
-    predict and teach with them."""
+    """Refuse weights that the saved files lack (`missing`): loaded, they would be random."""
     if missing:
         missing = sorted(missing)
         listed = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
@@ -291,8 +284,8 @@ def count_parameters(model: torch.nn.Module, trainable: bool = False) -> int:
 
 
 def apply_finetune_method(model: PreTrainedModel, model_args: ModelArguments) -> torch.nn.Module:
-    """The pretrained classifier prepared for `finetune_method`: `full` as it is, `linear_probe` with all but the head
-    frozen, `lora` as a peft `PeftModel` with adapters on `lora_target_modules` and the head trained in full."""
+    """The pretrained classifier for `finetune_method`: `full` as it is, `linear_probe` with all but the head frozen,
+    `lora` a peft `PeftModel` (adapters on `lora_target_modules`, the head trained in full)."""
     method = model_args.finetune_method
     if method == "full":
         return model
@@ -352,9 +345,8 @@ def is_adapter_dir(path: str | os.PathLike) -> bool:
 
 
 def load_adapter_model(path: str | os.PathLike, merge: bool = True, **kwargs) -> torch.nn.Module:
-    """A LoRA run's output: the base model its `adapter_config.json` names, with the run's labels, then the adapters
-    and head through peft; merged into a plain transformers model with `merge`. `kwargs` go to `from_pretrained`.
-    A checkpoint-* of the run holds no config.json: the run folder around it has the labels."""
+    """A LoRA run's output: the base its `adapter_config.json` names, with the run's labels (a checkpoint-* has no
+    config.json: the run folder's), then the adapters and head; merged with `merge`; `kwargs` to `from_pretrained`."""
     from peft import PeftConfig, PeftModel, get_peft_model_state_dict, load_peft_weights
 
     path = str(path)
@@ -395,8 +387,7 @@ def load_adapter_model(path: str | os.PathLike, merge: bool = True, **kwargs) ->
 
 @contextlib.contextmanager
 def _plain_model_folder(path: str, trust_remote_code: bool = False):
-    """`path`, or for a LoRA run's folder a temporary one holding its adapters merged into its base: a plain model
-    that loads, relabelled and with a new head where needed, as any checkpoint does."""
+    """`path`, or for a LoRA run's folder a temporary one with its adapters merged into its base: a plain model."""
     if not is_adapter_dir(path):
         yield path
         return
@@ -420,15 +411,14 @@ def _load_config(model_args: ModelArguments):
     check_model_path(model_args.model_name_or_path)
     with hub_errors("model", model_args.model_name_or_path):
         config = AutoConfig.from_pretrained(model_args.model_name_or_path, **_load_kwargs(model_args))
-    name = MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES.get(config.model_type)
+    name = CLASSIFIER_NAMES.get(config.model_type)
     if isinstance(name, str) and hasattr(transformers, name):  # before the data loads
         check_gives_logits(getattr(transformers, name), model_args.model_name_or_path)
     return config
 
 
 def check_gives_logits(model_class: type, path: str) -> None:
-    """Refuse a classifier class whose forward returns no `logits` (PP-LCNet's returns them as `last_hidden_state`,
-    with no loss): training failed at its first step with an AttributeError."""
+    """Refuse a classifier whose forward returns no `logits` (PP-LCNet's): training failed at its first step."""
     output = inspect.signature(model_class.forward).return_annotation
     fields = {f.name for t in getattr(output, "__args__", (output,)) if is_dataclass(t) for f in fields_of(t)}
     if fields and "logits" not in fields:
@@ -451,8 +441,7 @@ def transformers_errors_only():
 
 
 def check_stochastic_depth(model_args: ModelArguments, drop_path_rate: float, config=None) -> None:
-    """Refuse a `drop_path_rate` the pretrained model cannot take, by its `config` (None: read, as `finetune.run`
-    does before the data loads)."""
+    """Refuse a `drop_path_rate` the pretrained model cannot take, by its `config` (None: read it)."""
     path, config = model_args.model_name_or_path, config if config is not None else _load_config(model_args)
     if not 0 <= drop_path_rate < 1:  # `from_dict` sets it after the config's own checks (a ScratchViT's) have run
         raise ValueError(f"`drop_path_rate` must be a probability in [0, 1), got {drop_path_rate}.")
@@ -534,8 +523,8 @@ def config_label_names(config) -> list[str]:
 
 
 def _names_other_classes(checkpoint_labels: list[str], dataset_labels: list[str]) -> bool:
-    """Whether a head of the dataset's size was trained for other classes: its labels are named (not transformers'
-    placeholders `LABEL_0`, ...) and differ by name or order. A head of another size is replaced on loading."""
+    """Whether a head of the dataset's size was trained for other classes: named (not `LABEL_0`, ...) otherwise, or
+    in another order. A head of another size is replaced on loading."""
     placeholders = [f"LABEL_{i}" for i in range(len(checkpoint_labels))]
     same_size = len(checkpoint_labels) == len(dataset_labels)
     return same_size and checkpoint_labels != placeholders and checkpoint_labels != list(dataset_labels)
@@ -546,10 +535,8 @@ def _shorten(names: list[str], limit: int = 5) -> str:
 
 
 def classification_heads(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
-    """The classification heads of `model` by name: `classifier`; with a distillation head too, DeiT's
-    `cls_classifier` and `distillation_classifier` or LeViT's `classifier` and `classifier_distill` (their logits are
-    the mean of the two); in transformers' TimmWrapper the timm model's own (`head`, `fc`, `head.fc`, ...), which
-    timm's `get_classifier` names. Empty where there is none."""
+    """The classification heads of `model` by name (`HEAD_NAMES`; a TimmWrapper's, as timm's `get_classifier` names
+    it); empty where there is none."""
     timm_model = getattr(model, "timm_model", None)
     if timm_model is not None and hasattr(timm_model, "get_classifier"):
         head = timm_model.get_classifier()
@@ -559,8 +546,8 @@ def classification_heads(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
 
 
 def reset_head(model: PreTrainedModel) -> None:
-    """Re-initialise the classification heads with the model's own `_init_weights`, as a head created on loading is.
-    Loading marks loaded tensors as initialised and the init functions skip those: the marks go first."""
+    """Re-initialise the heads with the model's `_init_weights`; loading marked their tensors initialised, which the
+    init functions skip: the marks go first."""
     heads = classification_heads(model)
     if not heads:
         raise ValueError(
@@ -575,9 +562,8 @@ def reset_head(model: PreTrainedModel) -> None:
 
 
 def check_model_path(path: str, option: str = "model_name_or_path") -> None:
-    """Refuse a path that looks local (`./x`, `/x`, `~/x`, ...) but is no folder: `from_pretrained` would try it as a
-    Hub id and fail with "Repo id must be in the form 'repo_name'"; nor a file (`model.safetensors`, `run/x.bin`),
-    which transformers reads as a config.json and says is not valid JSON."""
+    """Refuse a file, or a path that looks local (`./x`, `~/x`) but is no folder: transformers reads a file as an
+    invalid config.json, and a missing folder as a malformed Hub id."""
     if os.path.isfile(os.path.expanduser(path)):
         raise FileNotFoundError(
             f"`{option}` {path!r} is a file. Pass the folder that holds the model (config.json and the weights): "
@@ -603,9 +589,8 @@ def _load_processor(model_args: ModelArguments):
 
 
 def check_local_checkpoint(path: str | os.PathLike, trust_remote_code: bool = False) -> None:
-    """Refuse a local folder that cannot give an image classifier, naming what is wrong (an ONNX export, no
-    config.json, no weights, a damaged `model.safetensors`, a model type with no classification head) where
-    `from_pretrained` would not."""
+    """Refuse a local folder that cannot give an image classifier, naming what is wrong where `from_pretrained` would
+    not (an ONNX export, no config.json or weights, a damaged `model.safetensors`, no classification head)."""
     path = os.fspath(path)
     if os.path.isfile(os.path.join(path, "model.onnx")):
         raise ValueError(
@@ -643,15 +628,13 @@ def check_local_checkpoint(path: str | os.PathLike, trust_remote_code: bool = Fa
                 f"{weights} is damaged or incomplete ({one_line(error)}). Save the model again, copy it again, or "
                 "use another checkpoint-* folder of the run."
             ) from None
-    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES as NAMES
-
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     remote = "AutoModelForImageClassification" in (getattr(config, "auto_map", None) or {})
-    if config.model_type not in NAMES and type(config) not in MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING and not remote:
+    if not (remote or config.model_type in CLASSIFIER_NAMES or type(config) in MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING):
         raise ValueError(
             f"{path} holds a {config.model_type!r} model, which has no image-classification head. Pass an image "
             f"classifier: a ScratchViT, or a model of a type transformers classifies images with (vit, deit, beit, "
-            f"swin, convnext, resnet and {len(NAMES) - 6} more)."
+            f"swin, convnext, resnet and {len(CLASSIFIER_NAMES) - 6} more)."
         )
 
 
@@ -719,9 +702,8 @@ def check_channels(data_channels: int, model_channels: int, convert: bool) -> No
 
 
 def load_checkpoint_weights(model: PreTrainedModel, checkpoint: str) -> None:
-    """Load a checkpoint's weights into `model` in place, strictly, through `from_pretrained`: it applies the key
-    renaming (ViT saves `vit.encoder.layer.*`, names `vit.layers.*` in memory) that a plain `load_state_dict`, as
-    transformers 5.18's Trainer does it, skips, silently keeping the current weights."""
+    """Load a checkpoint's weights into `model` strictly, through `from_pretrained`: it renames keys (ViT saves
+    `vit.encoder.layer.*`), which the Trainer's plain `load_state_dict` skips, silently keeping the current weights."""
     if hasattr(model, "peft_config"):
         # A LoRA model's checkpoint holds its adapters and head only; the frozen base weights never change.
         from peft import load_peft_weights, set_peft_model_state_dict
@@ -792,10 +774,9 @@ BLOCK_PATTERN = re.compile(r"(?:^|\.)(?:layers?|blocks|stages)\.(\d+)(?=\.)")
 
 
 def layer_id(model: torch.nn.Module) -> tuple[dict[str, int], int]:
-    """BEiT's layer index of every parameter of `model`, by name, and the number of blocks L: 0 for the embeddings,
-    i for the i-th block (in the model's order, a stage/block pair counting as consecutive blocks), L + 1 for the
-    rest (final norm, pooler, head). What lies between blocks (Swin's patch merging) takes the depth of the block
-    before it. L is counted from the names: `config.num_hidden_layers` counts Swin's and ConvNeXt's stages."""
+    """BEiT's layer index of every parameter by name, and the number of blocks L (counted from the names: Swin's and
+    ConvNeXt's `num_hidden_layers` count stages): 0 the embeddings, i the i-th block (stage/block pairs in order),
+    what lies between blocks the block before's, L + 1 the rest (final norm, pooler, head)."""
     named = [(name, tuple(int(i) for i in BLOCK_PATTERN.findall(name)[:2])) for name, _ in model.named_parameters()]
     length = max(len(key) for _, key in named)  # 2 where blocks sit in stages, else 1
     depth_of_block: dict[tuple[int, ...], int] = {}

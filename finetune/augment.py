@@ -205,14 +205,9 @@ class Normalize(nn.Module):
 
 
 class RandomAugmentOps(nn.Module):
-    """TrivialAugment / RandAugment ops on a uint8 batch, each image its own op.
-
-    Each of `num_ops` rounds gives every image one op drawn uniformly from `OPS` (identity included) at a magnitude
-    drawn uniformly from `[0, magnitude]` of the op's range, with a random sign for signed ops: one round is
-    TrivialAugment, several are RandAugment with random magnitudes. The ranges are RandAugment's (rotate 30 degrees,
-    shear 0.3, translate 45% of the size, colour factors 1 +- 0.9). The geometric ops share one `grid_sample` with a
-    per-image affine matrix; each colour op runs once on the images that drew it.
-    """
+    """TrivialAugment / RandAugment on a uint8 batch: each of `num_ops` rounds gives every image one op of `OPS` at a
+    magnitude uniform in `[0, magnitude]` of RandAugment's range, random sign (one round is TrivialAugment). The
+    geometric ops share one `grid_sample`; each colour op runs once on the images that drew it."""
 
     OPS = (
         "identity",
@@ -309,11 +304,8 @@ COLOR_OPS = {
 
 
 class MixUpCutMix(nn.Module):
-    """MixUp and/or CutMix of a float batch, torchvision's `v2.MixUp` / `v2.CutMix`: `(images, labels (B,))` ->
-    `(mixed images, soft targets (B, num_labels))`. One ratio `lam ~ Beta(alpha, alpha)` per batch; each image is
-    mixed with its neighbour in the (shuffled) batch. With both alphas > 0 each batch uses one of the two at random.
-    Multi-hot labels (B, num_labels) of multi-label data are mixed alike (torchvision takes them as probabilities).
-    """
+    """torchvision's `v2.MixUp` and/or `v2.CutMix` of a float batch: `(images, labels (B,) or multi-hot (B, K))` ->
+    `(mixed images, soft targets (B, K))`; with both alphas > 0 each batch uses one of the two at random."""
 
     def __init__(self, num_labels: int, mixup_alpha: float = 0.0, cutmix_alpha: float = 0.0):
         super().__init__()
@@ -352,15 +344,14 @@ CROP_MARGIN = 256 / 224
 
 def photo_size(prep: Preprocessing, margin: bool = True) -> int:
     """The square size photos are stored at for a model fed as `prep` says: its input times `CROP_MARGIN` (with
-    `margin`), or the processor's resize size when that is larger. Without `margin`, the size its saved processor
-    resizes a photo to: evaluation then resizes each photo once, as `pipeline()` does (through a 9 px copy, a 32 px
-    digit for an 8 px model scored 95% in evaluation and 83% in `pipeline()`)."""
+    `margin`), or the processor's resize size when larger. Without `margin` evaluation resizes each photo once, as
+    `pipeline()` does (a 32 px digit stored at 9 px for an 8 px model scored 95% in evaluation, 83% there)."""
     return max(round(max(prep.image_size) * (CROP_MARGIN if margin else 1)), max(prep.resize_size or (0,)))
 
 
 def preprocessing_from(processor, config) -> Preprocessing:
-    """Resolution and normalisation of an image processor (`size` as height/width or shortest_edge, with its
-    `crop_pct`, LeViT's 256/224 or center crop), or of timm's: the sizes its evaluation resizes to and crops."""
+    """Resolution and normalisation of an image processor (transformers' or timm's): the sizes its evaluation resizes
+    to and crops."""
     num_channels = int(getattr(config, "num_channels", 3))
     data_config = getattr(processor, "data_config", None)
     if data_config:  # timm's preprocessing (TimmWrapperImageProcessor): input size, crop_pct, mean, std
@@ -411,8 +402,7 @@ def _normalization(processor, num_channels: int) -> tuple[list[float], list[floa
 
 
 def _height_width(size) -> tuple[int, int] | None:
-    """`(height, width)` of an image processor's `size` (an int, a dict or a `SizeDict`; height/width or
-    shortest_edge), or None when it names neither."""
+    """`(height, width)` of an image processor's `size` (int, dict or `SizeDict`), or None where it names none."""
     if isinstance(size, int):
         return (size, size)
     if size and size.get("height") and size.get("width"):
@@ -423,18 +413,11 @@ def _height_width(size) -> tuple[int, int] | None:
 class BatchTransform(nn.Module):
     """uint8 image batches -> the model's float32 normalized `pixel_values`, augmented when training.
 
-    Args:
-        image_size: the model's input size, `(H, W)` or one int for square images.
-        mean, std: per output channel normalization, e.g. the image processor's `image_mean` / `image_std`.
-        in_channels: channels of the stored images (1 grayscale, 3 RGB).
-        out_channels: channels the model takes; 1 -> 3 repeats the gray channel, 3 -> 1 takes the luma.
-        random_crop_padding ... random_erasing: the training augmentation, as the `DataArguments` of the same names
-            (`finetune/arguments.py`) describe it; `random_resized_crop` a bool (`use_random_resized_crop`).
-        eval_resize_size: evaluation resizes to this size and center-crops `image_size`, as image processors that
-            crop do (`Preprocessing.resize_size`); `None`: evaluation resizes straight to `image_size`.
-        flip_channels: feed the model BGR (`Preprocessing.flip_channels`).
-        crop_size: the size RandomResizedCrop's boxes are resized to (`image_size`; a larger teacher's size, which
-            `finish` resizes to this model's).
+    `mean`, `std` normalise each output channel; `in_channels` are the stored images' (1 or 3), `out_channels` the
+    model's (1 -> 3 repeats the gray channel, 3 -> 1 takes the luma). `random_crop_padding` ... `random_erasing` are
+    training's augmentation, as the `DataArguments` of those names (`random_resized_crop` a bool). The `Preprocessing`
+    fields of the same meaning: `eval_resize_size` (`resize_size`; None: straight to `image_size`), `flip_channels`.
+    `crop_size`: RandomResizedCrop's output (default `image_size`; a larger teacher's, which `finish` resizes down).
     """
 
     def __init__(
@@ -488,7 +471,13 @@ class BatchTransform(nn.Module):
                 self.frame = CenterShare([i / r for i, r in zip(self.image_size, eval_resize_size)])
         else:
             self.eval_resize = self.resize
-        self.convert_channels = _channel_conversion(in_channels, out_channels)
+        if in_channels not in (1, out_channels) and (in_channels, out_channels) != (3, 1):
+            raise ValueError(
+                f"Cannot convert {in_channels}-channel images to {out_channels} channels: supported are 1 -> N and "
+                "3 -> 1."
+            )
+        # `models.check_channels` logs the conversion.
+        self.convert_channels = nn.Identity() if in_channels == out_channels else RGBToGrayscale(out_channels)
         self.normalize = Normalize(mean, std)
         self.flip_channels = flip_channels
 
@@ -514,15 +503,12 @@ class BatchTransform(nn.Module):
 
     def augmented(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """The part of training's transform that models taught together share: uint8 `(B, C_in, h, w)` -> float
-        pixel values in [0, 255] `(B, C_in, h', w')`, cropped, flipped and augmented at the stored resolution (at
-        `crop_size` with `random_resized_crop`). MixUp/CutMix mix them before `finish`: resizing, channel conversion
-        and normalisation are linear (normalisation affine, and mixing weights sum to 1), so a batch mixed here is each
-        model's mixed input, and a teacher sees the student's images (`finetune/trainer.py`)."""
+        `(B, C_in, h', w')` in [0, 255], cropped, flipped and augmented at the stored resolution. MixUp/CutMix mix
+        them before `finish`, which is affine (mixing weights sum to 1): a teacher sees the student's images."""
         return self.augment(self.frame(self.checked(pixel_values))).float()
 
     def finish(self, x: torch.Tensor, train: bool) -> torch.Tensor:
-        """Float pixel values `(B, C_in, h, w)` -> this model's normalized `(B, C_out, H, W)`: resized (training) or
-        resized and center-cropped (evaluation), channels converted, normalized, and erased when training."""
+        """Float pixel values `(B, C_in, h, w)` -> this model's normalized `(B, C_out, H, W)`."""
         x = self.resize(x) if train else self.eval_resize(x)  # (B, C_in, h, w) -> (B, C_in, H, W)
         x = self.normalize(self.convert_channels(x))  # (B, C_in, H, W) -> (B, C_out, H, W)
         x = x.flip(1) if self.flip_channels else x  # RGB -> BGR
@@ -539,17 +525,15 @@ class BatchTransform(nn.Module):
 
 
 def use_random_resized_crop(choice: str, stored_size: tuple[int, int], image_size: tuple[int, int]) -> bool:
-    """Whether training uses `RandomResizedCrop` (`choice` "true") or the padded crop ("false"); "auto" picks
-    RandomResizedCrop for images stored larger than the model's input (photos), the padded crop for small native
-    images (CIFAR-10, MNIST, digits) resized up to the model."""
+    """Whether training uses `RandomResizedCrop` (`choice` "true") or the padded crop ("false"); "auto": the former
+    for images stored larger than the model's input (photos), the latter for small ones (CIFAR-10, digits)."""
     if choice == "auto":
         return stored_size[0] > image_size[0] and stored_size[1] > image_size[1]
     return choice == "true"
 
 
 def describe_augmentation(transform: BatchTransform, training: bool = True) -> str:
-    """One line naming the training crop, flip, ops and erasing of `transform` (where the run trains), and evaluation's
-    resize."""
+    """One line naming `transform`'s training augmentation (where the run trains) and evaluation's resize."""
     size = "x".join(map(str, transform.image_size))
     if isinstance(transform.eval_resize, nn.Sequential):
         evaluation = "resize to {}x{}, center crop {}".format(*transform.eval_resize[0].size, size)
@@ -570,13 +554,3 @@ def describe_augmentation(transform: BatchTransform, training: bool = True) -> s
     if isinstance(transform.erase, RandomErasing):
         parts.append(f"random erasing (p={transform.erase.p})")
     return f"Training augmentation: {', '.join(parts)}; evaluation: {evaluation}."
-
-
-def _channel_conversion(in_channels: int, out_channels: int) -> nn.Module:
-    if in_channels == out_channels:
-        return nn.Identity()
-    if in_channels == 1 or (in_channels, out_channels) == (3, 1):  # `models.check_channels` logs the conversion
-        return RGBToGrayscale(out_channels)
-    raise ValueError(
-        f"Cannot convert {in_channels}-channel images to {out_channels} channels: supported are 1 -> N and 3 -> 1."
-    )

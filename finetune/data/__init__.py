@@ -106,21 +106,11 @@ def check_separate_files(data_args: DataArguments) -> None:
 def load_image_data(
     data_args: DataArguments, seed: int, target_size: int | None = None, check_classes: bool = True
 ) -> ImageData:
-    """Load, decode (or map from the decoded cache) and split the dataset that `data_args` describes.
-
-    Args:
-        data_args: where the data is and how to split it.
-        seed: seeds the validation split carved from train and the `max_*_samples` subsets.
-        target_size: the square size to store images of mixed sizes, or of one size larger than it, at when
-            `decode_size` is unset (the run passes `finetune.models.storage_size`: the size the model's processor
-            resizes to, plus a margin for RandomResizedCrop).
-        check_classes: refuse training images of too few classes to learn (`check_num_classes`); off for a trained
-            model's images (export loads only a few training images).
-
-    Returns:
-        `ImageData` with uint8 `(N, C, H, W)` splits; grayscale sources keep 1 channel (`BatchTransform` converts
-        channels for the model on the device).
-    """
+    """Load, decode (or map from the decoded cache) and split the dataset that `data_args` describes, as uint8
+    `(N, C, H, W)` splits (grayscale keeps 1 channel). `seed` seeds the held-out validation split and the
+    `max_*_samples` subsets; `target_size` (`finetune.models.storage_size`) is the square size images of mixed sizes,
+    or of one larger size, are stored at without `decode_size`; `check_classes` refuses training images of too few
+    classes (`check_num_classes`; off for export, which loads only a few)."""
     # `datasets` (0.6 s to import) is imported only here: predict and attention use `decode_image` without it.
     from finetune.data.sources import encode_labels, find_columns, open_source
 

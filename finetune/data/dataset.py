@@ -15,16 +15,10 @@ logger = logging.getLogger(__name__)
 
 class ImageSplit(torch.utils.data.Dataset):
     """One split: the `rows` (default: all) of uint8 `(M, C, H, W)` `pixel_values` (a tensor, or the decoded cache's
-    memory map) with one label per image (an int64 class id, or a multi-label dataset's float32 multi-hot row of K),
-    read lazily.
-
-    A batch copies only its own rows: `__getitems__` serves a whole batch with one index (torch's `DataLoader` calls
-    it instead of `__getitem__` per image; pair it with `collate_batch`), so a split over a memory-mapped cache never
-    reads the rest of the file into the process. `select` makes a subset without copying images.
-
-    `positions` and `files` say where each image came from, for the predictions CSVs: its position in the source split
-    (as the corrupt-image warnings number it) and its file, where the source has files.
-    """
+    memory map), with an int64 class id or a float32 multi-hot row per image. `__getitems__` serves a batch with one
+    index (pair it with `collate_batch`), so a batch copies only its own rows of a memory map; `select` copies none.
+    `positions` (in the source split, as the corrupt-image warnings number them) and `files` name each image in the
+    predictions CSVs."""
 
     def __init__(
         self,

@@ -212,8 +212,8 @@ def _warn_skipped_images(path: str, split_folders: bool) -> None:
 
 
 def _warn_unread_tables(path: str, read: list[str]) -> None:
-    """Name the tables of the folder `path` in none of its splits: where some file or folder names a split, datasets
-    reads only those (`train.parquet`, `validation.parquet`), and `more.parquet` would be left out without a word."""
+    """Name the tables of `path` in no split: where some names a split, datasets reads only those (`more.parquet`
+    beside `train.parquet` would be left out without a word)."""
     read, unread = {os.path.realpath(f) for f in read}, []
     for root, folders, names in os.walk(path):
         folders[:] = [d for d in folders if not _hidden(d)]
@@ -234,9 +234,8 @@ def _hidden(name: str) -> bool:
 
 
 def _split_folders(path: str) -> dict[str, list[str]]:
-    """The data files patterns of the split folders of `path`: its top-level folders where every one is named as a
-    split (`train/`, `Test/`, `val-2024/`: datasets' names, any case); else none, and `car/ bus/ train/` are classes.
-    datasets' own patterns (`**/train/**`) would take a class folder named `train` at any depth for a split."""
+    """The data files patterns of `path`'s top-level folders where every one is named as a split (`train/`, `Test/`,
+    `val-2024/`); else none, and `car/ bus/ train/` are classes (datasets' `**/train/**` takes them for splits)."""
     folders = sorted(d for d in os.listdir(path) if os.path.isdir(f"{path}/{d}") and not _hidden(d))
     split_of = {d: _split_named(d) for d in folders}
     if None in split_of.values():
@@ -277,11 +276,10 @@ def _split_named(folder: str) -> str | None:
 def _label_by_class_folder(
     splits: datasets.DatasetDict, root: str, depth: int, one_class: bool = False
 ) -> dict[str, datasets.Dataset]:
-    """Label each image by its class folder, the folder at `depth` (1 under split folders: `train/cat/2023/a.jpg`:
-    cat), as torchvision's ImageFolder does: datasets' image folder takes the parent folder (2023), and gives no labels
-    to images at mixed depths. No label column (`find_columns` says why) where there is one class (unless `one_class`:
-    the folder of a validation or test split may hold one), or where a metadata file gives the labels; an error where
-    an image has no class folder (beside them, or in a split folder of unlabelled images, as Kaggle's `test/`)."""
+    """Label each image by its folder at `depth` (1 under split folders: `train/cat/2023/a.jpg`: cat), as torchvision
+    does; datasets takes the parent (2023), and no labels at mixed depths. No label column (`find_columns` says why)
+    for one class (unless `one_class`: a validation or test folder's) or a metadata file's labels; an error for an
+    image outside the class folders (Kaggle's unlabelled `test/`)."""
     if any(dataset.column_names != ["image"] for dataset in splits.values()):
         return dict(splits)  # a metadata file's columns: the user's labels, whatever their name
     root, class_of, classes, stray = os.path.realpath(root), {}, {}, []
@@ -362,8 +360,8 @@ def _open_split_files(files: dict[str, str | list[str]], data_args: DataArgument
 
 
 def _read_table(path: str, extension: str) -> datasets.Dataset:
-    """A parquet or arrow file as a Dataset; a damaged one (a copy stopped midway) is one error line naming the
-    file, where `datasets` logged the error, then raised it without the file's name."""
+    """A parquet or arrow file as a Dataset; a damaged one is one error line naming the file (`datasets` logs the
+    error, then raises it without the name)."""
     verbosity = datasets.logging.get_verbosity()
     datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its own error line, said below with the fix
     try:
@@ -382,9 +380,8 @@ def _read_table(path: str, extension: str) -> datasets.Dataset:
 
 
 def _by_one_class_label(parts: list[datasets.Dataset]) -> list[datasets.Dataset]:
-    """The files of one split (shards) whose label `ClassLabel`s differ (each saved with the classes it holds, or in
-    another order), relabelled by name with one: the first's classes, then the others' in alphabetical order.
-    `datasets` refuses to concatenate them ("The features can't be aligned")."""
+    """The files of one split whose `ClassLabel`s differ, which `datasets` cannot concatenate, relabelled by name with
+    one: the first's classes, then the others' in alphabetical order."""
     columns = [c for c in parts[0].column_names if isinstance(parts[0].features[c], datasets.ClassLabel)]
     for column in columns:
         features = [part.features.get(column) for part in parts]
@@ -434,9 +431,8 @@ def _image_paths(dataset: datasets.Dataset, data_args: DataArguments, table: str
 
 
 def _read_csv(path: str, data_args: DataArguments) -> datasets.Dataset:
-    """A csv of image paths (relative to the csv file) and labels, with the paths made absolute. A label column whose
-    cells hold several labels separated by `;` (`cat; dog`) becomes a list column, a multi-label one (an empty cell:
-    none of the labels); class names of a single-label csv have no `;`."""
+    """A csv of image paths (made absolute from the csv's folder) and labels; labels separated by `;` (`cat; dog`)
+    make a multi-label list column (an empty cell: none)."""
     import pandas as pd
 
     frame = pd.read_csv(path)
@@ -567,10 +563,8 @@ def find_columns(dataset: datasets.Dataset, data_args: DataArguments, where: str
 def encode_labels(
     splits: dict[str, datasets.Dataset], label_column: str, include_labels: list[str] | None = None
 ) -> tuple[list[str], dict[str, np.ndarray]]:
-    """Label names and each split's labels: int64 ids, or, for a list column (several labels per image), multi-hot
-    float32 rows `(N, K)` (of the `include_labels` only, where given). Splits made separately (a folder or file per
-    split, each with its own `ClassLabel`) are matched by class name; a class no training image has keeps its name
-    (`check_num_classes` warns)."""
+    """Label names and each split's labels: int64 ids, or for a list column multi-hot float32 `(N, K)` rows (of
+    `include_labels` only, where given). Splits saved separately are matched by class name."""
     features = {name: ds.features[label_column] for name, ds in splits.items()}
     feature = features["train"]
     # A csv split without `;` holds scalars: the data is multi-label when any split holds lists.
@@ -632,9 +626,8 @@ def encode_labels(
 def _multi_label_encoding(
     splits: dict[str, datasets.Dataset], column: str, item, include_labels: list[str] | None = None
 ) -> tuple[list[str], dict]:
-    """The labels of a list column (of a ClassLabel, class names or int ids: those of the training images), and each
-    split's multi-hot rows. An empty list is an image with none of the labels. Names or ids outside `include_labels`
-    are dropped first: a label of the validation split alone is then no error."""
+    """The labels of a list column (ClassLabel, names or ids: the training images'), and each split's multi-hot rows.
+    Labels outside `include_labels` are dropped first: one of the validation split alone is then no error."""
     keep = None if include_labels is None or isinstance(item, datasets.ClassLabel) else set(include_labels)
 
     def lists(values: list, scalars: bool) -> list:
@@ -696,8 +689,8 @@ def _paths(values: pa.ChunkedArray) -> pa.ChunkedArray | None:
 
 
 def image_files(source: Source, split: str, column: str, positions: np.ndarray) -> list[str | None] | None:
-    """The file of each image at `positions` of a split, relative to the dataset's folder where it lies in it; None
-    where the source names no files (images held as bytes only)."""
+    """The file of each image at `positions` of a split, relative to the dataset's folder where in it; None where the
+    source names no files."""
     paths = _paths(_arrow_column(source.encoded[split], column))
     if paths is None:
         return None

@@ -37,9 +37,9 @@ class Rows:
 def choose_rows(
     labels: dict[str, np.ndarray], label_names: list[str], data_args: DataArguments, seed: int
 ) -> tuple[dict[str, Rows], list[str], str]:
-    """The images each output split takes from the source splits (whose int64 labels are `labels`): the
-    `include_labels` classes, the validation split (the source's, or held out from train, stratified) and the
-    `max_*_samples` subsets. Returns the rows per split, the label names, and how the validation split was made."""
+    """The rows each output split takes from the source splits (labelled `labels`) after `include_labels`, the
+    validation split (the source's, or held out from train) and `max_*_samples`; the label names; how validation
+    was made."""
     chosen = {name: Rows(name, np.arange(len(y)), y) for name, y in labels.items()}
     check_labels(chosen, label_names)
     if data_args.include_labels:
@@ -72,8 +72,7 @@ def choose_rows(
 def _keep_classes(
     splits: dict[str, Rows], label_names: list[str], keep: list[str]
 ) -> tuple[dict[str, Rows], list[str]]:
-    """Only the images of the classes in `keep`, renumbered in the order of `keep`; a multi-label dataset keeps every
-    image, with only those labels."""
+    """The images of the classes `keep`, renumbered in its order (multi-label: every image, only those labels)."""
     unknown = [name for name in keep if name not in label_names]  # `DataArguments` refuses a name given twice
     if unknown:
         raise ValueError(f"`include_labels` has unknown label(s) {unknown}; the dataset's labels are {label_names}.")

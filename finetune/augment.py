@@ -36,8 +36,7 @@ class RandomCrop(nn.Module):
         padded_width = W + 2 * p
         top = torch.randint(0, 2 * p + 1, (B,), device=x.device)
         left = torch.randint(0, 2 * p + 1, (B,), device=x.device)
-        # Flat positions of an HxW window at the origin of the padded image, then shifted by each image's offset:
-        # one gather along the flattened pixels, with an index that is only expanded (not copied) over channels.
+        # One gather along the flattened pixels: an HxW window shifted by each image's offset, expanded over channels.
         rows = torch.arange(H, device=x.device) * padded_width
         window = (rows[:, None] + torch.arange(W, device=x.device)).view(1, 1, H * W)  # (1, 1, H*W)
         index = (top * padded_width + left).view(B, 1, 1) + window  # (B, 1, H*W)
@@ -95,8 +94,7 @@ class RandomResizedCrop(nn.Module):
         found = fits.any(1)
         pick = fits.float().argmax(1, keepdim=True)  # (B, 1) the first try that fits
         h, w = h.gather(1, pick)[:, 0], w.gather(1, pick)[:, 0]  # (B, tries) -> (B,)
-        # No try fits: the whole image, cropped to the nearest aspect ratio in range (torchvision's fallback): at most
-        # W / ratio[0] high and H * ratio[1] wide.
+        # No try fits: torchvision's fallback, the whole image cropped to the nearest aspect ratio in range.
         default = (min(H, round(W / self.ratio[0])), min(W, round(H * self.ratio[1]))) if fallback else (0, 0)
         h, w = torch.where(found, h, default[0]), torch.where(found, w, default[1])
         # A uniform offset in [0, H - h], as torch.randint(0, H - h + 1) draws it; the fallback is centred.
@@ -337,8 +335,7 @@ class Preprocessing:
     flip_channels: bool = False  # BGR input, as MobileViT's processor makes it (`do_flip_channel_order`)
 
 
-# Photos trained with `RandomResizedCrop` are stored with this margin over the model's input, room for its crops: a
-# 224 model stores 256, the ratio of timm's `crop_pct` 0.875 and of the transformers example's resize 256 / crop 224.
+# Photos trained with `RandomResizedCrop` are stored with this margin over the model's input (timm's `crop_pct` 0.875).
 CROP_MARGIN = 256 / 224
 
 

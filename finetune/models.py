@@ -43,8 +43,8 @@ from .locations import ADAPTER_CONFIG_NAME, looks_like_local_path, offline_switc
 logger = logging.get_logger(__name__)
 
 
-# Query and value projections, where LoRA's authors put the adapters: transformers' ViT (5.x names, then the 4.x
-# layout) and ScratchViT's fused query-key-value projection, which the adapter updates as one matrix.
+# Query and value projections, where LoRA's authors put the adapters: transformers' ViT (5.x, then 4.x names) and
+# ScratchViT's fused query-key-value projection.
 LORA_DEFAULT_TARGETS = ("q_proj", "v_proj", "query", "value", "qkv")
 # Where transformers' classifiers keep their heads: `classifier`, and the two of DeiT's and LeViT's "with teacher".
 HEAD_NAMES = ("classifier", "cls_classifier", "distillation_classifier", "classifier_distill")
@@ -108,8 +108,7 @@ def build_model(
     return model, processor, prep
 
 
-# The model types whose learned position embeddings `resize_position_embeddings` resizes: one square patch grid after
-# the prefix tokens, which their own `interpolate_pos_encoding` resizes.
+# Model types with learned position embeddings of one square patch grid after the prefix tokens.
 RESIZABLE_POSITION_EMBEDDINGS = ("vit", "deit", "vit_msn", "scratch_vit")
 
 
@@ -356,9 +355,8 @@ def load_adapter_model(path: str | os.PathLike, merge: bool = True, **kwargs) ->
     config = AutoConfig.from_pretrained(config_dir, trust_remote_code=trust_remote_code)
     size = base_size = getattr(config, "image_size", None)
     try:
-        # A run at another resolution than its base's (`resize_position_embeddings`) saved no position embeddings:
-        # the base loads at its own size, then they are resized again, as they were (frozen) in training. Loaded at
-        # the run's size, they would not fit and start anew (random), silently (`ignore_mismatched_sizes`).
+        # A run at another resolution than its base's saved no (frozen) position embeddings: the base loads at its own
+        # size and they are resized again, as in training; at the run's size they would start anew, silently.
         if config.model_type in RESIZABLE_POSITION_EMBEDDINGS:
             base_size = AutoConfig.from_pretrained(base, trust_remote_code=trust_remote_code).image_size
         if base_size != size:
@@ -748,8 +746,7 @@ def config_changes(checkpoint: str, config) -> list[str]:
     if not path.is_file():
         return []
     saved, here = json.loads(path.read_text()), json.loads(config.to_json_string(use_diff=False))
-    # Set on saving, or by the Trainer (`use_cache` from its arguments), or timm's preprocessing (`pretrained_cfg`,
-    # whose resize `_framing_processor` sets to training's): not the model's shape or training.
+    # Set on saving, by the Trainer (`use_cache`) or by `_framing_processor` (`pretrained_cfg`): not the model's.
     metadata = {"architectures", "transformers_version", "_name_or_path", "dtype", "torch_dtype", "use_cache",
                 "pretrained_cfg"}  # fmt: skip
     names = sorted((saved.keys() & here.keys()) - metadata)
@@ -761,9 +758,8 @@ def config_changes(checkpoint: str, config) -> list[str]:
     return [change(name) for name in names if saved[name] != here[name]]
 
 
-# Parameters that weight decay would only pull towards zero without regularising anything: position embeddings,
-# prefix tokens and relative position biases (what timm's `no_weight_decay` names, in transformers' and timm's
-# spellings), besides every bias and norm scale (the 1-D parameters).
+# Parameters that weight decay would only pull towards zero without regularising anything (timm's `no_weight_decay`,
+# in transformers' and timm's spellings), besides every bias and norm scale (the 1-D parameters).
 NO_WEIGHT_DECAY_NAMES = (
     "position_embeddings", "pos_embed", "cls_token", "distillation_token", "dist_token", "mask_token", "reg_token",
     "register_tokens", "relative_position_bias_table",

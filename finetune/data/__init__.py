@@ -3,14 +3,13 @@
     data = load_image_data(data_args, seed, target_size)  # ImageData: train / validation / test ImageSplits
     loader = DataLoader(data.train, batch_size=64, collate_fn=collate_batch)
 
-Every image is decoded a single time (`decode_image`, the decoding predict and attention use too), in parallel, into a
-`.npy` file that every process of the node maps: the dataset never sits whole in a process's memory, and a batch copies
-only its own rows. A second run with the same data skips decoding. Augmentation happens later, on whole batches on the
-device (`finetune/augment.py`).
+Every image is decoded once, in parallel, into a `.npy` file that every process of the node maps: the dataset never
+sits whole in a process's memory, and a batch copies only its own rows. Augmentation happens later, on whole batches
+on the device (`finetune/augment.py`).
 
-A split walks the modules in order: `sources.py` opens the source (`ACCEPTED_SOURCES` lists the kinds) and reads its
-labels, `splits.py` chooses the images of each split from the labels, `cache.py` maps them from the decoded cache or
-has `decode.py` decode them, and `dataset.py`'s `ImageSplit` serves them in batches (`collate_batch`).
+A split walks the modules in order: `sources.py` opens the source and reads its labels, `splits.py` chooses each
+split's images from the labels, `cache.py` maps them from the decoded cache or has `decode.py` decode them, and
+`dataset.py`'s `ImageSplit` serves them in batches.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
-"""The decoded cache: each decoded split as `.npy` files under a key of its source, columns, decoding and chosen
-images, so a second run with the same data skips decoding. An entry is a folder with `pixel_values.npy` (uint8
-`(N, C, H, W)`, memory-mapped by every reader), `labels.npy` and `meta.json`, decoded inside a temporary folder renamed
-to the key when complete (a crash leaves no half-written entry).
+"""The decoded cache: each decoded split under a key of its source, columns, decoding and chosen images, so a second
+run with the same data skips decoding. An entry is a folder with `pixel_values.npy` (uint8 `(N, C, H, W)`, mapped by
+every reader), `labels.npy` and `meta.json`, decoded in a temporary folder renamed to the key when complete.
 
-Not `datasets`' own cache (`Dataset.map` into arrow files): training gathers random batches from the memory map at
-2.4 M images/s, against 0.56 M from `datasets`' fastest layout (a flat uint8 list read in the arrow format) and 20 k
-from `Array3D` (`benchmarks/decoded_cache.py`, CIFAR-10's 50,000 images, batches of 256, 2-core CPU), for the same
-size on disk; its first decode took 2.1 s against our 2.8 s, a second run 0.1 s either way."""
+Not `datasets`' own cache: training gathers random batches from the memory map at 2.4 M images/s, against 0.56 M from
+its fastest layout and 20 k from `Array3D` (`benchmarks/decoded_cache.py`, CIFAR-10), for the same size on disk."""
 
 from __future__ import annotations
 
@@ -69,7 +66,8 @@ def decoded_split(
         decode_modes = [f"resize:{frame[0]}" if frame[0] == frame[1] else "resize:{}x{}".format(*frame)]
     else:
         decode_modes = ["native"] + ([f"fallback:{target_size}"] if target_size is not None else [])
-    root = _cache_root(data_args)
+    root = data_args.decoded_cache_dir or os.path.join(hub_constants.HF_HOME, "vit-finetune", "decoded")
+    root = None if root.lower() == "none" else os.path.expanduser(root)
     paths = [
         os.path.join(root, content_hash({**key_fields, "decode": mode})) if root else None for mode in decode_modes
     ]
@@ -118,13 +116,6 @@ def decoded_split(
     }
     _finish_entry(tmp, paths[-1] if used_fallback else paths[0], labels[positions], meta)
     return pixels, row_of
-
-
-def _cache_root(data_args: DataArguments) -> str | None:
-    root = data_args.decoded_cache_dir
-    if root is not None and root.lower() == "none":
-        return None
-    return os.path.expanduser(root) if root else os.path.join(hub_constants.HF_HOME, "vit-finetune", "decoded")
 
 
 def _load_entry(path: str | None, where: str, largest: int | None) -> tuple[np.ndarray, dict] | None:

@@ -1,17 +1,14 @@
 """One image decoding for training, predict and attention maps: a file or its bytes -> an upright 8-bit image.
 
-`decode_image` is how every command reads an image, so a file gives the same pixels whichever command reads it:
-EXIF orientation applied; transparency (RGBA, LA, palette with a transparent colour) composited onto white, as
-viewers show it (the colour under a transparent pixel is arbitrary, often black); 16-bit grayscale keeps the high byte
-(Pillow's own conversion clips every value above 255 to white); palette, CMYK and other modes become RGB, 1-bit and
-float images grayscale; RGB asked for as `"L"` takes Pillow's ITU-R 601 luma (`finetune.augment.LUMA_WEIGHTS`).
+`decode_image` is how every command reads an image, so a file gives the same pixels whichever reads it: EXIF
+orientation applied; transparency composited onto white, as viewers show it (the colour under it is arbitrary, often
+black); 16-bit grayscale keeps the high byte (Pillow's conversion clips above 255 to white); other modes become RGB,
+1-bit and float images grayscale; RGB asked for as `"L"` takes Pillow's luma (`finetune.augment.LUMA_WEIGHTS`).
 
-`decode_images` decodes a whole split with it, in parallel, into one uint8 `(N, C, H, W)` `.npy` file. Images of one
-size no larger than the run's storage size (`finetune.models.storage_size`: CIFAR-10's 32 px) are stored as they are;
-images of mixed sizes, or of one size larger than that (one phone's photos), as centre squares at that size
-(`decode_size` overrides). A square rather than padding: a batch is one index into one array, padding would store empty
-pixels (a third of a 640x480 photo), and the edges it drops are what center-crop evaluation and RandomResizedCrop
-rarely reach anyway.
+`decode_images` decodes a whole split, in parallel, into one uint8 `(N, C, H, W)` `.npy` file: images of one size no
+larger than the run's storage size (`finetune.models.storage_size`) as they are, others as centre squares at that size
+(`decode_size` overrides). Squares rather than padding: a batch is one index into one array, padding would store empty
+pixels, and the edges dropped are what center-crop evaluation and RandomResizedCrop rarely reach anyway.
 """
 
 import collections
@@ -132,14 +129,10 @@ def decode_images(
     workers: int,
     positions: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str], bool]:
-    """Decode every image once into a uint8 `(N, C, H, W)` `.npy` file at `out_path`, written chunk by chunk.
-
-    A first pass reads only the headers: the mode ("L" when every image is grayscale) and the sizes (when they differ,
-    or all exceed `fallback_size`, all are stored as squares at `fallback_size`). A second pass decodes chunks in
-    `workers` processes, each writing its rows straight into the file. `positions` (in the source split) name corrupt
-    images. Returns the file as a read-only memory map, the indices of the images that decoded, the row of each, the
-    skipped corrupt images, and whether `fallback_size` was used.
-    """
+    """Decode every image once into a uint8 `(N, C, H, W)` `.npy` file at `out_path`: a first pass reads the headers
+    (mode, sizes), a second decodes chunks in `workers` processes that write their rows into the file. `positions`
+    name corrupt images. Returns the file's read-only memory map, the indices of the images that decoded, the row of
+    each, the skipped images, and whether `fallback_size` was used."""
 
     def corrupt(i: int, path: str | None, error: str) -> None:
         name = f"index {int(positions[i])}" + (f" ({path})" if path else "")

@@ -106,8 +106,7 @@ def _open_hub(name: str, config_name: str | None) -> Source:
             "copy: a parquet file or folder, an image folder, or a cifar-10-batches-py folder."
         ) from error
     splits = _named_splits(dict(loaded), name)
-    # The arrow files datasets keeps the download in: a new download (a new version of the dataset) changes them. A
-    # dataset held in memory has none, so it gets a key of its own and never reuses a cache.
+    # The arrow files of the download change with a new version; a dataset held in memory never reuses a cache.
     files = [f["filename"] for dataset in splits.values() for f in dataset.cache_files]
     held_in_memory = not all(dataset.cache_files for dataset in splits.values())
     fingerprint = content_hash([name, config_name, uuid.uuid4().hex if held_in_memory else _files_fingerprint(files)])
@@ -631,8 +630,7 @@ def _multi_label_encoding(
     keep = None if include_labels is None or isinstance(item, datasets.ClassLabel) else set(include_labels)
 
     def lists(values: list, scalars: bool) -> list:
-        # A split saved with one label per image (a csv without `;`) has no lists; its blank cells are no label, where
-        # a missing list is refused below.
+        # A csv split without `;` has no lists: its blank cells are no label, where a missing list is refused below.
         blank = [] if scalars else None
         rows = [v if isinstance(v, list) else blank if v is None else [v] for v in values]
         return rows if keep is None else [row if row is None else [v for v in row if str(v) in keep] for row in rows]

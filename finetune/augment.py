@@ -279,10 +279,6 @@ def _posterize(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     return torch.floor(x / step) * step
 
 
-def _solarize(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    return torch.where(x >= 256 - 256 * m.abs(), 255 - x, x)  # invert pixels above 256..0
-
-
 def _autocontrast(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     low = x.amin(dim=(-2, -1), keepdim=True)  # (b, C, 1, 1), per channel as PIL does
     high = x.amax(dim=(-2, -1), keepdim=True)
@@ -296,7 +292,7 @@ COLOR_OPS = {
     "contrast": lambda x, m: _blend(x, grayscale(x).mean(dim=(-2, -1), keepdim=True), 1.0 + 0.9 * m),
     "sharpness": lambda x, m: _blend(x, _smooth(x), 1.0 + 0.9 * m),
     "posterize": _posterize,
-    "solarize": _solarize,
+    "solarize": lambda x, m: torch.where(x >= 256 - 256 * m.abs(), 255 - x, x),  # invert pixels above 256..0
     "autocontrast": _autocontrast,
 }
 

@@ -222,7 +222,19 @@ def load_trained_model(
         with hub_errors("model", path):
             model = load_saved_classifier(path, **_load_kwargs(model_args), **attention)
     processor = _load_processor(model_args)
-    check_labels(model.config, data.label_names, path)
+    # The head's classes must be the dataset's, in the same order (generic `LABEL_i` names match any).
+    names, label_names = config_label_names(model.config), data.label_names
+    if len(names) != len(label_names):
+        raise ValueError(
+            f"The model at {path!r} classifies {len(names)} classes but the dataset has {len(label_names)} "
+            f"({label_names[:5]}...). Evaluate it on the dataset it was trained for (`include_labels` selects "
+            "classes)."
+        )
+    if _names_other_classes(names, label_names):
+        raise ValueError(
+            f"The model at {path!r} was trained on the labels {names} but the dataset's are {list(label_names)}. "
+            "Evaluate it on the dataset it was trained for, with `include_labels` in the model's order if needed."
+        )
     if is_multi_label(model.config) != data.multi_label:
         raise ValueError(
             f"The dataset has {'several labels' if data.multi_label else 'one label'} per image, but the model at "
@@ -259,22 +271,6 @@ def check_no_missing_weights(missing: list[str], files: str, described: str, fix
         raise ValueError(
             f"{files} lack {listed}, of {described}: those would be random. Fix: {fix} (a run's folder and its "
             "checkpoint-N folders hold both)."
-        )
-
-
-def check_labels(config, label_names: list[str], path: str) -> None:
-    """A trained head's classes must be the dataset's, in the same order (generic `LABEL_i` names match any)."""
-    names = config_label_names(config)
-    if len(names) != len(label_names):
-        raise ValueError(
-            f"The model at {path!r} classifies {len(names)} classes but the dataset has {len(label_names)} "
-            f"({label_names[:5]}...). Evaluate it on the dataset it was trained for (`include_labels` selects "
-            "classes)."
-        )
-    if _names_other_classes(names, label_names):
-        raise ValueError(
-            f"The model at {path!r} was trained on the labels {names} but the dataset's are {list(label_names)}. "
-            "Evaluate it on the dataset it was trained for, with `include_labels` in the model's order if needed."
         )
 
 

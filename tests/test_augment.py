@@ -276,7 +276,7 @@ def test_rand_augment_changes_images_and_is_seeded():
 def test_solarize_posterize_autocontrast_match_pil():
     from PIL import Image, ImageOps
 
-    from finetune.augment import _autocontrast, _posterize, _solarize
+    from finetune.augment import COLOR_OPS, _autocontrast, _posterize
 
     x = _images(batch=1, size=16)
     pil = Image.fromarray(x[0].permute(1, 2, 0).numpy())
@@ -285,7 +285,7 @@ def test_solarize_posterize_autocontrast_match_pil():
         return torch.from_numpy(np.asarray(image)).permute(2, 0, 1)[None].float()
 
     m = torch.tensor(0.5).view(1, 1, 1, 1)
-    torch.testing.assert_close(_solarize(x.float(), m), to_tensor(ImageOps.solarize(pil, 128)))
+    torch.testing.assert_close(COLOR_OPS["solarize"](x.float(), m), to_tensor(ImageOps.solarize(pil, 128)))
     torch.testing.assert_close(_posterize(x.float(), m), to_tensor(ImageOps.posterize(pil, 6)))
     # PIL truncates the stretched values where we round: at most one level apart.
     assert (_autocontrast(x.float(), m).round() - to_tensor(ImageOps.autocontrast(pil))).abs().max() <= 1

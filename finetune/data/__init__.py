@@ -47,8 +47,7 @@ __all__ = [
 ]
 
 
-# The `problem_type` a model trained on multi-label data saves in its config.json; the loss, the metrics and predict
-# read it there.
+# The `problem_type` a multi-label model saves in its config.json, where the loss, metrics and predict read it.
 MULTI_LABEL = "multi_label_classification"
 
 
@@ -68,8 +67,7 @@ class ImageData:
     label_names: list[str]
     num_channels: int
     source: str
-    # Whether the validation split was held out from train (`validation_size`, seeded): the source has none.
-    validation_held_out: bool = False
+    validation_held_out: bool = False  # by `validation_size`: the source has no validation split
     fingerprint: str | None = None  # of the source's files (paths, sizes, times), however its path was spelt
 
     @property
@@ -136,9 +134,8 @@ def load_image_data(
         labels = {name: np.asarray(y, dtype=np.int64) for name, (_, y) in source.decoded.items()}
     chosen, label_names, how = choose_rows(labels, label_names, data_args, seed)
 
-    # Train's images first: the other splits are stored as train's are, centre-fitted at its size, as predict frames
-    # every image; stored otherwise (whole images of one size where train's sizes differ, squares where train's are
-    # 40x30), they would be evaluated on views that predict never gives.
+    # Train's images first: the other splits are stored as train's are (centre-fitted at its size, as predict frames
+    # every image), else they would be evaluated on views that predict never gives.
     with_train = {name: rows for name, rows in chosen.items() if rows.source == chosen["train"].source}
     splits = _materialize(source, with_train, labels, columns, data_args, target_size)
     size = splits["train"].image_size

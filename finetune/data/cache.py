@@ -73,8 +73,7 @@ def decoded_split(
     ]
     row_of = np.full(len(dataset), -1, dtype=np.int64)
     for mode, path in zip(decode_modes, paths):
-        # A native entry of images larger than `target_size` (cached for a larger model, or without one) is not what
-        # this run would decode: it stores them at `target_size`, whatever the cache holds.
+        # A native entry of images larger than `target_size` is not what this run would decode (at `target_size`).
         cached = _load_entry(path, where, target_size if mode == "native" else None)
         if cached is not None:
             pixels, meta = cached

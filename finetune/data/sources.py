@@ -57,8 +57,7 @@ class Source:
     """Raw splits before decoding: `datasets.Dataset`s with encoded images, or arrays that need no decoding."""
 
     description: str
-    # Identifies the content of every split, for the decoded cache.
-    fingerprint: str
+    fingerprint: str  # of the content of every split, for the decoded cache
     encoded: dict[str, datasets.Dataset] = field(default_factory=dict)
     decoded: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     label_names: list[str] | None = None

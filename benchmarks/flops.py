@@ -9,7 +9,7 @@
   practical ceiling a training step can approach.
 - `SPEC_PEAK_TFLOPS`: the spec sheets' dense bf16 rates of common GPUs, where the device's name is known.
 
-`achieved(row_images_per_second, flops_per_image, peak)` turns a throughput into TFLOP/s and a share of a peak.
+`achieved(images_per_second, flops_per_image, peak)` turns a throughput into TFLOP/s and a share of a peak.
 """
 
 import argparse

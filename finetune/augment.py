@@ -496,8 +496,9 @@ class BatchTransform(nn.Module):
 
     def augmented(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """The part of training's transform that models taught together share: uint8 `(B, C_in, h, w)` -> float
-        `(B, C_in, h', w')` in [0, 255], cropped, flipped and augmented at the stored resolution. MixUp/CutMix mix
-        them before `finish`, which is affine (mixing weights sum to 1): a teacher sees the student's images."""
+        `(B, C_in, h', w')` in [0, 255], cropped, flipped and augmented at the stored resolution (at `crop_size` with
+        `random_resized_crop`). MixUp/CutMix mix them before `finish`, whose resize, channel conversion and
+        normalisation are affine (mixing weights sum to 1): a teacher sees the student's images."""
         return self.augment(self.frame(self.checked(pixel_values))).float()
 
     def finish(self, x: torch.Tensor, train: bool) -> torch.Tensor:

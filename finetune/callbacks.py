@@ -276,7 +276,8 @@ class RunClock(TrainerCallback, ExportableState):
         return 0.0 if self.train_start is None else self.time_fn() - self.train_start
 
     def training_seconds(self) -> float:
-        """The training loop's seconds up to the last step (a resumed run's included), without evaluations."""
+        """The training loop's seconds up to the last step (a resumed run's included), without evaluations and
+        checkpoints."""
         if self._epoch_start is None:
             return self.train_seconds
         end = self._mark if self._mark is not None else self.time_fn()

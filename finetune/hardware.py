@@ -19,14 +19,15 @@ NATIVE_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 # oneDNN instruction-set caps (`ONEDNN_MAX_CPU_ISA`) below AVX512_CORE_BF16: with one set, oneDNN (PyTorch's CPU
 # bf16 matmuls) runs as on a CPU without native bf16, which is how benchmarks/precision.py emulates such a CPU.
 ONEDNN_ISAS_WITHOUT_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
-# bf16 autocast against float32 on a CPU without native bf16 (benchmarks/README.md, "Precision on CPUs without ...").
+# bf16 autocast against float32 on a CPU without native bf16
+# (benchmarks/README.md#precision-on-cpus-without-native-bf16).
 CPU_BF16_SLOWDOWN = "about 13x"
 # bf16 autocast must beat float32 by this much in `measure_cpu_bf16_speedup` for `bf16: auto` to take it on a CPU
 # with native bf16: a 2-core Intel Xeon with AVX512-BF16 (no AMX) ran the CPU recipe's step at 0.82x float32's speed,
 # where a 2-core AMD EPYC with it trains 1.5-1.7x faster in bf16 (benchmarks/README.md).
 CPU_BF16_MIN_SPEEDUP = 1.2
 # Largest attention head size for which SDPA's CPU kernel under bf16 is slower than the explicit path (2.5-3x at 12
-# and 16: benchmarks/README.md, "model_speed"). Head size 64 (ViT-B) keeps SDPA.
+# and 16: benchmarks/README.md#model-speed-scratchvit-against-transformers-vit). Head size 64 (ViT-B) keeps SDPA.
 SMALL_HEAD_SIZE = 32
 # Compute capability Triton (inductor's GPU code generator) needs.
 TRITON_MIN_CAPABILITY = (7, 0)

@@ -108,7 +108,8 @@ def build_model(
     return model, processor, prep
 
 
-# Model types with learned position embeddings of one square patch grid after the prefix tokens.
+# Model types with learned position embeddings of one square patch grid after the prefix tokens (a ScratchViT only
+# with `position_embedding_type: learned`).
 RESIZABLE_POSITION_EMBEDDINGS = ("vit", "deit", "vit_msn", "scratch_vit")
 
 
@@ -141,7 +142,8 @@ def check_input_size(model: PreTrainedModel, image_size: tuple[int, int], fix: s
 
 def resize_position_embeddings(model: PreTrainedModel, image_size: tuple[int, int]) -> None:
     """Fine-tuning at another resolution than the checkpoint's: a ViT, DeiT, ViT-MSN or ScratchViT gets its position
-    embeddings resized once by its own `interpolate_pos_encoding`, as timm does on loading, so its config,
+    embeddings resized once, by its own `interpolate_pos_encoding` (a ScratchViT by its embeddings'
+    `resize_position_embeddings`; one with sinusoidal positions is refused), as timm does on loading, so its config,
     `pipeline()`, ONNX export and the Hub take the new size natively."""
     if getattr(model.config, "model_type", None) not in RESIZABLE_POSITION_EMBEDDINGS:
         return  # e.g. Hiera (list sizes, unrolled token order) and Swin: other geometry, left as they are

@@ -1,20 +1,22 @@
 """The one place a training step is read: what happens to a batch after transformers' `Trainer` hands it over.
 
 Batches arrive on the training device as uint8 images at their stored resolution, with integer labels (multi-hot rows
-(B, K) for multi-label data). A training micro-batch then goes through `training_step` -> `compute_loss`:
+(B, K) for multi-label data). A training micro-batch then goes through `training_step` -> `compiler.run` (which
+reruns a failed compiled step eagerly) -> the Trainer's `training_step` -> `compute_loss`:
 
     batch_transform.augmented     uint8 (B, C, h, w) -> float pixels, augmented on the device (finetune/augment.py)
     mix                           MixUp/CutMix: images mixed, labels (B,) or (B, K) -> (B, K)     [mixup/cutmix_alpha]
-    batch_transform.finish        -> normalised (B, C, H, W) at the model's resolution (a teacher's: at its own)
+    batch_transform.finish        -> normalised (B, C, H, W) at the model's resolution (a teacher's images: its own
+                                  `teacher_transform.frame` and `.finish`, at its resolution)
     compiler.module_for           the compiled or the eager model (finetune/compile.py)            [torch_compile]
     classification_loss           cross-entropy with label smoothing (multi-label data: `multi_label_loss`, binary)
     distillation_loss             with a teacher: that, mixed with the loss on the teacher's logits    [distillation_*]
-    guard.observe_loss            a non-finite loss is flagged on the device (finetune/nonfinite.py)
 
-The Trainer then runs the backward pass and its callbacks (finetune/callbacks.py): the guard skips an update with bad
-gradients, the EMA follows the weights, the clock, the budget and the interrupt handler act at the step's end.
-Evaluation (`prediction_step`) uses the same transform without augmentation, with optional flip test-time
-augmentation. Nothing in a step waits for the device, so the host queues work ahead of a GPU.
+The Trainer runs the backward pass; then `guard.observe_loss` flags a non-finite loss on the device
+(finetune/nonfinite.py) and `clock.add_loss` sums it. Per optimizer step the callbacks (finetune/callbacks.py) act: the
+guard skips an update with bad gradients, the EMA follows the weights, the clock, the budget and the interrupt
+handler act at the step's end. Evaluation (`prediction_step`) uses the same transform without augmentation, with
+optional flip test-time augmentation. Nothing in a step waits for the device, so the host queues work ahead of a GPU.
 
 Private Trainer methods overridden, and why (pinned by tests/test_trainer_hooks.py, which fails the day transformers
 changes them):

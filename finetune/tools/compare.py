@@ -75,8 +75,9 @@ def data_differences(runs: Sequence[Results]) -> list[str]:
 
 
 def write_comparison(run_dirs: Sequence[str | os.PathLike], output_dir: str | os.PathLike) -> Path:
-    """Write `report.md`, `learning_curves.png`, a `confusion_matrix_<run>.png` per run and `comparison.json` (for the
-    model card) into `output_dir`; returns the report's path. Its paths are relative: the folder can be moved."""
+    """Write `report.md`, `learning_curves.png`, a `confusion_matrix_<run>.png` per run that has a confusion matrix,
+    and `comparison.json` (for the model card) into `output_dir`; returns the report's path. Its paths are relative:
+    the folder can be moved."""
     run_dirs = find_run_dirs(run_dirs)
     runs = [Results.load(d) for d in run_dirs]
     unscored = [str(d) for d, run in zip(run_dirs, runs) if run.validation is None]

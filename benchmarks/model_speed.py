@@ -22,6 +22,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 from transformers import ViTConfig, ViTForImageClassification
@@ -294,6 +295,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--output", help="also write the results as JSON to this file")
     args = parser.parse_args(argv)
+    if args.output:  # made now: found missing only after the measurement, it lost the results
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     if args.repeats is not None and args.repeats < 1:
         parser.error("--repeats must be >= 1")
     if args.batch_size is not None and args.batch_size < 1:

@@ -58,7 +58,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--output", default=None, help="Also write the results as JSON here.")
     parser.add_argument("--worker", choices=MODES, default=None, help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.output:  # made now: found missing only after the measurement, it lost the results
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    return args
 
 
 def generate_photos(root: Path, num_images: int, num_classes: int, seed: int = 0) -> None:

@@ -135,7 +135,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch_size", "--batch-size", type=int, default=None, help="Default: the config's.")
     parser.add_argument("--emulate_no_bf16", "--emulate-no-bf16", action="store_true", help=EMULATION_ENV.__repr__())
     parser.add_argument("--output", help="Also write the result as JSON to this file.")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.output:  # made now: found missing only after the measurement, it lost the results
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    return args
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -9,7 +9,7 @@ from benchmarks import model_speed
 
 @pytest.mark.slow
 def test_benchmark_times_both_models_in_pairs(tmp_path):
-    output = tmp_path / "speed.json"
+    output = tmp_path / "new" / "speed.json"  # a folder that does not exist yet: made before the measurement
     results = model_speed.main(
         ["--preset", "cifar", "--repeats", "3", "--steps", "1", "--threads", "1", "--output", str(output)]
     )

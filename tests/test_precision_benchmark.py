@@ -23,14 +23,14 @@ def test_as_shipped_follows_the_cpu(monkeypatch, capsys, native, tmp_path):
     monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda flags=None, max_isa=None: native)
     monkeypatch.setattr(hardware, "measure_cpu_bf16_speedup", lambda: 1.8)  # bf16 as fast as AMD EPYC's
     monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
-    result = precision.main([*TINY, "--output", str(tmp_path / "p.json")])
+    result = precision.main([*TINY, "--output", str(tmp_path / "new" / "p.json")])  # its folder made
     rows = {r["variant"]: r for r in result["rows"]}
     assert (rows["as shipped (auto)"]["bf16"], rows["as shipped (auto)"]["attention"]) == (
         (True, "eager") if native else (False, "sdpa")
     )
     assert (rows["bf16 forced"]["bf16"], rows["float32"]["bf16"]) == (True, False)
     assert rows["float32"]["ratio_to_float32"] == 1.0 and all(r["images_per_second"] > 0 for r in result["rows"])
-    assert "| as shipped (auto) |" in capsys.readouterr().out and (tmp_path / "p.json").is_file()
+    assert "| as shipped (auto) |" in capsys.readouterr().out and (tmp_path / "new" / "p.json").is_file()
 
 
 @pytest.mark.slow

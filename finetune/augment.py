@@ -526,13 +526,17 @@ def use_random_resized_crop(choice: str, stored_size: tuple[int, int], image_siz
     return choice == "true"
 
 
-def describe_augmentation(transform: BatchTransform, training: bool = True) -> str:
-    """One line naming `transform`'s training augmentation (where the run trains) and evaluation's resize."""
+def describe_augmentation(
+    transform: BatchTransform, training: bool = True, mixup_alpha=0.0, cutmix_alpha=0.0, flip_tta=False
+) -> str:
+    """One line naming `transform`'s training augmentation (where the run trains), the batches' MixUp/CutMix, and
+    evaluation's resize (and mirror-image average)."""
     size = "x".join(map(str, transform.image_size))
     if isinstance(transform.eval_resize, nn.Sequential):
         evaluation = "resize to {}x{}, center crop {}".format(*transform.eval_resize[0].size, size)
     else:
         evaluation = f"resize to {size}"
+    evaluation += ", logits averaged with the mirror image's (flip_tta)" if flip_tta else ""
     if not training:
         return f"Evaluation: {evaluation}."
     crop, flip, ops = transform.augment
@@ -547,4 +551,9 @@ def describe_augmentation(transform: BatchTransform, training: bool = True) -> s
         parts.append(f"{ops.num_ops} random op(s) per image (magnitude {ops.magnitude})")
     if isinstance(transform.erase, RandomErasing):
         parts.append(f"random erasing (p={transform.erase.p})")
+    mixes = [
+        f"{name} (alpha {alpha:g})" for name, alpha in (("MixUp", mixup_alpha), ("CutMix", cutmix_alpha)) if alpha
+    ]
+    if mixes:
+        parts.append(" or ".join(mixes) + (" per batch" if len(mixes) == 2 else " of each batch"))
     return f"Training augmentation: {', '.join(parts)}; evaluation: {evaluation}."

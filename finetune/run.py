@@ -597,7 +597,8 @@ def make_trainer(
     batch_transform = BatchTransform.for_model(
         prep, data.num_channels, random_resized_crop=crop, crop_size=crop_size, **augmentation
     )
-    logger.info(describe_augmentation(batch_transform, training=args.do_train))
+    mixing = {"mixup_alpha": args.mixup_alpha, "cutmix_alpha": args.cutmix_alpha, "flip_tta": bool(args.flip_tta)}
+    logger.info(describe_augmentation(batch_transform, args.do_train, **mixing))
     weighted = args.class_weighting == "balanced" and args.do_train
     class_weights = balanced_class_weights(data.train.labels, data.label_names) if weighted else None
     if teacher is not None:

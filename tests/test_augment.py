@@ -448,6 +448,8 @@ def test_random_resized_crop_in_the_batch_transform_outputs_the_model_size():
     assert "RandomResizedCrop(scale=(0.5, 1.0)" in describe_augmentation(transform)
     pad_crop = BatchTransform(16, MEAN, STD, 3, 3)
     assert "random crop with 4 px padding" in describe_augmentation(pad_crop)
+    mixed = describe_augmentation(pad_crop, mixup_alpha=0.8, flip_tta=True)
+    assert "padding, horizontal flip, MixUp (alpha 0.8) of each batch; evaluation: resize to 16x16, logits " in mixed
 
 
 def test_random_resized_crop_is_chosen_for_photos_only():

@@ -6,6 +6,7 @@ the one-line errors of bad labels."""
 import csv
 import json
 import logging
+import logging.handlers
 import shutil
 import warnings
 from pathlib import Path
@@ -74,8 +75,17 @@ def trained(tmp_path_factory):
     tagged(data / "train.parquet", 0, 600)
     tagged(data / "test.parquet", 600, 800)
     out = tmp_path_factory.mktemp("run") / "run"
-    results = run.main([*run_args(str(data), out), "--mixup_alpha", "0.2", "--cutmix_alpha", "1.0"])["scratch"]
+    logged = logging.handlers.BufferingHandler(capacity=10_000)
+    logging.getLogger("finetune").addHandler(logged)
+    try:
+        results = run.main([*run_args(str(data), out), "--mixup_alpha", "0.2", "--cutmix_alpha", "1.0"])["scratch"]
+    finally:
+        logging.getLogger("finetune").removeHandler(logged)
+    LOGGED.extend(record.getMessage() for record in logged.buffer)
     return results, out, data
+
+
+LOGGED: list[str] = []  # the lines the run in `trained` logged
 
 
 def test_a_multi_label_run_learns_the_tags_and_saves_its_thresholds(trained):
@@ -84,6 +94,8 @@ def test_a_multi_label_run_learns_the_tags_and_saves_its_thresholds(trained):
     assert saved["multi_label"] is True and saved["label_names"] == ["big", "even", "round"]
     assert json.loads((out / "config.json").read_text())["problem_type"] == "multi_label_classification"
     assert saved["hyperparameters"]["mixup_alpha"] == 0.2 and saved["hyperparameters"]["cutmix_alpha"] == 1.0
+    [augmentation] = [line for line in LOGGED if line.startswith("Training augmentation")]
+    assert "MixUp (alpha 0.2) or CutMix (alpha 1) per batch" in augmentation, augmentation
     # Chance mAP is each tag's share of the test images (a constant score ranks nothing): about 0.47 here.
     chance = np.mean([n / 200 for n in saved["per_class_support"].values()])
     assert saved["test"]["map"] > chance + 0.15, (saved["test"], chance)

@@ -42,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 from finetune.arguments import DataArguments  # noqa: E402
 from finetune.augment import BatchTransform  # noqa: E402
 from finetune.data import collate_batch, load_image_data  # noqa: E402
+from finetune.locations import make_folder  # noqa: E402
 
 
 EPOCH_IMAGES = 50_000
@@ -92,7 +93,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--output", default=None, help="Also write the results as JSON here.")
     args = parser.parse_args(argv)
     if args.output:  # made now: found missing only after the measurement, it lost the results
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        make_folder(Path(args.output).parent)
     return args
 
 

@@ -28,6 +28,7 @@ import torch
 from transformers import ViTConfig, ViTForImageClassification
 
 from finetune.compile import synchronize
+from finetune.locations import make_folder
 from scratch_vit import ScratchViTConfig, ScratchViTForImageClassification
 
 
@@ -296,7 +297,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--output", help="also write the results as JSON to this file")
     args = parser.parse_args(argv)
     if args.output:  # made now: found missing only after the measurement, it lost the results
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        make_folder(Path(args.output).parent)
     if args.repeats is not None and args.repeats < 1:
         parser.error("--repeats must be >= 1")
     if args.batch_size is not None and args.batch_size < 1:

@@ -60,7 +60,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--worker", choices=MODES, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.output:  # made now: found missing only after the measurement, it lost the results
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        from finetune.locations import make_folder
+
+        make_folder(Path(args.output).parent)
     return args
 
 

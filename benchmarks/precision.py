@@ -33,6 +33,7 @@ from model_speed import make_step, time_steps  # noqa: E402
 
 from finetune import hardware  # noqa: E402
 from finetune.arguments import parse_args, scratch_config_kwargs  # noqa: E402
+from finetune.locations import make_folder  # noqa: E402
 from finetune.models import attention_head_size  # noqa: E402
 from finetune.run import choose_attention  # noqa: E402
 from finetune.tools.report import format_number, markdown_table  # noqa: E402
@@ -137,7 +138,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--output", help="Also write the result as JSON to this file.")
     args = parser.parse_args(argv)
     if args.output:  # made now: found missing only after the measurement, it lost the results
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        make_folder(Path(args.output).parent)
     return args
 
 

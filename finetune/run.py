@@ -38,7 +38,14 @@ from transformers.dynamic_module_utils import custom_object_save  # noqa: E402
 from transformers.trainer import TRAINER_STATE_NAME  # noqa: E402
 
 from finetune import hardware  # noqa: E402
-from finetune.arguments import DataArguments, ModelArguments, is_set, parse_options, scratch_config_kwargs  # noqa: E402
+from finetune.arguments import (  # noqa: E402
+    DataArguments,
+    ModelArguments,
+    is_set,
+    parse_options,
+    scratch_config_kwargs,
+    stated_options,
+)
 from finetune.augment import BatchTransform, CenterShare, describe_augmentation, use_random_resized_crop  # noqa: E402
 from finetune.callbacks import saved_options, total_batch_size  # noqa: E402
 from finetune.checkpoints import (  # noqa: E402
@@ -106,10 +113,11 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
         check_outside_the_data(data_args, training_args.output_dir)
         check_optimizer(training_args)
         setup_logging(training_args, settings)
+        stated = stated_options(sys.argv[1:] if argv is None else argv)
         if model_args.model_type == "pretrained" or not training_args.do_train:
-            warn_of_scratch_options(scratch_args, training_args.do_train)
+            warn_of_scratch_options(scratch_args, training_args.do_train, stated)
         elif model_args.model_type == "scratch":
-            warn_of_pretrained_options(model_args)
+            warn_of_pretrained_options(model_args, stated)
 
         # Publishing is done once, at the end, by our own code: the Trainer would create the repo at start-up (failing
         # offline before any training) and push every checkpoint. The token is kept out of every saved file.
@@ -195,9 +203,9 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
         return results
 
 
-def warn_of_scratch_options(scratch_args, do_train: bool) -> None:
-    """Warn of ScratchViT options a pretrained or evaluated model ignores (`drop_path_rate` it takes too)."""
-    ignored = [f"--{name}" for name in scratch_config_kwargs(scratch_args) if name != "drop_path_rate"]
+def warn_of_scratch_options(scratch_args, do_train: bool, stated: set[str]) -> None:
+    """Warn of ScratchViT options `stated` that a pretrained or evaluated model ignores (`drop_path_rate` it takes)."""
+    ignored = [f"--{name}" for name in scratch_config_kwargs(scratch_args) if name in stated - {"drop_path_rate"}]
     if ignored:
         by, fix = ("`model_type: pretrained`", ", or train a ScratchViT with `model_type: scratch` (or `both`)")
         by, fix = (by, fix) if do_train else ("`do_train: false`", "")
@@ -230,9 +238,10 @@ def warn_of_training_options(*options) -> None:
         )
 
 
-def warn_of_pretrained_options(model_args: ModelArguments) -> None:
-    """Warn of pretrained-model options `model_type: scratch` ignores (a run's folder meant to train on, say)."""
-    ignored = [f"--{name}" for name in ("model_name_or_path", "image_processor_name") if is_set(model_args, name)]
+def warn_of_pretrained_options(model_args: ModelArguments, stated: set[str]) -> None:
+    """Warn of pretrained-model options `stated` that `model_type: scratch` ignores (a run's folder to train on)."""
+    names = [name for name in ("model_name_or_path", "image_processor_name") if name in stated]
+    ignored = [f"--{name}" for name in names if is_set(model_args, name)]
     if ignored:
         logger.warning(
             f"{', '.join(ignored)}: ignored by `model_type: scratch`, which trains a new ScratchViT from random "

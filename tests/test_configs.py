@@ -257,3 +257,23 @@ def test_a_config_that_sets_a_key_twice_or_is_no_yaml_map_of_options_is_named(tm
         load_yaml_config(tmp_path)
     for config in sorted(Path(__file__).resolve().parents[1].glob("configs/*.yaml")):  # the shipped ones hold none
         load_yaml_config(config)
+
+
+def test_options_a_base_config_sets_are_not_named_as_ignored(tmp_path, caplog):
+    """A ScratchViT config on a `model_type: both` base (configs/quickstart_distilled.yaml) inherits the base's
+    `model_name_or_path`, which it cannot drop: only options the config or command line state are named as ignored."""
+    _write(
+        tmp_path / "base.yaml", TINY_RUN.replace("model_type: scratch", "model_type: both") + "model_name_or_path: m\n"
+    )
+    config = _write(tmp_path / "c.yaml", "base: base.yaml\nmodel_type: scratch\nmax_steps: 1\n")
+    run.main(["--config", str(config), "--output_dir", str(tmp_path / "out")])
+    assert "ignored by `model_type: scratch`" not in caplog.text
+    _write(tmp_path / "c.yaml", "base: base.yaml\nmodel_type: scratch\nmax_steps: 1\nmodel_name_or_path: m\n")
+    run.main(["--config", str(config), "--output_dir", str(tmp_path / "out"), "--overwrite_output_dir"])
+    assert "--model_name_or_path: ignored by `model_type: scratch`" in caplog.text
+    caplog.clear()  # and a pretrained config on it: the base's ScratchViT options are the base's
+    _write(tmp_path / "c.yaml", "base: base.yaml\nmodel_type: pretrained\n")
+    for argv in (["--config", str(config)], ["--config", str(config), "--image_size", "8"]):
+        run.warn_of_scratch_options(parse_args(argv)[2], True, run.stated_options(argv))
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert warning.startswith("--image_size: ScratchViT options, ignored by `model_type: pretrained`")

@@ -59,7 +59,7 @@ def choose_rows(
         train_index, validation_index = stratified_split(by, data_args.validation_size, seed)
         train, validation = train.select(train_index), train.select(validation_index)
         kind = "random" if multi_label else "stratified"
-        how = f"held out from train: validation_size={data_args.validation_size}, {kind}, seed {seed}"
+        how = f"held out from train: validation_size={data_args.validation_size:g}, {kind}, seed {seed}"
     chosen = {
         "train": _subsample(train, data_args.max_train_samples, seed, salt=1),
         "validation": _subsample(validation, data_args.max_eval_samples, seed, salt=2),
@@ -108,7 +108,7 @@ def stratified_split(labels: np.ndarray, validation_size: float, seed: int) -> t
     n_validation = int(round(validation_size * n)) if validation_size < 1 else int(validation_size)
     if not 1 <= n_validation < n:
         raise ValueError(
-            f"`validation_size`={validation_size} would hold out {n_validation} of the {n} training images; "
+            f"`validation_size`={validation_size:g} would hold out {n_validation} of the {n} training images; "
             "it must leave at least one image on each side."
         )
     rng = np.random.default_rng(seed)

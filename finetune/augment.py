@@ -539,6 +539,11 @@ def describe_augmentation(
     evaluation += ", logits averaged with the mirror image's (flip_tta)" if flip_tta else ""
     if not training:
         return f"Evaluation: {evaluation}."
+    return f"Training augmentation: {training_recipe(transform, mixup_alpha, cutmix_alpha)}; evaluation: {evaluation}."
+
+
+def training_recipe(transform: BatchTransform, mixup_alpha=0.0, cutmix_alpha=0.0) -> str:
+    """The augmentation `transform` and MixUp/CutMix apply in training, as applied (a crop `auto` chose, say)."""
     crop, flip, ops = transform.augment
     if isinstance(crop, RandomResizedCrop):
         parts = [f"RandomResizedCrop(scale={crop.scale}, ratio=({crop.ratio[0]:.3g}, {crop.ratio[1]:.3g}))"]
@@ -556,4 +561,4 @@ def describe_augmentation(
     ]
     if mixes:
         parts.append(" or ".join(mixes) + (" per batch" if len(mixes) == 2 else " of each batch"))
-    return f"Training augmentation: {', '.join(parts)}; evaluation: {evaluation}."
+    return ", ".join(parts)

@@ -46,7 +46,13 @@ from finetune.arguments import (  # noqa: E402
     scratch_config_kwargs,
     stated_options,
 )
-from finetune.augment import BatchTransform, CenterShare, describe_augmentation, use_random_resized_crop  # noqa: E402
+from finetune.augment import (  # noqa: E402
+    BatchTransform,
+    CenterShare,
+    describe_augmentation,
+    training_recipe,
+    use_random_resized_crop,
+)
 from finetune.callbacks import saved_options, total_batch_size  # noqa: E402
 from finetune.checkpoints import (  # noqa: E402
     FINISHED,
@@ -477,6 +483,7 @@ def train_and_evaluate(
         on_test = trainer.predict(data.test, metric_key_prefix="test") if data.test is not None else None
 
         chosen = {"attention_choice": attention_why, "torch_compile": trainer.compiler.summary()}
+        chosen["augmentation"] = training_recipe(trainer.batch_transform, args.mixup_alpha, args.cutmix_alpha)
         if data.validation_held_out:  # an evaluation holds out the same split: `check_held_out_as_trained`
             chosen["validation_size"] = data_args.validation_size
         results = Results(

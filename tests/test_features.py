@@ -92,7 +92,9 @@ def test_random_erasing_and_stochastic_depth_reach_the_run(tmp_path, caplog):
     assert "random erasing" in caplog.text
     assert json.loads((out / "config.json").read_text())["drop_path_rate"] == 0.2
     # Recorded with the results, and in the card's architecture with the rest of the config (`qk_norm` was not).
-    assert json.loads((out / "results.json").read_text())["hyperparameters"]["drop_path_rate"] == 0.2
+    recorded = json.loads((out / "results.json").read_text())["hyperparameters"]
+    assert recorded["drop_path_rate"] == 0.2
+    assert recorded["augmentation"] == "random crop with 4 px padding, no flip, random erasing (p=0.25)"
     card = build_model_card(out, str(out)).text
     assert "| `drop_path_rate` | 0.2 |" in card and "| `qk_norm` | False |" in card
     with pytest.raises(ValueError, match="`random_erasing` must be a probability"):

@@ -940,6 +940,7 @@ OPTIONAL_SETTINGS = ("max_train_minutes", "budget_schedule", "ema_decay", "mixup
 DISTILLATION_SETTINGS = (
     "teacher_model_name_or_path", "distillation_type", "distillation_alpha", "distillation_temperature"
 )  # fmt: skip
+ADAM_SETTINGS = ("adam_beta1", "adam_beta2", "adam_epsilon")
 OFF = (None, False, 0, "none")
 
 
@@ -956,6 +957,9 @@ def hyperparameters(args, settings: hardware.Settings, model, model_type: str, m
         "lr_scheduler_type": args.lr_scheduler_type.value,
         "warmup_steps": args.warmup_steps,
         "weight_decay": args.weight_decay,
+        **{name: getattr(args, name) for name in ADAM_SETTINGS if "adam" in args.optim.value},
+        "max_grad_norm": args.max_grad_norm,
+        **{name: getattr(args, name) for name in ("optim_args", "lr_scheduler_kwargs") if getattr(args, name)},
         "label_smoothing_factor": args.label_smoothing_factor,
         "seed": args.seed,
         **({"data_seed": args.data_seed} if args.data_seed is not None else {}),  # 0 too

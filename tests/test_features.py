@@ -94,6 +94,7 @@ def test_random_erasing_and_stochastic_depth_reach_the_run(tmp_path, caplog):
     # Recorded with the results, and in the card's architecture with the rest of the config (`qk_norm` was not).
     recorded = json.loads((out / "results.json").read_text())["hyperparameters"]
     assert recorded["drop_path_rate"] == 0.2
+    assert (recorded["adam_beta2"], recorded["max_grad_norm"]) == (0.999, 1.0)  # and the optimizer's settings
     assert recorded["augmentation"] == "random crop with 4 px padding, no flip, random erasing (p=0.25)"
     card = build_model_card(out, str(out)).text
     assert "| `drop_path_rate` | 0.2 |" in card and "| `qk_norm` | False |" in card

@@ -16,7 +16,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import torch  # noqa: E402
 
 from finetune import run  # noqa: E402
 from finetune.compile import synchronize  # noqa: E402
@@ -35,25 +34,10 @@ class DataTimedTrainer(ImageClassificationTrainer):
         self.every = 1 if self.args.device.type == "cpu" else GPU_INTERVAL
         self.first_seconds, self.first_steps, self.sampled_seconds, self.sampled_steps = 0.0, 0, 0.0, 0
         self.timing, self.epoch_iterator = None, None
-        transform, trainer = self.batch_transform, self
-
-        class TimedTransform(torch.nn.Module):
-            """The batch transform, its training parts (`augmented`, `finish`) timed on the sampled steps."""
-
-            def __init__(self):
-                super().__init__()
-                self.inner = transform
-
-            def forward(self, pixel_values, train=False):
-                return self.inner(pixel_values, train=train)
-
-            def augmented(self, pixel_values):
-                return trainer.timed(self.inner.augmented, pixel_values)
-
-            def finish(self, x, train):
-                return trainer.timed(self.inner.finish, x, train) if train else self.inner.finish(x, train)
-
-        self.batch_transform = TimedTransform()
+        # The batch transform's training parts timed on the sampled steps, in place: run.py reads what it applies.
+        augmented, finish = self.batch_transform.augmented, self.batch_transform.finish
+        self.batch_transform.augmented = lambda pixel_values: self.timed(augmented, pixel_values)
+        self.batch_transform.finish = lambda x, train: self.timed(finish, x, train) if train else finish(x, train)
 
     def timed(self, function, *args):
         """`function(*args)`, its time added to the data path's on a timed step."""

@@ -40,8 +40,8 @@ def variants(base_batch: int, base_rate: float, factor: int, rates) -> list[swee
 
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dataset_name", default="../shared/data/cifar10-jpeg/train.parquet")
-    parser.add_argument("--output", default="benchmarks/results/batch_scaling")
+    parser.add_argument("--dataset_name", default=sweep.from_here("../shared/data/cifar10-jpeg/train.parquet"))
+    parser.add_argument("--output", default=sweep.from_here("benchmarks/results/batch_scaling"))
     parser.add_argument("--work_dir", default=str(finetune_methods.CIFAR10_OUTPUT), help="Where the source is made.")
     parser.add_argument("--base_batch", type=int, default=BASE_BATCH)
     parser.add_argument("--base_rate", type=float, default=BASE_RATE)
@@ -51,7 +51,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--source_epochs", type=float, default=12)
     args, shared = parser.parse_known_args(argv)
     output = Path(args.output)
-    output = output if output.is_absolute() else ROOT / output
     output.mkdir(parents=True, exist_ok=True)
     work = Path(args.work_dir)
     finetune_methods.ensure_cifar10_source(args.dataset_name, args.source_epochs, work, shared)

@@ -393,14 +393,14 @@ def notebook_part(suite: Suite, data: str, output: Path, sizes: dict) -> None:
         model_flops = flops.training_flops_per_image(ViTForImageClassification(config), config.image_size)
         for config_path in NOTEBOOK_CONFIGS:
             run_dir = output / "notebook_job" / "runs" / Path(config_path).stem
-            argv = ["--config", config_path, "--model_name_or_path", checkpoint, "--dataset_name", data]
-            argv += sizes["notebook_overrides"]
+            argv = ["--config", sweep.from_here(config_path), "--model_name_or_path", checkpoint]
+            argv += ["--dataset_name", data, *sizes["notebook_overrides"]]
             suite.attempt("notebook_job", {"config": config_path}, measure_run, argv, run_dir, model_flops)
 
 
 def measure_run(argv: list[str], run_dir: Path, training_flops_per_image: float) -> dict:
     """`python -m finetune.run ARGV` into `run_dir`, in its own process; its results.json's training figures."""
-    command = [sys.executable, "benchmarks/timed_run.py", *argv, "--output_dir", str(run_dir)]
+    command = [sys.executable, sweep.from_here("benchmarks/timed_run.py"), *argv, "--output_dir", str(run_dir)]
     command += ["--overwrite_output_dir", "true", "--report_to", "none"]
     log = run_dir.parent / f"{run_dir.name}.log"
     status = sweep.train(command, log)
@@ -421,7 +421,7 @@ def measure_run(argv: list[str], run_dir: Path, training_flops_per_image: float)
 
 def recipe_part(suite: Suite, data: str, output: Path, sizes: dict) -> None:
     """The scratch GPU recipe for its budget, through `benchmarks/train_budget.py`."""
-    argv = ["--config", "configs/cifar10_scratch_gpu.yaml", "--minutes", str(sizes["recipe_minutes"])]
+    argv = ["--config", sweep.from_here("configs/cifar10_scratch_gpu.yaml"), "--minutes", str(sizes["recipe_minutes"])]
     argv += ["--output", str(output / "scratch_recipe"), "--dataset_name", data, "--validation_size", "5000"]
     label = {"budget_minutes": sizes["recipe_minutes"]}
     suite.attempt("scratch_recipe", label, measure_recipe, argv + sizes["recipe_overrides"])

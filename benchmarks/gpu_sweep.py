@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import sweep  # noqa: E402
 
 
-CONFIG = "configs/cifar10_scratch_gpu.yaml"
+CONFIG = ROOT / "configs" / "cifar10_scratch_gpu.yaml"
 # What each variant changes in the recipe; `as_shipped` is the recipe itself.
 VARIANTS = {
     "as_shipped": [],
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
     parallel = args.parallel or len(variants)
-    rows = sweep.run_variants(CONFIG, variants, output, common, args.minutes, parallel)
+    rows = sweep.run_variants(sweep.from_here(CONFIG), variants, output, common, args.minutes, parallel)
     title = f"Scratch GPU recipe: {len(variants)} variants side by side, {args.minutes:g} minutes each"
     print(sweep.write_report(output, rows, title))
     return rows

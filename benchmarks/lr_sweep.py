@@ -55,8 +55,8 @@ LEARNING_RATES = ("1e-3", "3e-3", "1e-2", "3e-2", "1e-1")
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dataset_name", default="../shared/data/cifar10-jpeg/train.parquet")
-    parser.add_argument("--output", default="benchmarks/results/lr_sweep")
+    parser.add_argument("--dataset_name", default=sweep.from_here("../shared/data/cifar10-jpeg/train.parquet"))
+    parser.add_argument("--output", default=sweep.from_here("benchmarks/results/lr_sweep"))
     parser.add_argument("--validation_size", type=int, default=5000, help="Training images held out (seeded 42).")
     parser.add_argument("--decoded_cache_dir", default=None, help="As finetune.run's (default: under HF_HOME).")
     parser.add_argument("--learning_rates", nargs="+", default=list(LEARNING_RATES))
@@ -149,7 +149,6 @@ def plot(rows: dict[str, dict[str, dict]], variants: list[str], learning_rates: 
 def main(argv: list[str] | None = None) -> dict:
     args, shared = parse_args(argv)
     output = Path(args.output)
-    output = output if output.is_absolute() else ROOT / output
     output.mkdir(parents=True, exist_ok=True)
     schedule = ["--max_steps", str(args.max_steps), "--warmup_steps", str(args.warmup_steps)]
     schedule += ["--eval_steps", str(args.max_steps), "--save_steps", str(args.max_steps)]
@@ -165,7 +164,9 @@ def main(argv: list[str] | None = None) -> dict:
     if args.report_only:
         found = [sweep.collect(output / "runs" / v.name) for v in variants if (output / "runs" / v.name).is_dir()]
     else:
-        found = sweep.run_variants("configs/cifar10_scratch.yaml", variants, output, common, parallel=args.parallel)
+        found = sweep.run_variants(
+            sweep.from_here("configs/cifar10_scratch.yaml"), variants, output, common, parallel=args.parallel
+        )
     sweep.write_report(output, found, "Learning-rate sweep: the runs")
     from finetune.arguments import DataArguments
     from finetune.data import load_image_data

@@ -47,13 +47,18 @@ class Variant:
         return cls(name, shlex.split(args))
 
 
+def from_here(path: str | Path) -> str:
+    """A file of the repository (`configs/x.yaml`) as named from the current folder, where the runs start: a user's
+    relative paths (`--output`, `--dataset_name`, ...) then mean what they meant where the command was typed."""
+    return os.path.relpath(ROOT / path)
+
+
 def command_of(
     config: str | None, variant: Variant, shared: list[str], output: Path, minutes: float | None
 ) -> list[str]:
     run_dir = output / "runs" / variant.name
-    command = [sys.executable, "benchmarks/timed_run.py", *(["--config", config] if config else []), *shared]
-    command += variant.args
-    command += ["--output_dir", os.path.relpath(run_dir, ROOT), "--overwrite_output_dir", "true"]
+    command = [sys.executable, from_here("benchmarks/timed_run.py"), *(["--config", config] if config else [])]
+    command += [*shared, *variant.args, "--output_dir", os.path.relpath(run_dir), "--overwrite_output_dir", "true"]
     return command + (["--max_train_minutes", str(minutes)] if minutes else [])
 
 
@@ -62,8 +67,8 @@ def train(command: list[str], log: Path) -> int:
     run_dir = log.parent / log.stem
     run_dir.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as out:
-        status = subprocess.run(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT).returncode
-    # Recorded as typed from the repository root: no interpreter path.
+        status = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT).returncode
+    # Recorded as typed in the folder the sweep ran in: no interpreter path.
     (run_dir / "command.txt").write_text(shlex.join(["python", *command[1:]]) + "\n")
     (run_dir / "exit_status.txt").write_text(f"{status}\n")
     return status
@@ -191,7 +196,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="The YAML config every variant starts from.")
     parser.add_argument("--variant", action="append", default=[], help="`NAME` or `NAME=--key value ...` (repeat).")
-    parser.add_argument("--output", default="benchmarks/results/sweep", help="Folder for runs and reports.")
+    parser.add_argument("--output", default=from_here("benchmarks/results/sweep"), help="Folder for runs and reports.")
     parser.add_argument("--minutes", type=float, help="Wall-clock training budget of each run.")
     parser.add_argument("--parallel", type=int, default=1, help="Runs at once.")
     parser.add_argument("--report_only", "--report-only", action="store_true", help="Only rewrite the report.")
@@ -206,7 +211,6 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
 def main(argv: list[str] | None = None) -> list[dict]:
     args, shared = parse_args(argv)
     output = Path(args.output)
-    output = output if output.is_absolute() else ROOT / output
     output.mkdir(parents=True, exist_ok=True)
     if args.report_only:
         rows = [collect(d) for d in sorted(p for p in (output / "runs").iterdir() if p.is_dir())]

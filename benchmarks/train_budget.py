@@ -52,7 +52,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", action="append", default=[], help="A YAML config of finetune/run.py (repeatable).")
     parser.add_argument("--minutes", type=float, help="Wall-clock training budget of each run, in minutes.")
-    parser.add_argument("--output", default="benchmarks/results/train_budget", help="Folder for runs and reports.")
+    parser.add_argument(
+        "--output",
+        default=os.path.relpath(ROOT / "benchmarks/results/train_budget"),
+        help="Folder for runs and reports.",
+    )
     parser.add_argument(
         "--report_only", "--report-only", action="store_true", help="Only (re)write the report from OUTPUT's runs."
     )
@@ -78,22 +82,23 @@ def run_name(config: str, suffix: str = "") -> str:
 def train(config: str, minutes: float, output: Path, overrides: list[str], suffix: str = "") -> list[str]:
     """Train one config in its own process; returns the exact command."""
     run_dir = output / "runs" / run_name(config, suffix)
+    # Started in the current folder, so that the user's relative paths (`--dataset_name data/x.parquet`) hold.
     command = [
         sys.executable,
-        "benchmarks/timed_run.py",
+        os.path.relpath(ROOT / "benchmarks" / "timed_run.py"),
         "--config",
         config,
         "--max_train_minutes",
         str(minutes),
         "--output_dir",
-        os.path.relpath(run_dir, ROOT),
+        os.path.relpath(run_dir),
         "--overwrite_output_dir",
         "true",
         *overrides,
     ]
     logger.info(f"Training {config} for {minutes} min: {shlex.join(command)}")
-    subprocess.run(command, cwd=ROOT, check=True)
-    # Recorded as typed from the repository root: no interpreter path, no absolute paths of this machine.
+    subprocess.run(command, check=True)
+    # Recorded as typed in the folder the benchmark ran in: no interpreter path, no absolute paths of this machine.
     typed = shlex.join(["python", *command[1:]])
     (run_dir / "command.txt").write_text(typed + "\n")
     return command
@@ -203,7 +208,6 @@ def main(argv: list[str] | None = None) -> str:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s - %(name)s - %(message)s")
     args, overrides = parse_args(argv)
     output = Path(args.output)
-    output = output if output.is_absolute() else ROOT / output
     output.mkdir(parents=True, exist_ok=True)
     if not args.report_only:
         for config in args.config:

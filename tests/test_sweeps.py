@@ -2,6 +2,7 @@
 diverge, and the tables that report it."""
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -19,6 +20,18 @@ from test_gpu_suite import small_cifar_parquet  # noqa: E402
 
 # ViT's patch projection (no BatchNorm to hold activations in range) goes non-finite at once at this rate.
 ABSURD = "--learning_rate 1e6 --patch_embedding_type linear --max_nonfinite_steps 2"
+# A run of a few seconds: 2 steps of a one-layer ScratchViT at 8 px, its data left to the command line.
+TINY_CONFIG = (
+    "model_type: scratch\nimage_size: 8\npatch_size: 4\nhidden_size: 16\nnum_hidden_layers: 1\n"
+    "num_attention_heads: 2\nintermediate_size: 32\nvalidation_size: 16\nmax_steps: 2\n"
+    "per_device_train_batch_size: 8\ndecoded_cache_dir: none\nreport_to: none\n"
+)
+
+
+def benchmark(script: str, *argv: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`python benchmarks/SCRIPT ARGV` typed in `cwd`."""
+    command = [sys.executable, str(ROOT / "benchmarks" / script), *argv]
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=600)
 
 
 def test_variant_parsing():
@@ -28,6 +41,21 @@ def test_variant_parsing():
     )
     with pytest.raises(ValueError, match="NAME=--key value"):
         sweep.Variant.parse("=--learning_rate 1")
+
+
+def test_a_sweep_typed_in_another_folder_reads_and_writes_there(tmp_path):
+    """Relative paths mean what they mean where the command is typed, the runs' own options included."""
+    small_cifar_parquet(tmp_path / "data.parquet", n=48)
+    (tmp_path / "tiny.yaml").write_text(TINY_CONFIG)
+    done = benchmark(
+        "sweep.py", "--config", "tiny.yaml", "--variant", "a", "--output", "out", "--dataset_name", "data.parquet",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    [row] = json.loads((tmp_path / "out" / "sweep.json").read_text())
+    assert row["status"] == "finished", row["error"]
+    assert (tmp_path / "out" / "runs" / "a" / "results.json").is_file()
+    assert "--config tiny.yaml --dataset_name data.parquet --output_dir out/runs/a" in row["command"]
 
 
 @pytest.mark.slow

@@ -22,6 +22,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import finetune_methods  # noqa: E402
 import sweep  # noqa: E402
 
+from finetune.errors import run_command  # noqa: E402
+from finetune.locations import make_folder  # noqa: E402
+
 
 BASE_BATCH, BASE_RATE, FACTOR = 32, 5e-4, 16
 RATES = (5e-4, 1e-3, 2e-3, 4e-3, 8e-3)
@@ -50,8 +53,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--num_train_epochs", type=float, default=3)
     parser.add_argument("--source_epochs", type=float, default=12)
     args, shared = parser.parse_known_args(argv)
-    output = Path(args.output)
-    output.mkdir(parents=True, exist_ok=True)
+    output = make_folder(args.output)
     work = Path(args.work_dir)
     finetune_methods.ensure_cifar10_source(args.dataset_name, args.source_epochs, work, shared)
     # The `full` method's run, its learning rate, batch and output folder left to the variants.
@@ -66,8 +68,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         f"{args.num_train_epochs:g} epochs"
     )
     print(sweep.write_report(output, rows, title))
+    sweep.check_finished(rows, output)
     return rows
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_command(main))

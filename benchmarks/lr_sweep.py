@@ -32,6 +32,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import sweep  # noqa: E402
 import torch  # noqa: E402
 
+from finetune.errors import run_command  # noqa: E402
+from finetune.locations import make_folder  # noqa: E402
 from finetune.tools.report import MISSING, format_number, format_percent, markdown_table  # noqa: E402
 
 
@@ -148,8 +150,7 @@ def plot(rows: dict[str, dict[str, dict]], variants: list[str], learning_rates: 
 
 def main(argv: list[str] | None = None) -> dict:
     args, shared = parse_args(argv)
-    output = Path(args.output)
-    output.mkdir(parents=True, exist_ok=True)
+    output = Path(args.output) if args.report_only else make_folder(args.output)  # a report of nothing makes nothing
     schedule = ["--max_steps", str(args.max_steps), "--warmup_steps", str(args.warmup_steps)]
     schedule += ["--eval_steps", str(args.max_steps), "--save_steps", str(args.max_steps)]
     data_settings = ["--dataset_name", args.dataset_name, "--validation_size", str(args.validation_size)]
@@ -163,18 +164,23 @@ def main(argv: list[str] | None = None) -> dict:
     ]
     if args.report_only:
         found = [sweep.collect(output / "runs" / v.name) for v in variants if (output / "runs" / v.name).is_dir()]
-    else:
-        found = sweep.run_variants(
-            sweep.from_here("configs/cifar10_scratch.yaml"), variants, output, common, parallel=args.parallel
-        )
-    sweep.write_report(output, found, "Learning-rate sweep: the runs")
+        if not found:
+            raise FileNotFoundError(
+                f"No runs of these variants and learning rates in {output / 'runs'}. Fix: run them first: `python "
+                f"benchmarks/lr_sweep.py --output {output}` with the same --variants and --learning_rates."
+            )
     from finetune.arguments import DataArguments
     from finetune.data import load_image_data
 
-    # The validation split of the runs (seed 42, as configs/cifar10_scratch.yaml).
+    # The validation split of the runs (seed 42, as configs/cifar10_scratch.yaml), loaded before them: a dataset that
+    # cannot be read stops the sweep at once instead of failing every run.
     cache = {"decoded_cache_dir": args.decoded_cache_dir} if args.decoded_cache_dir else {}
     data_args = DataArguments(dataset_name=args.dataset_name, validation_size=args.validation_size, **cache)
     data = load_image_data(data_args, seed=42, target_size=32)
+    if not args.report_only:
+        config = sweep.from_here("configs/cifar10_scratch.yaml")
+        found = sweep.run_variants(config, variants, output, common, parallel=args.parallel)
+    sweep.write_report(output, found, "Learning-rate sweep: the runs")
     rows: dict[str, dict[str, dict]] = {v: {} for v in args.variants}
     for row in found:
         variant, _, lr = row["name"].rpartition("_lr")
@@ -194,8 +200,10 @@ def main(argv: list[str] | None = None) -> dict:
     (output / "lr_sweep.json").write_text(json.dumps(rows, indent=2) + "\n")
     plot(rows, args.variants, args.learning_rates, output / "lr_sweep.png")
     print(text)
+    if not args.report_only:
+        sweep.check_finished(found, output)
     return rows
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_command(main))

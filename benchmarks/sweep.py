@@ -27,6 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from finetune.errors import run_command  # noqa: E402
+from finetune.locations import make_folder  # noqa: E402
 from finetune.results import Results  # noqa: E402
 from finetune.tools.report import MISSING, format_number, format_percent, markdown_table  # noqa: E402
 
@@ -94,6 +96,18 @@ def run_variants(
     return [collect(output / "runs" / name) for name in names]
 
 
+def check_finished(rows: list[dict], output: Path) -> None:
+    """Once the report is written: an error naming the first run that failed (a run that diverged is a finding)."""
+    failed = [r for r in rows if r["status"] == "failed"]
+    if failed:
+        first = failed[0]
+        raise RuntimeError(
+            f"{len(failed)} of {len(rows)} runs failed; {first['name']} ended with exit status {first['exit_status']}"
+            f"{': ' + first['error'] if first['error'] else ''} (its log: {output / 'runs' / first['name']}.log; "
+            f"every run's row: {output / 'sweep.md'})."
+        )
+
+
 def error_line(log: Path) -> str | None:
     """The run's `error: ...` line, if it ended with one."""
     if not log.is_file():
@@ -130,6 +144,7 @@ def collect(run_dir: Path) -> dict:
     return {
         "name": run_dir.name,
         "status": status,
+        "exit_status": exit_status,
         "error": error if status != "finished" else None,
         "first_nonfinite_step": first,
         "first_nonfinite_epoch": first / steps_per_epoch if first and steps_per_epoch else None,
@@ -211,15 +226,21 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
 def main(argv: list[str] | None = None) -> list[dict]:
     args, shared = parse_args(argv)
     output = Path(args.output)
-    output.mkdir(parents=True, exist_ok=True)
     if args.report_only:
-        rows = [collect(d) for d in sorted(p for p in (output / "runs").iterdir() if p.is_dir())]
+        rows = [collect(d) for d in sorted(p for p in (output / "runs").glob("*") if p.is_dir())]
+        if not rows:
+            raise FileNotFoundError(
+                f"No runs in {output / 'runs'}. Fix: run the sweep first: `python benchmarks/sweep.py --config CONFIG "
+                f"--variant NAME --output {output}`."
+            )
     else:
         variants = [Variant.parse(v) for v in args.variant]
-        rows = run_variants(args.config, variants, output, shared, args.minutes, args.parallel)
+        rows = run_variants(args.config, variants, make_folder(output), shared, args.minutes, args.parallel)
     print(write_report(output, rows))
+    if not args.report_only:
+        check_finished(rows, output)
     return rows
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_command(main))

@@ -34,7 +34,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a clone without `pip install -e .`
 
+from finetune.errors import run_command  # noqa: E402
 from finetune.hardware import short_name  # noqa: E402
+from finetune.locations import make_folder  # noqa: E402
 from finetune.results import Results  # noqa: E402
 from finetune.tools.report import (  # noqa: E402
     MISSING,
@@ -80,7 +82,7 @@ def run_name(config: str, suffix: str = "") -> str:
 
 
 def train(config: str, minutes: float, output: Path, overrides: list[str], suffix: str = "") -> list[str]:
-    """Train one config in its own process; returns the exact command."""
+    """Train one config in its own process; returns the exact command, or raises naming the run that failed."""
     run_dir = output / "runs" / run_name(config, suffix)
     # Started in the current folder, so that the user's relative paths (`--dataset_name data/x.parquet`) hold.
     command = [
@@ -97,7 +99,11 @@ def train(config: str, minutes: float, output: Path, overrides: list[str], suffi
         *overrides,
     ]
     logger.info(f"Training {config} for {minutes} min: {shlex.join(command)}")
-    subprocess.run(command, check=True)
+    if status := subprocess.run(command).returncode:
+        raise RuntimeError(
+            f"The run of {config} ended with exit status {status} (its output is above); the runs that finished are "
+            f"kept in {output / 'runs'}."
+        )
     # Recorded as typed in the folder the benchmark ran in: no interpreter path, no absolute paths of this machine.
     typed = shlex.join(["python", *command[1:]])
     (run_dir / "command.txt").write_text(typed + "\n")
@@ -195,7 +201,10 @@ def report(output: Path, names: list[str] | None = None) -> str:
     if names is None:
         names = sorted(p.parent.name for p in output.glob("runs/*/results.json"))
     if not names:
-        raise FileNotFoundError(f"No finished runs (*/results.json) in {output}.")
+        raise FileNotFoundError(
+            f"No finished runs (runs/*/results.json) in {output}. Fix: train some first: `python "
+            f"benchmarks/train_budget.py --config CONFIG --minutes M --output {output}`."
+        )
     runs = [collect(output / "runs" / name) for name in names]
     plot_accuracy_over_time(runs, output / "curve.png")
     text = markdown(runs)
@@ -208,10 +217,15 @@ def main(argv: list[str] | None = None) -> str:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s - %(name)s - %(message)s")
     args, overrides = parse_args(argv)
     output = Path(args.output)
-    output.mkdir(parents=True, exist_ok=True)
     if not args.report_only:
-        for config in args.config:
-            train(config, args.minutes, output, overrides, args.suffix)
+        make_folder(output)
+        try:
+            for config in args.config:
+                train(config, args.minutes, output, overrides, args.suffix)
+        except RuntimeError:
+            if any(output.glob("runs/*/results.json")):
+                print(report(output))  # the runs that finished, before the one that failed is named
+            raise
     # Every run in OUTPUT, so runs trained by separate commands end up on one plot and in one table.
     text = report(output)
     print(text)
@@ -219,4 +233,4 @@ def main(argv: list[str] | None = None) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_command(main))

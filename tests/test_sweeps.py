@@ -43,19 +43,35 @@ def test_variant_parsing():
         sweep.Variant.parse("=--learning_rate 1")
 
 
-def test_a_sweep_typed_in_another_folder_reads_and_writes_there(tmp_path):
-    """Relative paths mean what they mean where the command is typed, the runs' own options included."""
+def test_a_sweep_typed_in_another_folder_reads_and_writes_there_and_names_a_failed_run(tmp_path):
+    """Relative paths mean what they mean where the command is typed, the runs' own options included; a run that
+    fails is one line naming it, after the report of every run."""
     small_cifar_parquet(tmp_path / "data.parquet", n=48)
     (tmp_path / "tiny.yaml").write_text(TINY_CONFIG)
     done = benchmark(
-        "sweep.py", "--config", "tiny.yaml", "--variant", "a", "--output", "out", "--dataset_name", "data.parquet",
-        cwd=tmp_path,
+        "sweep.py", "--config", "tiny.yaml", "--variant", "a", "--variant", "b=--learning_rate x", "--output", "out",
+        "--dataset_name", "data.parquet", cwd=tmp_path,
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    [row] = json.loads((tmp_path / "out" / "sweep.json").read_text())
-    assert row["status"] == "finished", row["error"]
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        "error: 1 of 2 runs failed; b ended with exit status 2: --learning_rate: invalid float value: 'x' "
+        "(its log: out/runs/b.log; every run's row: out/sweep.md)."
+    )
+    a, b = json.loads((tmp_path / "out" / "sweep.json").read_text())
+    assert a["status"] == "finished" and b["status"] == "failed", a["error"]
     assert (tmp_path / "out" / "runs" / "a" / "results.json").is_file()
-    assert "--config tiny.yaml --dataset_name data.parquet --output_dir out/runs/a" in row["command"]
+    assert "--config tiny.yaml --dataset_name data.parquet --output_dir out/runs/a" in a["command"]
+
+
+@pytest.mark.parametrize("script", ["sweep.py", "lr_sweep.py"])
+def test_a_report_of_no_runs_is_one_line_and_makes_nothing(tmp_path, script):
+    (tmp_path / "empty").mkdir()
+    for output in ("missing", "empty"):
+        done = benchmark(script, "--report_only", "--output", output, cwd=tmp_path)
+        assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+        assert done.stderr.startswith("error: No runs ") and f"{output}/runs" in done.stderr
+        assert f"`python benchmarks/{script} " in done.stderr
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["empty"]
 
 
 @pytest.mark.slow

@@ -3,6 +3,8 @@
 import json
 
 import pytest
+from test_gpu_suite import small_cifar_parquet
+from test_sweeps import TINY_CONFIG, benchmark
 
 from benchmarks import train_budget
 
@@ -39,6 +41,31 @@ def test_report_tables_and_plot(tmp_path):
     row = "| a | 60.00% | 60.00% | — | 1.5 | 3.0 | 1,000 | 10.00% | 1.2K | float32 | CPU Test CPU, 2 threads |"
     assert row in text
     assert "| 1.0 | 2.0 | 50.00% |" in text and "`python finetune/run.py --config a.yaml`" in text
+
+
+def test_a_failed_run_is_one_line_and_the_runs_before_it_are_reported(tmp_path):
+    """Typed in another folder: its relative paths (the runs' own options too) are read and written there."""
+    small_cifar_parquet(tmp_path / "data.parquet", n=48)
+    (tmp_path / "tiny.yaml").write_text(TINY_CONFIG)
+    done = benchmark(
+        "train_budget.py", "--config", "tiny.yaml", "--config", "missing.yaml", "--minutes", "1", "--output", "out",
+        "--dataset_name", "data.parquet", cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        "error: The run of missing.yaml ended with exit status 1 (its output is above); the runs that finished are "
+        "kept in out/runs."
+    )
+    assert "| tiny |" in (tmp_path / "out" / "results.md").read_text()
+    command = (tmp_path / "out" / "runs" / "tiny" / "command.txt").read_text()
+    assert "--config tiny.yaml --max_train_minutes 1.0 --output_dir out/runs/tiny" in command
+
+
+def test_a_report_of_no_runs_is_one_line_and_makes_nothing(tmp_path):
+    done = benchmark("train_budget.py", "--report_only", "--output", "missing", cwd=tmp_path)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("error: No finished runs (runs/*/results.json) in missing. Fix: train some first:")
+    assert not (tmp_path / "missing").exists()
 
 
 @pytest.mark.slow

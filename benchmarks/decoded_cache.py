@@ -40,6 +40,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from finetune.data import decode_image  # noqa: E402
+from finetune.errors import run_command  # noqa: E402
+from finetune.locations import check_folder, make_folder  # noqa: E402
 
 
 LAYOUTS = ("array3d", "flat")
@@ -68,7 +70,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--way", choices=tuple(READERS), default=None, help=argparse.SUPPRESS)
     parser.add_argument("--reader", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--cache_dir", default=None, help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.output:  # made now: found in the way only after the measurement, it lost the results
+        make_folder(check_folder(args.output, is_file=True).parent)
+    return args
 
 
 def decode_batch(batch: dict, column: str, flat: bool) -> dict:
@@ -213,7 +218,10 @@ def launch(args: argparse.Namespace, job: str, way: str, cache_dir: str, reader:
     proc = subprocess.run(command, env=env, capture_output=True, text=True)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"The {job} of {way} {reader or ''} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        last = (proc.stderr.strip().splitlines() or ["no result printed"])[-1].removeprefix("error: ")
+        raise RuntimeError(
+            f"The {job} of {way}{' ' + reader if reader else ''} ended with exit status {proc.returncode}: {last}"
+        )
     return json.loads(lines[-1][len("RESULT ") :])
 
 
@@ -242,7 +250,7 @@ def main(argv=None) -> dict:
         worker(args)
         return {}
     if not os.path.isfile(args.data):
-        raise SystemExit(f"--data {args.data} is not a file: point it at a parquet file of images (CIFAR-10's copy).")
+        raise FileNotFoundError(f"--data {args.data} is not a file. Fix: a parquet file of images (CIFAR-10's copy).")
     results = {
         "data": os.path.relpath(args.data),
         "num_proc": args.num_proc,
@@ -252,7 +260,7 @@ def main(argv=None) -> dict:
     results["load_average_before"] = os.getloadavg()
     rows = []
     if args.work_dir:
-        os.makedirs(args.work_dir, exist_ok=True)  # a new folder, as --output is
+        make_folder(args.work_dir, "--work_dir")  # a new folder, as --output is
     with tempfile.TemporaryDirectory(dir=args.work_dir, prefix="decoded-cache-") as tmp:
         for way in ("ours", *args.layouts):
             cache_dir = os.path.join(tmp, way)  # a fresh cache per way
@@ -281,7 +289,6 @@ def main(argv=None) -> dict:
     results.update(num_images=built["num_images"], rows=rows, load_average_after=os.getloadavg())
     print(markdown(results))
     if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         Path(args.output).write_text(json.dumps(results, indent=2) + "\n")
         Path(args.output).with_suffix(".md").write_text(markdown(results) + "\n")
     return results
@@ -308,4 +315,4 @@ def markdown(results: dict) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_command(main))

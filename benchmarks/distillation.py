@@ -23,6 +23,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from finetune.errors import run_command  # noqa: E402
+from finetune.locations import make_folder  # noqa: E402
+
+
 CONFIG = ROOT / "configs" / "quickstart_distilled.yaml"
 TEACHER_SPLIT_SEED = "42"  # configs/quickstart.yaml's seed, which drew the split the teacher was trained on
 
@@ -66,6 +70,7 @@ def main(argv: list[str] | None = None) -> dict:
     args, extra = parser.parse_known_args(argv)
     if not (args.teacher / "results.json").exists():
         parser.error(f"no trained teacher at {args.teacher}: run `python -m finetune.tools.quickstart` first.")
+    make_folder(args.output)  # made now: found in the way only after training, it lost the report
     from finetune.tools.compare import write_comparison
 
     accuracies = {}
@@ -98,4 +103,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_command(main))

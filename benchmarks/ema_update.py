@@ -11,8 +11,8 @@ CUDA device, the host-device synchronisations per update (counted by `torch.cuda
 
 import argparse
 import json
-import os
 import statistics
+import sys
 import time
 import warnings
 
@@ -22,6 +22,8 @@ from transformers import ViTConfig, ViTForImageClassification
 
 from finetune.callbacks import ModelEMA
 from finetune.compile import synchronize
+from finetune.errors import run_command
+from finetune.locations import check_folder, make_folder
 from scratch_vit import ScratchViTConfig, ScratchViTForImageClassification
 
 
@@ -95,13 +97,15 @@ def measure(name: str, device: torch.device, repeats: int) -> dict:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["vit-b16", "scratch"], choices=["vit-b16", "scratch"])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--output", help="Write the rows to this JSON file.")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.output:  # made now: found in the way only after the measurement, it lost the results
+        make_folder(check_folder(args.output, is_file=True).parent)
     device = torch.device(args.device)
     rows = [measure(name, device, args.repeats) for name in args.models]
     print("| model | parameters | device | ModelEMA ms/update | AveragedModel ms/update | syncs (ours, theirs) |")
@@ -115,10 +119,9 @@ def main() -> None:
             f"{ours['syncs_per_update']}, {theirs['syncs_per_update']} |"
         )
     if args.output:
-        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
         with open(args.output, "w") as f:
             json.dump(rows, f, indent=2)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_command(main))

@@ -38,6 +38,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from finetune.errors import run_command  # noqa: E402
+from finetune.locations import make_folder  # noqa: E402
+
+
 METHODS = {  # each method's `ModelArguments` settings
     "full": {},
     "linear_probe": {"finetune_method": "linear_probe"},
@@ -205,7 +209,10 @@ def ensure_cifar10_source(
             "--learning_rate", "2e-3", "--warmup_steps", "300", "--num_train_epochs", str(epochs),
             "--output_dir", str(root / "source_model"), *extra,
         ]  # fmt: skip
-        subprocess.run([sys.executable, str(ROOT / "finetune" / "run.py"), *argv], check=True)
+        if status := subprocess.run([sys.executable, str(ROOT / "finetune" / "run.py"), *argv]).returncode:
+            raise RuntimeError(
+                f"Training the source model in {root} ended with exit status {status} (its output is above)."
+            )
     return root / "source_model"
 
 
@@ -304,6 +311,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args, passthrough = parser.parse_known_args(argv)  # quickstart, cifar10: more `--key value` for every run
     if passthrough and args.kind == "vit_b16":
         parser.error(f"unrecognized arguments: {' '.join(passthrough)}")
+    if args.output:  # made now: found in the way only after the runs, it lost their figures
+        make_folder(args.output)
     methods = args.methods or [*METHODS, *([RANDOM_INIT] if args.kind == "cifar10" else [])]
     if RANDOM_INIT in methods and args.kind != "cifar10":
         parser.error(f"`{RANDOM_INIT}` is a method of the cifar10 measurement only.")
@@ -318,29 +327,32 @@ def main(argv: list[str] | None = None) -> list[dict]:
     else:
         extra = ["--steps", str(args.steps), "--batch_size", str(args.batch_size)]
     rows = []
-    for method in methods:
-        out = Path(f".finetune_methods_{os.getpid()}.json")
-        command = [
-            sys.executable,
-            __file__,
-            "--child",
-            args.kind,
-            method,
-            str(out),
-            *method_argv(args.kind, method, extra, Path(args.work_dir)),
-        ]
-        subprocess.run(command, check=True, stdout=subprocess.DEVNULL if args.kind != "vit_b16" else None)
-        rows.append(json.loads(out.read_text()))
-        out.unlink()
-    text = table(rows, args.kind)
-    print(text)
-    if args.output:
-        folder = Path(args.output)
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"{args.kind}.json").write_text(json.dumps(rows, indent=2) + "\n")
-        (folder / f"{args.kind}.md").write_text(text + "\n")
+    try:
+        for method in methods:
+            out = Path(f".finetune_methods_{os.getpid()}.json")
+            command = [
+                sys.executable,
+                __file__,
+                "--child",
+                args.kind,
+                method,
+                str(out),
+                *method_argv(args.kind, method, extra, Path(args.work_dir)),
+            ]
+            quiet = subprocess.DEVNULL if args.kind != "vit_b16" else None
+            if status := subprocess.run(command, stdout=quiet).returncode:
+                raise RuntimeError(f"The {method} run ended with exit status {status} (its output is above).")
+            rows.append(json.loads(out.read_text()))
+            out.unlink()
+    finally:  # the methods that finished are reported also when a later one failed
+        if rows:
+            text = table(rows, args.kind)
+            print(text)
+            if args.output:
+                (Path(args.output) / f"{args.kind}.json").write_text(json.dumps(rows, indent=2) + "\n")
+                (Path(args.output) / f"{args.kind}.md").write_text(text + "\n")
     return rows
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_command(main))

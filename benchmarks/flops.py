@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from finetune.compile import synchronize  # noqa: E402
+from finetune.errors import run_command  # noqa: E402
 
 
 # Dense (no sparsity) bf16 tensor-core TFLOP/s from NVIDIA's data sheets, matched against the device name.
@@ -123,4 +124,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    main()
+    sys.exit(run_command(main))

@@ -50,6 +50,7 @@ import train_budget  # noqa: E402
 
 from finetune import hardware  # noqa: E402
 from finetune.compile import one_line  # noqa: E402
+from finetune.errors import run_command  # noqa: E402
 from finetune.tools.report import MISSING, format_number, format_percent, markdown_table  # noqa: E402
 
 
@@ -527,4 +528,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_command(main))

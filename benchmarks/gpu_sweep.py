@@ -22,6 +22,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import sweep  # noqa: E402
 
+from finetune.errors import run_command  # noqa: E402
+
 
 CONFIG = ROOT / "configs" / "cifar10_scratch_gpu.yaml"
 # What each variant changes in the recipe; `as_shipped` is the recipe itself.
@@ -65,4 +67,4 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_command(main))

@@ -25,17 +25,21 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from gpu_suite import notebook_checkpoint  # noqa: E402
 
+from finetune.errors import run_command  # noqa: E402
+from finetune.locations import make_folder  # noqa: E402
+
 
 VIT_B16 = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--output", default="benchmarks/results/interrupt", help="Folder of interrupt.json.")
+    parser.add_argument(
+        "--output", default=os.path.relpath(ROOT / "benchmarks/results/interrupt"), help="Folder of interrupt.json."
+    )
     parser.add_argument("--after", type=int, default=3, help="Optimizer steps done before the signal.")
-    args = parser.parse_args()
-    output = Path(args.output)
-    output.mkdir(parents=True, exist_ok=True)
+    args = parser.parse_args(argv)
+    output = make_folder(args.output)
     with tempfile.TemporaryDirectory(prefix="interrupt-") as tmp:
         checkpoint = notebook_checkpoint(Path(tmp) / "vit-b16", VIT_B16)
         run_dir = Path(tmp) / "run"
@@ -52,7 +56,10 @@ def main() -> None:
         while steps < args.after:
             chunk = proc.stderr.read1(4096)
             if not chunk:
-                raise RuntimeError(f"the run ended before step {args.after}: {seen[-2000:].decode(errors='replace')}")
+                last = (seen.decode(errors="replace").strip().splitlines() or ["no output"])[-1].removeprefix(
+                    "error: "
+                )
+                raise RuntimeError(f"The run ended with exit status {proc.wait()} before step {args.after}: {last}")
             seen = (seen + chunk)[-20000:]
             found = [int(n) for n in re.findall(rb"\| *(\d+)/1000 \[", seen)]
             if found and max(found) > steps:
@@ -82,4 +89,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_command(main))

@@ -13,10 +13,13 @@ which other processes used under 10% of a core, and is kept only if they used un
 import argparse
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
 import time
+
+from finetune.errors import run_command
 
 
 RUN, IMAGE = "outputs/quickstart/pretrained", "outputs/quickstart/digits/3/00.png"
@@ -55,19 +58,26 @@ def quiet_sample(command: list[str], settle: float, deadline: float) -> float | 
         done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         wall, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_CHILDREN)
         if done.returncode:
-            sys.exit(f"error: {' '.join(command)} failed: {done.stderr.strip().splitlines()[-1:]}")
+            last = (done.stderr.strip().splitlines() or [""])[-1].removeprefix("error: ")
+            raise RuntimeError(f"`{' '.join(command)}` ended with exit status {done.returncode}: {last}")
         own = after.ru_utime - usage.ru_utime + after.ru_stime - usage.ru_stime
         if busy_seconds() - before - own < 0.5:
             return wall
     return None
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=5, help="Kept samples per command (default 5).")
     parser.add_argument("--settle", type=float, default=3.0, help="Quiet seconds before each sample (default 3).")
     parser.add_argument("--timeout", type=float, default=600, help="Seconds to wait for quiet per command.")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    missing = [path for path in (IMAGE, f"{RUN}/onnx/model.onnx") if not os.path.isfile(path)]
+    if missing or not shutil.which("vit-finetune"):  # found only after minutes of timing the other commands
+        raise FileNotFoundError(
+            f"{', '.join(missing) or 'vit-finetune'} not found. Fix: from the repository root, in the activated "
+            f"environment, run `python -m finetune.tools.quickstart` and `vit-finetune export {RUN} --format onnx`."
+        )
     print("| command | median (s) | range (s) |\n| --- | ---: | ---: |")
     for name, command in COMMANDS.items():
         deadline = time.time() + args.timeout
@@ -79,4 +89,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_command(main))

@@ -152,6 +152,41 @@ def test_an_output_folder_where_a_file_is_fails_naming_the_file(tmp_path, capsys
     assert (tmp_path / "notes.txt").read_text() == "keep me"
 
 
+IN_THE_WAY = "--output 'notes.txt': notes.txt is a file, not a folder. Fix:"
+
+
+@pytest.mark.parametrize(
+    "script, argv, line",
+    [
+        ("train_budget.py", "--config c.yaml --minutes 1 --output notes.txt", IN_THE_WAY),
+        ("sweep.py", "--config c.yaml --variant a --output notes.txt", IN_THE_WAY),
+        ("lr_sweep.py", "--output notes.txt", IN_THE_WAY),
+        ("batch_scaling.py", "--output notes.txt", IN_THE_WAY),
+        ("finetune_methods.py", "vit_b16 --output notes.txt", IN_THE_WAY),
+        ("interrupt.py", "--output notes.txt", IN_THE_WAY),
+        ("distillation.py", "--teacher teacher --runs notes.txt --output notes.txt", IN_THE_WAY),
+        ("decoded_cache.py", "--output notes.txt/cache.json", "--output 'notes.txt/cache.json': notes.txt is a file"),
+        (
+            "ema_update.py",
+            "--models scratch --repeats 1 --output teacher",
+            "--output 'teacher' is a folder, not a file",
+        ),
+        ("startup.py", "--samples 1 --settle 0.01 --timeout 1", "outputs/quickstart/digits/3/00.png, outputs/"),
+    ],
+)
+def test_a_benchmark_refuses_what_it_cannot_use_in_one_line_before_measuring(tmp_path, script, argv, line):
+    """A file where --output's folder goes (or a folder where its file goes), or the quickstart not run: the
+    measurements were made first, then lost to a traceback."""
+    (tmp_path / "notes.txt").write_text("keep me")
+    (tmp_path / "teacher").mkdir()
+    (tmp_path / "teacher" / "results.json").write_text("{}")
+    command = [sys.executable, str(ROOT / "benchmarks" / script), *argv.split()]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and done.stderr.startswith(f"error: {line}"), done.stderr
+    assert done.stderr.count("\n") == 1 and (tmp_path / "notes.txt").read_text() == "keep me"
+
+
 def test_a_predictions_file_where_a_folder_is_fails_before_predicting(tmp_path, capsys):
     """It failed after printing every prediction, with "[Errno 21] Is a directory"."""
     model_dir = make_run_dir(tmp_path / "run", extras=False)

@@ -2,6 +2,7 @@
 its source on five classes and fine-tunes it on the other five; the ViT-B/16 figures count what each method trains."""
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -35,6 +36,27 @@ def test_cifar10_source_on_five_classes_fine_tuned_on_the_other_five(tmp_path):
     tuned = json.loads((work / "linear_probe" / "config.json").read_text())
     assert list(tuned["id2label"].values()) == finetune_methods.CIFAR10_TARGET_CLASSES
     assert "| linear_probe | 0.01 | 1.0 |" in (out / "cifar10.md").read_text()
+
+
+def test_a_failed_method_is_one_line_after_the_report_of_those_before_it(tmp_path):
+    """`--merge_lora true` is refused by every method but LoRA: LoRA trains, then the linear probe fails at once."""
+    small_cifar_parquet(tmp_path / "train.parquet", n=100, names=CIFAR10_NAMES)
+    for name in ("source_init", "source_model"):  # the source found made and trained: not made again
+        finetune_methods.make_cifar10_source_init(tmp_path / "work" / name)
+    (tmp_path / "work" / "source_model" / "results.json").write_text("{}")
+    argv = [
+        "cifar10", "--dataset_name", "train.parquet", "--work_dir", "work", "--output", "out", "--methods", "lora",
+        "linear_probe", "--merge_lora", "true", "--max_steps", "1", "--validation_size", "20",
+        "--per_device_train_batch_size", "16", "--decoded_cache_dir", "none",
+    ]  # fmt: skip
+    command = [sys.executable, str(ROOT / "benchmarks" / "finetune_methods.py"), *argv]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert (
+        done.stderr.splitlines()[-1] == "error: The linear_probe run ended with exit status 1 (its output is above)."
+    )
+    [row] = json.loads((tmp_path / "out" / "cifar10.json").read_text())
+    assert row["method"] == "lora" and "| lora | 0.005 |" in (tmp_path / "out" / "cifar10.md").read_text()
 
 
 def test_vit_b16_figures_count_what_each_method_trains():

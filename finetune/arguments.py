@@ -647,9 +647,8 @@ def stated_options(argv: list[str]) -> set[str]:
     """The options `argv` or the config it names state themselves: not a `base:` config's, which are shared, not this
     run's to drop (a ScratchViT config on a `model_type: both` base keeps the base's `model_name_or_path`)."""
     config = help_parser().parse_known_args(argv)[0].config
-    return {a[2:].split("=")[0].replace("-", "_") for a in argv if a.startswith("--")} | set(
-        read_yaml(config)[0] if config else ()
-    )
+    given = {arg[2:].split("=")[0].replace("-", "_") for arg in argv if arg.startswith("--")}
+    return given | set(read_yaml(config)[0] if config else ())
 
 
 def check_choices(options, fields_of=None) -> None:

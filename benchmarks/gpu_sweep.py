@@ -10,6 +10,7 @@ Every variant runs at once by default (one H100 held six scratch-recipe runs sid
 so compare images/s within one sweep only. Writes OUT/sweep.md and OUT/sweep.json: per variant, whether it finished
 or diverged, the first non-finite step, validation accuracy at each minute, best and final accuracy, images/s and the
 data share of step time (the data path of one step in 25 is timed on a GPU). Runs go to OUT/runs (not committed).
+A run that failed (one that diverged is a finding) ends the sweep, once the report is written, with one line naming it.
 """
 
 import argparse
@@ -63,6 +64,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = sweep.run_variants(sweep.from_here(CONFIG), variants, output, common, args.minutes, parallel)
     title = f"Scratch GPU recipe: {len(variants)} variants side by side, {args.minutes:g} minutes each"
     print(sweep.write_report(output, rows, title))
+    sweep.check_finished(rows, output)
     return rows
 
 

@@ -63,6 +63,22 @@ def test_a_sweep_typed_in_another_folder_reads_and_writes_there_and_names_a_fail
     assert "--config tiny.yaml --dataset_name data.parquet --output_dir out/runs/a" in a["command"]
 
 
+def test_gpu_sweep_names_a_failed_run_after_its_report(tmp_path):
+    """It wrote the report and exited 0: a sweep whose runs failed read as done."""
+    small_cifar_parquet(tmp_path / "data.parquet")
+    done = benchmark(
+        "gpu_sweep.py", "--tiny", "--data", "data.parquet", "--output", "out", "--variants", "as_shipped",
+        "--variant", "bad=--learning_rate x", "--num_train_epochs", "1", cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 1 and done.stderr.count("error:") == 1, done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        "error: 1 of 2 runs failed; bad ended with exit status 2: --learning_rate: invalid float value: 'x' "
+        "(its log: out/runs/bad.log; every run's row: out/sweep.md)."
+    )
+    finished, failed = json.loads((tmp_path / "out" / "sweep.json").read_text())
+    assert finished["status"] == "finished" and failed["status"] == "failed", finished["error"]
+
+
 @pytest.mark.parametrize("script", ["sweep.py", "lr_sweep.py"])
 def test_a_report_of_no_runs_is_one_line_and_makes_nothing(tmp_path, script):
     (tmp_path / "empty").mkdir()

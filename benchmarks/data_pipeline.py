@@ -42,7 +42,8 @@ sys.path.insert(0, str(ROOT))
 from finetune.arguments import DataArguments  # noqa: E402
 from finetune.augment import BatchTransform  # noqa: E402
 from finetune.data import collate_batch, load_image_data  # noqa: E402
-from finetune.locations import make_folder  # noqa: E402
+from finetune.errors import run_command  # noqa: E402
+from finetune.locations import check_folder, make_folder  # noqa: E402
 
 
 EPOCH_IMAGES = 50_000
@@ -92,8 +93,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--output", default=None, help="Also write the results as JSON here.")
     args = parser.parse_args(argv)
-    if args.output:  # made now: found missing only after the measurement, it lost the results
-        make_folder(Path(args.output).parent)
+    if args.output:  # made now: found in the way only after the measurement, it lost the results
+        make_folder(check_folder(args.output, is_file=True).parent)
     return args
 
 
@@ -391,4 +392,4 @@ def markdown(results: dict) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_command(main))

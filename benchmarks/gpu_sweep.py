@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import sweep  # noqa: E402
 
 from finetune.errors import run_command  # noqa: E402
+from finetune.locations import make_folder  # noqa: E402
 
 
 CONFIG = ROOT / "configs" / "cifar10_scratch_gpu.yaml"
@@ -58,8 +59,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     variants = [sweep.Variant(name, VARIANTS[name]) for name in args.variants]
     variants += [sweep.Variant.parse(text) for text in args.variant]
     common = ["--dataset_name", args.data, *(TINY if args.tiny else []), *shared]
-    output = Path(args.output)
-    output.mkdir(parents=True, exist_ok=True)
+    output = make_folder(args.output)
     parallel = args.parallel or len(variants)
     rows = sweep.run_variants(sweep.from_here(CONFIG), variants, output, common, args.minutes, parallel)
     title = f"Scratch GPU recipe: {len(variants)} variants side by side, {args.minutes:g} minutes each"

@@ -22,13 +22,13 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 from transformers import ViTConfig, ViTForImageClassification
 
 from finetune.compile import synchronize
-from finetune.locations import make_folder
+from finetune.errors import run_command
+from finetune.locations import check_folder, make_folder
 from scratch_vit import ScratchViTConfig, ScratchViTForImageClassification
 
 
@@ -296,8 +296,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--output", help="also write the results as JSON to this file")
     args = parser.parse_args(argv)
-    if args.output:  # made now: found missing only after the measurement, it lost the results
-        make_folder(Path(args.output).parent)
+    if args.output:  # made now: found in the way only after the measurement, it lost the results
+        make_folder(check_folder(args.output, is_file=True).parent)
     if args.repeats is not None and args.repeats < 1:
         parser.error("--repeats must be >= 1")
     if args.batch_size is not None and args.batch_size < 1:
@@ -353,4 +353,4 @@ def main(argv: list[str] | None = None) -> list[Result]:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_command(main))

@@ -34,6 +34,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from finetune.errors import run_command  # noqa: E402
+from finetune.locations import check_folder, make_folder  # noqa: E402
+
+
 MODES = ("mmap", "in-memory")
 
 
@@ -59,10 +63,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--output", default=None, help="Also write the results as JSON here.")
     parser.add_argument("--worker", choices=MODES, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.output:  # made now: found missing only after the measurement, it lost the results
-        from finetune.locations import make_folder
-
-        make_folder(Path(args.output).parent)
+    if args.output:  # made now: found in the way only after the measurement, it lost the results
+        make_folder(check_folder(args.output, is_file=True).parent)
     return args
 
 
@@ -203,7 +205,10 @@ def launch(mode: str, args: argparse.Namespace) -> dict:
     proc = subprocess.run(command, env=env, capture_output=True, text=True)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"The {mode} run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        # A worker's own `error: ...` line; torchrun's report of the failed worker follows it.
+        said = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+        last = said[-1].removeprefix("error: ") if said else (proc.stderr.strip().splitlines() or ["no result"])[-1]
+        raise RuntimeError(f"The {mode} run ended with exit status {proc.returncode}: {last}")
     return json.loads(lines[-1][len("RESULT ") :])
 
 
@@ -252,4 +257,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_command(main))

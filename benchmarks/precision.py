@@ -33,7 +33,8 @@ from model_speed import make_step, time_steps  # noqa: E402
 
 from finetune import hardware  # noqa: E402
 from finetune.arguments import parse_args, scratch_config_kwargs  # noqa: E402
-from finetune.locations import make_folder  # noqa: E402
+from finetune.errors import run_command  # noqa: E402
+from finetune.locations import check_folder, make_folder  # noqa: E402
 from finetune.models import attention_head_size  # noqa: E402
 from finetune.run import choose_attention  # noqa: E402
 from finetune.tools.report import format_number, markdown_table  # noqa: E402
@@ -137,8 +138,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--emulate_no_bf16", "--emulate-no-bf16", action="store_true", help=EMULATION_ENV.__repr__())
     parser.add_argument("--output", help="Also write the result as JSON to this file.")
     args = parser.parse_args(argv)
-    if args.output:  # made now: found missing only after the measurement, it lost the results
-        make_folder(Path(args.output).parent)
+    if args.output:  # made now: found in the way only after the measurement, it lost the results
+        make_folder(check_folder(args.output, is_file=True).parent)
     return args
 
 
@@ -151,7 +152,11 @@ def main(argv: list[str] | None = None) -> dict:
             for a in (argv if argv is not None else sys.argv[1:])
             if a not in ("--emulate_no_bf16", "--emulate-no-bf16")
         ]
-        subprocess.run([sys.executable, __file__, *child], env={**os.environ, **EMULATION_ENV}, check=True)
+        status = subprocess.run([sys.executable, __file__, *child], env={**os.environ, **EMULATION_ENV}).returncode
+        if status:
+            raise RuntimeError(
+                f"The run without bf16 instructions ended with exit status {status} (its output is above)."
+            )
         return {}
     result = run(args.config, args.steps, args.repeats, args.warmup, args.batch_size)
     if args.output:
@@ -161,4 +166,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_command(main))

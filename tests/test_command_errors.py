@@ -165,7 +165,12 @@ IN_THE_WAY = "--output 'notes.txt': notes.txt is a file, not a folder. Fix:"
         ("finetune_methods.py", "vit_b16 --output notes.txt", IN_THE_WAY),
         ("interrupt.py", "--output notes.txt", IN_THE_WAY),
         ("distillation.py", "--teacher teacher --runs notes.txt --output notes.txt", IN_THE_WAY),
+        ("gpu_sweep.py", "--output notes.txt", IN_THE_WAY),
         ("decoded_cache.py", "--output notes.txt/cache.json", "--output 'notes.txt/cache.json': notes.txt is a file"),
+        ("data_pipeline.py", "--output notes.txt/pipeline.json", "--output 'notes.txt/pipeline.json': notes.txt is"),
+        ("photo_cache.py", "--output notes.txt/photos.json", "--output 'notes.txt/photos.json': notes.txt is a file"),
+        ("model_speed.py", "--preset tiny --repeats 1 --steps 1 --output teacher", "--output 'teacher' is a folder"),
+        ("precision.py", "--repeats 1 --steps 1 --output teacher", "--output 'teacher' is a folder, not a file"),
         (
             "ema_update.py",
             "--models scratch --repeats 1 --output teacher",

@@ -33,7 +33,7 @@ import sweep  # noqa: E402
 import torch  # noqa: E402
 
 from finetune.errors import run_command  # noqa: E402
-from finetune.locations import make_folder  # noqa: E402
+from finetune.locations import check_folder, make_folder  # noqa: E402
 from finetune.tools.report import MISSING, format_number, format_percent, markdown_table  # noqa: E402
 
 
@@ -150,7 +150,8 @@ def plot(rows: dict[str, dict[str, dict]], variants: list[str], learning_rates: 
 
 def main(argv: list[str] | None = None) -> dict:
     args, shared = parse_args(argv)
-    output = Path(args.output) if args.report_only else make_folder(args.output)  # a report of nothing makes nothing
+    # Checked now, made once the data has loaded: a report of nothing, or data that cannot be read, makes nothing.
+    output = Path(args.output) if args.report_only else check_folder(args.output)
     schedule = ["--max_steps", str(args.max_steps), "--warmup_steps", str(args.warmup_steps)]
     schedule += ["--eval_steps", str(args.max_steps), "--save_steps", str(args.max_steps)]
     data_settings = ["--dataset_name", args.dataset_name, "--validation_size", str(args.validation_size)]
@@ -179,7 +180,7 @@ def main(argv: list[str] | None = None) -> dict:
     data = load_image_data(data_args, seed=42, target_size=32)
     if not args.report_only:
         config = sweep.from_here("configs/cifar10_scratch.yaml")
-        found = sweep.run_variants(config, variants, output, common, parallel=args.parallel)
+        found = sweep.run_variants(config, variants, make_folder(output), common, parallel=args.parallel)
     sweep.write_report(output, found, "Learning-rate sweep: the runs")
     rows: dict[str, dict[str, dict]] = {v: {} for v in args.variants}
     for row in found:

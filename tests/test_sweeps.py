@@ -90,6 +90,14 @@ def test_a_report_of_no_runs_is_one_line_and_makes_nothing(tmp_path, script):
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["empty"]
 
 
+def test_an_lr_sweep_whose_data_cannot_be_read_makes_nothing(tmp_path):
+    """It made --output before loading the data, and left it empty."""
+    done = benchmark("lr_sweep.py", "--dataset_name", "missing.parquet", "--output", "out", cwd=tmp_path)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("error: The dataset path 'missing.parquet' does not exist.")
+    assert not list(tmp_path.iterdir())
+
+
 @pytest.mark.slow
 def test_gpu_sweep_runs_variants_side_by_side_and_reports_a_divergence(tmp_path):
     data = small_cifar_parquet(tmp_path / "train.parquet")

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from finetune.errors import run_command  # noqa: E402
+from finetune.errors import UsageError, error_line, run_command  # noqa: E402
 from finetune.locations import make_folder  # noqa: E402
 
 
@@ -31,16 +31,21 @@ CONFIG = ROOT / "configs" / "quickstart_distilled.yaml"
 TEACHER_SPLIT_SEED = "42"  # configs/quickstart.yaml's seed, which drew the split the teacher was trained on
 
 
-def train(output_dir: Path, argv: list[str]) -> None:
+def train(name: str, output_dir: Path, argv: list[str]) -> None:
     """Train unless `output_dir` holds a finished run of the same arguments (`benchmark_argv.json` records them): a
-    rerun with other options (`--distillation_temperature 4`) trains anew, where the earlier run was reported."""
+    rerun with other options (`--distillation_temperature 4`) trains anew, where the earlier run was reported. A run
+    that fails ends the benchmark with its error, named as the run `name`."""
     from finetune import run
 
     recorded = output_dir / "benchmark_argv.json"
     if (output_dir / "results.json").exists() and recorded.exists() and json.loads(recorded.read_text()) == argv:
         print(f"{output_dir} is trained already with these options; kept.", flush=True)
         return
-    run.main(["--config", str(CONFIG), "--output_dir", str(output_dir), "--overwrite_output_dir", "true", *argv])
+    try:
+        run.main(["--config", str(CONFIG), "--output_dir", str(output_dir), "--overwrite_output_dir", "true", *argv])
+    except Exception as error:  # its line says what went wrong, not in which of the runs
+        kind = UsageError if isinstance(error, UsageError) else RuntimeError  # a malformed option keeps status 2
+        raise kind(f"The {name} ({output_dir}) failed: {error_line(error)}") from error
     recorded.write_text(json.dumps(argv))
 
 
@@ -78,8 +83,9 @@ def main(argv: list[str] | None = None) -> dict:
         suffix = "" if seed == args.seeds[0] else f"_seed{seed}"
         alone, taught = args.runs / f"scratch_alone{suffix}", args.runs / f"scratch_taught{suffix}"
         common = ["--seed", seed, "--data_seed", TEACHER_SPLIT_SEED, "--report_to", "none"]
-        train(alone, [*common, "--teacher_model_name_or_path", "null"])
-        train(taught, [*common, "--teacher_model_name_or_path", str(args.teacher), *extra])
+        train(f"student alone of seed {seed}", alone, [*common, "--teacher_model_name_or_path", "null"])
+        taught_argv = [*common, "--teacher_model_name_or_path", str(args.teacher), *extra]
+        train(f"taught student of seed {seed}", taught, taught_argv)
         accuracies[seed] = {
             name: figures(path)["validation_accuracy"] for name, path in (("alone", alone), ("taught", taught))
         }

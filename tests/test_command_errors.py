@@ -1,5 +1,6 @@
 """Every command ends an error as one line `error: ...` with exit status 1, and shows a traceback only when asked."""
 
+import json
 import os
 import subprocess
 import sys
@@ -190,6 +191,28 @@ def test_a_benchmark_refuses_what_it_cannot_use_in_one_line_before_measuring(tmp
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 1 and done.stderr.startswith(f"error: {line}"), done.stderr
     assert done.stderr.count("\n") == 1 and (tmp_path / "notes.txt").read_text() == "keep me"
+
+
+def test_a_failed_distillation_run_is_named(tmp_path):
+    """Its line was the run's own (`--distillation_temperature: invalid float value`), naming neither the student
+    (alone or taught, which seed) nor its folder."""
+    (tmp_path / "teacher").mkdir()
+    (tmp_path / "teacher" / "results.json").write_text("{}")
+    alone = tmp_path / "runs" / "scratch_alone"  # trained already: a rerun with other options for the taught runs
+    alone.mkdir(parents=True)
+    (alone / "results.json").write_text("{}")
+    argv = ["--seed", "42", "--data_seed", "42", "--report_to", "none", "--teacher_model_name_or_path", "null"]
+    (alone / "benchmark_argv.json").write_text(json.dumps(argv))
+    command = [sys.executable, str(ROOT / "benchmarks" / "distillation.py"), "--teacher", "teacher", "--runs", "runs",
+               "--output", "out", "--distillation_temperature", "x"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    env.pop("LOG_LEVEL", None)
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and done.stderr.count("error:") == 1, done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        "error: The taught student of seed 42 (runs/scratch_taught) failed: --distillation_temperature: invalid float "
+        "value: 'x'"
+    )
 
 
 def test_a_predictions_file_where_a_folder_is_fails_before_predicting(tmp_path, capsys):

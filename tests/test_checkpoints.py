@@ -40,6 +40,7 @@ def checkpoints(out: Path) -> list[str]:
     return sorted(p.name for p in out.iterdir() if p.name.startswith("checkpoint-"))
 
 
+@pytest.mark.slow
 def test_a_failed_write_is_skipped_and_resume_continues_from_the_last_whole_one(tmp_path, caplog):
     out = tmp_path / "out"
     run.main([*TINY, "--num_train_epochs", "1", "--output_dir", str(out)])
@@ -409,6 +410,7 @@ def test_checkpoints_of_a_save_only_model_run_are_not_resumed(tmp_path, capsys):
         assert f"--model_name_or_path {out / 'checkpoint-8'}" in lines[0]
 
 
+@pytest.mark.slow
 def test_a_second_run_on_a_folder_in_use_is_refused_and_a_killed_runs_lock_is_taken_over(tmp_path, caplog):
     out = tmp_path / "out"
     endless = [*TINY, "--max_steps", "100000", "--eval_strategy", "no", "--save_strategy", "no",

@@ -193,6 +193,7 @@ def test_a_benchmark_refuses_what_it_cannot_use_in_one_line_before_measuring(tmp
     assert done.stderr.count("\n") == 1 and (tmp_path / "notes.txt").read_text() == "keep me"
 
 
+@pytest.mark.slow
 def test_a_failed_distillation_run_is_named(tmp_path):
     """Its line was the run's own (`--distillation_temperature: invalid float value`), naming neither the student
     (alone or taught, which seed) nor its folder."""

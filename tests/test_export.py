@@ -242,6 +242,7 @@ def test_an_output_that_holds_another_model_is_refused_and_left_as_it_was(scratc
     assert export.main([str(scratch_run), "--format", "onnx"]).path == scratch_run / "onnx" / "model.onnx"
 
 
+@pytest.mark.slow
 def test_an_interrupted_export_leaves_no_half_folder_and_its_rerun_exports(scratch_run, tmp_path):
     """Ctrl-C once model.onnx is written, before the files beside it: nothing appears that a rerun would refuse as
     another model's export, or that predict would fail on."""

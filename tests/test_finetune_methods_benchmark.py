@@ -38,6 +38,7 @@ def test_cifar10_source_on_five_classes_fine_tuned_on_the_other_five(tmp_path):
     assert "| linear_probe | 0.01 | 1.0 |" in (out / "cifar10.md").read_text()
 
 
+@pytest.mark.slow
 def test_a_failed_method_is_one_line_after_the_report_of_those_before_it(tmp_path):
     """`--merge_lora true` is refused by every method but LoRA: LoRA trains, then the linear probe fails at once."""
     small_cifar_parquet(tmp_path / "train.parquet", n=100, names=CIFAR10_NAMES)

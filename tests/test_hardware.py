@@ -221,6 +221,7 @@ else:
 """
 
 
+@pytest.mark.slow
 def test_two_cpu_processes_join_one_group_with_the_ddp_timeout(tmp_path):
     """transformers passes no timeout to accelerate on the CPU; the settings step starts the group with it."""
     script = tmp_path / "script.py"
@@ -252,6 +253,7 @@ torch.distributed.destroy_process_group()  # as finetune.run.main does: exiting 
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("speedups, bf16", [("1.5,1.0", True), ("1.0,1.5", False)])
 def test_two_cpu_processes_train_in_process_0s_precision(tmp_path, speedups, bf16):
     """`bf16: auto` measures in each process; where the measurements fall on either side of the threshold, both

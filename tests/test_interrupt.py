@@ -65,6 +65,7 @@ def uninterrupted(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_and_the_resumed_run_ends_as_an_uninterrupted_one(tmp_path, uninterrupted):
     out = tmp_path / "run"
     strategy = STEPS_SAVE
@@ -103,6 +104,7 @@ def test_sigterm_saves_a_checkpoint_and_the_resumed_run_ends_as_an_uninterrupted
         assert closing["train_samples_per_second"] == pytest.approx(results(out)["train"]["images_per_second"])
 
 
+@pytest.mark.slow
 def test_a_run_with_an_ema_resumes_exactly_too(tmp_path):
     """The checkpoint holds the average (what evaluations use) and `ema_state.safetensors` the training weights."""
     ema = ["--ema_decay", "0.9", *STEPS_SAVE]
@@ -151,6 +153,7 @@ def test_a_checkpoint_saved_before_an_epochs_evaluation_resumes_exactly(tmp_path
     assert same_weights(out, uninterrupted)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("into", ["moved", "new"])
 def test_a_moved_run_folder_resumes_and_keeps_its_best_checkpoint(tmp_path, into):
     """The Trainer records the best checkpoint as a path from where the run started: it is found by its name next to
@@ -183,6 +186,7 @@ def test_ctrl_c_saves_too_and_a_second_signal_stops_at_once(tmp_path):
     assert not list(out.glob("checkpoint-*")), "the second signal ends the run without saving"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["TERM", "INT"])
 def test_a_signal_during_start_up_ends_the_run_with_one_line_and_leaves_no_half_decoded_cache(tmp_path, name):
     """SIGTERM while the dataset is decoded used to end the run without a word, leaving a half-written cache folder."""
@@ -212,6 +216,7 @@ def test_a_signal_while_the_run_starts_names_that_stage_and_the_way_on(tmp_path)
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_sigterm_after_training_and_in_other_commands_ends_them_with_one_line_as_ctrl_c_does(tmp_path):
     """SIGTERM while the results were saved, or while `predict` ran, used to end the command without a word (exit 143
     from the signal itself), leaving the run folder's lock behind."""
@@ -231,6 +236,7 @@ def test_sigterm_after_training_and_in_other_commands_ends_them_with_one_line_as
     assert proc.stderr.strip().splitlines()[-1] == "error: stopped by SIGTERM; the files already complete are kept."
 
 
+@pytest.mark.slow
 def test_a_signal_after_the_last_optimizer_step_stops_the_run_too(tmp_path):
     """Ctrl-C during the last epoch's evaluation, after the last optimizer step, was ignored: the run went on to its
     results and exited 0."""
@@ -261,6 +267,7 @@ def test_a_signal_after_the_last_optimizer_step_that_no_checkpoint_holds_lets_th
     assert results(out)["train"]["steps"] == 16 and not list(out.glob("checkpoint-*"))
 
 
+@pytest.mark.slow
 def test_a_signal_while_the_kept_model_is_evaluated_names_the_resume(tmp_path):
     """After `train()` returns (the best model reloaded, then scored on each split) a signal named no way on; the line
     now names the resume, which scores the kept model and writes the results."""
@@ -292,6 +299,7 @@ LAUNCHER = [
 ]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_two_processes_save_the_same_step_when_one_of_them_is_signalled(tmp_path):
     out = tmp_path / "ddp"
     proc = run_script(
@@ -315,6 +323,7 @@ def test_two_processes_save_the_same_step_when_one_of_them_is_signalled(tmp_path
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 8
 
 
+@pytest.mark.slow
 def test_two_processes_say_an_error_of_both_once_and_an_error_of_one_in_that_one(tmp_path):
     """Each process printed the errors that every process raises (here a refused option), and the launcher its
     traceback after them: they are said once now, with each process's exit status; an error of one process alone
@@ -333,6 +342,7 @@ def test_two_processes_say_an_error_of_both_once_and_an_error_of_one_in_that_one
     assert proc.stderr.count("error: No space left on device (tests/signalled_run.py, process 1)") == 1, proc.stderr
 
 
+@pytest.mark.slow
 def test_a_killed_process_ends_the_other_at_once_with_one_line(tmp_path):
     out = tmp_path / "killed"
     start = time.monotonic()
@@ -515,6 +525,7 @@ def test_a_run_whose_training_had_ended_trains_no_step_when_resumed(tmp_path, st
         assert (out / "model.safetensors").read_bytes() == kept
 
 
+@pytest.mark.slow
 def test_a_finished_run_resumed_with_more_epochs_trains_on(tmp_path, uninterrupted):
     out = tmp_path / "run"
     out.mkdir()
@@ -533,6 +544,7 @@ def test_a_finished_run_resumed_with_more_epochs_trains_on(tmp_path, uninterrupt
     assert said in proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_a_resume_with_another_learning_rate_is_refused_and_an_older_checkpoint_still_resumes(tmp_path, uninterrupted):
     """The checkpoint's optimizer and schedule states go on with the rate it was trained with: resumed with another
     one, it trained on with the old rate and results.json recorded the new one."""

@@ -193,6 +193,7 @@ def test_an_absurd_learning_rate_ends_the_run_with_one_error_line(tmp_path):
     assert not (out / "results.json").exists()
 
 
+@pytest.mark.slow
 def test_two_processes_stop_together_when_one_of_them_goes_non_finite(tmp_path):
     out = tmp_path / "ddp"
     launcher = [

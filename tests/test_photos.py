@@ -147,6 +147,7 @@ def test_a_padding_that_randomresizedcrop_replaces_is_named_as_ignored(tmp_path,
     assert expected in caplog.text
 
 
+@pytest.mark.slow
 def test_two_processes_share_one_decoded_cache(tmp_path):
     photos = write_photo_folder(tmp_path / "photos")
     out, cache = tmp_path / "run", tmp_path / "cache"

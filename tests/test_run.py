@@ -337,6 +337,7 @@ def test_two_processes_give_the_metrics_of_one(tmp_path):
     assert proc.stdout.count("at chance level") + proc.stderr.count("at chance level") <= 1
 
 
+@pytest.mark.slow
 def test_two_processes_plan_the_same_budget_schedule(tmp_path):
     """Under `budget_schedule` each process plans from the (step, seconds) they all agreed on through the guard, not
     from its own clock: the same schedule, re-planned at the same steps, ending at the budget in both."""
@@ -362,6 +363,7 @@ def test_two_processes_plan_the_same_budget_schedule(tmp_path):
     assert [row["learning_rate"] for row in state["log_history"] if "learning_rate" in row][-1] < 0.2 * 3e-3
 
 
+@pytest.mark.slow
 def test_two_processes_pretrained_path(tmp_path):
     args = [a for a in TINY_SCRATCH]
     args[args.index("scratch")] = "pretrained"

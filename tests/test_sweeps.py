@@ -43,6 +43,7 @@ def test_variant_parsing():
         sweep.Variant.parse("=--learning_rate 1")
 
 
+@pytest.mark.slow
 def test_a_sweep_typed_in_another_folder_reads_and_writes_there_and_names_a_failed_run(tmp_path):
     """Relative paths mean what they mean where the command is typed, the runs' own options included; a run that
     fails is one line naming it, after the report of every run."""
@@ -63,6 +64,7 @@ def test_a_sweep_typed_in_another_folder_reads_and_writes_there_and_names_a_fail
     assert "--config tiny.yaml --dataset_name data.parquet --output_dir out/runs/a" in a["command"]
 
 
+@pytest.mark.slow
 def test_gpu_sweep_names_a_failed_run_after_its_report(tmp_path):
     """It wrote the report and exited 0: a sweep whose runs failed read as done."""
     small_cifar_parquet(tmp_path / "data.parquet")

@@ -43,6 +43,7 @@ def test_report_tables_and_plot(tmp_path):
     assert "| 1.0 | 2.0 | 50.00% |" in text and "`python finetune/run.py --config a.yaml`" in text
 
 
+@pytest.mark.slow
 def test_a_failed_run_is_one_line_and_the_runs_before_it_are_reported(tmp_path):
     """Typed in another folder: its relative paths (the runs' own options too) are read and written there."""
     small_cifar_parquet(tmp_path / "data.parquet", n=48)

@@ -34,7 +34,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from finetune.errors import run_command  # noqa: E402
+from finetune.errors import ArgumentParser, run_command  # noqa: E402
 from finetune.locations import check_folder, make_folder  # noqa: E402
 
 
@@ -42,7 +42,7 @@ MODES = ("mmap", "in-memory")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])  # its errors: one line
     parser.add_argument("--num_images", "--num-images", type=int, default=2000)
     parser.add_argument("--num_classes", "--num-classes", type=int, default=10)
     parser.add_argument(
@@ -63,6 +63,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--output", default=None, help="Also write the results as JSON here.")
     parser.add_argument("--worker", choices=MODES, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    # Refused now: a batch of 0 images made a table of 0 images/s, and no image, class or step failed only once
+    # the photos were generated.
+    for name in ("num_images", "num_classes", "batch_size", "steps", "decode_workers"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name} must be >= 1, got {value}")
+    if args.image_size < 32 or args.image_size % 32:
+        parser.error(f"--image_size must be a multiple of 32 (the model's patch size), got {args.image_size}")
     if args.output:  # made now: found in the way only after the measurement, it lost the results
         make_folder(check_folder(args.output, is_file=True).parent)
     return args

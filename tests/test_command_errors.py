@@ -183,14 +183,44 @@ IN_THE_WAY = "--output 'notes.txt': notes.txt is a file, not a folder. Fix:"
 def test_a_benchmark_refuses_what_it_cannot_use_in_one_line_before_measuring(tmp_path, script, argv, line):
     """A file where --output's folder goes (or a folder where its file goes), or the quickstart not run: the
     measurements were made first, then lost to a traceback."""
+    done = run_benchmark(tmp_path, script, argv)
+    assert done.returncode == 1 and done.stderr.startswith(f"error: {line}"), done.stderr
+    assert done.stderr.count("\n") == 1 and (tmp_path / "notes.txt").read_text() == "keep me"
+
+
+PHOTOS_JSON = "--output notes.txt/photos.json"
+
+
+@pytest.mark.parametrize(
+    "script, argv, line",
+    [
+        # Each with an --output in the way too: the option is refused first (unchecked, it failed there, fast).
+        ("photo_cache.py", f"--batch_size 0 {PHOTOS_JSON}", "--batch_size must be >= 1, got 0"),
+        ("photo_cache.py", f"--batch_size -4 {PHOTOS_JSON}", "--batch_size must be >= 1, got -4"),
+        ("photo_cache.py", f"--steps 0 {PHOTOS_JSON}", "--steps must be >= 1, got 0"),
+        ("photo_cache.py", f"--num_images 0 {PHOTOS_JSON}", "--num_images must be >= 1, got 0"),
+        ("photo_cache.py", f"--num_classes 0 {PHOTOS_JSON}", "--num_classes must be >= 1, got 0"),
+        ("photo_cache.py", f"--decode_workers 0 {PHOTOS_JSON}", "--decode_workers must be >= 1, got 0"),
+        ("photo_cache.py", f"--image_size 100 {PHOTOS_JSON}", "--image_size must be a multiple of 32 (the model's"),
+    ],
+)
+def test_a_benchmark_refuses_a_meaningless_option_in_one_line_and_status_2(tmp_path, script, argv, line):
+    """An option the measurement cannot use: it measured anyway (`photo_cache.py --batch_size 0` printed a table of
+    0 images/s and exited 0) or failed once photos were generated. Refused before anything is made, --output too."""
+    done = run_benchmark(tmp_path, script, argv)
+    assert done.returncode == 2 and done.stderr.startswith(f"error: {line}"), done.stderr
+    assert done.stderr.count("\n") == 1 and (tmp_path / "notes.txt").read_text() == "keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "teacher"]
+
+
+def run_benchmark(tmp_path: Path, script: str, argv: str) -> subprocess.CompletedProcess:
+    """`benchmarks/SCRIPT ARGV` in `tmp_path`, beside a file `notes.txt` and a quickstart teacher `teacher/`."""
     (tmp_path / "notes.txt").write_text("keep me")
     (tmp_path / "teacher").mkdir()
     (tmp_path / "teacher" / "results.json").write_text("{}")
     command = [sys.executable, str(ROOT / "benchmarks" / script), *argv.split()]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 1 and done.stderr.startswith(f"error: {line}"), done.stderr
-    assert done.stderr.count("\n") == 1 and (tmp_path / "notes.txt").read_text() == "keep me"
+    return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.slow

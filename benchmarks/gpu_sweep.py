@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import sweep  # noqa: E402
 
-from finetune.errors import run_command  # noqa: E402
+from finetune.errors import ArgumentParser, run_command  # noqa: E402
 from finetune.locations import make_folder  # noqa: E402
 
 
@@ -47,7 +47,7 @@ TINY = [
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default=str(ROOT.parent / "shared/data/cifar10-jpeg/train.parquet"))
     parser.add_argument("--output", default=str(ROOT / "benchmarks/results/gpu/sweep"))
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
@@ -56,11 +56,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--parallel", type=int, default=None, help="Variants at once (default: all).")
     parser.add_argument("--tiny", action="store_true", help="CPU-sized models and data (what the tests run).")
     args, shared = parser.parse_known_args(argv)
+    if args.parallel is not None and args.parallel < 1:  # 0 meant all at once; below, ThreadPoolExecutor's error
+        parser.error("--parallel must be >= 1 (leave it out to run every variant at once)")
     variants = [sweep.Variant(name, VARIANTS[name]) for name in args.variants]
     variants += [sweep.Variant.parse(text) for text in args.variant]
     common = ["--dataset_name", args.data, *(TINY if args.tiny else []), *shared]
     output = make_folder(args.output)
-    parallel = args.parallel or len(variants)
+    parallel = len(variants) if args.parallel is None else args.parallel
     rows = sweep.run_variants(sweep.from_here(CONFIG), variants, output, common, args.minutes, parallel)
     title = f"Scratch GPU recipe: {len(variants)} variants side by side, {args.minutes:g} minutes each"
     print(sweep.write_report(output, rows, title))

@@ -202,11 +202,14 @@ PHOTOS_JSON = "--output notes.txt/photos.json"
         ("photo_cache.py", f"--num_classes 0 {PHOTOS_JSON}", "--num_classes must be >= 1, got 0"),
         ("photo_cache.py", f"--decode_workers 0 {PHOTOS_JSON}", "--decode_workers must be >= 1, got 0"),
         ("photo_cache.py", f"--image_size 100 {PHOTOS_JSON}", "--image_size must be a multiple of 32 (the model's"),
+        ("gpu_sweep.py", "--parallel 0 --output notes.txt", "--parallel must be >= 1 (leave it out to run every"),
+        ("gpu_sweep.py", "--parallel -1 --output notes.txt", "--parallel must be >= 1 (leave it out to run every"),
     ],
 )
 def test_a_benchmark_refuses_a_meaningless_option_in_one_line_and_status_2(tmp_path, script, argv, line):
     """An option the measurement cannot use: it measured anyway (`photo_cache.py --batch_size 0` printed a table of
-    0 images/s and exited 0) or failed once photos were generated. Refused before anything is made, --output too."""
+    0 images/s and exited 0, `gpu_sweep.py --parallel 0` ran every variant at once) or failed late. Refused as a
+    malformed command line, before anything is made, --output too."""
     done = run_benchmark(tmp_path, script, argv)
     assert done.returncode == 2 and done.stderr.startswith(f"error: {line}"), done.stderr
     assert done.stderr.count("\n") == 1 and (tmp_path / "notes.txt").read_text() == "keep me"

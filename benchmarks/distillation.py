@@ -23,12 +23,17 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from finetune.errors import UsageError, error_line, run_command  # noqa: E402
+from finetune.errors import ArgumentParser, UsageError, error_line, run_command  # noqa: E402
 from finetune.locations import make_folder  # noqa: E402
 
 
 CONFIG = ROOT / "configs" / "quickstart_distilled.yaml"
 TEACHER_SPLIT_SEED = "42"  # configs/quickstart.yaml's seed, which drew the split the teacher was trained on
+
+
+def run_argv(output_dir: Path, argv: list[str]) -> list[str]:
+    """The command line of the student run in `output_dir` with `argv` on top of the config."""
+    return ["--config", str(CONFIG), "--output_dir", str(output_dir), "--overwrite_output_dir", "true", *argv]
 
 
 def train(name: str, output_dir: Path, argv: list[str]) -> None:
@@ -42,7 +47,7 @@ def train(name: str, output_dir: Path, argv: list[str]) -> None:
         print(f"{output_dir} is trained already with these options; kept.", flush=True)
         return
     try:
-        run.main(["--config", str(CONFIG), "--output_dir", str(output_dir), "--overwrite_output_dir", "true", *argv])
+        run.main(run_argv(output_dir, argv))
     except Exception as error:  # its line says what went wrong, not in which of the runs
         kind = UsageError if isinstance(error, UsageError) else RuntimeError  # a malformed option keeps status 2
         raise kind(f"The {name} ({output_dir}) failed: {error_line(error)}") from error
@@ -67,28 +72,37 @@ def figures(run_dir: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--teacher", type=Path, default=Path("outputs/quickstart/pretrained"))
     parser.add_argument("--runs", type=Path, default=Path("outputs/distillation"), help="where the students train")
     parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results" / "distillation")
-    parser.add_argument("--seeds", nargs="+", default=[TEACHER_SPLIT_SEED], help="training seeds of each pair")
+    parser.add_argument(
+        "--seeds", nargs="+", type=int, default=[TEACHER_SPLIT_SEED], help="training seeds of each pair"
+    )
     args, extra = parser.parse_known_args(argv)
     if not (args.teacher / "results.json").exists():
         parser.error(f"no trained teacher at {args.teacher}: run `python -m finetune.tools.quickstart` first.")
+    students = {}  # (seed, "alone" or "taught"): (folder, argv), in the order they train
+    for seed in args.seeds:
+        suffix = "" if seed == args.seeds[0] else f"_seed{seed}"
+        common = ["--seed", str(seed), "--data_seed", TEACHER_SPLIT_SEED, "--report_to", "none"]
+        alone_argv = [*common, "--teacher_model_name_or_path", "null"]
+        taught_argv = [*common, "--teacher_model_name_or_path", str(args.teacher), *extra]
+        students[seed, "alone"] = args.runs / f"scratch_alone{suffix}", alone_argv
+        students[seed, "taught"] = args.runs / f"scratch_taught{suffix}", taught_argv
+    from finetune.arguments import parse_args
+
+    for folder, student_argv in students.values():  # read as its run will: a malformed option failed after training
+        parse_args(run_argv(folder, student_argv))
     make_folder(args.output)  # made now: found in the way only after training, it lost the report
     from finetune.tools.compare import write_comparison
 
+    for (seed, kind), (folder, student_argv) in students.items():
+        name = "student alone" if kind == "alone" else "taught student"
+        train(f"{name} of seed {seed}", folder, student_argv)
     accuracies = {}
-    for seed in args.seeds:
-        suffix = "" if seed == args.seeds[0] else f"_seed{seed}"
-        alone, taught = args.runs / f"scratch_alone{suffix}", args.runs / f"scratch_taught{suffix}"
-        common = ["--seed", seed, "--data_seed", TEACHER_SPLIT_SEED, "--report_to", "none"]
-        train(f"student alone of seed {seed}", alone, [*common, "--teacher_model_name_or_path", "null"])
-        taught_argv = [*common, "--teacher_model_name_or_path", str(args.teacher), *extra]
-        train(f"taught student of seed {seed}", taught, taught_argv)
-        accuracies[seed] = {
-            name: figures(path)["validation_accuracy"] for name, path in (("alone", alone), ("taught", taught))
-        }
+    for (seed, kind), (folder, _) in students.items():
+        accuracies.setdefault(seed, {})[kind] = figures(folder)["validation_accuracy"]
     runs = {"teacher": args.teacher, "alone": args.runs / "scratch_alone", "taught": args.runs / "scratch_taught"}
     report = write_comparison(list(runs.values()), args.output)
     summary = {name: figures(path) for name, path in runs.items()}

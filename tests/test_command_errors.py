@@ -189,12 +189,14 @@ def test_a_benchmark_refuses_what_it_cannot_use_in_one_line_before_measuring(tmp
 
 
 PHOTOS_JSON = "--output notes.txt/photos.json"
+DISTILL = "--teacher teacher --runs notes.txt --output out"
 
 
 @pytest.mark.parametrize(
     "script, argv, line",
     [
-        # Each with an --output in the way too: the option is refused first (unchecked, it failed there, fast).
+        # Each with a folder in the way too (--output, distillation's --runs): the option is refused first; unchecked,
+        # it failed there, fast (distillation's taught runs: after the students alone had trained, minutes).
         ("photo_cache.py", f"--batch_size 0 {PHOTOS_JSON}", "--batch_size must be >= 1, got 0"),
         ("photo_cache.py", f"--batch_size -4 {PHOTOS_JSON}", "--batch_size must be >= 1, got -4"),
         ("photo_cache.py", f"--steps 0 {PHOTOS_JSON}", "--steps must be >= 1, got 0"),
@@ -204,12 +206,16 @@ PHOTOS_JSON = "--output notes.txt/photos.json"
         ("photo_cache.py", f"--image_size 100 {PHOTOS_JSON}", "--image_size must be a multiple of 32 (the model's"),
         ("gpu_sweep.py", "--parallel 0 --output notes.txt", "--parallel must be >= 1 (leave it out to run every"),
         ("gpu_sweep.py", "--parallel -1 --output notes.txt", "--parallel must be >= 1 (leave it out to run every"),
+        ("distillation.py", f"{DISTILL} --seeds 42 x", "--seeds: invalid int value: 'x'"),
+        ("distillation.py", f"{DISTILL} --distillation_temperature x", "--distillation_temperature: invalid float"),
+        ("distillation.py", f"{DISTILL} --seeds 1 2 --no_such 1", "Unknown option(s) on the command line: '--no_"),
     ],
 )
 def test_a_benchmark_refuses_a_meaningless_option_in_one_line_and_status_2(tmp_path, script, argv, line):
     """An option the measurement cannot use: it measured anyway (`photo_cache.py --batch_size 0` printed a table of
-    0 images/s and exited 0, `gpu_sweep.py --parallel 0` ran every variant at once) or failed late. Refused as a
-    malformed command line, before anything is made, --output too."""
+    0 images/s and exited 0, `gpu_sweep.py --parallel 0` ran every variant at once) or failed late (a distillation
+    option of the taught runs, after the students alone had trained). Refused as a malformed command line, before
+    anything is made, --output too."""
     done = run_benchmark(tmp_path, script, argv)
     assert done.returncode == 2 and done.stderr.startswith(f"error: {line}"), done.stderr
     assert done.stderr.count("\n") == 1 and (tmp_path / "notes.txt").read_text() == "keep me"
@@ -228,8 +234,8 @@ def run_benchmark(tmp_path: Path, script: str, argv: str) -> subprocess.Complete
 
 @pytest.mark.slow
 def test_a_failed_distillation_run_is_named(tmp_path):
-    """Its line was the run's own (`--distillation_temperature: invalid float value`), naming neither the student
-    (alone or taught, which seed) nor its folder."""
+    """Its line was the run's own (here: a teacher folder that is not a saved model), naming neither the student
+    (alone or taught, which seed) nor its folder. (A malformed option is refused before any run: the test above.)"""
     (tmp_path / "teacher").mkdir()
     (tmp_path / "teacher" / "results.json").write_text("{}")
     alone = tmp_path / "runs" / "scratch_alone"  # trained already: a rerun with other options for the taught runs
@@ -238,14 +244,14 @@ def test_a_failed_distillation_run_is_named(tmp_path):
     argv = ["--seed", "42", "--data_seed", "42", "--report_to", "none", "--teacher_model_name_or_path", "null"]
     (alone / "benchmark_argv.json").write_text(json.dumps(argv))
     command = [sys.executable, str(ROOT / "benchmarks" / "distillation.py"), "--teacher", "teacher", "--runs", "runs",
-               "--output", "out", "--distillation_temperature", "x"]  # fmt: skip
+               "--output", "out"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
     env.pop("LOG_LEVEL", None)
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 2 and done.stderr.count("error:") == 1, done.stderr
-    assert done.stderr.splitlines()[-1] == (
-        "error: The taught student of seed 42 (runs/scratch_taught) failed: --distillation_temperature: invalid float "
-        "value: 'x'"
+    assert done.returncode == 1 and done.stderr.count("error:") == 1, done.stderr
+    assert done.stderr.splitlines()[-1].startswith(
+        "error: The taught student of seed 42 (runs/scratch_taught) failed: teacher has no config.json: it is not a "
+        "saved model."
     )
 
 

@@ -65,6 +65,7 @@ from finetune.checkpoints import (  # noqa: E402
 )
 from finetune.data import ImageData, check_separate_files, collate_batch, load_image_data  # noqa: E402
 from finetune.errors import Interrupted, one_line, run_command, signal_name  # noqa: E402
+from finetune.locations import check_folder  # noqa: E402
 from finetune.metrics import compute_metrics, confusion_report, multi_label_report, multi_label_scores  # noqa: E402
 from finetune.models import (  # noqa: E402
     attention_head_size,
@@ -383,10 +384,7 @@ def check_model_and_output_dir(model_args: ModelArguments, training_args: Traini
             "`output_dir` is empty, which would write the run into the current folder. Name a folder, e.g. "
             "`--output_dir outputs/run`."
         )
-    if Path(training_args.output_dir).exists() and not Path(training_args.output_dir).is_dir():
-        raise NotADirectoryError(
-            f"`output_dir` {training_args.output_dir} is a file; pass a folder (new or existing)."
-        )
+    check_folder(training_args.output_dir, "`output_dir`")  # it, or a folder it would be made in, a file
     output = Path(training_args.output_dir).expanduser().resolve()
     # The folders the run writes into (saves, checkpoint rotation, cleanup): under `both`, one per model.
     run_dirs = [output / "pretrained", output / "scratch"] if model_args.model_type == "both" else [output]

@@ -473,10 +473,13 @@ def test_sparse_label_ids_are_renumbered_and_keep_their_names(tmp_path, caplog):
         load_image_data(dataclasses.replace(data_args, include_labels=["0", "5"]), seed=0)
 
 
-def test_output_dir_that_is_a_file(tmp_path):
+@pytest.mark.parametrize("below", ["", "run"])
+def test_output_dir_that_is_a_file_or_in_one(tmp_path, below):
+    """A file where the run's folder, or a folder it would be made in, is: one line naming it, before any data."""
     (tmp_path / "out").write_text("notes")
-    with pytest.raises(NotADirectoryError, match=r"`output_dir` .*out is a file; pass a folder"):
-        run.main([*SCRATCH, "--dataset_name", "sklearn:digits", "--output_dir", str(tmp_path / "out")])
+    output_dir = str(tmp_path / "out" / below) if below else str(tmp_path / "out")
+    with pytest.raises(ValueError, match=r"^`output_dir` '.*out(/run)?': .*out is a file, not a folder. Fix: an"):
+        run.main([*SCRATCH, "--dataset_name", "sklearn:digits", "--output_dir", output_dir])
     assert (tmp_path / "out").read_text() == "notes"
 
 

@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import finetune_methods  # noqa: E402
 import sweep  # noqa: E402
 
-from finetune.errors import run_command  # noqa: E402
+from finetune.errors import ArgumentParser, run_command  # noqa: E402
 from finetune.locations import make_folder  # noqa: E402
 
 
@@ -42,7 +42,7 @@ def variants(base_batch: int, base_rate: float, factor: int, rates) -> list[swee
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset_name", default=sweep.from_here("../shared/data/cifar10-jpeg/train.parquet"))
     parser.add_argument("--output", default=sweep.from_here("benchmarks/results/batch_scaling"))
     parser.add_argument("--work_dir", default=str(finetune_methods.CIFAR10_OUTPUT), help="Where the source is made.")

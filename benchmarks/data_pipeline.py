@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 from finetune.arguments import DataArguments  # noqa: E402
 from finetune.augment import BatchTransform  # noqa: E402
 from finetune.data import collate_batch, load_image_data  # noqa: E402
-from finetune.errors import run_command  # noqa: E402
+from finetune.errors import ArgumentParser, run_command  # noqa: E402
 from finetune.locations import check_folder, make_folder  # noqa: E402
 
 
@@ -52,7 +52,7 @@ COMPILE_MODES = ("auto", "default", "reduce-overhead", "cudagraphs")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", default=str(ROOT.parent / "shared/data/cifar10-jpeg/train.parquet"))
     parser.add_argument(
         "--num_images", "--num-images", type=int, default=10_000, help="Use the first M images of --data."

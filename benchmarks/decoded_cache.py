@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from finetune.data import decode_image  # noqa: E402
-from finetune.errors import run_command  # noqa: E402
+from finetune.errors import ArgumentParser, run_command  # noqa: E402
 from finetune.locations import check_folder, make_folder  # noqa: E402
 
 
@@ -54,7 +54,7 @@ SAMPLE = 256  # images whose pixels every reader must return as ours does
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", default=str(ROOT.parent / "shared/data/cifar10-jpeg/train.parquet"))
     parser.add_argument("--num_images", "--num-images", type=int, default=None, help="The first N (default: all).")
     parser.add_argument("--num_proc", "--num-proc", type=int, default=2, help="Decoding processes, both ways.")

@@ -9,7 +9,6 @@ CUDA device, the host-device synchronisations per update (counted by `torch.cuda
     python benchmarks/ema_update.py --device cuda --output benchmarks/results/gpu/ema_update.json
 """
 
-import argparse
 import json
 import statistics
 import sys
@@ -22,7 +21,7 @@ from transformers import ViTConfig, ViTForImageClassification
 
 from finetune.callbacks import ModelEMA
 from finetune.compile import synchronize
-from finetune.errors import run_command
+from finetune.errors import ArgumentParser, run_command
 from finetune.locations import check_folder, make_folder
 from scratch_vit import ScratchViTConfig, ScratchViTForImageClassification
 
@@ -98,7 +97,7 @@ def measure(name: str, device: torch.device, repeats: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["vit-b16", "scratch"], choices=["vit-b16", "scratch"])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--repeats", type=int, default=50)

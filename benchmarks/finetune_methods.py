@@ -24,7 +24,6 @@ cifar10, further `--key value` arguments go to every training run):
     python benchmarks/finetune_methods.py vit_b16 --steps 3 --batch_size 8 --output benchmarks/results/finetune_methods
 """
 
-import argparse
 import json
 import os
 import resource
@@ -38,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from finetune.errors import run_command  # noqa: E402
+from finetune.errors import ArgumentParser, run_command  # noqa: E402
 from finetune.locations import make_folder  # noqa: E402
 
 
@@ -279,7 +278,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         _, kind, method, out, *rest = argv
         Path(out).write_text(json.dumps(child(kind, method, rest)))
         return []
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("kind", choices=["quickstart", "cifar10", "vit_b16"])
     parser.add_argument(
         "--methods",

@@ -12,7 +12,6 @@
 `achieved(images_per_second, flops_per_image, peak)` turns a throughput into TFLOP/s and a share of a peak.
 """
 
-import argparse
 import copy
 import json
 import sys
@@ -27,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from finetune.compile import synchronize  # noqa: E402
-from finetune.errors import run_command  # noqa: E402
+from finetune.errors import ArgumentParser, run_command  # noqa: E402
 
 
 # Dense (no sparsity) bf16 tensor-core TFLOP/s from NVIDIA's data sheets, matched against the device name.
@@ -98,7 +97,7 @@ def achieved(images_per_second: float | None, flops_per_image: float | None, pea
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--size", type=int, default=8192, help="Matrix size of the peak measurement.")
     args = parser.parse_args(argv)

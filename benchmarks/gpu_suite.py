@@ -50,7 +50,7 @@ import train_budget  # noqa: E402
 
 from finetune import hardware  # noqa: E402
 from finetune.compile import one_line  # noqa: E402
-from finetune.errors import run_command  # noqa: E402
+from finetune.errors import ArgumentParser, run_command  # noqa: E402
 from finetune.tools.report import MISSING, format_number, format_percent, markdown_table  # noqa: E402
 
 
@@ -475,7 +475,7 @@ def measure_sweep(argv: list[str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default=str(ROOT.parent / "shared/data/cifar10-jpeg/train.parquet"))
     parser.add_argument("--output", default=str(ROOT / "benchmarks/results/gpu"))
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(DEFAULT_PARTS))

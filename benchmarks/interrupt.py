@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from gpu_suite import notebook_checkpoint  # noqa: E402
 
-from finetune.errors import run_command  # noqa: E402
+from finetune.errors import ArgumentParser, run_command  # noqa: E402
 from finetune.locations import make_folder  # noqa: E402
 
 
@@ -33,7 +33,7 @@ VIT_B16 = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 1
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "--output", default=os.path.relpath(ROOT / "benchmarks/results/interrupt"), help="Folder of interrupt.json."
     )

@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import sweep  # noqa: E402
 import torch  # noqa: E402
 
-from finetune.errors import run_command  # noqa: E402
+from finetune.errors import ArgumentParser, run_command  # noqa: E402
 from finetune.locations import check_folder, make_folder  # noqa: E402
 from finetune.tools.report import MISSING, format_number, format_percent, markdown_table  # noqa: E402
 
@@ -56,7 +56,7 @@ LEARNING_RATES = ("1e-3", "3e-3", "1e-2", "3e-2", "1e-1")
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset_name", default=sweep.from_here("../shared/data/cifar10-jpeg/train.parquet"))
     parser.add_argument("--output", default=sweep.from_here("benchmarks/results/lr_sweep"))
     parser.add_argument("--validation_size", type=int, default=5000, help="Training images held out (seeded 42).")

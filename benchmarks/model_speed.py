@@ -27,7 +27,7 @@ import torch
 from transformers import ViTConfig, ViTForImageClassification
 
 from finetune.compile import synchronize
-from finetune.errors import run_command
+from finetune.errors import ArgumentParser, run_command
 from finetune.locations import check_folder, make_folder
 from scratch_vit import ScratchViTConfig, ScratchViTForImageClassification
 
@@ -273,7 +273,7 @@ def markdown_table(results: list[Result]) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--preset", choices=[*PRESETS, "all"], nargs="+", default=["all"], help=f"`all`: {', '.join(CPU_PRESETS)}"
     )

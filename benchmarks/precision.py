@@ -33,7 +33,7 @@ from model_speed import make_step, time_steps  # noqa: E402
 
 from finetune import hardware  # noqa: E402
 from finetune.arguments import parse_args, scratch_config_kwargs  # noqa: E402
-from finetune.errors import run_command  # noqa: E402
+from finetune.errors import ArgumentParser, run_command  # noqa: E402
 from finetune.locations import check_folder, make_folder  # noqa: E402
 from finetune.models import attention_head_size  # noqa: E402
 from finetune.run import choose_attention  # noqa: E402
@@ -129,7 +129,7 @@ def markdown(result: dict) -> str:
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="configs/cifar10_scratch_cpu30_stem.yaml", help="A finetune.run config.")
     parser.add_argument("--steps", type=int, default=5, help="Training steps per timed repeat.")
     parser.add_argument("--repeats", type=int, default=5, help="Rounds of timing (each variant once per round).")

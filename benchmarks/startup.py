@@ -10,7 +10,6 @@ which other processes used under 10% of a core, and is kept only if they used un
     python benchmarks/startup.py                # median and range of 5 kept samples per command
 """
 
-import argparse
 import os
 import resource
 import shutil
@@ -19,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from finetune.errors import run_command
+from finetune.errors import ArgumentParser, run_command
 
 
 RUN, IMAGE = "outputs/quickstart/pretrained", "outputs/quickstart/digits/3/00.png"
@@ -67,7 +66,7 @@ def quiet_sample(command: list[str], settle: float, deadline: float) -> float | 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=5, help="Kept samples per command (default 5).")
     parser.add_argument("--settle", type=float, default=3.0, help="Quiet seconds before each sample (default 3).")
     parser.add_argument("--timeout", type=float, default=600, help="Seconds to wait for quiet per command.")

@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from finetune.errors import run_command  # noqa: E402
+from finetune.errors import ArgumentParser, run_command  # noqa: E402
 from finetune.locations import make_folder  # noqa: E402
 from finetune.results import Results  # noqa: E402
 from finetune.tools.report import MISSING, format_number, format_percent, markdown_table  # noqa: E402
@@ -208,7 +208,7 @@ def write_report(output: Path, rows: list[dict], title: str = "") -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="The YAML config every variant starts from.")
     parser.add_argument("--variant", action="append", default=[], help="`NAME` or `NAME=--key value ...` (repeat).")
     parser.add_argument("--output", default=from_here("benchmarks/results/sweep"), help="Folder for runs and reports.")

@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a clone without `pip install -e .`
 
-from finetune.errors import run_command  # noqa: E402
+from finetune.errors import ArgumentParser, run_command  # noqa: E402
 from finetune.hardware import short_name  # noqa: E402
 from finetune.locations import make_folder  # noqa: E402
 from finetune.results import Results  # noqa: E402
@@ -51,7 +51,7 @@ logger = logging.getLogger("train_budget")
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", action="append", default=[], help="A YAML config of finetune/run.py (repeatable).")
     parser.add_argument("--minutes", type=float, help="Wall-clock training budget of each run, in minutes.")
     parser.add_argument(

@@ -7,6 +7,7 @@ from test_gpu_suite import small_cifar_parquet
 from test_sweeps import TINY_CONFIG, benchmark
 
 from benchmarks import train_budget
+from finetune.errors import UsageError
 
 
 def _fake_run(root, name, accuracies):
@@ -95,5 +96,5 @@ def test_suffix_names_the_run_and_needs_a_budget():
     assert train_budget.run_name("configs/cifar10_scratch_cpu30.yaml", "seed1") == "cifar10_scratch_cpu30_seed1"
     args, overrides = train_budget.parse_args(["--config", "a.yaml", "--minutes", "1", "--suffix", "x", "--seed", "1"])
     assert args.suffix == "x" and overrides == ["--seed", "1"]
-    with pytest.raises(SystemExit):
+    with pytest.raises(UsageError, match="--minutes must be > 0"):
         train_budget.parse_args(["--config", "a.yaml"])

@@ -8,8 +8,8 @@
 4. Writes 30 digits of each class as PNG files into `outputs/quickstart/digits/<class>/`, an image folder to try
    `predict`, `attention` and a run on your own images with.
 
-Steps whose output already exists are skipped (a model of step 3 stopped midway resumes from its checkpoint); extra
-`--key value` arguments go to step 3, which then refuses to replace models it trained earlier unless also given
+Steps whose output already exists are skipped (a model of step 2 or 3 stopped midway resumes from its checkpoint);
+extra `--key value` arguments go to step 3, which then refuses to replace models it trained earlier unless also given
 `--overwrite_output_dir true`.
 """
 
@@ -66,8 +66,9 @@ def main(argv: list[str] | None = None) -> dict:
     root = Path("outputs/quickstart")
     if not (root / "source_init" / "config.json").exists():
         make_source_init(root / "source_init")
-    if not (root / "source_model" / "results.json").exists():
-        run.main(["--config", str(CONFIGS / "quickstart_source.yaml"), "--overwrite_output_dir", "true"])
+    if not (root / "source_model" / "results.json").exists():  # stopped midway: it goes on from its checkpoint
+        source = ["--resume_from_checkpoint", "auto", "--overwrite_output_dir", "true"]
+        run.main(["--config", str(CONFIGS / "quickstart_source.yaml"), *source])
     # Without arguments, `auto` keeps each finished model (a rerun used to retrain them silently), resumes a stopped
     # one and starts one not begun; other options make another run, which `finetune.run` guards as any.
     keep = [] if argv else ["--resume_from_checkpoint", "auto"]

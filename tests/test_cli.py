@@ -84,7 +84,12 @@ def test_ctrl_c_while_the_command_imports_its_libraries_is_one_line(tmp_path):
 
     command = [sys.executable, "-m", "finetune.cli", "train", "--dataset_name", "sklearn:digits", "--output_dir", "o"]
     for _ in range(5):  # again where the command ended before the signal (in .ci/run, beside the suite's other worker)
-        process = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # A Ctrl-C reaches a command in the foreground, where SIGINT is not ignored: not so where this suite runs as a
+        # background job (`pytest ... &`), which starts with it ignored, as do the processes it starts.
+        process = subprocess.Popen(
+            command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )  # fmt: skip
         # While the libraries import (2-3 s): once torch's library is mapped.
         maps, deadline = Path(f"/proc/{process.pid}/maps"), time.monotonic() + 60
         with contextlib.suppress(OSError):  # the process may end while its map is read

@@ -229,6 +229,7 @@ def run_benchmark(tmp_path: Path, script: str, argv: str) -> subprocess.Complete
     (tmp_path / "teacher" / "results.json").write_text("{}")
     command = [sys.executable, str(ROOT / "benchmarks" / script), *argv.split()]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    env.pop("LOG_LEVEL", None)  # `debug` would add the traceback
     return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -236,18 +237,12 @@ def run_benchmark(tmp_path: Path, script: str, argv: str) -> subprocess.Complete
 def test_a_failed_distillation_run_is_named(tmp_path):
     """Its line was the run's own (here: a teacher folder that is not a saved model), naming neither the student
     (alone or taught, which seed) nor its folder. (A malformed option is refused before any run: the test above.)"""
-    (tmp_path / "teacher").mkdir()
-    (tmp_path / "teacher" / "results.json").write_text("{}")
     alone = tmp_path / "runs" / "scratch_alone"  # trained already: a rerun with other options for the taught runs
     alone.mkdir(parents=True)
     (alone / "results.json").write_text("{}")
     argv = ["--seed", "42", "--data_seed", "42", "--report_to", "none", "--teacher_model_name_or_path", "null"]
     (alone / "benchmark_argv.json").write_text(json.dumps(argv))
-    command = [sys.executable, str(ROOT / "benchmarks" / "distillation.py"), "--teacher", "teacher", "--runs", "runs",
-               "--output", "out"]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
-    env.pop("LOG_LEVEL", None)
-    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    done = run_benchmark(tmp_path, "distillation.py", "--teacher teacher --runs runs --output out")
     assert done.returncode == 1 and done.stderr.count("error:") == 1, done.stderr
     assert done.stderr.splitlines()[-1].startswith(
         "error: The taught student of seed 42 (runs/scratch_taught) failed: teacher has no config.json: it is not a "

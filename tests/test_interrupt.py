@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -625,15 +624,12 @@ def test_a_two_process_run_resumed_from_a_best_checkpoint_reports_the_uninterrup
 def test_a_quickstart_stopped_while_its_source_model_trains_resumes_it(tmp_path):
     """Step 2 of the quickstart ("pretraining" its source model), stopped by Ctrl-C, goes on from the checkpoint the
     stop saved when the quickstart is run again, as the stop's line says, instead of training it anew."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "SIGNAL_COMMAND": "finetune.tools.quickstart"}
-    stopped = {**env, "SIGNAL_AT": "100", "SIGNAL": "INT"}  # of the source model's 240 steps
+    stopped = {"SIGNAL_COMMAND": "finetune.tools.quickstart", "SIGNAL_AT": "100", "SIGNAL": "INT"}  # of 240 steps
     options = ["--num_train_epochs", "2"]  # of step 3
-    proc = subprocess.run([sys.executable, SIGNALLED, *options], env=stopped, cwd=tmp_path, capture_output=True,
-                          text=True, timeout=600)  # fmt: skip
+    proc = run_script([SIGNALLED, *options], env=stopped, cwd=tmp_path)
     assert proc.returncode == 128 + signal.SIGINT, proc.stderr[-3000:]
     assert "saved outputs/quickstart/source_model/checkpoint-100" in proc.stderr, proc.stderr[-3000:]
-    proc = subprocess.run([sys.executable, "-m", "finetune.tools.quickstart", *options], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    proc = run_script(["-m", "finetune.tools.quickstart", *options], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Resuming from outputs/quickstart/source_model/checkpoint-100" in proc.stdout + proc.stderr
     # The whole run's steps, not the resumed part's.

@@ -175,10 +175,10 @@ def test_divergence_stops_the_run_and_keeps_the_good_checkpoint(tmp_path, monkey
     assert all(torch.isfinite(t).all() for t in model.state_dict().values() if t.is_floating_point())
 
 
-def run_script(args: list[str], env: dict | None = None, launcher: list[str] | None = None):
+def run_script(args: list[str], env: dict | None = None, launcher: list[str] | None = None, cwd: Path = ROOT):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1", **(env or {})}
     command = [*(launcher or [sys.executable]), *args]
-    return subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True, timeout=600)
 
 
 def test_an_absurd_learning_rate_ends_the_run_with_one_error_line(tmp_path):

@@ -28,6 +28,12 @@ TINY_CONFIG = (
 )
 
 
+def tiny_inputs(folder: Path) -> None:
+    """`data.parquet` (48 CIFAR-like images) and `tiny.yaml` (`TINY_CONFIG`) in `folder`, for runs typed there."""
+    small_cifar_parquet(folder / "data.parquet", n=48)
+    (folder / "tiny.yaml").write_text(TINY_CONFIG)
+
+
 def benchmark(script: str, *argv: str, cwd: Path) -> subprocess.CompletedProcess:
     """`python benchmarks/SCRIPT ARGV` typed in `cwd`."""
     command = [sys.executable, str(ROOT / "benchmarks" / script), *argv]
@@ -47,8 +53,7 @@ def test_variant_parsing():
 def test_a_sweep_typed_in_another_folder_reads_and_writes_there_and_names_a_failed_run(tmp_path):
     """Relative paths mean what they mean where the command is typed, the runs' own options included; a run that
     fails is one line naming it, after the report of every run."""
-    small_cifar_parquet(tmp_path / "data.parquet", n=48)
-    (tmp_path / "tiny.yaml").write_text(TINY_CONFIG)
+    tiny_inputs(tmp_path)
     done = benchmark(
         "sweep.py", "--config", "tiny.yaml", "--variant", "a", "--variant", "b=--learning_rate x", "--output", "out",
         "--dataset_name", "data.parquet", cwd=tmp_path,

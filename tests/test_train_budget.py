@@ -3,8 +3,7 @@
 import json
 
 import pytest
-from test_gpu_suite import small_cifar_parquet
-from test_sweeps import TINY_CONFIG, benchmark
+from test_sweeps import benchmark, tiny_inputs
 
 from benchmarks import train_budget
 from finetune.errors import UsageError
@@ -47,8 +46,7 @@ def test_report_tables_and_plot(tmp_path):
 @pytest.mark.slow
 def test_a_failed_run_is_one_line_and_the_runs_before_it_are_reported(tmp_path):
     """Typed in another folder: its relative paths (the runs' own options too) are read and written there."""
-    small_cifar_parquet(tmp_path / "data.parquet", n=48)
-    (tmp_path / "tiny.yaml").write_text(TINY_CONFIG)
+    tiny_inputs(tmp_path)
     done = benchmark(
         "train_budget.py", "--config", "tiny.yaml", "--config", "missing.yaml", "--minutes", "1", "--output", "out",
         "--dataset_name", "data.parquet", cwd=tmp_path,

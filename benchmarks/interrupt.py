@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from gpu_suite import notebook_checkpoint  # noqa: E402
+from sweep import from_here  # noqa: E402
 
 from finetune.errors import ArgumentParser, run_command  # noqa: E402
 from finetune.locations import make_folder  # noqa: E402
@@ -35,7 +36,7 @@ VIT_B16 = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 1
 def main(argv: list[str] | None = None) -> None:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
-        "--output", default=os.path.relpath(ROOT / "benchmarks/results/interrupt"), help="Folder of interrupt.json."
+        "--output", default=from_here("benchmarks/results/interrupt"), help="Folder of interrupt.json."
     )
     parser.add_argument("--after", type=int, default=3, help="Optimizer steps done before the signal.")
     args = parser.parse_args(argv)

@@ -33,6 +33,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a clone without `pip install -e .`
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from sweep import from_here  # noqa: E402
 
 from finetune.errors import ArgumentParser, run_command  # noqa: E402
 from finetune.hardware import short_name  # noqa: E402
@@ -56,7 +59,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     parser.add_argument("--minutes", type=float, help="Wall-clock training budget of each run, in minutes.")
     parser.add_argument(
         "--output",
-        default=os.path.relpath(ROOT / "benchmarks/results/train_budget"),
+        default=from_here("benchmarks/results/train_budget"),
         help="Folder for runs and reports.",
     )
     parser.add_argument(
@@ -87,7 +90,7 @@ def train(config: str, minutes: float, output: Path, overrides: list[str], suffi
     # Started in the current folder, so that the user's relative paths (`--dataset_name data/x.parquet`) hold.
     command = [
         sys.executable,
-        os.path.relpath(ROOT / "benchmarks" / "timed_run.py"),
+        from_here("benchmarks/timed_run.py"),
         "--config",
         config,
         "--max_train_minutes",

@@ -11,7 +11,8 @@ CUDA graphs (what `auto` compiles with) remove the launch cost of a step's kerne
 waits for the host. If the eager steps queue their kernels in under `LAUNCH_BOUND` of the step's time, the GPU sets
 the pace and `auto` stays eager without compiling: on one H200 (benchmarks/README.md#the-gpu-suite), ViT-B/16 at batch
 512 ran 177.5 ms per step eager against 219.9 ms compiled, after 38 s of compilation in a 69 s run; at batch 32 the
-host is the bottleneck and compiling halves the step (20.4 against 36.4 ms).
+host is the bottleneck and compiling halves the step (20.4 against 36.4 ms). Nor does `auto` compile a run whose
+eager steps left would take under `WORTH_COMPILING` seconds: the compile could not pay for itself.
 """
 
 import time
@@ -33,6 +34,11 @@ T = TypeVar("T")
 
 # Under `auto` with CUDA graphs: compile only if the host took at least this share of an eager step to queue it.
 LAUNCH_BOUND = 0.5
+# Under `auto`: compile only if the eager steps left would take at least this many seconds. On one H200 the first
+# compiled step took 6 s (ViT-B/16, inductor's cache warm) to 27 s (the quickstart's 136K-parameter ViT) and 34-42 s
+# (ViT-B/16, cold), and CUDA graphs saved at most 73% of an eager step (9.9 against 36.2 ms): below a minute of steps
+# the compile costs about what it can save. The quickstart compiled 47 s in its 74 s of training on that GPU.
+WORTH_COMPILING = 60.0
 
 
 def synchronize(device: torch.device) -> None:
@@ -51,8 +57,10 @@ class TrainingCompiler(TrainerCallback):
         warmup: int = 3,
         window: int = 10,
         time_fn: Callable[[], float] = time.perf_counter,
+        seconds_left: Callable[[], float] | None = None,
     ):
         self.choice, self.device, self.world_size, self.time_fn = choice, device, world_size, time_fn
+        self.seconds_left = seconds_left  # a time budget's seconds left, if the run has one
         self.window = window
         self.active = choice.enabled
         self.batch_size: int | None = None
@@ -133,7 +141,7 @@ class TrainingCompiler(TrainerCallback):
             if self._segment_start is None:
                 self._segment_start = self._step_start
 
-    def on_step_end(self, *args, **kwargs) -> None:
+    def on_step_end(self, args=None, state=None, control=None, **kwargs) -> None:
         if not self._phases or self._segment_start is None:
             return
         queued = self.time_fn()
@@ -151,6 +159,8 @@ class TrainingCompiler(TrainerCallback):
         self._phases.pop(0)
         self._phase_steps, self._phase_seconds = 0, 0.0
         if name == "eager" and self.choice.cuda_graphs and self._gpu_bound():
+            return
+        if name == "eager" and self.choice.verify and self._too_short(state):
             return
         if not self._phases:
             self._decide()
@@ -187,6 +197,25 @@ class TrainingCompiler(TrainerCallback):
         logger.info(
             f"torch.compile: {timing}, so the GPU, not the kernel launches, sets the pace; training on in eager "
             "mode without compiling (`torch_compile: true` compiles anyway)."
+        )
+        return True
+
+    def _too_short(self, state) -> bool:
+        """After the eager window: eager for good where the eager steps left (to `max_steps`, or to the end of a time
+        budget) would take under `WORTH_COMPILING` seconds."""
+        if state is None or not state.max_steps:
+            return False
+        left = (state.max_steps - state.global_step) * self._times["eager"]
+        budget = self.seconds_left() if self.seconds_left is not None else float("inf")
+        left = min(self._mean_over_processes(left, budget))
+        if left >= WORTH_COMPILING:
+            return False
+        self.active = False
+        self._phases.clear()
+        self.outcome = f"eager, too short a run to pay for compiling (about {left:.0f} s of eager steps left)"
+        logger.info(
+            f"torch.compile: about {left:.0f} s of eager steps are left, too few to pay for compiling; training on "
+            "in eager mode (`torch_compile: true` compiles anyway)."
         )
         return True
 

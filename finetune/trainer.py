@@ -209,7 +209,10 @@ class ImageClassificationTrainer(Trainer):
         self.clock = RunClock(num_images=len(self.train_dataset) if self.train_dataset is not None else None)
         self.guard = NonFiniteGuard(self.model, a.max_nonfinite_steps, a.world_size, self.accelerator.scaler)
         choice = compile_choice or CompileChoice(False, reason="not requested")
-        self.compiler = TrainingCompiler(choice, a.device, a.world_size)
+        budget_left = None
+        if a.max_train_minutes is not None:
+            budget_left = lambda: 60.0 * a.max_train_minutes - self.clock.elapsed()  # noqa: E731
+        self.compiler = TrainingCompiler(choice, a.device, a.world_size, seconds_left=budget_left)
         self.ema = EMACallback(ModelEMA(self.model, a.ema_decay), self.model) if a.ema_decay is not None else None
         self.budget = self.early_stopping = None
         if a.max_train_minutes is not None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+from transformers import TrainerState
 
 import finetune.compile
 from finetune import hardware, run
@@ -100,9 +101,12 @@ def test_an_evaluation_inside_a_timed_window_restarts_it():
     assert compiler.outcome.startswith("compiled (10.0 ms per step compiled against 30.0 ms eager")
 
 
-def drive_queued(compiler: TrainingCompiler, queued_share: float, steps: int, step_s: float = 0.1) -> list[bool]:
+def drive_queued(
+    compiler: TrainingCompiler, queued_share: float, steps: int, step_s: float = 0.1, max_steps: int = 0
+) -> list[bool]:
     """Eager steps in which the host queues the kernels in `queued_share` of the step and the device finishes at the
-    next synchronisation (the fake clock advances there); returns whether each step used the compiled module."""
+    next synchronisation (the fake clock advances there), in a run of `max_steps` (0: of unknown length); returns
+    whether each step used the compiled module."""
     clock, synced = compiler.time_fn, [True]
 
     def synchronize(device):
@@ -111,13 +115,14 @@ def drive_queued(compiler: TrainingCompiler, queued_share: float, steps: int, st
             synced[0] = True
 
     finetune.compile.synchronize = synchronize
-    model, used = nn.Linear(2, 2).train(), []
+    model, used, state = nn.Linear(2, 2).train(), [], TrainerState(max_steps=max_steps)
     for _ in range(steps):
         compiler.on_step_begin()
         used.append(compiler.module_for(model, batch_size=8) is not model)
         clock.now += step_s * queued_share
         synced[0] = False
-        compiler.on_step_end()
+        state.global_step += 1
+        compiler.on_step_end(None, state, None)
     return used
 
 
@@ -139,6 +144,22 @@ def test_auto_compiles_only_where_the_host_sets_the_pace(queued_share, compiles,
     if not compiles:
         assert compiler.summary().startswith(f"eager, the GPU sets the pace ({gpu_bound})")
         assert compiler.compile_seconds is None and not compiler._compiled
+
+
+@pytest.mark.parametrize("max_steps, budget_left, compiles", [(500, None, False), (700, None, True), (700, 30, False)])
+def test_auto_does_not_compile_a_run_too_short_to_pay_for_it(max_steps, budget_left, compiles, monkeypatch, caplog):
+    """A launch-bound run whose eager steps left take under a minute (100 ms a step; 494 steps left: 49 s, or a time
+    budget with 30 s left) stays eager: on one H200 the quickstart spent 47 s of its 74 s of training compiling."""
+    monkeypatch.setattr("finetune.compile.synchronize", finetune.compile.synchronize)  # restored after the test
+    seconds_left = None if budget_left is None else lambda: budget_left
+    compiler = TrainingCompiler(GRAPHS_AUTO, torch.device("cpu"), 1, 1, 4, FakeTime(), seconds_left)
+    with caplog.at_level(logging.INFO, logger="finetune.compile"):
+        used = drive_queued(compiler, 0.9, steps=2 + 4 + 3, max_steps=max_steps)
+    assert used == [False] * 6 + [compiles] * 3
+    if not compiles:
+        left = 49 if budget_left is None else 30
+        assert compiler.summary().startswith(f"eager, too short a run to pay for compiling (about {left} s of eager")
+        assert f"about {left} s of eager steps are left" in caplog.text and not compiler._compiled
 
 
 def decide_in_process(rank: int, port: int, shares: tuple[float, float], out: Path) -> None:

@@ -44,6 +44,42 @@ def cpuinfo_field(key: str) -> str | None:
     return next((line.split(":", 1)[1].strip() for line in lines if line.startswith(key)), None)
 
 
+def cpu_quota(cgroup_root: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/self/cgroup") -> float | None:
+    """The CPUs that a cgroup's quota lets this process use (a container's `--cpus`, a Kubernetes CPU limit): the
+    lowest quota / period of its cgroup, the cgroups above it and the mount's root (a container's own cgroup), from
+    cgroup v2's `cpu.max` or v1's `cpu.cfs_quota_us`; None without a quota. The affinity mask does not show it."""
+    try:
+        lines = Path(proc_cgroup).read_text().splitlines()
+    except OSError:
+        return None
+    limits = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers and "cpu" not in controllers.split(","):
+            continue
+        mount = Path(cgroup_root) / ("cpu" if controllers else "")
+        folders = {mount, *(mount / p.relative_to("/") for p in [Path(path), *Path(path).parents])}
+        for folder in folders:
+            try:
+                if controllers:  # v1
+                    quota = int((folder / "cpu.cfs_quota_us").read_text())
+                    period = int((folder / "cpu.cfs_period_us").read_text())
+                else:
+                    quota, period = (folder / "cpu.max").read_text().split()
+            except (OSError, ValueError):
+                continue
+            if quota not in ("max", -1):
+                limits.append(int(quota) / int(period))
+    return min(limits, default=None)
+
+
+def usable_cpus() -> int:
+    """The CPU cores this process may use: its affinity mask, capped by a cgroup's CPU quota (rounded down)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    quota = cpu_quota()
+    return cores if quota is None else max(1, min(cores, int(quota)))
+
+
 def describe(device: torch.device | str | None = None) -> dict[str, Any]:
     """The device, its name, the CPU, threads and library versions, for `results.json` and the benchmarks."""
     device = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
@@ -294,10 +330,27 @@ class Settings:
     compile: CompileChoice
     arguments: dict[str, Any]
     warnings: list[str]
+    cpu_threads: int | None = None  # torch's CPU threads where a cgroup's CPU quota caps them (`cpu_threads`), why
+    cpu_threads_reason: str = ""
 
     @property
     def summary(self) -> str:
-        return f"{self.precision.summary}; compilation: {self.compile.summary}"
+        threads = f"; CPU threads: {self.cpu_threads} ({self.cpu_threads_reason})" if self.cpu_threads else ""
+        return f"{self.precision.summary}; compilation: {self.compile.summary}{threads}"
+
+
+def cpu_threads() -> tuple[int | None, str]:
+    """torch's CPU threads under a cgroup CPU quota smaller than its default (one per core of the affinity mask):
+    threads spinning beyond the quota are throttled (a 1-CPU quota on a 2-core machine: 60 steps of the CPU recipe
+    in 7.0 s with 2 threads, 5.6 s with 1; benchmarks/README.md#busy-cpus). `OMP_NUM_THREADS` set (by the user, or
+    torchrun for several processes) is left as it is. Returns the threads (None: torch's default) and why."""
+    quota = cpu_quota()
+    if "OMP_NUM_THREADS" in os.environ or quota is None:
+        return None, ""
+    share = max(1, usable_cpus() // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    if share >= torch.get_num_threads():
+        return None, ""
+    return share, f"the cgroup's CPU quota of {quota:g}; torch would use {torch.get_num_threads()}"
 
 
 def choose_settings(options: Mapping[str, Any]) -> Settings:
@@ -351,4 +404,4 @@ def choose_settings(options: Mapping[str, Any]) -> Settings:
             f"This recipe is tuned for training in {recipe}; this machine trains in {precision.mode} "
             f"({'; '.join(precision.reasons)}).{f' Use {alternative}, the recipe for it.' if alternative else ''}"
         )
-    return Settings(precision, compile_choice, arguments, warnings)
+    return Settings(precision, compile_choice, arguments, warnings, *cpu_threads())

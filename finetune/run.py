@@ -115,6 +115,8 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
         # of its own, so that building the arguments probes nothing (finetune/training_args.py says why).
         model_args, data_args, scratch_args, options = parse_options(argv)
         settings = hardware.choose_settings(options)
+        if settings.cpu_threads is not None:
+            torch.set_num_threads(settings.cpu_threads)
         training_args = build_training_args(options, settings)
         check_model_and_output_dir(model_args, training_args)
         check_outside_the_data(data_args, training_args.output_dir)

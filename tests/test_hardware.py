@@ -1,5 +1,6 @@
 """Precision and attention chosen from the machine (`auto`), with the detection mocked; explicit choices are kept."""
 
+import json
 import os
 import re
 import subprocess
@@ -292,3 +293,91 @@ def test_the_recorded_choice_is_what_the_run_trains_in_and_why(tmp_path, monkeyp
     assert (
         (summary == "float32; bf16 false as given") if native else summary.startswith("float32; auto: this CPU has no")
     )
+
+
+def cgroup_files(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+@pytest.mark.parametrize(
+    "proc_cgroup, files, expected",
+    [
+        ("0::/", {"cpu.max": "150000 100000\n"}, 1.5),  # v2, a container's own cgroup (`docker --cpus 1.5`)
+        ("0::/", {"cpu.max": "max 100000\n"}, None),
+        (
+            "0::/job/step",
+            {"cpu.max": "max 100000", "job/cpu.max": "400000 100000", "job/step/cpu.max": "max 100000"},
+            4,
+        ),
+        # v1: the quota of the process's cgroup; a host path not mounted in the container (the mount's root counts).
+        (
+            "4:cpu,cpuacct:/q1\n3:memory:/",
+            {"cpu/q1/cpu.cfs_quota_us": "100000", "cpu/q1/cpu.cfs_period_us": "100000"},
+            1,
+        ),
+        ("4:cpu,cpuacct:/docker/ab12", {"cpu/cpu.cfs_quota_us": "50000", "cpu/cpu.cfs_period_us": "100000"}, 0.5),
+        ("4:cpu,cpuacct:/", {"cpu/cpu.cfs_quota_us": "-1", "cpu/cpu.cfs_period_us": "100000"}, None),
+        ("3:memory:/", {}, None),
+    ],
+)
+def test_cpu_quota_of_cgroup_v1_and_v2(tmp_path, proc_cgroup, files, expected):
+    root = cgroup_files(tmp_path / "cgroup", files)
+    (tmp_path / "self_cgroup").write_text(proc_cgroup + "\n")
+    assert hardware.cpu_quota(str(root), str(tmp_path / "self_cgroup")) == expected
+
+
+def cpu_limited_cgroup(name: str) -> Path | None:
+    """A real cgroup (v1 `cpu` or v2) with a quota of one CPU, or None where this machine does not let us make one."""
+    for folder, files in (
+        (Path("/sys/fs/cgroup/cpu") / name, {"cpu.cfs_period_us": "100000", "cpu.cfs_quota_us": "100000"}),
+        (Path("/sys/fs/cgroup") / name, {"cpu.max": "100000 100000"}),
+    ):
+        try:
+            folder.mkdir()
+        except OSError:
+            continue
+        try:
+            for file, value in files.items():
+                (folder / file).write_text(value)
+            return folder
+        except OSError:
+            folder.rmdir()
+    return None
+
+
+@pytest.mark.skipif(torch.get_num_threads() < 2 or "OMP_NUM_THREADS" in os.environ, reason="needs 2+ torch threads")
+def test_a_run_in_a_container_with_a_cpu_quota_uses_that_many_threads(tmp_path):
+    """torch starts a thread per core of the affinity mask, which a container's CPU quota does not narrow: the
+    threads beyond the quota are throttled while they spin (60 steps of the CPU recipe: 7.0 s with 2 threads under a
+    1-CPU quota, 5.6 s with 1). A run in a real cgroup with a one-CPU quota trains on one thread and says why."""
+    from test_run import TINY_SCRATCH
+
+    group = cpu_limited_cgroup(f"vit-finetune-test-{os.getpid()}")
+    if group is None:
+        pytest.skip("cannot make a cgroup with a CPU quota here")
+    try:
+        out = tmp_path / "run"
+        command = [
+            sys.executable,
+            "-m",
+            "finetune.run",
+            *TINY_SCRATCH,
+            "--output_dir",
+            str(out),
+            "--report_to",
+            "none",
+        ]
+        script = f'echo $$ > {group / "cgroup.procs"} && exec "$@"'
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+        done = subprocess.run(
+            ["sh", "-c", script, "sh", *command], env=env, capture_output=True, text=True, timeout=300
+        )
+    finally:
+        group.rmdir()
+    assert done.returncode == 0, done.stderr[-2000:]
+    threads = torch.get_num_threads()
+    assert f"CPU threads: 1 (the cgroup's CPU quota of 1; torch would use {threads})" in done.stdout + done.stderr
+    assert json.loads((out / "results.json").read_text())["hardware"]["torch_threads"] == 1

@@ -22,6 +22,7 @@ from huggingface_hub import constants as hub_constants
 
 from finetune.data.decode import DECODE_CHUNK, decode_images
 from finetune.data.sources import Source, content_hash, image_items
+from finetune.hardware import usable_cpus
 
 
 if TYPE_CHECKING:
@@ -81,8 +82,7 @@ def decoded_split(
             return pixels, row_of
 
     selected = dataset.select(needed) if subset else dataset
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    workers = data_args.decode_workers or cores
+    workers = data_args.decode_workers or usable_cpus()
     tmp = _start_entry(paths[0])
     start = time.perf_counter()
     try:

@@ -348,7 +348,7 @@ def cpu_limited_cgroup(name: str) -> Path | None:
     return None
 
 
-@pytest.mark.skipif(torch.get_num_threads() < 2 or "OMP_NUM_THREADS" in os.environ, reason="needs 2+ torch threads")
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2+ cores")
 def test_a_run_in_a_container_with_a_cpu_quota_uses_that_many_threads(tmp_path):
     """torch starts a thread per core of the affinity mask, which a container's CPU quota does not narrow: the
     threads beyond the quota are throttled while they spin (60 steps of the CPU recipe: 7.0 s with 2 threads under a
@@ -372,12 +372,14 @@ def test_a_run_in_a_container_with_a_cpu_quota_uses_that_many_threads(tmp_path):
         ]
         script = f'echo $$ > {group / "cgroup.procs"} && exec "$@"'
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+        env.pop("OMP_NUM_THREADS", None)  # set by the test workers (conftest.py); a user's would be left alone
         done = subprocess.run(
             ["sh", "-c", script, "sh", *command], env=env, capture_output=True, text=True, timeout=300
         )
     finally:
         group.rmdir()
     assert done.returncode == 0, done.stderr[-2000:]
-    threads = torch.get_num_threads()
-    assert f"CPU threads: 1 (the cgroup's CPU quota of 1; torch would use {threads})" in done.stdout + done.stderr
+    assert re.search(
+        r"CPU threads: 1 \(the cgroup's CPU quota of 1; torch would use [2-9]\d*\)", done.stdout + done.stderr
+    )
     assert json.loads((out / "results.json").read_text())["hardware"]["torch_threads"] == 1

@@ -54,11 +54,15 @@ def cpu_quota(cgroup_root: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/sel
         return None
     limits = []
     for line in lines:
-        _, controllers, path = line.split(":", 2)
+        parts = line.split(":", 2)
+        if len(parts) != 3 or not parts[2].startswith("/"):  # not `id:controllers:/path`: no quota read from it
+            continue
+        _, controllers, path = parts
         if controllers and "cpu" not in controllers.split(","):
             continue
-        mount = Path(cgroup_root) / ("cpu" if controllers else "")
-        folders = {mount, *(mount / p.relative_to("/") for p in [Path(path), *Path(path).parents])}
+        # v1: the controller's mount, `cpu` (a link to `cpu,cpuacct` on most systems) or named as the line names it.
+        mounts = {Path(cgroup_root) / "cpu", Path(cgroup_root) / controllers} if controllers else {Path(cgroup_root)}
+        folders = {m / p.relative_to("/") for m in mounts for p in [Path(path), *Path(path).parents]}
         for folder in folders:
             try:
                 if controllers:  # v1
@@ -66,10 +70,11 @@ def cpu_quota(cgroup_root: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/sel
                     period = int((folder / "cpu.cfs_period_us").read_text())
                 else:
                     quota, period = (folder / "cpu.max").read_text().split()
+                    quota, period = -1 if quota == "max" else int(quota), int(period)
             except (OSError, ValueError):
                 continue
-            if quota not in ("max", -1):
-                limits.append(int(quota) / int(period))
+            if quota != -1 and period > 0:
+                limits.append(quota / period)
     return min(limits, default=None)
 
 

@@ -321,6 +321,11 @@ def cgroup_files(root: Path, files: dict[str, str]) -> Path:
         ("4:cpu,cpuacct:/docker/ab12", {"cpu/cpu.cfs_quota_us": "50000", "cpu/cpu.cfs_period_us": "100000"}, 0.5),
         ("4:cpu,cpuacct:/", {"cpu/cpu.cfs_quota_us": "-1", "cpu/cpu.cfs_period_us": "100000"}, None),
         ("3:memory:/", {}, None),
+        # v1 with the controllers mounted together under the name the line gives (no `cpu` link), in either order.
+        ("4:cpuacct,cpu:/", {"cpuacct,cpu/cpu.cfs_quota_us": "200000", "cpuacct,cpu/cpu.cfs_period_us": "100000"}, 2),
+        # Lines that are not `id:controllers:/path`, and a period of 0, are passed over instead of failing the run.
+        ("\nnot a cgroup line\n0::relative\n0::/", {"cpu.max": "100000 100000"}, 1),
+        ("0::/", {"cpu.max": "100000 0"}, None),
     ],
 )
 def test_cpu_quota_of_cgroup_v1_and_v2(tmp_path, proc_cgroup, files, expected):

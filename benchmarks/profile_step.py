@@ -67,6 +67,12 @@ class StepProfiler(TrainerCallback):
             self.profiler.stop()
             control.should_training_stop = True
 
+    def on_train_end(self, args, state, control, **kwargs):
+        # Training ended inside the window (`max_steps`, a time budget, early stopping): the profiler stops here
+        # instead of recording the final evaluations and saves; `report` then says the window was not reached.
+        if self.profiler is not None and self.seconds is None:
+            self.profiler.stop()
+
     def report(self) -> tuple[dict, str]:
         """The figures (profile.json) and profile.md's text."""
         if self.seconds is None:

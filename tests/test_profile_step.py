@@ -3,7 +3,9 @@
 import json
 
 import pytest
+import torch
 from test_sweeps import benchmark, tiny_inputs
+from transformers import TrainerControl, TrainerState
 
 
 def test_a_window_of_steps_is_timed_profiled_and_ends_the_run(tmp_path):
@@ -38,3 +40,22 @@ def test_a_window_past_the_run_is_one_line_and_writes_nothing(tmp_path):
         "--profile_after / --profile_steps"
     )
     assert not (tmp_path / "prof").exists()
+
+
+def test_a_run_that_ends_inside_the_window_stops_the_profiler():
+    """Training that ends after the profiler started (`max_steps`, a time budget, early stopping) does not leave it
+    recording the final evaluations and saves; the report then says the window was not reached."""
+    import profile_step
+
+    profiler = profile_step.StepProfiler(after=2, steps=3, device=torch.device("cpu"))
+    state, control = TrainerState(global_step=2), TrainerControl()
+    profiler.on_step_begin(None, state, control)
+    try:
+        assert torch.autograd._profiler_enabled()
+        profiler.on_train_end(None, state, control)
+        assert not torch.autograd._profiler_enabled()
+    finally:
+        if torch.autograd._profiler_enabled():
+            profiler.profiler.stop()
+    with pytest.raises(RuntimeError, match="training ended before step 5"):
+        profiler.report()

@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from finetune.errors import ArgumentParser, run_command  # noqa: E402
+from finetune.hardware import usable_cpus  # noqa: E402
 from finetune.locations import check_folder, make_folder  # noqa: E402
 
 
@@ -84,7 +85,7 @@ def generate_photos(root: Path, num_images: int, num_classes: int, seed: int = 0
     for k in range(num_classes):
         (root / f"class_{k:02d}").mkdir(parents=True, exist_ok=True)
     chunks = [range(start, min(start + 500, num_images)) for start in range(0, num_images, 500)]
-    with concurrent.futures.ProcessPoolExecutor(os.cpu_count()) as pool:
+    with concurrent.futures.ProcessPoolExecutor(usable_cpus()) as pool:
         list(pool.map(_write_photos, [root] * len(chunks), chunks, [num_classes] * len(chunks), [seed] * len(chunks)))
 
 

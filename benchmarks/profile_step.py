@@ -83,7 +83,8 @@ class StepProfiler(TrainerCallback):
         events = self.profiler.key_averages()
         per_step = 1000 / self.steps
         # The kernels' own time (an operator's device time is its kernels' again), microseconds to milliseconds.
-        busy = sum(e.self_device_time_total for e in events if e.device_type == DeviceType.CUDA) / 1000
+        kernels = [e for e in events if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", 0)]
+        busy = sum(e.self_device_time_total for e in kernels) / 1000
         figures = {
             "device": str(self.device),
             "steps": self.steps,
@@ -141,12 +142,18 @@ def main(argv: list[str] | None = None) -> dict:
     class Profiled(ImageClassificationTrainer):
         def __init__(self, *a, **kw):
             super().__init__(*a, **kw)
-            self.profiler = StepProfiler(args.profile_after, args.profile_steps, self.args.device)
-            self.add_callback(self.profiler)
+            if not trainers:  # `--model_type both`: the first run (pretrained) is profiled, the second trains as is
+                self.profiler = StepProfiler(args.profile_after, args.profile_steps, self.args.device)
+                self.add_callback(self.profiler)
             trainers.append(self)
 
     run.ImageClassificationTrainer = Profiled  # the class run.py builds its trainers from
     run.main(run_argv)
+    if not trainers:
+        raise RuntimeError(
+            "the run trained nothing to profile (a finished run kept in its output_dir, or do_train false); give it "
+            "a new --output_dir or --overwrite_output_dir true"
+        )
     figures, text = trainers[0].profiler.report()
     if not trainers[0].is_world_process_zero():
         return figures

@@ -2,6 +2,7 @@
 wall-clock budget with a schedule that ends at it, an exponential moving average (EMA) of the weights evaluated and
 saved in place of the weights, a stop on SIGTERM/SIGINT that saves a checkpoint first, and quieter progress bars."""
 
+import datetime
 import enum
 import functools
 import json
@@ -742,13 +743,32 @@ class QuietProgress(ProgressCallback):
             self.training_bar.write(line)
 
 
-class EvaluationLines(TrainerCallback):
-    """Without progress bars (`disable_tqdm`), the lines of `QuietProgress` logged, for transformers' dict per log."""
+class ProgressLines(TrainerCallback):
+    """Without progress bars (`disable_tqdm`; by default where stderr is not a terminal, such as a log file, which
+    tqdm's redrawn bars fill with carriage returns and cursor moves), one logged line per training log (step, loss,
+    learning rate, speed, training time left) and per evaluation (the line of `QuietProgress`)."""
+
+    def __init__(self, clock: RunClock, budget: TrainingBudgetCallback | None = None):
+        self.clock, self.budget = clock, budget
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         line = evaluation_line(state, logs)
+        if line is None and "loss" in (logs or {}):
+            line = self.training_line(state, logs)
         if state.is_world_process_zero and line:
             logger.info(line)
+
+    def training_line(self, state, logs: dict) -> str:
+        total = (self.budget and self.budget.expected_steps(state)) or state.max_steps
+        line = f"step {state.global_step:,}/{total:,} (epoch {state.epoch:.2f}): training loss {logs['loss']:.4f}"
+        if "learning_rate" in logs:
+            line += f", learning rate {logs['learning_rate']:.3g}"
+        seconds = self.clock.training_seconds()
+        if seconds > 0 and self.clock.steps:
+            rate = self.clock.steps / seconds  # a resumed run's steps and seconds included
+            left = datetime.timedelta(seconds=round((total - state.global_step) / rate))
+            line += f"; {rate:.3g} steps/s, {left} of training left"
+        return line
 
 
 def evaluation_line(state, logs: dict | None) -> str | None:

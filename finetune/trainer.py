@@ -47,9 +47,9 @@ from finetune.augment import MixUpCutMix
 from finetune.callbacks import (
     ClockBeforeSave,
     EMACallback,
-    EvaluationLines,
     InterruptCallback,
     ModelEMA,
+    ProgressLines,
     QuietProgress,
     ResumeCheck,
     ResumedEarlyStopping,
@@ -226,7 +226,7 @@ class ImageClassificationTrainer(Trainer):
         self.remove_callback(PrinterCallback if a.disable_tqdm else ProgressCallback)
         # Order matters: the EMA's training weights are back before the guard keeps a step's buffers; the callbacks
         # that ask for a save (budget, early stopping, interrupt) act before the EMA swaps its average in, last.
-        progress = EvaluationLines() if a.disable_tqdm else QuietProgress(self.budget)
+        progress = ProgressLines(self.clock, self.budget) if a.disable_tqdm else QuietProgress(self.budget)
         callbacks = [self.ema and self.ema.restorer, ResumeCheck(data_options), self.clock, self.guard, self.compiler]
         callbacks += [self.budget, self.early_stopping, progress, InterruptCallback(self.guard)]
         callbacks += [ClockBeforeSave(self.clock), self.ema]
@@ -430,5 +430,5 @@ class ImageClassificationTrainer(Trainer):
             return super()._load_best_model()
         checkpoint = self.state.best_model_checkpoint
         metric = self.args.metric_for_best_model
-        logger.info(f"Loading the best model from {checkpoint} ({metric} {self.state.best_metric}).")
+        logger.info(f"Loading the best model from {checkpoint} ({metric} {self.state.best_metric:.4g}).")
         load_checkpoint_weights(self.accelerator.unwrap_model(self.model), checkpoint)

@@ -7,6 +7,7 @@ import inspect
 import logging
 import math
 import os
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -360,8 +361,11 @@ def build_training_args(options: dict, settings: hardware.Settings) -> ImageClas
     """The run's `TrainingArguments`: the options as given, with the settings chosen for this machine. On the CPU
     with several processes the gloo group starts here with `ddp_timeout`, which transformers does not pass on there
     (a frozen peer would block the others for 30 minutes; accelerate then joins this group), and every process takes
-    process 0's precision (`bf16: auto` measures in each, and a CPU near the threshold could split)."""
+    process 0's precision (`bf16: auto` measures in each, and a CPU near the threshold could split). Where stderr is
+    not a terminal, `disable_tqdm` defaults to true."""
     values = {**options, **settings.arguments}
+    if values.get("disable_tqdm") is None and not sys.stderr.isatty():
+        values["disable_tqdm"] = True  # a log file: a line per log (`ProgressLines`), not tqdm's redrawn bars
     if values["use_cpu"] and int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.distributed.is_initialized():
         timeout = timedelta(seconds=values.get("ddp_timeout", 1800))
         torch.distributed.init_process_group(values.get("ddp_backend") or "gloo", timeout=timeout)

@@ -140,13 +140,38 @@ def test_batches_an_epoch_cannot_give_are_said_before_training(tmp_path, caplog)
     assert read_results(out)["train"]["steps"] == 1
 
 
-def test_without_progress_bars_each_evaluation_is_one_logged_line_not_a_dict_per_log(tmp_path, caplog, capsys):
+def test_without_progress_bars_each_log_and_evaluation_is_one_logged_line_not_a_dict_per_log(tmp_path, caplog, capsys):
     with caplog.at_level(logging.INFO, logger="finetune"):
         run.main([*TINY_SCRATCH, "--output_dir", str(tmp_path), "--report_to", "none", "--disable_tqdm", "true"])
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("epoch ")]
     assert [line.split(":")[0] for line in lines] == ["epoch 1.00", "epoch 2.00"], lines
     assert "validation accuracy" in lines[0] and "(training loss" in lines[0]
+    steps = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
+    assert [line.split(" (")[0] for line in steps] == ["step 2/16", "step 4/16", "step 6/16", "step 8/16"] + [
+        f"step {n}/16" for n in range(10, 17, 2)
+    ], steps
+    speed = r"\S+ steps/s, 0:00:00 of training left"
+    assert re.fullmatch(
+        rf"step 16/16 \(epoch 2\.00\): training loss \d+\.\d{{4}}, learning rate \S+; {speed}", steps[-1]
+    )
     assert "{'loss'" not in capsys.readouterr().out  # transformers' PrinterCallback
+
+
+def test_output_to_a_file_gets_lines_not_progress_bars_unless_asked(tmp_path):
+    """tqdm redraws its bars with carriage returns and cursor moves, which fill a log file; where stderr is not a
+    terminal the run logs lines instead, and `--disable_tqdm false` still draws the bars."""
+    logs = {}
+    for name, extra in (("default", []), ("bars", ["--disable_tqdm", "false"])):
+        with open(tmp_path / f"{name}.log", "w") as log:
+            command = [sys.executable, "-m", "finetune.run", *TINY_SCRATCH, "--output_dir", str(tmp_path / name)]
+            subprocess.run(
+                [*command, *extra], stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path, timeout=300, check=True
+            )
+        logs[name] = (tmp_path / f"{name}.log").read_bytes().decode()  # read_text turns "\r" into "\n"
+    assert "\r" not in logs["default"] and "\x1b" not in logs["default"], logs["default"]
+    assert re.search(r"^step 16/16 \(epoch 2\.00\): training loss", logs["default"], re.M), logs["default"]
+    assert re.search(r"^epoch 2\.00: validation accuracy", logs["default"], re.M), logs["default"]
+    assert "16/16 [" in logs["bars"] and "\r" in logs["bars"] and "step 16/16" not in logs["bars"], logs["bars"]
 
 
 def test_a_budget_spent_under_steps_evaluation_evaluates_once_at_the_stop(tmp_path):

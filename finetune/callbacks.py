@@ -634,7 +634,8 @@ class InterruptCallback(TrainerCallback):
     agreed (through the guard's flags), the Trainer saves a checkpoint after the running optimizer step, and
     `Interrupted` ends training right after that save (before the Trainer's end, which could reload or rotate
     checkpoints); after the last step, at the end of training where a checkpoint holds that step (else the run goes on
-    to its results rather than lose its training). A second signal ends the process at once."""
+    to its results rather than lose its training, and stops after them: `deferred`). A second signal ends the process
+    at once."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -642,6 +643,7 @@ class InterruptCallback(TrainerCallback):
         self.guard = guard
         self.signal: int | None = None  # the first one's, in the process that received it
         self.saved_step = None  # the step of the last checkpoint saved (or resumed)
+        self.deferred: int | None = None  # a signal after the last step that no checkpoint holds, in every process
         self._previous = {}
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -707,6 +709,7 @@ class InterruptCallback(TrainerCallback):
         signum = int(reduce(torch.tensor(self.signal or 0, device=args.device), reduction="max"))
         if signum and self.saved_step != state.global_step:
             # No checkpoint holds the last step (`save_strategy: no`, or `best` where it was not): stopping loses it.
+            self.deferred = signum
             logger.warning(
                 f"{signal_name(signum)} after the last optimizer step ({state.global_step}), which no checkpoint "
                 f"holds (`save_strategy: {args.save_strategy.value}`): the run goes on to its evaluation and results "

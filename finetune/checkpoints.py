@@ -57,7 +57,17 @@ def resolve_checkpoint(run_dir: Path, training_args: TrainingArguments, one_of_t
             return FINISHED
         text = "auto"
     # `auto`: preemptible machines restart the same command; resume where there is a checkpoint, else start.
-    if text in LATEST or (text == "auto" and numbered_checkpoints(run_dir)):
+    numbered = numbered_checkpoints(run_dir)
+    if text == "auto" and numbered and not (run_dir / RESULTS_NAME).exists():
+        if all(checkpoint_problem(checkpoint, training_args) == CUT_SHORT for checkpoint in numbered):
+            # Stopped again during the first save (a preemption's SIGTERM, then its kill): nothing to resume.
+            if training_args.process_index == 0:
+                logger.warning(
+                    f"{', '.join(c.name for c in numbered)} in {run_dir}: {CUT_SHORT}, and no checkpoint is whole: "
+                    "starting anew (`resume_from_checkpoint: auto`); the new run's saves replace them."
+                )
+            return None
+    if text in LATEST or (text == "auto" and numbered):
         return prepare_resume(newest_whole_checkpoint(run_dir, training_args), run_dir, training_args)
     if text not in ("false", "none", "", "auto"):
         saved = ("trainer_state.json", "config.json", "model.safetensors", "optimizer.pt")
@@ -192,6 +202,9 @@ def prepare_resume(checkpoint: str, run_dir: Path, training_args: TrainingArgume
 
 
 MODEL_ONLY = "it holds the model only (saved with `save_only_model`)"
+CUT_SHORT = (
+    f"it was cut short: {TRAINER_STATE_NAME}, which a save writes last, is missing (a stop or failure mid-save)"
+)
 OTHER_EMA = "it was saved by a run"
 
 
@@ -203,6 +216,11 @@ def fix_for(problem: str, checkpoint: str | os.PathLike) -> str:
             "Resuming needs the optimizer and schedule states. Fix: start a new run from its weights "
             f"(`--model_type pretrained --model_name_or_path {checkpoint}` and a new `--output_dir`), and save "
             "without `save_only_model` to be able to resume."
+        )
+    if problem == CUT_SHORT:
+        return (
+            "Fix: pass the path of an earlier checkpoint-* folder, or start anew: `--resume_from_checkpoint auto` "
+            "does where no checkpoint is whole (the new run's saves replace the cut-short ones)."
         )
     if problem.startswith(OTHER_EMA):
         return "Fix: resume with the `ema_decay` of the run that saved it, or start a new run (a new `--output_dir`)."
@@ -217,6 +235,8 @@ def checkpoint_problem(checkpoint: Path, training_args: TrainingArguments) -> st
     every file the Trainer loads on resume is present and readable (cheaply: safetensors headers only, and
     `torch.load` memory-maps, where a cut-short zip fails on its missing central directory)."""
     files = os.listdir(checkpoint)
+    if TRAINER_STATE_NAME not in files:
+        return CUT_SHORT
     has_states = any(f in ("optimizer.pt", "scheduler.pt") or f.startswith("rng_state") for f in files)
     if not (training_args.deepspeed or has_states):
         return MODEL_ONLY

@@ -184,7 +184,7 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
                 check_held_out_as_trained(training_args.teacher_model_name_or_path, data_args, training_args, data)
 
         results = {}
-        for model_type, run_dir in run_dirs.items():
+        for i, (model_type, run_dir) in enumerate(run_dirs.items()):
             # A copy, not `dataclasses.replace`: the arguments are already resolved (`auto` precision and its reason).
             args = copy.copy(training_args)
             args.output_dir = str(run_dir)
@@ -194,8 +194,17 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
                 logger.info(f"==== {model_type} model: finished earlier, kept as it is ({run_dir})")
                 results[model_type] = Results.load(run_dir)
             else:
+                then = next((t for t in list(run_dirs)[i + 1 :] if checkpoints[t] != FINISHED), None)
                 results[model_type] = train_and_evaluate(
-                    model_type, model_args, data_args, scratch_args, args, settings, data, checkpoints[model_type]
+                    model_type,
+                    model_args,
+                    data_args,
+                    scratch_args,
+                    args,
+                    settings,
+                    data,
+                    checkpoints[model_type],
+                    then,
                 )
 
         if training_args.process_index == 0:
@@ -430,8 +439,10 @@ def train_and_evaluate(
     settings: hardware.Settings,
     data: ImageData,
     checkpoint: str | None,
+    then: str | None = None,
 ) -> Results:
-    """Train one model, keep the best by validation, test it and write `results.json`."""
+    """Train one model, keep the best by validation, test it and write `results.json`; `then`: the model trained next
+    (`model_type: both`), which a signal after the last step (the results written first) keeps from starting."""
     start = time.perf_counter()
     output_dir = Path(args.output_dir)
     logger.info(f"==== {model_type} model -> {args.output_dir}")
@@ -503,6 +514,13 @@ def train_and_evaluate(
         )
         if trainer.is_world_process_zero():
             logger.info(f"Results written to {results.save(output_dir)}")
+    if then and trainer.interrupt.deferred:
+        signum = trainer.interrupt.deferred
+        raise Interrupted(
+            f"stopped by {signal_name(signum)} after the {model_type} model's last step; its results are written "
+            f"and the {then} model has not started. Go on with the same command and `--resume_from_checkpoint true`.",
+            signum,
+        )
     return results
 
 

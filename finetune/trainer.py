@@ -228,7 +228,8 @@ class ImageClassificationTrainer(Trainer):
         # that ask for a save (budget, early stopping, interrupt) act before the EMA swaps its average in, last.
         progress = ProgressLines(self.clock, self.budget) if a.disable_tqdm else QuietProgress(self.budget)
         callbacks = [self.ema and self.ema.restorer, ResumeCheck(data_options), self.clock, self.guard, self.compiler]
-        callbacks += [self.budget, self.early_stopping, progress, InterruptCallback(self.guard)]
+        self.interrupt = InterruptCallback(self.guard)
+        callbacks += [self.budget, self.early_stopping, progress, self.interrupt]
         callbacks += [ClockBeforeSave(self.clock), self.ema]
         for callback in filter(None, callbacks):
             self.add_callback(callback)
@@ -362,9 +363,10 @@ class ImageClassificationTrainer(Trainer):
         try:
             output = super().train(*args, **kwargs)
         except BaseException as error:
+            # No `on_train_end` comes: a later run must find the handlers as they were (a stale one swallows its
+            # first signal).
+            self.interrupt.restore_handlers()
             for callback in self.callback_handler.callbacks:  # the error line then starts a line of its own
-                if isinstance(callback, InterruptCallback):  # no `on_train_end` comes: a later run must find the
-                    callback.restore_handlers()  # handlers as they were (a stale one swallows its first signal)
                 if getattr(callback, "training_bar", None) is not None:
                     callback.training_bar.close()
                     callback.training_bar = None

@@ -186,6 +186,29 @@ def test_ctrl_c_saves_too_and_a_second_signal_stops_at_once(tmp_path):
     assert not list(out.glob("checkpoint-*")), "the second signal ends the run without saving"
 
 
+def test_a_run_killed_during_its_first_save_starts_anew_under_auto(tmp_path):
+    """A preemption's SIGTERM and then its kill during the first checkpoint's save leave that checkpoint cut short (no
+    trainer_state.json): restarted with `auto`, the same command failed on every restart, saying the checkpoint was
+    saved with `save_only_model`."""
+    out, epoch = tmp_path / "run", ["--num_train_epochs", "1"]
+    # The second SIGTERM, once the weights are written, kills the run (the first asked to stop).
+    kill = {"SIGNAL_AT": "transformers.trainer:Trainer._save_optimizer_and_scheduler", "SIGNAL_TWICE": "1"}
+    proc = train(out, *epoch, env=kill, script=SIGNALLED)
+    assert proc.returncode == -signal.SIGTERM, proc.stderr[-3000:]
+    assert (out / "checkpoint-8" / "model.safetensors").is_file()
+    assert not (out / "checkpoint-8" / "trainer_state.json").exists()
+
+    proc = train(out, *epoch, "--resume_from_checkpoint", "true")
+    [line] = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 1 and "(the newest, checkpoint-8: it was cut short: trainer_state.json" in line, line
+    assert "`--resume_from_checkpoint auto` does where no checkpoint is whole" in line, line
+
+    proc = train(out, *epoch, "--resume_from_checkpoint", "auto")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "checkpoint-8 in " in proc.stdout and "no checkpoint is whole: starting anew" in proc.stdout
+    assert results(out)["train"]["steps"] == 8 and (out / "checkpoint-8" / "trainer_state.json").is_file()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["TERM", "INT"])
 def test_a_signal_during_start_up_ends_the_run_with_one_line_and_leaves_no_half_decoded_cache(tmp_path, name):
@@ -265,6 +288,25 @@ def test_a_signal_after_the_last_optimizer_step_that_no_checkpoint_holds_lets_th
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "SIGINT (Ctrl-C) after the last optimizer step (16), which no checkpoint holds" in proc.stdout + proc.stderr
     assert results(out)["train"]["steps"] == 16 and not list(out.glob("checkpoint-*"))
+
+
+@pytest.mark.slow
+def test_a_signal_that_lets_the_first_model_of_both_finish_stops_before_the_second(tmp_path):
+    """`model_type: both`: the same signal let the first model go on to its results, then the second model trained
+    whole (hours, on a real run) and the run exited 0: Ctrl-C was ignored."""
+    base, out = tiny_vit_checkpoint(tmp_path / "base"), tmp_path / "both"
+    both = [*RUN, "--model_name_or_path", str(base), "--output_dir", str(out)]
+    both[both.index("scratch")] = "both"
+    both += ["--save_strategy", "no", "--load_best_model_at_end", "false"]
+    at_last_evaluation = {"SIGNAL_AT": "transformers.trainer:Trainer.evaluate", "SIGNAL_N": "2", "SIGNAL": "INT"}
+    proc = run_script([SIGNALLED, *both], env=at_last_evaluation)
+    assert proc.returncode == 128 + signal.SIGINT, proc.stderr[-3000:]
+    [line] = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert "after the pretrained model's last step; its results are written and the scratch model has not" in line
+    assert results(out / "pretrained")["train"]["steps"] == 16 and not (out / "scratch").exists()
+    proc = run_script(["-m", "finetune.run", *both, "--resume_from_checkpoint", "true"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert results(out / "scratch")["train"]["steps"] == 16 and (out / "comparison" / "report.md").is_file()
 
 
 @pytest.mark.slow

@@ -138,18 +138,19 @@ KEPT_FROM_THE_START = (*OPTIMIZER_OPTIONS, "seed", "data_seed", "ema_decay", *DI
 class ResumeCheck(TrainerCallback, ExportableState):
     """Refuses a resumed checkpoint trained with other `OPTIMIZER_OPTIONS`, `RUN_OPTIONS` or `data_options` (the
     options of the images' split, from `finetune.run`), or at another count of optimizer steps an epoch, whatever set
-    it: the Trainer reads the saved step through this run's (step 20 at 16 an epoch, resumed at 8, was epoch 2.5). A
+    it (the Trainer reads the saved step through this run's: step 20 at 16 an epoch, resumed at 8, was epoch 2.5), or
+    of images an optimizer step. A
     resume in another mixed precision, or of an unfinished run with another length, is said with the fix; one without
     the time budget its schedule was fitted to (`TrainingBudgetCallback`) is refused."""
 
     def __init__(self, data_options: dict | None = None):
-        self.steps_per_epoch = self.options = self.precision = self.max_steps = self.recipe = None
+        self.steps_per_epoch = self.options = self.precision = self.max_steps = self.recipe = self.batch = None
         self.ended = False
         self.data_options = data_options or {}
 
     def state(self) -> dict:
         attributes = {"steps_per_epoch": self.steps_per_epoch, "options": self.options, "precision": self.precision}
-        attributes.update(max_steps=self.max_steps, recipe=self.recipe)
+        attributes.update(max_steps=self.max_steps, recipe=self.recipe, batch=self.batch)
         return {"args": {}, "attributes": attributes}
 
     def on_epoch_begin(self, args, state, control, **kwargs):
@@ -163,7 +164,7 @@ class ResumeCheck(TrainerCallback, ExportableState):
 
     def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
         self.steps_per_epoch, self.options, self.precision, resumed = None, None, None, state.global_step > 0
-        self.max_steps = self.recipe = None
+        self.max_steps = self.recipe = self.batch = None
         restore_state(self, state)
         planned, self.max_steps = self.max_steps, state.max_steps
         fitted = state.stateful_callbacks.get("TrainingBudgetCallback", {}).get("attributes", {}).get("planned_steps")
@@ -205,6 +206,16 @@ class ResumeCheck(TrainerCallback, ExportableState):
                     "number of processes, gradient accumulation or number of training images). Fix: resume with the "
                     "options it was trained with, or start a new run (a new `--output_dir`)."
                 )
+        # Images an optimizer step: the same steps an epoch at another batch size (31 for 32) trained other steps and
+        # skipped other images to go on in the epoch. `auto_find_batch_size` takes up the checkpoint's.
+        trained_at, self.batch = self.batch, args.train_batch_size * args.gradient_accumulation_steps * args.world_size
+        if resumed and trained_at not in (None, self.batch) and not args.auto_find_batch_size:
+            raise ResumeRefused(
+                f"The resumed checkpoint (step {state.global_step}) was trained at {trained_at} images an optimizer "
+                f"step (`per_device_train_batch_size` x `gradient_accumulation_steps` x processes), and this run "
+                f"takes {self.batch}: it would go on with other steps, and skip other images of the running epoch. "
+                "Fix: resume with the batch size it was trained with, or start a new run (a new `--output_dir`)."
+            )
         if resumed and fitted is not None and getattr(args, "max_train_minutes", None) is None:
             raise ResumeRefused(
                 f"The resumed checkpoint's learning-rate schedule was fitted to its time budget (`budget_schedule`, "

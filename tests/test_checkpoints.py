@@ -337,6 +337,10 @@ def test_a_checkpoint_of_other_steps_an_epoch_is_refused_in_one_line(trained, tm
         said = "error: The resumed checkpoint (step 16) was trained at 8 optimizer steps an epoch, and this run has"
         assert len(lines) == 1 and lines[0].startswith(f"{said} {now}:"), lines
         assert "Fix: resume with the options it was trained with, or start a new run" in lines[0]
+    # The same steps an epoch at another batch size (9 for 8: 8 steps of 64 images) trains other steps.
+    assert run_command(run.main, [*resume_args(out), "--per_device_train_batch_size", "9"]) == 1
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "(step 16) was trained at 8 images an optimizer step" in line and "this run takes 9:" in line, line
     # Fewer images: named by the option that chose them.
     assert run_command(run.main, [*resume_args(out), "--max_train_samples", "32"]) == 1
     [line] = capsys.readouterr().err.strip().splitlines()

@@ -350,7 +350,12 @@ class ConsoleFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         message = super().format(record)
-        return message if record.levelno == logging.INFO else f"{record.levelname.lower()}: {message}"
+        if record.levelno == logging.INFO:
+            return message
+        level = record.levelname.lower()
+        if message.lower().startswith(f"{level}:"):  # transformers' "Warning: The following arguments do not match"
+            message = message[len(level) + 1 :].lstrip()
+        return f"{level}: {message}"
 
 
 def setup_logging(training_args: TrainingArguments, settings: hardware.Settings) -> None:

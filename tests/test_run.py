@@ -535,3 +535,15 @@ def test_the_quickstart_source_model_starts_from_the_same_weights_every_time(tmp
     make_source_init(tmp_path / "b")
     a, b = load_file(tmp_path / "a/model.safetensors"), load_file(tmp_path / "b/model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_library_warning_that_names_its_level_is_not_prefixed_twice():
+    """transformers' resume warning read "warning: Warning: The following arguments do not match ..."."""
+    formatter = run.ConsoleFormatter()
+    said = "Warning: The following arguments do not match the ones in the `trainer_state.json` within the checkpoint"
+    record = logging.LogRecord("transformers.trainer", logging.WARNING, __file__, 1, said, None, None)
+    assert formatter.format(record) == "warning: " + said.removeprefix("Warning: ")
+    record.msg = "Warnings of the run: none"
+    assert formatter.format(record) == "warning: Warnings of the run: none"
+    record.levelno, record.levelname = logging.INFO, "INFO"
+    assert formatter.format(record) == "Warnings of the run: none"

@@ -263,3 +263,28 @@ def test_a_run_killed_while_decoding_leaves_no_worker_running_and_no_partial_cac
     [partial] = cache.glob(".tmp-*")
     load_image_data(DataArguments(dataset_name=str(folder), decoded_cache_dir=str(cache)), seed=0)
     assert not partial.exists() and len(list(cache.iterdir())) == 1
+
+
+def test_a_200_megapixel_phone_photo_is_read_not_skipped_as_a_decompression_bomb(tmp_path):
+    """16320 x 12240 (a 200 MP phone camera) is past Pillow's default limit: training and predict skipped such photos
+    as corrupt, and a folder of them failed with "repair or re-export the files"."""
+    path = tmp_path / "phone.jpg"
+    Image.new("L", (16320, 12240), 128).save(path, quality=50)
+    image = decode_image(path, "RGB", min_size=64)  # at 1/8 scale (`draft`)
+    assert image.size == (2040, 1530) and image.getpixel((0, 0)) == (128, 128, 128)
+    images, names, skipped = load_images([path], None, 64)
+    assert names == [str(path)] and not skipped
+
+
+def test_a_damaged_png_chunk_is_skipped_by_predict_as_by_training(tmp_path):
+    """Pillow raises SyntaxError ("broken PNG file") for a damaged chunk: predict, attention and export stopped on it
+    with an error naming no file, where training skips the file and names it."""
+    good, broken = tmp_path / "good.png", tmp_path / "broken.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (400, 400, 3), dtype=np.uint8)).save(good)
+    data = bytearray(good.read_bytes())
+    second = data.index(b"IDAT", data.index(b"IDAT") + 4) - 4  # the second IDAT chunk's length and type: zeroed
+    data[second : second + 8] = bytes(8)
+    broken.write_bytes(bytes(data))
+    images, names, skipped = load_images([good, broken], None)
+    assert names == [str(good)] and [path for path, _ in skipped] == [str(broken)], skipped
+    assert skipped[0][1].startswith("SyntaxError: broken PNG file"), skipped

@@ -53,6 +53,17 @@ def test_collect_image_paths_recurses_and_keeps_explicit_files(images):
         predict.collect_image_paths([folder / "missing.png"])
 
 
+def test_a_folders_heic_photos_are_named_not_left_out_without_a_word(tmp_path, caplog):
+    """iPhones' HEIC photos in a folder were left out of predict's output without a word (training names them)."""
+    (tmp_path / "phone").mkdir()
+    Image.new("RGB", (4, 4)).save(tmp_path / "phone" / "IMG_0001.JPG")
+    for name in ("IMG_0002.HEIC", "IMG_0003.heic"):
+        (tmp_path / "phone" / name).write_bytes(b"\x00\x00\x00\x18ftypheic")
+    with caplog.at_level("WARNING"):
+        assert predict.collect_image_paths([tmp_path / "phone"]) == [tmp_path / "phone" / "IMG_0001.JPG"]
+    assert "Leaving out 2 photo(s) of" in caplog.text and "IMG_0002.HEIC): convert them to JPEG or PNG" in caplog.text
+
+
 def test_collect_image_paths_follows_links_to_folders(images, tmp_path):
     (tmp_path / "photos").mkdir()
     (tmp_path / "photos" / "linked").symlink_to(images["jpg"].parent, target_is_directory=True)
@@ -142,6 +153,27 @@ def test_other_resolution(run_dirs, images, name):
         assert sum(p.probabilities) == pytest.approx(1.0, abs=1e-5)
     probabilities = predict.class_probabilities(model, pixel_values, interpolate_pos_encoding=True)
     np.testing.assert_allclose(predictions[0].probabilities, probabilities[0].numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_larger_image_size_sees_the_detail_a_run_of_stored_photos_framed_away(tmp_path):
+    """A run that stored its photos at its 16 px input, predicted at `--image_size 32`, framed each photo at 16 px
+    first: 1-px stripes became uniform grey before the model saw them (exit 0, other probabilities). The stored size
+    now scales with the input; data of a lower resolution of its own (8 px for a 16 px model) stays as stored."""
+    model, processor = predict.load_classifier(make_run_dir(tmp_path / "run", "scratch", extras=False))
+    stripes = tmp_path / "stripes.png"
+    Image.fromarray(np.tile(np.array([[255], [0]], dtype=np.uint8), (16, 32))).save(stripes)
+    assert predict.stored_size_at([16, 16], model, processor, 32) == [32, 32]
+    assert predict.stored_size_at([18, 18], model, processor, 32) == [36, 36]  # RandomResizedCrop's margin
+    assert predict.stored_size_at([8, 8], model, processor, 32) == [8, 8]
+    assert predict.stored_size_at([16, 16], model, processor, None) == [16, 16]
+    [p], _ = predict.predict_files(model, processor, [stripes], image_size=32, stored_size=[16, 16])
+    image = Image.open(stripes).convert("RGB")
+    for stored, same in (([32, 32], True), ([16, 16], False)):
+        pixel_values = predict.preprocess([image], model, processor, image_size=32, stored_size=stored)
+        if stored == [32, 32]:
+            assert pixel_values[0, 0, :2, 0].tolist() == [1.0, -1.0]  # the stripes reach the model
+        probabilities = predict.class_probabilities(model, pixel_values, interpolate_pos_encoding=True)[0].numpy()
+        assert np.allclose(p.probabilities, probabilities, atol=1e-6) == same
 
 
 def test_image_size_keeps_the_part_of_the_image_a_cropping_processors_evaluation_sees(images, tmp_path):

@@ -247,6 +247,7 @@ def write_attention_maps(
     output_dir = check_folder(output_dir)  # made with its first maps: a run that fails leaves no empty folder
     written, used_names = [], set()
     prep = predict.model_preprocessing(model, processor, image_size)
+    stored_size = predict.stored_size_at(stored_size, model, processor, image_size)
     for image_path in map(Path, image_paths):
         images, _, _ = predict.load_images([image_path], "RGB", predict.frame_size(prep, stored_size))
         if not images:

@@ -157,7 +157,7 @@ def collect_image_paths(paths: Iterable[str | os.PathLike]) -> list[Path]:
     found: list[Path] = []
     for path in map(Path, paths):
         if path.is_dir():
-            from finetune.data.sources import IMAGE_EXTENSIONS
+            from finetune.data.sources import IMAGE_EXTENSIONS, UNREAD_PHOTO_EXTENSIONS
 
             walked, seen = [], set()
             for root, folders, names in os.walk(path, followlinks=True):
@@ -168,6 +168,12 @@ def collect_image_paths(paths: Iterable[str | os.PathLike]) -> list[Path]:
                 folders[:] = [name for name in folders if not name.startswith((".", "__"))]  # as datasets skips them
                 walked += [Path(root, name) for name in names if not name.startswith(".")]
             found.extend(sorted(p for p in walked if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS))
+            unread = sorted(p for p in walked if p.suffix.lower() in UNREAD_PHOTO_EXTENSIONS)
+            if unread:  # as training says of them
+                logger.warning(
+                    f"Leaving out {len(unread)} photo(s) of {path} in a format that training does not read either "
+                    f"(e.g. {unread[0]}): convert them to JPEG or PNG to classify them."
+                )
         elif path.is_file():
             found.append(path)
         else:
@@ -187,7 +193,8 @@ def load_images(paths: Sequence[str | os.PathLike], mode: str | None, min_size: 
         try:
             images.append(decode_image(path, mode, min_size))
             names.append(str(path))
-        except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as error:
+        # SyntaxError: Pillow's for a damaged PNG chunk ("broken PNG file"), as training skips it.
+        except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
             reason = f"{type(error).__name__}: {error}"
             logger.warning(f"Skipping {path}: cannot read it as an image ({reason}).")
             skipped.append((str(path), reason))
@@ -204,6 +211,18 @@ def model_preprocessing(model, processor, image_size: int | None = None) -> Prep
         return prep
     resize = prep.resize_size and tuple(round(image_size * r / i) for r, i in zip(prep.resize_size, prep.image_size))
     return replace(prep, image_size=(image_size, image_size), resize_size=resize)
+
+
+def stored_size_at(stored_size: Sequence[int] | None, model, processor, image_size: int | None) -> list | None:
+    """The run's stored image size for a prediction at `image_size`: scaled with it where the run stored photos at or
+    above its input size (framed at that size, a photo lost the detail a larger input is for: shrunk, then enlarged);
+    data of a lower resolution of its own (CIFAR-10's 32 px for a 224 px ViT) as the run stored it."""
+    if image_size is None or not stored_size:
+        return stored_size
+    trained = model_preprocessing(model, processor).image_size
+    if any(s < t for s, t in zip(stored_size, trained)):
+        return list(stored_size)
+    return [round(s * image_size / t) for s, t in zip(stored_size, trained)]
 
 
 def frame_size(prep: Preprocessing, stored_size: Sequence[int] | None = None) -> int:
@@ -356,6 +375,7 @@ def predict_files(
     if batch_size < 1:
         raise ValueError(f"`batch_size` must be >= 1, got {batch_size}.")
     check_image_size(model, image_size)
+    stored_size = stored_size_at(stored_size, model, processor, image_size)
     id2label, top_k = model.config.id2label, min(top_k, model.config.num_labels)
     interpolate = needs_interpolation(model, image_size)
     cuts = torch.tensor(thresholds) if thresholds else None  # (K,) a multi-label model's thresholds

@@ -274,11 +274,25 @@ class RunClock(TrainerCallback, ExportableState):
         self._epoch_start = None
         self._paused = 0.0  # evaluations and checkpoints inside the running epoch
         self._mark = None  # the end of the last step, or of the last evaluation or checkpoint after it
+        self.logged = None  # `[loss_sum, steps]` at the last training log
+        self._carried = None  # a resumed run's steps since that log: `(loss sum, steps, steps at the resume)`
 
     def state(self) -> dict:
         attributes = {"train_seconds": self.training_seconds(), "steps": self.steps, "loss_sum": float(self.loss_sum)}
         attributes["elapsed_seconds"] = self.elapsed()  # evaluations and checkpoints included: what a budget counts
+        attributes["logged"] = self.logged
         return {"args": {}, "attributes": attributes}
+
+    def logged_loss(self, loss: float) -> float:
+        """The Trainer's training loss of a log (the mean since its last log) over the steps a resume split off too:
+        the Trainer counts from the resume, and the checkpoint's steps since the log before it were logged nowhere.
+        Their sum is process 0's (the Trainer's, the mean of every process's)."""
+        carried, self._carried = self._carried, None
+        self.logged = [float(self.loss_sum), self.steps]
+        if carried is None:
+            return loss
+        carried_loss, carried_steps, resumed_at = carried
+        return (loss * (self.steps - resumed_at) + carried_loss) / (self.steps - resumed_at + carried_steps)
 
     def add_loss(self, loss: torch.Tensor) -> None:
         """A micro-batch's loss, as the Trainer adds it to its logged loss (already divided by the accumulation)."""
@@ -298,6 +312,10 @@ class RunClock(TrainerCallback, ExportableState):
     def on_train_begin(self, args, state, control, **kwargs):
         restore_state(self, state)  # a resumed run's totals
         self.epoch = state.epoch or 0.0
+        if state.global_step == 0:
+            self.logged = [0.0, 0]
+        elif self.logged is not None and self.steps > self.logged[1]:  # else saved before `logged` was
+            self._carried = (float(self.loss_sum) - self.logged[0], self.steps - self.logged[1], self.steps)
         # Checkpoints saved before `elapsed_seconds` was: the training seconds, without evaluations and checkpoints.
         self.train_start = self.time_fn() - (self.elapsed_seconds or self.train_seconds)
 

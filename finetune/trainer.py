@@ -247,6 +247,11 @@ class ImageClassificationTrainer(Trainer):
         self.clock.add_loss(loss)
         return loss
 
+    def log(self, logs: dict[str, float], *args, **kwargs) -> None:
+        if "loss" in logs:  # a training log: after a resume, over the steps before it too (`RunClock.logged_loss`)
+            logs["loss"] = self.clock.logged_loss(logs["loss"])
+        super().log(logs, *args, **kwargs)
+
     def save_model(self, output_dir: str | None = None, *args, **kwargs) -> None:
         """The Trainer's, and into a checkpoint the EMA's state, beside its weights: written on `on_save`, it came
         after the Trainer had removed the older checkpoints, and a kill between the two left no whole checkpoint."""

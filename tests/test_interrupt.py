@@ -86,6 +86,18 @@ def test_sigterm_saves_a_checkpoint_and_the_resumed_run_ends_as_an_uninterrupted
     assert resumed["steps"] == whole["steps"] == 16
     assert resumed["loss"] == pytest.approx(whole["loss"], rel=1e-6)
     assert resumed["seconds"] > 0
+    # Each logged training loss (every 2 steps) as uninterrupted: the one at step 6, after the resume at 5, was the
+    # mean of step 6 alone (step 5's loss logged nowhere).
+    logged = [
+        [
+            (e["step"], e["loss"])
+            for e in json.loads((run / "trainer_state.json").read_text())["log_history"]
+            if "loss" in e
+        ]
+        for run in (uninterrupted, out)
+    ]
+    assert [step for step, _ in logged[1]] == list(range(2, 17, 2)), logged[1]
+    assert [loss for _, loss in logged[1]] == pytest.approx([loss for _, loss in logged[0]], rel=1e-5), logged
     # train_results.json (and all_results.json) hold the whole run's figures too, not those of the resumed session;
     # so does a finished run resumed again, which trains no step.
     for again in (False, True):

@@ -207,9 +207,11 @@ class ResumeCheck(TrainerCallback, ExportableState):
                     "options it was trained with, or start a new run (a new `--output_dir`)."
                 )
         # Images an optimizer step: the same steps an epoch at another batch size (31 for 32) trained other steps and
-        # skipped other images to go on in the epoch. `auto_find_batch_size` takes up the checkpoint's.
+        # skipped other images to go on in the epoch.
         trained_at, self.batch = self.batch, args.train_batch_size * args.gradient_accumulation_steps * args.world_size
-        if resumed and trained_at not in (None, self.batch) and not args.auto_find_batch_size:
+        if args.auto_find_batch_size:  # the size it settles on is the Trainer's own, not the arguments'
+            self.batch = None
+        if resumed and trained_at not in (None, self.batch) and self.batch is not None:
             raise ResumeRefused(
                 f"The resumed checkpoint (step {state.global_step}) was trained at {trained_at} images an optimizer "
                 f"step (`per_device_train_batch_size` x `gradient_accumulation_steps` x processes), and this run "
@@ -286,13 +288,15 @@ class RunClock(TrainerCallback, ExportableState):
     def logged_loss(self, loss: float) -> float:
         """The Trainer's training loss of a log (the mean since its last log) over the steps a resume split off too:
         the Trainer counts from the resume, and the checkpoint's steps since the log before it were logged nowhere.
-        Their sum is process 0's (the Trainer's, the mean of every process's)."""
+        Like the Trainer's, the sums are means over the processes."""
         carried, self._carried = self._carried, None
-        self.logged = [float(self.loss_sum), self.steps]
-        if carried is None:
-            return loss
-        carried_loss, carried_steps, resumed_at = carried
-        return (loss * (self.steps - resumed_at) + carried_loss) / (self.steps - resumed_at + carried_steps)
+        if carried is not None:
+            carried_loss, carried_steps, resumed_at = carried
+            loss = (loss * (self.steps - resumed_at) + carried_loss) / (self.steps - resumed_at + carried_steps)
+        # The sum as the checkpoints save it (`ClockBeforeSave`: the mean of every process's), from the logged means.
+        logged_sum, logged_steps = self.logged or (float(self.loss_sum), self.steps)  # saved before `logged` was
+        self.logged = [logged_sum + loss * (self.steps - logged_steps), self.steps]
+        return loss
 
     def add_loss(self, loss: torch.Tensor) -> None:
         """A micro-batch's loss, as the Trainer adds it to its logged loss (already divided by the accumulation)."""

@@ -64,7 +64,7 @@ def resolve_checkpoint(run_dir: Path, training_args: TrainingArguments, one_of_t
             if training_args.process_index == 0:
                 logger.warning(
                     f"{', '.join(c.name for c in numbered)} in {run_dir}: {CUT_SHORT}, and no checkpoint is whole: "
-                    "starting anew (`resume_from_checkpoint: auto`); the new run's saves replace them."
+                    "starting anew (`resume_from_checkpoint: auto`); they are left in place."
                 )
             return None
     if text in LATEST or (text == "auto" and numbered):
@@ -203,7 +203,8 @@ def prepare_resume(checkpoint: str, run_dir: Path, training_args: TrainingArgume
 
 MODEL_ONLY = "it holds the model only (saved with `save_only_model`)"
 CUT_SHORT = (
-    f"it was cut short: {TRAINER_STATE_NAME}, which a save writes last, is missing (a stop or failure mid-save)"
+    f"it was cut short: {TRAINER_STATE_NAME}, which a save writes last, is missing or incomplete (a stop or failure "
+    "mid-save)"
 )
 OTHER_EMA = "it was saved by a run"
 
@@ -220,7 +221,7 @@ def fix_for(problem: str, checkpoint: str | os.PathLike) -> str:
     if problem == CUT_SHORT:
         return (
             "Fix: pass the path of an earlier checkpoint-* folder, or start anew: `--resume_from_checkpoint auto` "
-            "does where no checkpoint is whole (the new run's saves replace the cut-short ones)."
+            "does where no checkpoint is whole."
         )
     if problem.startswith(OTHER_EMA):
         return "Fix: resume with the `ema_decay` of the run that saved it, or start a new run (a new `--output_dir`)."
@@ -235,7 +236,9 @@ def checkpoint_problem(checkpoint: Path, training_args: TrainingArguments) -> st
     every file the Trainer loads on resume is present and readable (cheaply: safetensors headers only, and
     `torch.load` memory-maps, where a cut-short zip fails on its missing central directory)."""
     files = os.listdir(checkpoint)
-    if TRAINER_STATE_NAME not in files:
+    try:
+        read_trainer_state(checkpoint / TRAINER_STATE_NAME)
+    except (OSError, ValueError, AttributeError):  # missing, or cut short while written (JSONDecodeError: ValueError)
         return CUT_SHORT
     has_states = any(f in ("optimizer.pt", "scheduler.pt") or f.startswith("rng_state") for f in files)
     if not (training_args.deepspeed or has_states):

@@ -21,6 +21,7 @@ from transformers.integrations import get_available_reporting_integrations
 from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
 from transformers.optimization import TYPE_TO_SCHEDULER_FUNCTION
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy
+from transformers.utils import is_in_notebook
 
 from finetune import hardware
 from finetune.arguments import (
@@ -362,9 +363,9 @@ def build_training_args(options: dict, settings: hardware.Settings) -> ImageClas
     with several processes the gloo group starts here with `ddp_timeout`, which transformers does not pass on there
     (a frozen peer would block the others for 30 minutes; accelerate then joins this group), and every process takes
     process 0's precision (`bf16: auto` measures in each, and a CPU near the threshold could split). Where stderr is
-    not a terminal, `disable_tqdm` defaults to true."""
+    not a terminal (nor a notebook's), `disable_tqdm` defaults to true."""
     values = {**options, **settings.arguments}
-    if values.get("disable_tqdm") is None and not sys.stderr.isatty():
+    if values.get("disable_tqdm") is None and not sys.stderr.isatty() and not is_in_notebook():
         values["disable_tqdm"] = True  # a log file: a line per log (`ProgressLines`), not tqdm's redrawn bars
     if values["use_cpu"] and int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.distributed.is_initialized():
         timeout = timedelta(seconds=values.get("ddp_timeout", 1800))

@@ -505,3 +505,31 @@ def test_a_resume_with_another_teacher_or_distillation_mix_is_refused(tmp_path, 
             ResumeCheck().on_train_begin(
                 changed, TrainerState(global_step=8, stateful_callbacks=saved), TrainerControl()
             )
+
+
+def test_the_loss_logged_after_a_resume_of_two_processes_covers_the_window_as_their_mean():
+    """Two processes losing 1.0 and 3.0 a step (the Trainer logs their mean, 2.0), logging every 2 steps, a checkpoint
+    at step 3 (where `ClockBeforeSave` makes the saved sum their mean), resumed: the first log read 3.0, the saved
+    mean sum less process 0's own sum at the last log."""
+    control, losses = TrainerControl(), (1.0, 3.0)
+    state = TrainerState(global_step=0, stateful_callbacks={})
+    clocks = [RunClock(), RunClock()]
+    for clock in clocks:
+        clock.on_train_begin(None, state, control)
+    for step in (1, 2, 3):
+        for clock, loss in zip(clocks, losses):
+            clock.add_loss(torch.tensor(loss))
+            clock.on_step_end(None, state, control)
+        state.global_step = step
+        if step == 2:
+            assert [clock.logged_loss(2.0) for clock in clocks] == [2.0, 2.0]
+    for clock in clocks:  # `ClockBeforeSave` at the save
+        clock.loss_sum = torch.tensor(sum(float(c.loss_sum) for c in clocks) / 2)
+    saved = json.loads(json.dumps(clocks[0].state()))  # process 0 writes the checkpoint's trainer state
+    resumed = TrainerState(global_step=3, epoch=0.5, stateful_callbacks={"RunClock": saved})
+    clocks = [RunClock(), RunClock()]
+    for clock, loss in zip(clocks, losses):
+        clock.on_train_begin(None, resumed, control)
+        clock.add_loss(torch.tensor(loss))
+        clock.on_step_end(None, resumed, control)
+    assert [clock.logged_loss(2.0) for clock in clocks] == [2.0, 2.0]  # the Trainer's: step 4 alone

@@ -227,7 +227,9 @@ DAMAGES = {
     "deleted optimizer": ("optimizer.pt", Path.unlink, "optimizer.pt is missing"),
     "truncated optimizer": ("optimizer.pt", truncate, "optimizer.pt is unreadable"),
     "truncated scheduler": ("scheduler.pt", truncate, "scheduler.pt is unreadable"),
-    "broken trainer state": ("trainer_state.json", truncate, "trainer_state.json is unreadable"),
+    # Written last: a save stopped before it, or while it was written, was cut short.
+    "broken trainer state": ("trainer_state.json", truncate, "it was cut short: trainer_state.json, which a save"),
+    "missing trainer state": ("trainer_state.json", Path.unlink, "it was cut short: trainer_state.json, which a"),
     "missing rng state": ("rng_state.pth", Path.unlink, "rng_state.pth is missing"),
 }
 

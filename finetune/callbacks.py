@@ -139,9 +139,8 @@ class ResumeCheck(TrainerCallback, ExportableState):
     """Refuses a resumed checkpoint trained with other `OPTIMIZER_OPTIONS`, `RUN_OPTIONS` or `data_options` (the
     options of the images' split, from `finetune.run`), or at another count of optimizer steps an epoch, whatever set
     it (the Trainer reads the saved step through this run's: step 20 at 16 an epoch, resumed at 8, was epoch 2.5), or
-    of images an optimizer step. A
-    resume in another mixed precision, or of an unfinished run with another length, is said with the fix; one without
-    the time budget its schedule was fitted to (`TrainingBudgetCallback`) is refused."""
+    of images an optimizer step. A resume in another mixed precision, or of an unfinished run with another length, is
+    said with the fix; one without the time budget its schedule was fitted to (`TrainingBudgetCallback`) is refused."""
 
     def __init__(self, data_options: dict | None = None):
         self.steps_per_epoch = self.options = self.precision = self.max_steps = self.recipe = self.batch = None

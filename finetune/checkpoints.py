@@ -59,7 +59,7 @@ def resolve_checkpoint(run_dir: Path, training_args: TrainingArguments, one_of_t
     # `auto`: preemptible machines restart the same command; resume where there is a checkpoint, else start.
     numbered = numbered_checkpoints(run_dir)
     if text == "auto" and numbered and not (run_dir / RESULTS_NAME).exists():
-        if all(checkpoint_problem(checkpoint, training_args) == CUT_SHORT for checkpoint in numbered):
+        if all(map(cut_short, numbered)):
             # Stopped again during the first save (a preemption's SIGTERM, then its kill): nothing to resume.
             if training_args.process_index == 0:
                 logger.warning(
@@ -236,9 +236,7 @@ def checkpoint_problem(checkpoint: Path, training_args: TrainingArguments) -> st
     every file the Trainer loads on resume is present and readable (cheaply: safetensors headers only, and
     `torch.load` memory-maps, where a cut-short zip fails on its missing central directory)."""
     files = os.listdir(checkpoint)
-    try:
-        read_trainer_state(checkpoint / TRAINER_STATE_NAME)
-    except (OSError, ValueError, AttributeError):  # missing, or cut short while written (JSONDecodeError: ValueError)
+    if cut_short(checkpoint):
         return CUT_SHORT
     has_states = any(f in ("optimizer.pt", "scheduler.pt") or f.startswith("rng_state") for f in files)
     if not (training_args.deepspeed or has_states):
@@ -271,6 +269,16 @@ def checkpoint_problem(checkpoint: Path, training_args: TrainingArguments) -> st
         except Exception as error:
             return f"{name} is unreadable ({one_line(error).split('. ')[0]})"  # torch adds advice on loading
     return None
+
+
+def cut_short(checkpoint: Path) -> bool:
+    """Whether a save of `checkpoint` stopped before its last file, trainer_state.json, was whole (reads that file
+    alone: `resume_from_checkpoint: auto` asks it of every checkpoint)."""
+    try:
+        read_trainer_state(checkpoint / TRAINER_STATE_NAME)
+    except (OSError, ValueError, AttributeError):  # missing, or cut short while written (JSONDecodeError: ValueError)
+        return True
+    return False
 
 
 def weight_files(checkpoint: Path, files: list[str]) -> list[tuple[str, Callable[[Path], object]]]:

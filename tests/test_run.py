@@ -147,9 +147,7 @@ def test_without_progress_bars_each_log_and_evaluation_is_one_logged_line_not_a_
     assert [line.split(":")[0] for line in lines] == ["epoch 1.00", "epoch 2.00"], lines
     assert "validation accuracy" in lines[0] and "(training loss" in lines[0]
     steps = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
-    assert [line.split(" (")[0] for line in steps] == ["step 2/16", "step 4/16", "step 6/16", "step 8/16"] + [
-        f"step {n}/16" for n in range(10, 17, 2)
-    ], steps
+    assert [line.split(" (")[0] for line in steps] == [f"step {n}/16" for n in range(2, 17, 2)], steps
     speed = r"\S+ steps/s, 0:00:00 of training left"
     assert re.fullmatch(
         rf"step 16/16 \(epoch 2\.00\): training loss \d+\.\d{{4}}, learning rate \S+; {speed}", steps[-1]

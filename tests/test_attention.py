@@ -8,6 +8,7 @@ from helpers_runs import make_run_dir, tiny_scratch_model, tiny_vit_model
 from PIL import Image
 from transformers import BeitConfig, BeitForImageClassification, Dinov2Config, Dinov2ForImageClassification
 
+from finetune.results import Results, dataset_location
 from finetune.tools import attention, predict
 from finetune.tools.predict import load_classifier
 
@@ -191,6 +192,23 @@ def test_a_folder_gives_the_maps_of_its_images_as_predict_reads_them(tmp_path):
     with pytest.raises(ValueError, match=r"could be read as an image; nothing was written"):
         attention.main([str(run), str(tmp_path / "notes"), "--output", str(tmp_path / "none")])
     assert not (tmp_path / "none").exists()
+
+
+def test_maps_are_never_written_into_the_images_the_model_trained_on(tmp_path):
+    run = make_run_dir(tmp_path / "run", model=tiny_scratch_model(), extras=False)
+    (tmp_path / "photos" / "cats").mkdir(parents=True)
+    Image.new("RGB", (20, 30), (200, 10, 10)).save(tmp_path / "photos" / "cats" / "cat.png")
+    results = Results.load(run)
+    results.dataset, results.dataset_location = "photos", dataset_location(str(tmp_path / "photos"))
+    results.save(run)
+    for output in (tmp_path / "photos", tmp_path / "photos" / "maps"):
+        with pytest.raises(
+            ValueError, match=r"inside photos, the images the model was trained on.*Nothing was written"
+        ):
+            attention.main([str(run), str(tmp_path / "photos"), "--output", str(output)])
+    assert sorted(p.name for p in (tmp_path / "photos").rglob("*")) == ["cat.png", "cats"]
+    written = attention.main([str(run), str(tmp_path / "photos"), "--output", str(tmp_path / "maps")])
+    assert [p.name for p in written] == ["cat_attention.png", "cat_rollout.png"]
 
 
 def test_other_resolution_gives_a_finer_grid(tmp_path):

@@ -57,7 +57,7 @@ HELD_BY = {
     **dict.fromkeys(("seed", "data_seed"), "validation split (another one holds images it trained on)"),
     **dict.fromkeys(("metric_for_best_model", "greater_is_better"), "best model so far"),
     "ema_decay": "weights' average",
-    **dict.fromkeys(DISTILLATION_OPTIONS, "weights, taught so far by another teacher or mix,"),
+    **dict.fromkeys((*DISTILLATION_OPTIONS, "teacher_weights"), "weights, taught so far by another teacher or mix,"),
     # Data moved since: a link at its old path takes it up again.
     "dataset": "weights, trained so far on other images (or on these at their old path), and evaluations so far",
     # `decode_size`, `random_resized_crop` (its margin) or the processor set it: the earlier evaluations scored others.

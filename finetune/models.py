@@ -7,6 +7,7 @@ supplies resolution and normalisation. `scratch`: a `ScratchViTForImageClassific
 """
 
 import contextlib
+import hashlib
 import inspect
 import json
 import os
@@ -278,6 +279,15 @@ def check_no_missing_weights(missing: list[str], files: str, described: str, fix
 
 def count_parameters(model: torch.nn.Module, trainable: bool = False) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable)
+
+
+def weights_fingerprint(model: torch.nn.Module) -> str:
+    """A short hash of the first values of every tensor of `model`: the same saved weights give the same on any
+    machine, and another training of the same architecture (a teacher retrained in place) another."""
+    digest = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        digest.update(name.encode() + tensor.detach().flatten()[:64].float().cpu().numpy().tobytes())
+    return digest.hexdigest()[:12]
 
 
 def apply_finetune_method(model: PreTrainedModel, model_args: ModelArguments) -> torch.nn.Module:

@@ -76,6 +76,7 @@ from finetune.models import (  # noqa: E402
     count_parameters,
     hub_errors,
     storage_size,
+    weights_fingerprint,
 )
 from finetune.results import (  # noqa: E402
     RESULTS_NAME,
@@ -675,6 +676,8 @@ def make_trainer(
             "validation_size": data_args.validation_size if data.validation_held_out else None,
             **{name: getattr(data_args, name) for name in ("include_labels", "max_train_samples", "max_eval_samples")},
             "stored_image_size": list(data.train.image_size),  # the pixels trained and scored so far
+            # A teacher retrained at the same path (or updated on the Hub) is another teacher.
+            "teacher_weights": weights_fingerprint(teacher) if teacher is not None else None,
             # Said when changed, not refused (`RECIPE_OPTIONS`).
             "augmentation": {
                 name: getattr(data_args, name) for name in ("random_resized_crop", *AUGMENTATION_OPTIONS)

@@ -12,6 +12,7 @@ import torch
 from test_run import TINY_SCRATCH, tiny_vit_checkpoint
 
 from finetune import run
+from finetune.callbacks import ResumeRefused
 from finetune.tools.compare import write_comparison
 from finetune.tools.model_card import build_model_card
 from finetune.trainer import classification_loss, distillation_loss
@@ -210,6 +211,31 @@ def test_a_teacher_checkpoint_of_an_unfinished_run_is_held_to_its_split(teacher_
                                          r"seed 0.*would hold out images it trained on. Fix: `--seed 0`"):  # fmt: skip
         run.main([*args, "--seed", "1"])
     assert not (tmp_path / "out").exists()
+
+
+def test_a_resume_with_the_teacher_retrained_in_place_is_refused(teacher_dir, tmp_path):
+    """The same teacher folder holding other weights (trained again since) is another teacher: it was accepted, the
+    check comparing only its path."""
+    from transformers import AutoModelForImageClassification
+
+    teacher = Path(shutil.copytree(teacher_dir, tmp_path / "teacher"))
+    taught = [*TINY_SCRATCH, "--teacher_model_name_or_path", str(teacher), "--report_to", "none"]
+    run.main([*taught, "--num_train_epochs", "1", "--output_dir", str(tmp_path / "first")])
+    checkpoint = str(next((tmp_path / "first").glob("checkpoint-*")))
+    shutil.copytree(teacher, tmp_path / "as_it_was")
+    retrained = AutoModelForImageClassification.from_pretrained(teacher)
+    with torch.no_grad():
+        for parameter in retrained.parameters():
+            parameter.add_(0.01)
+    retrained.save_pretrained(teacher)
+    resume = [*taught, "--resume_from_checkpoint", checkpoint, "--output_dir", str(tmp_path / "on")]
+    refused = r"trained with teacher_weights \w+ \(now \w+\): its weights, taught so far by another teacher or mix,"
+    with pytest.raises(ResumeRefused, match=refused):
+        run.main(resume)
+    assert not (tmp_path / "on" / "results.json").exists()
+    shutil.rmtree(teacher)
+    shutil.copytree(tmp_path / "as_it_was", teacher)
+    assert run.main(resume)["scratch"].train.steps == 16  # the teacher as it was: the run goes on to 2 epochs
 
 
 def test_a_teacher_folder_that_holds_no_model_is_one_line(tmp_path):

@@ -535,6 +535,18 @@ def test_the_quickstart_source_model_starts_from_the_same_weights_every_time(tmp
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_the_quickstart_source_model_is_written_without_a_progress_bar(tmp_path, capfd):
+    """Its `save_pretrained` ran before `finetune.run` switched transformers' bars off: the quickstart's log, in a
+    file, held a "Writing model shards" bar."""
+    import transformers
+
+    from finetune.tools.quickstart import make_source_init
+
+    transformers.utils.logging.enable_progress_bar()  # as in a fresh process
+    make_source_init(tmp_path / "a")
+    assert "Writing model shards" not in capfd.readouterr().err
+
+
 def test_a_library_warning_that_names_its_level_is_not_prefixed_twice():
     """transformers' resume warning read "warning: Warning: The following arguments do not match ..."."""
     formatter = run.ConsoleFormatter()

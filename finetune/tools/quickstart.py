@@ -27,7 +27,9 @@ def make_source_init(path: Path) -> None:
     """A randomly initialised ViT for 8x8 grayscale digits, with an image processor (values in [0, 1], 0.5 std);
     seeded, so that every quickstart starts from the same weights and reproduces the README's figures."""
     from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor, set_seed
+    from transformers.utils import logging
 
+    logging.disable_progress_bar()  # "Writing model shards" in a log file, as `finetune.run` switches it off
     set_seed(0)
     config = ViTConfig(
         image_size=8, patch_size=2, num_channels=1, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,

@@ -703,14 +703,20 @@ class InterruptCallback(TrainerCallback):
             signal.signal(s, handler)
         self._previous = {}
 
+    def agreed(self, args) -> int:
+        """The signal every process agreed to stop on (through the guard's flags, a step or two later), or 0; one
+        process needs no agreement: its own, so that a signal during an evaluation stops at the save after it rather
+        than a step later (on a GPU, `LAG` steps later)."""
+        return self.guard.stop_agreed or (self.signal or 0 if args.world_size == 1 else 0)
+
     def on_step_end(self, args, state, control, **kwargs):
         # An evaluation due at this step still runs before the save; at an epoch's last step, the save waits for the
         # epoch's end and its evaluation: a resumed run never comes back to an epoch that is over.
-        if self.guard.stop_agreed:
+        if self.agreed(args):
             self.stop(args, control, save=control.should_save or not float(state.epoch).is_integer())
 
     def on_epoch_end(self, args, state, control, **kwargs):
-        if self.guard.stop_agreed:  # on a GPU the agreement arrives two steps late, possibly at an epoch's end
+        if self.agreed(args):  # on a GPU the agreement arrives two steps late, possibly at an epoch's end
             self.stop(args, control, save=True)
 
     @staticmethod
@@ -723,7 +729,7 @@ class InterruptCallback(TrainerCallback):
 
     def on_save(self, args, state, control, **kwargs):
         self.saved_step = state.global_step
-        signum = self.guard.stop_agreed  # the same in every process, signalled or not
+        signum = self.agreed(args)  # the same in every process, signalled or not
         if not signum:
             return
         self.restore_handlers()

@@ -280,8 +280,9 @@ def test_a_signal_after_the_last_optimizer_step_stops_the_run_too(tmp_path):
     proc = train(out, env=at_last_evaluation, script=SIGNALLED)
     assert proc.returncode == 128 + signal.SIGINT, proc.stderr[-3000:]
     [line] = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert line.startswith("error: stopped by SIGINT (Ctrl-C) after the last optimizer step (16)"), line
-    assert f"checkpoints in {out}" in line and "`--resume_from_checkpoint true`" in line, line
+    # Stopped once the last step's checkpoint, due after this evaluation, is saved.
+    assert line.startswith(f"error: stopped by SIGINT (Ctrl-C) at step 16; saved {out / 'checkpoint-16'}"), line
+    assert "`--resume_from_checkpoint true`" in line, line
     assert "epoch 2.00: validation accuracy" in proc.stdout and (out / "checkpoint-16").is_dir()
     assert not (out / "results.json").exists()
     # The resumed run takes no step: it evaluates and writes its results.
@@ -453,6 +454,21 @@ def test_a_signal_at_an_epochs_last_step_keeps_that_epochs_evaluation(tmp_path):
         (row["epoch"], row["eval_accuracy"]) for row in expected["history"]
     ]
     assert resumed["validation"]["accuracy"] == expected["validation"]["accuracy"]
+
+
+@pytest.mark.slow  # tens of seconds of runs in one file's worker: CI runs it (-m 'not gpu')
+def test_a_signal_during_an_evaluation_stops_at_the_checkpoint_saved_after_it(tmp_path):
+    """A signal while epoch 1 is evaluated (its checkpoint due next): the run stops once that checkpoint is saved. It
+    trained one more step first, and saved again (a step of a large model on a CPU doubled the time to stop)."""
+    whole, out = tmp_path / "whole", tmp_path / "run"
+    assert train(whole).returncode == 0
+    during = {"SIGNAL_AT": "finetune.trainer:ImageClassificationTrainer.prediction_step"}
+    proc = train(out, env=during, script=SIGNALLED)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-3000:]
+    assert f"stopped by SIGTERM at step 8; saved {out / 'checkpoint-8'}" in proc.stderr, proc.stderr[-3000:]
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-8"]
+    assert train(out, "--resume_from_checkpoint", "true").returncode == 0
+    assert same_weights(out, whole)
 
 
 @pytest.mark.slow  # tens of seconds of runs in one file's worker: CI runs it (-m 'not gpu')

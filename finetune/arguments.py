@@ -151,8 +151,8 @@ class DataArguments:
     label_column_name: str | None = option(None, "Column holding the labels; found automatically (`label`, `labels`).")
     validation_size: float = option(
         0.1,
-        "Without a validation split, this much of train is held out (stratified, seeded): a fraction below 1, or a "
-        "number of images.",
+        "Without a validation split, this much of train is held out (stratified, seeded, from every class before "
+        "`include_labels`): a fraction below 1, or a number of images.",
     )
     include_labels: list[str] | None = option(
         None, "Keep only images of these classes (label names), renumbered in this order. Default: all."

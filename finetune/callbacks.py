@@ -115,12 +115,18 @@ def check_options_kept(state: TrainerState, now: dict) -> None:
     ]
     if state.global_step > 0 and changed:
         # What the checkpoint holds of each option changed; the data options make the validation split.
-        held = dict.fromkeys(HELD_BY.get(line.split(" ", 1)[0], HELD_BY["seed"]) for line in changed)
+        names = [line.split(" ", 1)[0] for line in changed]
+        held = dict.fromkeys(HELD_BY.get(name, HELD_BY["seed"]) for name in names)
+        # From its weights on another validation split: one that holds images they trained on (refused).
+        other_split = {"seed", "data_seed", "validation_size", "held_out_images", "dataset"} & set(names)
+        weights = "" if other_split else (
+            ", or start a new run from its weights (`--model_type pretrained --model_name_or_path` its checkpoint "
+            "folder, a new `--output_dir`)"
+        )  # fmt: skip
         raise ResumeRefused(
             f"The resumed checkpoint (step {state.global_step}) was trained with {', '.join(changed)}: its "
             f"{', '.join(held)} would go on with the old values while the results recorded the new. Fix: resume "
-            "with the options it was trained with, or start a new run from its weights (`--model_type pretrained "
-            "--model_name_or_path` its checkpoint folder, a new `--output_dir`)."
+            f"with the options it was trained with{weights}."
         )
 
 
@@ -183,6 +189,14 @@ class ResumeCheck(TrainerCallback, ExportableState):
         augmentation = data_options.pop("augmentation", {})
         self.options.update(data_options)
         check_options_kept(state, self.options)  # against the saved ones, which `state` holds
+        saved_data = saved_options(state)
+        if resumed and saved_data.get("include_labels") and saved_data.get("validation_size") is not None:
+            if "held_out_images" not in saved_data:  # runs before the split was drawn from every class
+                raise ResumeRefused(
+                    f"The resumed checkpoint (step {state.global_step}) held out its validation split from the "
+                    "`include_labels` classes alone; this version draws it from every class's images, which would "
+                    "validate on images it trained on. Fix: start a new run (a new `--output_dir`)."
+                )
         saved, self.recipe = self.recipe or {}, {name: option(args, name) for name in RECIPE_OPTIONS} | augmentation
         self.recipe["flip_tta"] = bool(self.recipe["flip_tta"])  # unset is off
         changed = [f"{name} {number(saved[name])} (now {number(value)})" for name, value in self.recipe.items()

@@ -177,12 +177,16 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
             if training_args.do_train and model_type != "scratch" and scratch_args.drop_path_rate is not None:
                 check_stochastic_depth(model_args, scratch_args.drop_path_rate)  # not after the data loaded
             data = load_image_data(data_args, seed=data_seed(training_args), target_size=target_size)
+        # The run's figures would be of images the evaluated model, its starting point or its teacher learned.
         if not training_args.do_train:
             check_held_out_as_trained(model_args.model_name_or_path, data_args, training_args, data)
         else:
             check_batches(training_args, len(data.train))
-            if training_args.teacher_model_name_or_path:  # the run's figures would be of images its teacher learned
-                check_held_out_as_trained(training_args.teacher_model_name_or_path, data_args, training_args, data)
+            if model_args.model_type != "scratch":
+                check_held_out_as_trained(model_args.model_name_or_path, data_args, training_args, data, "model")
+            if training_args.teacher_model_name_or_path:
+                teacher = training_args.teacher_model_name_or_path
+                check_held_out_as_trained(teacher, data_args, training_args, data, "teacher")
 
         results = {}
         for i, (model_type, run_dir) in enumerate(run_dirs.items()):
@@ -507,6 +511,7 @@ def train_and_evaluate(
         chosen["augmentation"] = training_recipe(trainer.batch_transform, args.mixup_alpha, args.cutmix_alpha)
         if data.validation_held_out:  # an evaluation holds out the same split: `check_held_out_as_trained`
             chosen["validation_size"] = data_args.validation_size
+            chosen["held_out_images"] = data.validation_held_out
         results = Results(
             model_type=model_type,
             model_name_or_path=model_args.model_name_or_path if model_type == "pretrained" else None,
@@ -674,6 +679,7 @@ def make_trainer(
             # classes went on silently, its evaluations in one history with the first's.
             "dataset": dataset_key(data_args),
             "validation_size": data_args.validation_size if data.validation_held_out else None,
+            "held_out_images": data.validation_held_out or None,  # of the whole train split, every class's
             **{name: getattr(data_args, name) for name in ("include_labels", "max_train_samples", "max_eval_samples")},
             "stored_image_size": list(data.train.image_size),  # the pixels trained and scored so far
             # A teacher retrained at the same path (or updated on the Hub) is another teacher.
@@ -803,14 +809,16 @@ def check_no_earlier_results(run_dir: Path, args: ImageClassificationTrainingArg
 
 
 def check_held_out_as_trained(
-    path: str, data_args: DataArguments, args: ImageClassificationTrainingArguments, data: ImageData
+    path: str, data_args: DataArguments, args: ImageClassificationTrainingArguments, data: ImageData, role: str = ""
 ) -> None:
-    """An evaluation of the model at `path`, or a run it teaches, that holds out its validation split from train holds
-    out the one the model was trained without (seed, data_seed, validation_size): another holds trained images."""
+    """An evaluation of the model at `path`, or a run that starts from it or that it teaches (`role`: "model",
+    "teacher"), that holds out its validation split from train holds out the one the model was trained without (seed,
+    data_seed, the images held out of the whole train split): another holds images it trained on."""
     if not data.validation_held_out:
         return
     trained = results_of_model(path)
-    model, this = (f"The teacher {path}", "this run's") if args.do_train else (path, "this evaluation's")
+    model = f"The {'pretrained model' if role == 'model' else role} {path}" if role else path
+    this = "this run's" if args.do_train else "this evaluation's"
     if trained is None:  # a checkpoint of a run still training, or stopped: its split as its checkpoint saved it
         recorded = checkpoint_options(path)
         if recorded.get("dataset") is None or recorded["dataset"] != dataset_key(data_args):
@@ -818,7 +826,7 @@ def check_held_out_as_trained(
         same = changed = True
     else:
         recorded = trained.hyperparameters
-        # A local dataset: the same files, however the path is spelled; a Hub id (or older results.json): the name.
+        # A local dataset: the same files, however the path is spelt; a Hub id (or older results.json): the name.
         fingerprint, local = trained.dataset_fingerprint, os.path.exists(os.path.expanduser(data.source))
         same = fingerprint == data.fingerprint if fingerprint and local else trained.dataset == data.source
         changed = trained.dataset_location is not None and trained.dataset_location == dataset_location(data.source)
@@ -830,15 +838,35 @@ def check_held_out_as_trained(
         )
     if not same or recorded.get("evaluation_only") or "seed" not in recorded:
         return
+    held_out = recorded.get("held_out_images")
+    some_classes = recorded.get("include_labels") or (
+        trained is not None and trained.label_names != data.all_label_names
+    )
+    if held_out is None and some_classes and not data.multi_label:
+        raise ValueError(
+            f"{model} was trained on some classes of {data.source} (`include_labels`), holding out its validation "
+            f"split from their images alone, as runs did before the split was drawn from every class (its results "
+            f"have no `held_out_images`): {this} split may hold images it trained on. Fix: train it again, or a "
+            "validation split of its own (`validation_file`, or a validation/ folder)."
+        )
     trained_data_seed = recorded.get("data_seed")
     trained_seed = recorded["seed"] if trained_data_seed is None else trained_data_seed
     trained_size, seed, size = recorded.get("validation_size"), data_seed(args), data_args.validation_size
     flag = "seed" if trained_data_seed is None and args.data_seed is None else "data_seed"  # `data_seed` overrides
     fixes = [f"`--{flag} {trained_seed}`"] if trained_seed != seed else []
-    fixes += [f"`--validation_size {trained_size:g}`"] if trained_size not in (None, size) else []
+    if held_out is not None and held_out != data.validation_held_out:
+        # A fraction holds out the same share of every class, whatever `include_labels`; a number is of its images.
+        fixes.append(
+            f"`--validation_size {trained_size:g}`"
+            if trained_size < 1
+            else f"a `validation_size` that holds out {held_out} images of the whole train split, as it did (now "
+            f"{data.validation_held_out})"
+        )
+    elif held_out is None and trained_size not in (None, size):
+        fixes.append(f"`--validation_size {trained_size:g}`")
     if not fixes:
         return
-    fix = " and ".join(fixes) + (", or a teacher trained with this run's split" if args.do_train else "")
+    fix = " and ".join(fixes) + (f", or a {role} trained with this run's split" if role else "")
     raise ValueError(
         f"{model} was trained on {data.source} holding out its validation split with seed {trained_seed}"
         f"{f', validation_size {trained_size:g}' if trained_size else ''}: {this} (seed {seed}, validation_size "

@@ -328,6 +328,27 @@ def test_a_checkpoint_of_another_model_config_is_refused_in_one_line(trained, tm
     assert checkpoints(out) == ["checkpoint-16", "checkpoint-8"]  # nothing trained
 
 
+def test_a_checkpoint_whose_split_was_drawn_from_its_classes_alone_is_refused(trained, tmp_path, capsys):
+    """A checkpoint of a run on some classes (`include_labels`) saved before the validation split was drawn from every
+    class's images: resumed, its validation split would hold images it trained on. So is a new run from its weights
+    on another split, which the refusal of another seed no longer offers."""
+    out = Path(shutil.copytree(trained, tmp_path / "out"))
+    every_class = ["--include_labels", *map(str, range(10))]  # all ten, in their order: the same labels
+    state_file = out / "checkpoint-16" / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    options = state["stateful_callbacks"]["ResumeCheck"]["attributes"]["options"]
+    assert options.pop("held_out_images") == round(0.1 * 1797)  # the whole train split's
+    options["include_labels"] = every_class[1:]
+    state_file.write_text(json.dumps(state))
+    assert run_command(run.main, [*resume_args(out), *every_class]) == 1
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "held out its validation split from the `include_labels` classes alone" in line, line
+    assert run_command(run.main, [*resume_args(out), "--seed", "7"]) == 1
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "seed 42 (now 7)" in line and line.endswith("Fix: resume with the options it was trained with."), line
+    assert checkpoints(out) == ["checkpoint-16", "checkpoint-8"]  # nothing trained
+
+
 def test_a_checkpoint_of_other_steps_an_epoch_is_refused_in_one_line(trained, tmp_path, capsys):
     """The Trainer reads its step count through this run's optimizer steps an epoch: step 16 of 8 steps an epoch
     resumed at 4 an epoch would be read as epoch 4. Seen from the steps alone, also without training_args.bin."""

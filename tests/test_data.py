@@ -22,6 +22,7 @@ import finetune.data.cache as data_cache
 from finetune import run
 from finetune.arguments import DataArguments
 from finetune.data import ImageSplit, collate_batch, load_image_data, stratified_split
+from finetune.data.splits import choose_rows
 from finetune.errors import run_command
 from finetune.tools import predict
 
@@ -977,6 +978,33 @@ def test_a_class_of_one_image_is_never_held_out_while_the_size_allows():
         assert len(validation) == 5 and 10 not in validation.tolist()
     _, validation = stratified_split(np.arange(4), 2, seed=0)  # only classes of one image: held out all the same
     assert len(validation) == 2
+
+
+@pytest.mark.parametrize("size", [0.15, 120])
+def test_a_run_on_some_classes_holds_out_the_images_a_run_on_all_classes_holds_out(size):
+    """The quickstart pretrains on the digits 0-4 and fine-tunes on all ten, both holding out 0.15 with seed 42: its
+    validation split held 65 of 270 images the pretrained model trained on, the first split drawn from 0-4 alone."""
+    from sklearn.datasets import load_digits
+
+    labels, names = load_digits().target.astype(np.int64), [str(i) for i in range(10)]
+    keep = ["3", "0", "4"]
+
+    def rows(include_labels, validation_size):
+        args = _args(dataset_name="sklearn:digits", validation_size=validation_size, include_labels=include_labels)
+        chosen, label_names, _, held_out = choose_rows({"train": labels}, names, args, 42)
+        return {split: set(chosen[split].positions.tolist()) for split in chosen}, label_names, held_out
+
+    some, label_names, held_out = rows(keep, size)
+    assert label_names == keep
+    kept = set(np.flatnonzero(np.isin(labels, [0, 3, 4])).tolist())
+    # A fraction is one of every class's images; a number, of the kept classes' images (of all: their share).
+    expected = round(size * len(labels)) if size < 1 else round(size / len(kept) * len(labels))
+    assert held_out == expected and (size < 1 or abs(len(some["validation"]) - size) <= 3)
+    every, _, held_out_of_every = rows(None, size if size < 1 else held_out)
+    assert held_out_of_every == held_out
+    assert some["validation"] == every["validation"] & kept and some["train"] == every["train"] & kept
+    with pytest.raises(ValueError, match=r"validation_size`=600 would hold out all 542 training images of the `incl"):
+        rows(keep, 600)
 
 
 def test_validation_split_end_to_end_is_seeded_and_disjoint():

@@ -152,6 +152,32 @@ def test_a_held_out_split_other_than_trainings_is_refused(
         assert not (tmp_path / "eval" / "results.json").exists()
 
 
+def test_a_run_from_a_model_of_the_same_data_holds_out_the_split_it_held_out(tmp_path):
+    """Fine-tuning a run's model on its data held out the same split only by chance: another seed went on (exit 0,
+    100% validation accuracy at a learning rate of 1e-9). A model of some classes (`include_labels`, the quickstart's
+    pretrained model) holds out the images a run on all of them holds out; one trained before the split was drawn from
+    every class is refused."""
+    quick = ["--num_train_epochs", "1", "--save_strategy", "no", "--eval_strategy", "no", "--load_best_model_at_end",
+             "false", "--report_to", "none"]  # fmt: skip
+    source = tmp_path / "source"
+    run.main([*TINY_SCRATCH, *quick, "--include_labels", "0", "1", "2", "3", "4", "--output_dir", str(source)])
+    assert Results.load(source).hyperparameters["held_out_images"] == round(0.2 * 1797)
+    tuned = [*TINY_SCRATCH, *quick, "--model_type", "pretrained", "--model_name_or_path", str(source)]
+    with pytest.raises(
+        ValueError,
+        match=r"^The pretrained model \S+source was trained on sklearn:digits holding out "
+        r"its validation split with seed 0, validation_size 0.2: this run's \(seed 1",
+    ):
+        run.main([*tuned, "--seed", "1", "--output_dir", str(tmp_path / "other_seed")])
+    assert not (tmp_path / "other_seed").exists()
+    assert run.main([*tuned, "--output_dir", str(tmp_path / "tuned")])["pretrained"].validation is not None
+    older = json.loads((source / "results.json").read_text())
+    del older["hyperparameters"]["held_out_images"]
+    (source / "results.json").write_text(json.dumps(older))
+    with pytest.raises(ValueError, match=r"trained on some classes of sklearn:digits .* Fix: train it again"):
+        run.main([*tuned, "--output_dir", str(tmp_path / "from_older")])
+
+
 def test_a_local_dataset_is_known_by_its_files_not_the_spelling_of_its_path(tmp_path, monkeypatch):
     """Trained on `digits` (relative), evaluated on its absolute path with another seed: refused (it was evaluated on
     images it trained on); a different folder of the same relative name is another dataset: evaluated."""

@@ -67,8 +67,11 @@ class ImageData:
     label_names: list[str]
     num_channels: int
     source: str
-    validation_held_out: bool = False  # by `validation_size`: the source has no validation split
+    # Images held out of the whole train split (every class's, before `include_labels`) by `validation_size`, where
+    # the source has no validation split; 0 where it has.
+    validation_held_out: int = 0
     fingerprint: str | None = None  # of the source's files (paths, sizes, times), however its path was spelt
+    all_label_names: list[str] | None = None  # the dataset's, before `include_labels`
 
     @property
     def multi_label(self) -> bool:
@@ -132,7 +135,8 @@ def load_image_data(
     else:
         label_names = source.label_names
         labels = {name: np.asarray(y, dtype=np.int64) for name, (_, y) in source.decoded.items()}
-    chosen, label_names, how = choose_rows(labels, label_names, data_args, seed)
+    all_label_names = list(label_names)
+    chosen, label_names, how, held_out = choose_rows(labels, label_names, data_args, seed)
 
     # Train's images first: the other splits are stored as train's are (centre-fitted at its size, as predict frames
     # every image), else they would be evaluated on views that predict never gives.
@@ -172,10 +176,10 @@ def load_image_data(
         f"{len(test) if test is not None else 0:,} test images; image size {size_text}, {num_channels} channel(s), "
         f"{len(label_names)} classes."
     )
-    held_out = "validation" not in labels
     return ImageData(
-        train, validation, test, list(label_names), num_channels, source.description, held_out, source.fingerprint
-    )
+        train, validation, test, list(label_names), num_channels, source.description, held_out, source.fingerprint,
+        all_label_names,
+    )  # fmt: skip
 
 
 def _materialize(

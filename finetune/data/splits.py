@@ -36,46 +36,60 @@ class Rows:
 
 def choose_rows(
     labels: dict[str, np.ndarray], label_names: list[str], data_args: DataArguments, seed: int
-) -> tuple[dict[str, Rows], list[str], str]:
-    """The rows each output split takes from the source splits (labelled `labels`) after `include_labels`, the
-    validation split (the source's, or held out from train) and `max_*_samples`; the label names; how validation
-    was made."""
+) -> tuple[dict[str, Rows], list[str], str, int]:
+    """The rows each output split takes from the source splits (labelled `labels`) after the validation split (the
+    source's, or held out from train), `include_labels` and `max_*_samples`; the label names; how validation was
+    made; how many images of the whole train split were held out (0: the source's own validation split)."""
     chosen = {name: Rows(name, np.arange(len(y)), y) for name, y in labels.items()}
     check_labels(chosen, label_names)
-    if data_args.include_labels:
-        chosen, label_names = _keep_classes(chosen, label_names, list(data_args.include_labels))
-    train, test = chosen["train"], chosen.get("test")
+    keep = list(data_args.include_labels or [])  # `DataArguments` refuses a name given twice
+    unknown = [name for name in keep if name not in label_names]
+    if unknown:
+        raise ValueError(f"`include_labels` has unknown label(s) {unknown}; the dataset's labels are {label_names}.")
+    train, held_out = chosen["train"], 0
     if "validation" in chosen:
-        validation, how = chosen["validation"], "validation split of the source"
+        how = "validation split of the source"
         if is_set(data_args, "validation_size"):
             logger.warning(
                 f"`validation_size`={data_args.validation_size:g} is not used: the dataset has a validation split of "
-                f"its own ({len(validation)} images), which is used instead."
+                f"its own ({len(chosen['validation'])} images), which is used instead."
             )
     else:
-        # Images with several labels have no one class to stratify by: one class for all is a seeded random split.
+        # Held out from every class's images, before `include_labels`: runs on other classes of the same data (a
+        # model pretrained on some, fine-tuned on all) hold out the same images, and none validates on images another
+        # trained on. Images with several labels have no one class to stratify by: a seeded random split.
         multi_label = train.labels.ndim == 2
         by = np.zeros(len(train), dtype=np.int64) if multi_label else train.labels
-        train_index, validation_index = stratified_split(by, data_args.validation_size, seed)
-        train, validation = train.select(train_index), train.select(validation_index)
+        size = data_args.validation_size
+        if keep and not multi_label and size >= 1:  # a number of the kept classes' images: their share of all
+            kept = int(np.isin(train.labels, [label_names.index(name) for name in keep]).sum())
+            if size >= kept:
+                raise ValueError(
+                    f"`validation_size`={size:g} would hold out all {kept} training images of the `include_labels` "
+                    "classes; it must leave at least one image on each side."
+                )
+            size = size / kept
+        train_index, validation_index = stratified_split(by, size, seed)
+        chosen["train"], chosen["validation"] = train.select(train_index), train.select(validation_index)
+        held_out = len(validation_index)
         kind = "random" if multi_label else "stratified"
         how = f"held out from train: validation_size={data_args.validation_size:g}, {kind}, seed {seed}"
+    if keep:
+        chosen, label_names = _keep_classes(chosen, label_names, keep)
+    train, validation, test = chosen["train"], chosen["validation"], chosen.get("test")
     chosen = {
         "train": _subsample(train, data_args.max_train_samples, seed, salt=1),
         "validation": _subsample(validation, data_args.max_eval_samples, seed, salt=2),
     }
     if test is not None:
         chosen["test"] = _subsample(test, data_args.max_eval_samples, seed, salt=3)
-    return chosen, label_names, how
+    return chosen, label_names, how, held_out
 
 
 def _keep_classes(
     splits: dict[str, Rows], label_names: list[str], keep: list[str]
 ) -> tuple[dict[str, Rows], list[str]]:
     """The images of the classes `keep`, renumbered in its order (multi-label: every image, only those labels)."""
-    unknown = [name for name in keep if name not in label_names]  # `DataArguments` refuses a name given twice
-    if unknown:
-        raise ValueError(f"`include_labels` has unknown label(s) {unknown}; the dataset's labels are {label_names}.")
     old_ids = [label_names.index(name) for name in keep]
     new_id = np.full(len(label_names), -1, dtype=np.int64)
     new_id[old_ids] = np.arange(len(keep))

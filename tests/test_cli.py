@@ -19,6 +19,26 @@ def test_compare_subcommand_writes_the_report(tmp_path, capsys):
     assert capsys.readouterr().out.strip().endswith("report.md")
 
 
+def test_the_tools_take_paths_from_the_home_folder_as_training_does(tmp_path, monkeypatch, capsys):
+    """A quoted `~/...` (a script's, a config's): training expands it, and predict said "Repo id must be in the form
+    'repo_name'", card "holds no trained model", compare "is not a run directory"."""
+    from helpers_runs import tiny_scratch_model
+    from PIL import Image
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    make_run_dir(tmp_path / "runs" / "a", "scratch", model=tiny_scratch_model(), extras=False)
+    Image.new("L", (8, 8), 128).save(tmp_path / "seven.png")
+    assert cli.main(["predict", "~/runs/a", "~/seven.png", "--top_k", "1", "--output", "~/out/p.csv"]) == 0
+    assert (tmp_path / "out" / "p.csv").is_file()
+    assert (
+        cli.main(["compare", "~/runs/a", "--output", "~/report"]) == 0 and (tmp_path / "report" / "report.md").exists()
+    )
+    assert cli.main(["card", "~/runs/a"]) == 0 and (tmp_path / "runs" / "a" / "README.md").is_file()
+    assert cli.main(["attention", "~/runs/a", "~/seven.png", "--output", "~/maps"]) == 0
+    assert sorted(p.name for p in (tmp_path / "maps").iterdir()) == ["seven_attention.png", "seven_rollout.png"]
+    assert "error" not in capsys.readouterr().err
+
+
 def test_usage_and_unknown_command(capsys):
     assert cli.main([]) == 2
     assert cli.main(["--help"]) == 0

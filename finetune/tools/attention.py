@@ -20,6 +20,7 @@ import sys
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
+from os.path import expanduser
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -290,7 +291,7 @@ def main(argv: list[str] | None = None) -> list[Path]:
         description="Plot per-layer CLS attention maps and attention rollout of a saved ViT classifier.",
     )
     predict.add_model_arguments(parser, image_metavar="IMAGE")
-    parser.add_argument("--output", required=True, metavar="DIR", help="Where to write the PNGs.")
+    parser.add_argument("--output", required=True, metavar="DIR", type=expanduser, help="Where to write the PNGs.")
     args = parser.parse_args(argv)
     check_outside_training_data(args.output, args.model_dir)
     model, processor, results, paths = predict.classifier_from_arguments(parser, args, attn_implementation="eager")

@@ -14,6 +14,7 @@ import os
 import re
 import sys
 from collections.abc import Sequence
+from os.path import expanduser
 from pathlib import Path
 
 from finetune.errors import ArgumentParser, run_command
@@ -151,8 +152,10 @@ def main(argv: list[str] | None = None) -> Path:
         "and a confusion matrix per run.",
     )
     run_help = "Output directory of a run (with results.json), or a `model_type: both` output holding several."
-    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help=run_help)
-    parser.add_argument("--output", required=True, metavar="REPORT_DIR", help="Where to write the report and plots.")
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", type=expanduser, help=run_help)
+    parser.add_argument(
+        "--output", required=True, metavar="REPORT_DIR", type=expanduser, help="Where to write the report and plots."
+    )
     args = parser.parse_args(argv)
     try:
         report = write_comparison(args.run_dirs, args.output)

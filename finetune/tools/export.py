@@ -24,6 +24,7 @@ import os
 import shutil
 import sys
 from dataclasses import dataclass
+from os.path import expanduser
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -223,11 +224,15 @@ def main(argv: list[str] | None = None) -> ExportResult:
         prog="python -m finetune.tools.export",
         description="Export a trained classifier for serving (ONNX) and check it against PyTorch on real images.",
     )
-    parser.add_argument("run_dir", metavar="RUN_DIR", help="Output directory of a run (config.json, weights).")
+    parser.add_argument(
+        "run_dir", metavar="RUN_DIR", type=expanduser, help="Output directory of a run (config.json, weights)."
+    )
     parser.add_argument("--format", required=True, choices=FORMATS, help="Export format.")
-    parser.add_argument("--output", metavar="DIR", help="Where to write the export (default RUN_DIR/onnx).")
+    parser.add_argument(
+        "--output", metavar="DIR", type=expanduser, help="Where to write the export (default RUN_DIR/onnx)."
+    )
     images_help = "Image files or folders to check the export on (default: validation images of the run's dataset)."
-    parser.add_argument("--images", nargs="+", metavar="PATH", help=images_help)
+    parser.add_argument("--images", nargs="+", metavar="PATH", type=expanduser, help=images_help)
     atol_help = f"Largest difference allowed between ONNX and PyTorch logits (default {DEFAULT_ATOL:g})."
     parser.add_argument("--atol", type=float, default=DEFAULT_ATOL, help=atol_help)
     trust_help = "Use the code files saved next to the weights."

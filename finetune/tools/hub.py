@@ -24,6 +24,7 @@ import sys
 import time
 import urllib.parse
 import urllib.request
+from os.path import expanduser
 from pathlib import Path
 
 import httpx2
@@ -337,7 +338,7 @@ def main(argv: list[str] | None = None) -> str | list[str]:
         description="Upload a run's model, card, results and comparison report. The token comes from HF_TOKEN or "
         "`hf auth login`.",
     )
-    push.add_argument("output_dir", metavar="OUTPUT_DIR", help="A run's output directory.")
+    push.add_argument("output_dir", metavar="OUTPUT_DIR", type=expanduser, help="A run's output directory.")
     add_flag(push, "repo_id", required=True, help="Target model repo, e.g. your-name/vit-cifar10.")
     add_flag(push, "private", action="store_true", default=None, help="Create the repo as private.")
     add_flag(push, "revision", help="Branch to push to (created if missing); default main.")
@@ -348,7 +349,7 @@ def main(argv: list[str] | None = None) -> str | list[str]:
     add_flag(push, "retries", type=int, metavar="N", help=retries_help)
     add_flag(push, "debug", action="store_true", help="Log every request and show the traceback of a failure.")
     files = commands.add_parser("files", help="Write the model card and list the files a push would upload.")
-    files.add_argument("output_dir", metavar="OUTPUT_DIR", help="A run's output directory.")
+    files.add_argument("output_dir", metavar="OUTPUT_DIR", type=expanduser, help="A run's output directory.")
     add_flag(files, "repo_id", help="Repo id the card is written for.")
     args = parser.parse_args(argv)
 

@@ -13,6 +13,7 @@ import os
 import re
 import sys
 from importlib.metadata import version
+from os.path import expanduser
 from pathlib import Path
 from typing import Any
 
@@ -496,7 +497,9 @@ def write_model_card(output_dir: str | os.PathLike, repo_id: str | None = None, 
 def main(argv: list[str] | None = None) -> Path:
     """`python -m finetune.tools.model_card OUTPUT_DIR [--repo_id ID]` writes OUTPUT_DIR/README.md."""
     parser = ArgumentParser(prog="python -m finetune.tools.model_card", description=main.__doc__)
-    parser.add_argument("output_dir", metavar="OUTPUT_DIR", help="A run's output directory (with results.json).")
+    parser.add_argument(
+        "output_dir", metavar="OUTPUT_DIR", type=expanduser, help="A run's output directory (with results.json)."
+    )
     parser.add_argument("--repo_id", "--repo-id", help="The Hub repo id the card is for (it names the model).")
     args = parser.parse_args(argv)
     write_model_card(args.output_dir, args.repo_id)

@@ -17,6 +17,7 @@ import os
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from os.path import expanduser
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -430,9 +431,11 @@ def add_flag(parser: argparse.ArgumentParser, name: str, **kwargs) -> None:
 
 def add_model_arguments(parser: argparse.ArgumentParser, image_metavar: str = "PATH") -> None:
     """The arguments of every command that runs a saved classifier on image files (predict, attention)."""
-    parser.add_argument("model_dir", metavar="MODEL_DIR", help="Output directory of a run (config.json, weights).")
+    parser.add_argument(
+        "model_dir", metavar="MODEL_DIR", type=expanduser, help="Output directory of a run (config.json, weights)."
+    )
     paths_help = "Image files, or folders searched recursively."
-    parser.add_argument("paths", nargs="+", metavar=image_metavar, help=paths_help)
+    parser.add_argument("paths", nargs="+", metavar=image_metavar, type=expanduser, help=paths_help)
     size_help = "Resize images to N x N instead of the training resolution (position embeddings are interpolated)."
     add_flag(parser, "image_size", type=int, metavar="N", help=size_help)
     parser.add_argument("--device", help="torch device (default: cuda when available, else cpu).")
@@ -481,7 +484,9 @@ def main(argv: list[str] | None = None) -> list[Prediction]:
     add_model_arguments(parser)
     top_k_help = "How many classes to report per image (default 5); a multi-label model reports those above threshold."
     add_flag(parser, "top_k", type=int, default=5, help=top_k_help)
-    parser.add_argument("--output", metavar="FILE", help="Also write the predictions to a .csv or .json file.")
+    parser.add_argument(
+        "--output", metavar="FILE", type=expanduser, help="Also write the predictions to a .csv or .json file."
+    )
     add_flag(parser, "batch_size", type=int, default=32, help="Images per forward pass (default 32).")
     args = parser.parse_args(argv)
     output = Path(args.output) if args.output else None

@@ -142,6 +142,23 @@ def test_an_adapter_whose_base_moved_names_its_base(lora_run, tmp_path):
         run.main(args)
 
 
+def test_an_adapter_of_a_base_named_by_a_relative_path_loads_from_any_folder(tmp_path, monkeypatch):
+    """The quickstart config's `model_name_or_path: outputs/quickstart/source_model` with LoRA: adapter_config.json
+    kept the relative path, and predict, export and attention of the run failed from any other folder."""
+    tiny_vit_checkpoint(tmp_path / "work" / "base")
+    monkeypatch.chdir(tmp_path / "work")
+    run.main(["--model_name_or_path", "base", *TRAIN, "--output_dir", "lora", "--finetune_method", "lora",
+              "--save_strategy", "epoch", "--load_best_model_at_end", "false"])  # fmt: skip
+    for folder in ("lora", "lora/checkpoint-8"):
+        adapter = json.loads((tmp_path / "work" / folder / "adapter_config.json").read_text())
+        assert adapter["base_model_name_or_path"] == str(tmp_path / "work" / "base")
+    monkeypatch.chdir(tmp_path)
+    from PIL import Image
+
+    Image.new("L", (8, 8), 100).save(tmp_path / "digit.png")
+    assert len(predict.main([str(tmp_path / "work" / "lora"), str(tmp_path / "digit.png")])) == 1
+
+
 def test_adapter_loads_in_a_clean_process_and_in_predict(lora_run, tmp_path):
     _, out, _ = lora_run
     code = (

@@ -292,9 +292,19 @@ def test_an_output_that_would_replace_a_file_of_the_run_is_refused(run_dirs, ima
             predict.main([str(run), str(images["png"]), "--output", str(output)])
     assert {p.name: p.read_bytes() for p in run.iterdir()} == before
     # A new file beside the run's is written, as is a file outside a model's folder, again and again.
-    for output in (run / "new.csv", tmp_path / "preds.json", tmp_path / "preds.json"):
+    for output in (run / "new.csv", tmp_path / "preds.json", tmp_path / "preds.json", run / "new.csv"):
         predict.main([str(run), str(images["png"]), "--output", str(output)])
         assert output.is_file()
+    # Another file of that name, anywhere (a comparison's data, a dataset's labels), is kept: it was replaced.
+    comparison, labels = tmp_path / "comparison" / "comparison.json", tmp_path / "labels.csv"
+    comparison.parent.mkdir()
+    comparison.write_text('{"runs": []}')
+    labels.write_text("file,label\na.png,cat\n")
+    for output in (comparison, labels):
+        kept = output.read_bytes()
+        with pytest.raises(ValueError, match=r"already exists and holds no predictions of this command"):
+            predict.main([str(run), str(images["png"]), "--output", str(output)])
+        assert output.read_bytes() == kept
 
 
 def test_grayscale_images_preprocess_without_numpy_warnings(run_dirs, images):

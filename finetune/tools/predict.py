@@ -398,6 +398,17 @@ def predict_files(
     return predictions, skipped
 
 
+def is_predictions_file(path: Path) -> bool:
+    """Whether `path` holds predictions as `write_predictions` writes them (and a rerun may replace)."""
+    try:
+        if path.suffix.lower() == ".json":
+            return set(json.loads(path.read_text())) == {"predictions", "skipped"}
+        with open(path, newline="") as f:
+            return next(csv.reader(f), [])[:2] == ["path", "top1_label"]
+    except (OSError, ValueError, TypeError):  # unreadable, not JSON, not a JSON object
+        return False
+
+
 def write_predictions(predictions: Sequence[Prediction], output, skipped: Sequence[tuple[str, str]] = ()) -> Path:
     """Write predictions as CSV or JSON (with the skipped files), by the file's extension."""
     output = Path(output)
@@ -492,10 +503,15 @@ def main(argv: list[str] | None = None) -> list[Prediction]:
     output = Path(args.output) if args.output else None
     if output and output.suffix.lower() not in (".csv", ".json"):
         parser.error(f"--output must end in .csv or .json, got {output}.")
-    if output and output.is_file() and any((output.parent / name).is_file() for name in MODEL_FILES):
+    if output and output.is_file() and not is_predictions_file(output):  # a comparison.json, a dataset's labels.csv
+        if any((output.parent / name).is_file() for name in MODEL_FILES):
+            parser.error(
+                f"--output {output} already exists in the model or run folder {output.parent}, whose files predict "
+                "never replaces: pass a new name, or a path outside it."
+            )
         parser.error(
-            f"--output {output} already exists in the model or run folder {output.parent}, whose files predict never "
-            "replaces: pass a new name, or a path outside it."
+            f"--output {output} already exists and holds no predictions of this command, which never replaces other "
+            "files: pass a new name, or remove it first."
         )
     if output:
         check_folder(output, is_file=True)

@@ -275,6 +275,23 @@ def test_a_timm_model_at_another_size_is_one_line_naming_its_own(images, tmp_pat
             main([str(base), str(images["png"]), "--image_size", "16", *rest])
 
 
+def test_a_checkpoint_removed_while_it_is_read_is_named_so(run_dirs, images, tmp_path, monkeypatch):
+    """A training run rotating its checkpoints removed the one being read: transformers then read the path as a Hub id
+    ("Repo id must be in the form 'repo_name'")."""
+    from finetune import models
+
+    checkpoint = Path(shutil.copytree(run_dirs["vit"], tmp_path / "run" / "checkpoint-8"))
+    load = models.load_saved_classifier
+
+    def rotated_away(path, **kwargs):
+        shutil.rmtree(checkpoint)  # as `save_total_limit` does, between the checks and the loading
+        return load(path, **kwargs)
+
+    monkeypatch.setattr(models, "load_saved_classifier", rotated_away)
+    with pytest.raises(FileNotFoundError, match=r"checkpoint-8 was removed while it was read \(a run still training"):
+        predict.main([str(checkpoint), str(images["png"])])
+
+
 def test_cli_rejects_unknown_output_format(run_dirs, images):
     with pytest.raises(ValueError, match=r"--output must end in .csv or .json"):
         predict.main([str(run_dirs["vit"]), str(images["jpg"]), "--output", "preds.txt"])

@@ -118,19 +118,28 @@ def load_classifier(model_dir, trust_remote_code: bool = False, attn_implementat
         transformers_errors_only,
     )
 
-    if os.path.isdir(model_dir):
+    local = os.path.isdir(model_dir)
+    if local:
         run_dir = os.path.dirname(os.path.abspath(model_dir))
         missing = not os.path.isfile(os.path.join(model_dir, "config.json"))
         # A LoRA run's checkpoint-* holds the adapters; `load_adapter_model` reads the config from the run folder.
         if not (missing and is_adapter_dir(model_dir) and os.path.isfile(os.path.join(run_dir, "config.json"))):
             check_local_checkpoint(model_dir, trust_remote_code)  # no config.json, no weights, ...: one line each
     kwargs = {"trust_remote_code": trust_remote_code, "attn_implementation": attn_implementation}
-    if is_adapter_dir(model_dir):
-        with transformers_errors_only():  # the base's head, replaced by the adapter's, is reported as MISMATCH
-            model = load_adapter_model(model_dir, **kwargs)
-    else:
-        model = load_saved_classifier(model_dir, **kwargs)
-    processor = AutoImageProcessor.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+    try:
+        if is_adapter_dir(model_dir):
+            with transformers_errors_only():  # the base's head, replaced by the adapter's, is reported as MISMATCH
+                model = load_adapter_model(model_dir, **kwargs)
+        else:
+            model = load_saved_classifier(model_dir, **kwargs)
+        processor = AutoImageProcessor.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError):
+        if local and not os.path.isdir(model_dir):  # else read as a Hub id: "Repo id must be in the form ..."
+            raise FileNotFoundError(
+                f"{model_dir} was removed while it was read (a run still training removes its older checkpoint-* "
+                "folders): pass a folder that stays, such as the run's own once it has finished."
+            ) from None
+        raise
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     return model.to(device).eval(), processor
 

@@ -600,6 +600,14 @@ def _load_processor(model_args: ModelArguments):
         return AutoImageProcessor.from_pretrained(processor_path, **_load_kwargs(model_args))
 
 
+def _evaluation_results(path: str) -> bool:
+    """Whether `path` holds the results.json of an evaluation (`do_train: false`)."""
+    try:
+        return bool(json.loads(Path(path, "results.json").read_text())["hyperparameters"].get("evaluation_only"))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
 def check_local_checkpoint(path: str | os.PathLike, trust_remote_code: bool = False) -> None:
     """Refuse a local folder that cannot give an image classifier, naming what is wrong where `from_pretrained` would
     not (an ONNX export, no config.json or weights, a damaged `model.safetensors`, no classification head)."""
@@ -614,6 +622,11 @@ def check_local_checkpoint(path: str | os.PathLike, trust_remote_code: bool = Fa
             raise FileNotFoundError(
                 f"{path} is a LoRA checkpoint: an adapter without the model's config.json, which the run writes at "
                 "its end. Pass the run's output directory, or its merged model (OUTPUT/merged, `merge_lora: true`)."
+            )
+        if _evaluation_results(path):  # `do_train: false` saves results, no model
+            raise FileNotFoundError(
+                f"{path} holds the results of an evaluation (`do_train: false`), which saves no model: pass the "
+                "folder of the model it evaluated (its results.json names it as `model_name_or_path`)."
             )
         raise FileNotFoundError(
             f"{path} has no config.json: it is not a saved model. Pass the output directory of a run (for "

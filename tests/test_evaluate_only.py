@@ -98,6 +98,22 @@ def test_scores_a_saved_scratch_model_without_training(trained_scratch, tmp_path
     assert json.loads((out / "results.json").read_text())["confusion_matrix"] == written["confusion_matrix"]
 
 
+def test_the_tools_name_an_evaluations_folder_as_such(trained_scratch, tmp_path, no_training):
+    """predict, export, attention, teaching and training from it said only "has no config.json: it is not a saved
+    model"; card and push said what it is."""
+    from finetune.tools import predict
+
+    out = tmp_path / "eval"
+    run.main(["--do_train", "false", "--model_type", "scratch", "--model_name_or_path", str(trained_scratch), *DIGITS,
+              "--output_dir", str(out)])  # fmt: skip
+    said = r"holds the results of an evaluation \(`do_train: false`\), which saves no model: pass the folder of the"
+    with pytest.raises(FileNotFoundError, match=said):
+        predict.load_classifier(out)
+    with pytest.raises(FileNotFoundError, match=said):
+        run.main([*TINY_SCRATCH, "--model_type", "pretrained", "--model_name_or_path", str(out), "--output_dir",
+                  str(tmp_path / "again")])  # fmt: skip
+
+
 def test_an_evaluation_follows_the_flip_tta_of_the_models_run(trained_scratch, tmp_path, no_training):
     """The run's figures, and predict's probabilities, average each image with its mirror image where it evaluated so
     (`flip_tta: true`): so does an evaluation of its model, unless told otherwise."""

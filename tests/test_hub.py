@@ -612,6 +612,19 @@ def test_a_folder_without_weights_is_refused_before_the_card_is_written(both_out
         if folder == checkpoint:
             assert line.endswith(f"It is a checkpoint of the run {run}: {verb} that run's folder (its kept model).")
     assert line.endswith(f"It holds run directories: {verb} pretrained, scratch separately.")
+    # Still training (a live process holds its folder): it said to resume it, which is refused while it runs.
+    holder = {"pid": os.getppid(), "host": socket.gethostname(), "started": "2026-11-29T10:00:00+0000"}
+    (interrupted / ".run.lock").write_text(json.dumps(holder))
+    if command == "card":
+        assert run_command(model_card.main, [str(interrupted)]) == 1
+    else:
+        with pytest.raises(SystemExit):
+            hub.main([command, str(interrupted)] + (["--repo_id", "me/vit"] if command == "push" else []))
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.endswith(
+        f"Its run is still training (process {os.getppid()} on {socket.gethostname()}, started "
+        f"2026-11-29T10:00:00+0000): {verb} it once it has finished."
+    ), line
 
 
 def test_cli(both_output, monkeypatch, capsys):

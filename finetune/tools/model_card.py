@@ -80,6 +80,18 @@ def run_dir_of(output_dir: str | os.PathLike) -> Path:
     return run_dir if merged else output_dir
 
 
+def still_training(output_dir: Path) -> str | None:
+    """The live run that holds `output_dir` (its process, host and start), or None."""
+    import socket
+
+    from finetune.checkpoints import LOCK_NAME, RunLock, read_lock
+
+    holder = read_lock(output_dir / LOCK_NAME)
+    if not holder or RunLock.is_stale(holder, {"pid": os.getpid(), "host": socket.gethostname()}):
+        return None
+    return f"process {holder['pid']} on {holder['host']}, started {holder['started']}"
+
+
 def check_trained_run(output_dir: Path, command: str = "card") -> None:
     """Refuse a folder that is not a finished training run's output (the card would describe, and the push upload, a
     model that is not there), naming what is missing and what to `command` instead."""
@@ -110,6 +122,9 @@ def check_trained_run(output_dir: Path, command: str = "card") -> None:
             " Its run has not finished (checkpoint-* folders, no results.json): resume it with the same command and "
             f"`--resume_from_checkpoint true`, then {command} it."
         )
+        training = still_training(output_dir)
+        if training:  # a resume would be refused while it runs
+            hint = f" Its run is still training ({training}): {command} it once it has finished."
     elif not hint and RESULTS_NAME in names and "config.json" not in names:
         hint = f" It is an evaluation-only run's output: {command} the run that trained the model."
     raise FileNotFoundError(f"{output_dir} holds no trained model: missing {', '.join(missing)}.{hint}")

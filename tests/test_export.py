@@ -129,6 +129,27 @@ def test_a_checkpoint_exports_checked_on_its_runs_dataset(scratch_run, tmp_path,
     assert "already holds" in capsys.readouterr().err
 
 
+def test_a_run_of_a_local_dataset_named_relatively_is_not_checked_on_a_hub_dataset(tmp_path, monkeypatch):
+    """Trained on `digits` (a folder, named from where the run ran): exported from elsewhere, the name was looked up
+    on the Hub (where another dataset of that name would have checked the export)."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    for i in range(60):
+        (tmp_path / "a" / "digits" / str(digits.target[i] % 3)).mkdir(parents=True, exist_ok=True)
+        Image.fromarray((digits.images[i] * 15).astype(np.uint8)).save(
+            tmp_path / "a" / "digits" / str(digits.target[i] % 3) / f"{i}.png"
+        )
+    monkeypatch.chdir(tmp_path / "a")
+    args = ["digits" if a == "sklearn:digits" else a for a in TINY_SCRATCH]
+    run.main([*args, *SHORT, "--output_dir", "run"])
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"^The run trained on the local dataset 'digits', which is not at"):
+        export.main([str(tmp_path / "a" / "run"), "--format", "onnx"])
+    monkeypatch.chdir(tmp_path / "a")
+    assert export.main(["run", "--format", "onnx"]).num_images > 0
+
+
 def test_vit_run_exports_to_the_output_checked_on_given_files(vit_run, tmp_path, capsys):
     files = digit_files(tmp_path / "images")
     out = tmp_path / "served"

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from finetune.errors import ArgumentParser, one_line, run_command
 from finetune.locations import check_folder
-from finetune.results import RESULTS_NAME, Results, TrainMetrics, results_of_model
+from finetune.results import RESULTS_NAME, Results, TrainMetrics, dataset_location, results_of_model
 from finetune.tools import predict
 from finetune.tools.model_card import run_dir_of
 
@@ -201,6 +201,12 @@ def check_images(
         raise FileNotFoundError(
             f"{run_dir} has no results.json naming the dataset it trained on, to check the export with. Pass "
             "images to check it on: `--images FILE_OR_FOLDER ...`."
+        )
+    if results.dataset_location is not None and dataset_location(dataset) != results.dataset_location:
+        # A local dataset named relative to where the run ran, or moved since: not a Hub dataset of that name.
+        raise FileNotFoundError(
+            f"The run trained on the local dataset {dataset!r}, which is not at that path from here. Pass images to "
+            "check the export on: `--images FILE_OR_FOLDER ...`."
         )
     # Only the images taken are decoded: a few of train besides the validation ones, which need not have every class
     # (the model is trained), so the classes are not checked.

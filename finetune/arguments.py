@@ -152,7 +152,8 @@ class DataArguments:
     validation_size: float = option(
         0.1,
         "Without a validation split, this much of train is held out (stratified, seeded, from every class before "
-        "`include_labels`): a fraction below 1, or a number of images.",
+        "`include_labels`): a fraction below 1, or a number of images (with `include_labels`, that share of every "
+        "class: about that number).",
     )
     include_labels: list[str] | None = option(
         None, "Keep only images of these classes (label names), renumbered in this order. Default: all."

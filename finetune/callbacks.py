@@ -187,16 +187,17 @@ class ResumeCheck(TrainerCallback, ExportableState):
         self.options = {name: option(args, name) for name in OPTIMIZER_OPTIONS + RUN_OPTIONS}
         data_options = json.loads(json.dumps(self.data_options))
         augmentation = data_options.pop("augmentation", {})
+        # Whether this run's held-out split differs from the one a run saved before it was drawn from every class
+        # (one class per image, `include_labels` other than all classes in their order): said by `finetune.run`.
+        split_redrawn = data_options.pop("split_redrawn", False)
         self.options.update(data_options)
         check_options_kept(state, self.options)  # against the saved ones, which `state` holds
-        saved_data = saved_options(state)
-        if resumed and saved_data.get("include_labels") and saved_data.get("validation_size") is not None:
-            if "held_out_images" not in saved_data:  # runs before the split was drawn from every class
-                raise ResumeRefused(
-                    f"The resumed checkpoint (step {state.global_step}) held out its validation split from the "
-                    "`include_labels` classes alone; this version draws it from every class's images, which would "
-                    "validate on images it trained on. Fix: start a new run (a new `--output_dir`)."
-                )
+        if resumed and split_redrawn and "held_out_images" not in saved_options(state):  # saved before it was
+            raise ResumeRefused(
+                f"The resumed checkpoint (step {state.global_step}) held out its validation split from the "
+                "`include_labels` classes alone; this version draws it from every class's images, which would "
+                "validate on images it trained on. Fix: start a new run (a new `--output_dir`)."
+            )
         saved, self.recipe = self.recipe or {}, {name: option(args, name) for name in RECIPE_OPTIONS} | augmentation
         self.recipe["flip_tta"] = bool(self.recipe["flip_tta"])  # unset is off
         changed = [f"{name} {number(saved[name])} (now {number(value)})" for name, value in self.recipe.items()

@@ -680,6 +680,9 @@ def make_trainer(
             "dataset": dataset_key(data_args),
             "validation_size": data_args.validation_size if data.validation_held_out else None,
             "held_out_images": data.validation_held_out or None,  # of the whole train split, every class's
+            "split_redrawn": bool(data.validation_held_out)
+            and not data.multi_label
+            and data.label_names != data.all_label_names,
             **{name: getattr(data_args, name) for name in ("include_labels", "max_train_samples", "max_eval_samples")},
             "stored_image_size": list(data.train.image_size),  # the pixels trained and scored so far
             # A teacher retrained at the same path (or updated on the Hub) is another teacher.
@@ -830,6 +833,9 @@ def check_held_out_as_trained(
         fingerprint, local = trained.dataset_fingerprint, os.path.exists(os.path.expanduser(data.source))
         same = fingerprint == data.fingerprint if fingerprint and local else trained.dataset == data.source
         changed = trained.dataset_location is not None and trained.dataset_location == dataset_location(data.source)
+    trained_classes = trained.label_names if trained else recorded.get("include_labels") or data.all_label_names
+    if not data.multi_label and not set(trained_classes) & set(data.label_names):
+        return  # it trained on none of these classes' images (a source model of other classes)
     if not same and changed and not recorded.get("evaluation_only"):
         raise ValueError(
             f"{model} was trained on {data.source} as it was then: its files have changed since, so {this} held-out "
@@ -838,29 +844,28 @@ def check_held_out_as_trained(
         )
     if not same or recorded.get("evaluation_only") or "seed" not in recorded:
         return
-    held_out = recorded.get("held_out_images")
-    some_classes = recorded.get("include_labels") or (
-        trained is not None and trained.label_names != data.all_label_names
-    )
-    if held_out is None and some_classes and not data.multi_label:
+    held_out, trained_size = recorded.get("held_out_images"), recorded.get("validation_size")
+    if held_out is None and trained_classes != data.all_label_names and not data.multi_label:
         raise ValueError(
             f"{model} was trained on some classes of {data.source} (`include_labels`), holding out its validation "
             f"split from their images alone, as runs did before the split was drawn from every class (its results "
             f"have no `held_out_images`): {this} split may hold images it trained on. Fix: train it again, or a "
             "validation split of its own (`validation_file`, or a validation/ folder)."
         )
+    if held_out is None and trained_size is not None and trained_size >= 1:  # saved before it was recorded
+        held_out = int(trained_size)  # a number of the whole train split's images then
     trained_data_seed = recorded.get("data_seed")
     trained_seed = recorded["seed"] if trained_data_seed is None else trained_data_seed
-    trained_size, seed, size = recorded.get("validation_size"), data_seed(args), data_args.validation_size
+    seed, size = data_seed(args), data_args.validation_size
     flag = "seed" if trained_data_seed is None and args.data_seed is None else "data_seed"  # `data_seed` overrides
     fixes = [f"`--{flag} {trained_seed}`"] if trained_seed != seed else []
     if held_out is not None and held_out != data.validation_held_out:
         # A fraction holds out the same share of every class, whatever `include_labels`; a number is of its images.
         fixes.append(
             f"`--validation_size {trained_size:g}`"
-            if trained_size < 1
+            if trained_size is not None and trained_size < 1
             else f"a `validation_size` that holds out {held_out} images of the whole train split, as it did (now "
-            f"{data.validation_held_out})"
+            f"{data.validation_held_out}; a fraction holds out the same share of every class)"
         )
     elif held_out is None and trained_size not in (None, size):
         fixes.append(f"`--validation_size {trained_size:g}`")

@@ -330,23 +330,33 @@ def test_a_checkpoint_of_another_model_config_is_refused_in_one_line(trained, tm
 
 def test_a_checkpoint_whose_split_was_drawn_from_its_classes_alone_is_refused(trained, tmp_path, capsys):
     """A checkpoint of a run on some classes (`include_labels`) saved before the validation split was drawn from every
-    class's images: resumed, its validation split would hold images it trained on. So is a new run from its weights
-    on another split, which the refusal of another seed no longer offers."""
-    out = Path(shutil.copytree(trained, tmp_path / "out"))
-    every_class = ["--include_labels", *map(str, range(10))]  # all ten, in their order: the same labels
-    state_file = out / "checkpoint-16" / "trainer_state.json"
-    state = json.loads(state_file.read_text())
-    options = state["stateful_callbacks"]["ResumeCheck"]["attributes"]["options"]
-    assert options.pop("held_out_images") == round(0.1 * 1797)  # the whole train split's
-    options["include_labels"] = every_class[1:]
-    state_file.write_text(json.dumps(state))
-    assert run_command(run.main, [*resume_args(out), *every_class]) == 1
+    class's images: resumed, its validation split would hold images it trained on. All classes in their order drew
+    the same split then, and resume. A refused split no longer offers a new run from the checkpoint's weights."""
+
+    def as_saved_before(checkpoint: Path, include_labels: list[str]) -> None:
+        state = json.loads((checkpoint / "trainer_state.json").read_text())
+        options = state["stateful_callbacks"]["ResumeCheck"]["attributes"]["options"]
+        assert options.pop("held_out_images") == round(0.1 * 1797)  # the whole train split's
+        options["include_labels"] = include_labels
+        (checkpoint / "trainer_state.json").write_text(json.dumps(state))
+
+    some = ["--include_labels", "0", "1", "2", "3", "4"]
+    out = tmp_path / "some"
+    run.main([*TINY, *some, "--num_train_epochs", "1", "--output_dir", str(out)])
+    as_saved_before(out / "checkpoint-8", some[1:])
+    assert run_command(run.main, [*resume_args(out), *some]) == 1
     [line] = capsys.readouterr().err.strip().splitlines()
     assert "held out its validation split from the `include_labels` classes alone" in line, line
-    assert run_command(run.main, [*resume_args(out), "--seed", "7"]) == 1
+    assert checkpoints(out) == ["checkpoint-8"]  # nothing trained
+
+    every_class = ["--include_labels", *map(str, range(10))]
+    out = Path(shutil.copytree(trained, tmp_path / "every"))
+    as_saved_before(out / "checkpoint-16", every_class[1:])
+    assert run_command(run.main, [*resume_args(out), "--seed", "7", *every_class]) == 1
     [line] = capsys.readouterr().err.strip().splitlines()
     assert "seed 42 (now 7)" in line and line.endswith("Fix: resume with the options it was trained with."), line
-    assert checkpoints(out) == ["checkpoint-16", "checkpoint-8"]  # nothing trained
+    assert run_command(run.main, [*resume_args(out), *every_class]) == 0
+    assert "checkpoint-24" in checkpoints(out)
 
 
 def test_a_checkpoint_of_other_steps_an_epoch_is_refused_in_one_line(trained, tmp_path, capsys):

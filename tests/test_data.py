@@ -1007,6 +1007,15 @@ def test_a_run_on_some_classes_holds_out_the_images_a_run_on_all_classes_holds_o
         rows(keep, 600)
 
 
+def test_a_share_that_holds_out_none_of_the_kept_classes_is_refused_with_its_fix():
+    """Ten classes of 2 images kept among ten of 105: 10% of every class's images falls on the large classes, and
+    the error named the validation split as one without images of the classes, fixed by naming one of those."""
+    labels, names = np.repeat(np.arange(20), [2] * 10 + [105] * 10), [f"c{i}" for i in range(20)]
+    args = _args(dataset_name="sklearn:digits", validation_size=0.1, include_labels=names[:10])
+    with pytest.raises(ValueError, match=r"holds out none of the `include_labels` classes' images. Fix: a larger"):
+        choose_rows({"train": labels}, names, args, 0)
+
+
 def test_validation_split_end_to_end_is_seeded_and_disjoint():
     args = _args(dataset_name="sklearn:digits", validation_size=0.25)
     first, again, other = (load_image_data(args, seed=s) for s in (7, 7, 8))

@@ -187,11 +187,32 @@ def test_a_run_from_a_model_of_the_same_data_holds_out_the_split_it_held_out(tmp
         run.main([*tuned, "--seed", "1", "--output_dir", str(tmp_path / "other_seed")])
     assert not (tmp_path / "other_seed").exists()
     assert run.main([*tuned, "--output_dir", str(tmp_path / "tuned")])["pretrained"].validation is not None
+    # Other classes than it trained on (a transfer benchmark's target classes): no image of theirs it trained on.
+    other = ["--include_labels", "5", "6", "7", "8", "9", "--seed", "1", "--validation_size", "0.3"]
+    assert run.main([*tuned, *other, "--output_dir", str(tmp_path / "other_classes")])["pretrained"].validation
     older = json.loads((source / "results.json").read_text())
     del older["hyperparameters"]["held_out_images"]
     (source / "results.json").write_text(json.dumps(older))
     with pytest.raises(ValueError, match=r"trained on some classes of sklearn:digits .* Fix: train it again"):
         run.main([*tuned, "--output_dir", str(tmp_path / "from_older")])
+
+
+def test_a_model_saved_before_the_count_was_recorded_is_held_to_the_images_it_held_out(tmp_path):
+    """A results.json without `held_out_images`, of a run on every class holding out a number of images: that number
+    of the whole train split. The same number with `include_labels` now holds out that share of every class."""
+    quick = ["--num_train_epochs", "1", "--save_strategy", "no", "--eval_strategy", "no", "--load_best_model_at_end",
+             "false", "--report_to", "none", "--validation_size", "120"]  # fmt: skip
+    source = tmp_path / "source"
+    run.main([*TINY_SCRATCH, *quick, "--output_dir", str(source)])
+    older = json.loads((source / "results.json").read_text())
+    assert older["hyperparameters"].pop("held_out_images") == 120
+    (source / "results.json").write_text(json.dumps(older))
+    tuned = [*TINY_SCRATCH, *quick, "--model_type", "pretrained", "--model_name_or_path", str(source)]
+    with pytest.raises(
+        ValueError, match=r"Fix: a `validation_size` that holds out 120 images of the whole train split"
+    ):
+        run.main([*tuned, "--include_labels", "0", "1", "2", "--output_dir", str(tmp_path / "some")])
+    assert run.main([*tuned, "--output_dir", str(tmp_path / "every")])["pretrained"].validation is not None
 
 
 def test_a_local_dataset_is_known_by_its_files_not_the_spelling_of_its_path(tmp_path, monkeypatch):

@@ -625,6 +625,15 @@ def test_a_folder_without_weights_is_refused_before_the_card_is_written(both_out
         f"Its run is still training (process {os.getppid()} on {socket.gethostname()}, started "
         f"2026-11-29T10:00:00+0000): {verb} it once it has finished."
     ), line
+    # A `model_type: both` run locks the folder above its models'.
+    (interrupted / ".run.lock").rename(both_output / ".run.lock")
+    nested = interrupted.rename(both_output / "pretrained_in_progress")
+    if command == "card":
+        assert run_command(model_card.main, [str(nested)]) == 1
+    else:
+        with pytest.raises(SystemExit):
+            hub.main([command, str(nested)] + (["--repo_id", "me/vit"] if command == "push" else []))
+    assert "Its run is still training (process" in capsys.readouterr().err
 
 
 def test_cli(both_output, monkeypatch, capsys):

@@ -312,6 +312,9 @@ def test_an_output_that_would_replace_a_file_of_the_run_is_refused(run_dirs, ima
     for output in (run / "new.csv", tmp_path / "preds.json", tmp_path / "preds.json", run / "new.csv"):
         predict.main([str(run), str(images["png"]), "--output", str(output)])
         assert output.is_file()
+    # A multi-label model's, where no image had a label above its threshold: a header without label columns.
+    (tmp_path / "none_above.csv").write_text("path\n/images/a.png\n")
+    assert predict.is_predictions_file(tmp_path / "none_above.csv")
     # Another file of that name, anywhere (a comparison's data, a dataset's labels), is kept: it was replaced.
     comparison, labels = tmp_path / "comparison" / "comparison.json", tmp_path / "labels.csv"
     comparison.parent.mkdir()

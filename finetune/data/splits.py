@@ -61,7 +61,7 @@ def choose_rows(
         multi_label = train.labels.ndim == 2
         by = np.zeros(len(train), dtype=np.int64) if multi_label else train.labels
         size = data_args.validation_size
-        if keep and not multi_label and size >= 1:  # a number of the kept classes' images: their share of all
+        if keep and not multi_label and size >= 1:  # about a number of the kept classes' images: that share of all
             kept = int(np.isin(train.labels, [label_names.index(name) for name in keep]).sum())
             if size >= kept:
                 raise ValueError(
@@ -72,6 +72,13 @@ def choose_rows(
         train_index, validation_index = stratified_split(by, size, seed)
         chosen["train"], chosen["validation"] = train.select(train_index), train.select(validation_index)
         held_out = len(validation_index)
+        ids = [label_names.index(name) for name in keep]
+        if keep and not multi_label and not np.isin(chosen["validation"].labels, ids).any():
+            raise ValueError(
+                f"`validation_size`={data_args.validation_size:g}, a share of every class's images, holds out none of "
+                "the `include_labels` classes' images. Fix: a larger `validation_size`, or a validation split of its "
+                "own (`validation_file`, or a validation/ folder)."
+            )
         kind = "random" if multi_label else "stratified"
         how = f"held out from train: validation_size={data_args.validation_size:g}, {kind}, seed {seed}"
     if keep:

@@ -61,8 +61,9 @@ def data_differences(runs: Sequence[Results]) -> list[str]:
 
     def held_out(run: Results) -> list | None:
         recorded = run.hyperparameters
-        if "validation_size" in recorded:
-            return [recorded["validation_size"], recorded.get("data_seed", recorded.get("seed"))]
+        if "validation_size" in recorded:  # the images held out of the whole train split where recorded
+            size = recorded.get("held_out_images", recorded["validation_size"])
+            return [size, recorded.get("data_seed", recorded.get("seed"))]
 
     aspects = {
         "dataset": lambda run: display_dataset(run.dataset),

@@ -81,15 +81,17 @@ def run_dir_of(output_dir: str | os.PathLike) -> Path:
 
 
 def still_training(output_dir: Path) -> str | None:
-    """The live run that holds `output_dir` (its process, host and start), or None."""
+    """The live run that holds `output_dir`, or the folder above it (its process, host and start), or None."""
     import socket
 
     from finetune.checkpoints import LOCK_NAME, RunLock, read_lock
 
-    holder = read_lock(output_dir / LOCK_NAME)
-    if not holder or RunLock.is_stale(holder, {"pid": os.getpid(), "host": socket.gethostname()}):
-        return None
-    return f"process {holder['pid']} on {holder['host']}, started {holder['started']}"
+    me = {"pid": os.getpid(), "host": socket.gethostname()}
+    for lock in (output_dir / LOCK_NAME, output_dir.parent / LOCK_NAME):  # a `both` run locks the folder above
+        holder = read_lock(lock)
+        if holder and not RunLock.is_stale(holder, me):
+            return f"process {holder['pid']} on {holder['host']}, started {holder['started']}"
+    return None
 
 
 def check_trained_run(output_dir: Path, command: str = "card") -> None:

@@ -413,7 +413,8 @@ def is_predictions_file(path: Path) -> bool:
         if path.suffix.lower() == ".json":
             return set(json.loads(path.read_text())) == {"predictions", "skipped"}
         with open(path, newline="") as f:
-            return next(csv.reader(f), [])[:2] == ["path", "top1_label"]
+            header = next(csv.reader(f), [])  # "path" alone where no image had a label above its threshold
+            return header[:2] == ["path", "top1_label"] or header == ["path"]
     except (OSError, ValueError, TypeError):  # unreadable, not JSON, not a JSON object
         return False
 

@@ -519,6 +519,13 @@ def test_quickstart_runs_offline_end_to_end(tmp_path, monkeypatch):
     with pytest.raises(FileExistsError, match="overwrite_output_dir"):
         quickstart.main(["--num_train_epochs", "1"])
     assert {t: (tmp_path / "outputs/quickstart" / t / "results.json").read_bytes() for t in again} == kept
+    # A quickstart folder of a version whose source model's split held the fine-tuning's validation images.
+    source = tmp_path / "outputs/quickstart/source_model/results.json"
+    older = json.loads(source.read_text())
+    del older["hyperparameters"]["held_out_images"]
+    source.write_text(json.dumps(older))
+    with pytest.raises(ValueError, match=r"made by an earlier version.* Fix: remove outputs/quickstart and run"):
+        quickstart.main([])
 
 
 def test_the_quickstart_source_model_starts_from_the_same_weights_every_time(tmp_path):

@@ -66,6 +66,13 @@ def main(argv: list[str] | None = None) -> dict:
     from finetune import run
 
     root = Path("outputs/quickstart")
+    source_results = root / "source_model" / "results.json"
+    if source_results.exists() and "held_out_images" not in source_results.read_text():
+        raise ValueError(
+            f"{root} was made by an earlier version, whose source model trained on images the fine-tuned model was "
+            f"then validated on (its split drawn from the digits 0-4 alone). Fix: remove {root} and run the "
+            "quickstart again."
+        )
     if not (root / "source_init" / "config.json").exists():
         make_source_init(root / "source_init")
     if not (root / "source_model" / "results.json").exists():  # stopped midway: it goes on from its checkpoint

@@ -241,7 +241,7 @@ def checkpoint_problem(checkpoint: Path, training_args: TrainingArguments) -> st
     has_states = any(f in ("optimizer.pt", "scheduler.pt") or f.startswith("rng_state") for f in files)
     if not (training_args.deepspeed or has_states):
         return MODEL_ONLY
-    required: list[tuple[str, Callable[[Path], object]]] = [("trainer_state.json", read_trainer_state)]
+    required: list[tuple[str, Callable[[Path], object]]] = []  # trainer_state.json: read by `cut_short` above
     if not (training_args.deepspeed or training_args.fsdp):
         # DeepSpeed and FSDP save weights and optimizer in formats of their own (folders, shards) and load them.
         required += weight_files(checkpoint, files) + [("optimizer.pt", read_torch)]

@@ -442,9 +442,14 @@ def release_output_dirs() -> None:
         lock.release()
 
 
+def holder_text(holder: dict) -> str:
+    """The run a lock names, as the refusals and the tools say it."""
+    return f"process {holder['pid']} on {holder['host']}, started {holder['started']}"
+
+
 def in_use(folder: Path, lock: Path, holder: dict) -> str:
     """The refusal of a run in `folder`, whose `lock` (of that folder, or of one above or below it) `holder` holds."""
-    other = f"process {holder['pid']} on {holder['host']}, started {holder['started']}" if holder else ""
+    other = holder_text(holder) if holder else ""
     where = "" if lock.parent == folder else f", which holds {lock.parent}"
     return (
         f"{folder} is in use by another run ({other or 'an unreadable lock'}{where}). Fix: wait for it to end, or use "

@@ -84,13 +84,13 @@ def still_training(output_dir: Path) -> str | None:
     """The live run that holds `output_dir`, or the folder above it (its process, host and start), or None."""
     import socket
 
-    from finetune.checkpoints import LOCK_NAME, RunLock, read_lock
+    from finetune.checkpoints import LOCK_NAME, RunLock, holder_text, read_lock
 
     me = {"pid": os.getpid(), "host": socket.gethostname()}
     for lock in (output_dir / LOCK_NAME, output_dir.parent / LOCK_NAME):  # a `both` run locks the folder above
         holder = read_lock(lock)
         if holder and not RunLock.is_stale(holder, me):
-            return f"process {holder['pid']} on {holder['host']}, started {holder['started']}"
+            return holder_text(holder)
     return None
 
 

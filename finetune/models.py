@@ -326,10 +326,9 @@ def apply_finetune_method(model: PreTrainedModel, model_args: ModelArguments) ->
     named = ("the head " if len(heads) == 1 else "the heads ") + ", ".join(f"`{head}`" for head in heads)
     logger.info(f"LoRA r={config.r}, alpha={config.lora_alpha} on {targets}; {named} train(s) fully.")
     lora_model = get_peft_model(model, config)
+    # A local base as its full path: the adapter loads from any folder (a relative one did not).
     base = os.path.expanduser(model.name_or_path or "")
-    if os.path.isdir(
-        base
-    ):  # a local base as its full path: the adapter loads from any folder (a relative one did not)
+    if os.path.isdir(base):
         lora_model.peft_config["default"].base_model_name_or_path = os.path.abspath(base)
     return keep_frozen_statistics(lora_model)
 

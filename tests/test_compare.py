@@ -199,8 +199,8 @@ def test_runs_scored_on_other_images_are_said_to_be(tmp_path):
 def test_a_dataset_is_named_in_public_reports_without_local_paths():
     """Separate split files were shown with their absolute paths (the `:` of `train: PATH` read as `sklearn:`'s), in
     the report and the model card that goes to the Hub."""
-    files = "train: /home/me/data/train.csv, validation: /home/me/data/val, test: /srv/test.parquet"
+    files = "train: /srv/me/data/train.csv, validation: /srv/me/data/val, test: /srv/test.parquet"
     assert report_module.display_dataset(files) == "train: train.csv, validation: val, test: test.parquet"
-    assert report_module.display_dataset("/home/me/photos") == "photos"
+    assert report_module.display_dataset("/srv/me/photos") == "photos"
     for name in ("sklearn:digits", "uoft-cs/cifar10"):
         assert report_module.display_dataset(name) == name

@@ -39,7 +39,7 @@ SETUP_COMMAND = re.compile(
     r"(?:^|[\s;&|(])(?:git\s+clone|(?:\S*/)?python3?\s+-m\s+(?:venv|pip\s+install)|(?:\S*/)?pip3?\s+install"
     r"|(?:source|\.)\s+\S*bin/activate)\b"
 )
-# An absolute path of two or more parts (`/home/me/data`), not part of a URL or of a relative path (`a/b/c`).
+# An absolute path of two or more parts (`/srv/me/data`), not part of a URL or of a relative path (`a/b/c`).
 ABSOLUTE_PATH = re.compile(r"(?<![\w.~:/\-])/[\w.\-]+/[\w.\-/]*")
 SYSTEM_PATHS = ("/dev/", "/usr/")
 
@@ -251,8 +251,8 @@ def test_a_failing_or_hanging_command_fails_with_its_output(tmp_path):
 
 
 def test_the_readme_check_finds_machine_paths_and_passes_urls_and_relative_paths():
-    text = f"see /tmp/gpu/suite and {ROOT}/configs, not https://pytorch.org/whl/cpu, benchmarks/results/x or /dev/null"
-    assert machine_paths(text)[:2] == ["/tmp/gpu/suite", f"{ROOT}/configs"]
+    text = f"see /srv/gpu/suite and {ROOT}/configs, not https://pytorch.org/whl/cpu, benchmarks/results/x or /dev/null"
+    assert machine_paths(text)[:2] == ["/srv/gpu/suite", f"{ROOT}/configs"]
     assert not machine_paths("pip install torch --index-url https://download.pytorch.org/whl/cpu > /dev/null")
     assert not machine_paths("runs/photos, 98.15% / 97.41%, train/validation/test, ~/.cache/huggingface")
 

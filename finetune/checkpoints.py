@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import torch
 from safetensors import safe_open
 from transformers import TrainerCallback, TrainerState, TrainingArguments
@@ -19,7 +20,6 @@ from transformers.trainer_pt_utils import safe_globals
 from transformers.utils import logging
 
 from finetune.callbacks import EMA_STATE_NAME, KEPT_FROM_THE_START, check_options_kept, option
-from finetune.data.cache import process_exists
 from finetune.errors import one_line
 from finetune.locations import ADAPTER_CONFIG_NAME
 from finetune.results import RESULTS_NAME
@@ -391,7 +391,7 @@ class RunLock:
             return False
         # This process's own lock is stale too: an earlier pipeline here (a notebook, a test) that ended in an error,
         # or a killed container's run restarted with the same process id.
-        return holder["pid"] == me["pid"] or not process_exists(holder["pid"])
+        return holder["pid"] == me["pid"] or not psutil.pid_exists(holder["pid"])
 
     def take_over(self, holder: dict) -> None:
         """Remove a stale lock: renamed away first, and put back if another run took it over first."""

@@ -18,6 +18,7 @@ import time
 from typing import TYPE_CHECKING
 
 import numpy as np
+import psutil
 from huggingface_hub import constants as hub_constants
 
 from finetune.data.decode import DECODE_CHUNK, decode_images
@@ -161,19 +162,8 @@ def _remove_orphans(parent: str) -> None:
     owned = re.compile(rf"(\.tmp-\w+|vit-finetune-decoded)-{re.escape(socket.gethostname())}-(\d+)-")
     for name in os.listdir(parent):
         match = owned.match(name)
-        if match and not process_exists(int(match[2])):
+        if match and not psutil.pid_exists(int(match[2])):  # another user's too
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
-
-
-def process_exists(pid: int) -> bool:
-    """Whether process `pid` lives on this host (another user's included)."""
-    try:
-        os.kill(pid, 0)  # signal 0 only asks whether the process exists
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # alive, another user's
-    return True
 
 
 def _finish_entry(tmp: str, path: str | None, labels: np.ndarray, meta: dict) -> None:

@@ -118,6 +118,4 @@ def check_num_classes(train: ImageSplit, label_names: list[str]) -> None:
 
 def collate_batch(batch) -> dict[str, torch.Tensor]:
     """Collate for `ImageSplit`: pass a batch from `__getitems__` through, or stack a list of per-image dicts."""
-    if isinstance(batch, Mapping):
-        return dict(batch)
-    return {key: torch.stack([item[key] for item in batch]) for key in batch[0]}
+    return dict(batch) if isinstance(batch, Mapping) else torch.utils.data.default_collate(batch)

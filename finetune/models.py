@@ -308,13 +308,29 @@ def apply_finetune_method(model: PreTrainedModel, model_args: ModelArguments) ->
         return keep_frozen_statistics(model)
     from peft import LoraConfig, get_peft_model
 
-    linear_names = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    # peft adapts every module whose name is a target or ends in "." + target: a target must name linear layers of
+    # the backbone only (ResNet's head holds its one linear layer as `classifier.1`, and `1` also names convolutions).
+    modules = [(name, m) for name, m in model.named_modules() if name]
+    in_head = tuple(f"{head}." for head in heads)
+
+    def adaptable(target: str) -> bool:
+        named = [(n, m) for n, m in modules if n == target or n.endswith(f".{target}")]
+        fits = all(isinstance(m, torch.nn.Linear) and not f"{n}.".startswith(in_head) for n, m in named)
+        return bool(named) and fits
+
+    linear_names = sorted({n.rsplit(".", 1)[-1] for n, m in modules if isinstance(m, torch.nn.Linear)})
+    linear_names = [name for name in linear_names if adaptable(name)]
+    if not linear_names:
+        raise ValueError(
+            f"`finetune_method: lora` adapts linear layers outside the classification head, and "
+            f"{type(model).__name__} has none. Use `finetune_method: linear_probe` or `full` for this model."
+        )
     targets = model_args.lora_target_modules or [n for n in LORA_DEFAULT_TARGETS if n in linear_names]
-    missing = sorted(set(targets) - linear_names)
+    missing = [target for target in targets if not adaptable(target)]
     if not targets or missing:
         raise ValueError(
-            f"`lora_target_modules` {missing or targets} name no linear layer of {type(model).__name__}; its linear "
-            f"layers are {sorted(linear_names)}. Set `lora_target_modules` to some of them."
+            f"`lora_target_modules` {missing or targets} name no linear layer of {type(model).__name__} outside its "
+            f"head; its linear layers are {linear_names}. Set `lora_target_modules` to some of them."
         )
     config = LoraConfig(
         r=model_args.lora_r,

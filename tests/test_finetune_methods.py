@@ -356,6 +356,37 @@ def test_unknown_lora_targets_and_scratch_methods_are_refused():
         ModelArguments(model_type="scratch", finetune_method="lora")
 
 
+def test_lora_targets_are_linear_layers_outside_the_head():
+    from transformers import ConvNextConfig, ResNetConfig
+
+    labels = {"num_labels": 3}
+    convnext = AutoModelForImageClassification.from_config(
+        ConvNextConfig(hidden_sizes=[8, 16], depths=[1, 1], num_stages=2, **labels)
+    )
+    # ConvNeXt's linear layers are its blocks' `pwconv1`, `pwconv2` and the head `classifier`, which trains in full.
+    expected = "['classifier'] name no linear layer of ConvNextForImageClassification outside its head; its linear "
+    with pytest.raises(ValueError, match=re.escape(expected + "layers are ['pwconv1', 'pwconv2']")):
+        apply_finetune_method(convnext, ModelArguments(finetune_method="lora", lora_target_modules=["classifier"]))
+    adapted = apply_finetune_method(convnext, ModelArguments(finetune_method="lora", lora_target_modules=["pwconv1"]))
+    assert sum("lora_A" in name for name, _ in adapted.named_parameters()) == 2  # one per block
+
+    # ResNet's one linear layer is its head's `classifier.1`; `1` also names convolutions, which peft would not take.
+    resnet = AutoModelForImageClassification.from_config(
+        ResNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic", **labels)
+    )
+    with pytest.raises(ValueError, match="has none. Use `finetune_method: linear_probe` or `full`"):
+        apply_finetune_method(resnet, ModelArguments(finetune_method="lora"))
+
+    # A dotted name, as peft reads it: the layers whose names end in it.
+    vit = AutoModelForImageClassification.from_pretrained(tiny_vit_checkpoint_in_memory())
+    adapted = apply_finetune_method(
+        vit, ModelArguments(finetune_method="lora", lora_target_modules=["attention.q_proj"])
+    )
+    assert {
+        name.split(".lora_A")[0].rsplit(".", 1)[-1] for name, _ in adapted.named_parameters() if "lora_A" in name
+    } == {"q_proj"}
+
+
 def tiny_vit_checkpoint_in_memory():
     import tempfile
 

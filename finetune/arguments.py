@@ -76,7 +76,11 @@ class ModelArguments:
         "Image processor, if not the one of `model_name_or_path`; at another size, the position embeddings of a ViT, "
         "DeiT, ViT-MSN or ScratchViT (learned ones) are resized to it.",
     )
-    ignore_mismatched_sizes: bool = option(True, "Replace the checkpoint's head when its size differs.")
+    ignore_mismatched_sizes: bool = option(
+        True,
+        "A new head where the checkpoint's classifies other classes (the same ones in another order keep their rows); "
+        "false refuses such a checkpoint.",
+    )
     trust_remote_code: bool = option(False, "Allow modeling code from the repository (e.g. a pushed ScratchViT).")
     cache_dir: str | None = option(None, "Where checkpoints downloaded from the Hub are stored.")
     token: str | None = option(None, "Hub token; prefer HF_TOKEN or `hf auth login`. Never saved.")

@@ -484,12 +484,18 @@ def _load_pretrained(model_args: ModelArguments, data: ImageData, drop_path_rate
     if os.path.isdir(os.path.expanduser(path)):
         check_local_checkpoint(os.path.expanduser(path), model_args.trust_remote_code)
     original = _load_config(model_args)
-    if not model_args.ignore_mismatched_sizes and original.num_labels != len(data.label_names):
-        # transformers' own error points to a load report that is not shown (`transformers_errors_only`).
+    checkpoint_labels, label_names = config_label_names(original), data.label_names
+    # A head of the dataset's size trained for other classes starts anew (`reset_head`), or, trained for the same
+    # classes in another order, has its rows reordered (`reorder_head`).
+    other_classes = _names_other_classes(checkpoint_labels, label_names)
+    same_classes = len(set(checkpoint_labels)) == len(label_names) and set(checkpoint_labels) == set(label_names)
+    new_classes = len(checkpoint_labels) != len(label_names) or other_classes and not same_classes
+    if not model_args.ignore_mismatched_sizes and new_classes:  # transformers' own error names a report not shown
         raise ValueError(
-            f"{path} has a {original.num_labels}-class head and the dataset {len(data.label_names)} classes, but "
-            "`ignore_mismatched_sizes: false` keeps the checkpoint's head. Fix: `ignore_mismatched_sizes: true` (a "
-            "new head, the default), or data of the checkpoint's classes (`include_labels`)."
+            f"{path} has a {original.num_labels}-class head ({_shorten(checkpoint_labels)}) and the dataset "
+            f"{len(label_names)} classes ({_shorten(label_names)}), but `ignore_mismatched_sizes: false` keeps the "
+            "checkpoint's head. Fix: `ignore_mismatched_sizes: true` (a new head, the default), or data of the "
+            "checkpoint's classes (`include_labels`)."
         )
     # Relabelled as `from_pretrained(path, num_labels=..., id2label=...)` would do it, without reading it again.
     overrides = {"num_labels": len(data.label_names), "id2label": data.id2label, "label2id": data.label2id}
@@ -534,10 +540,11 @@ def _load_pretrained(model_args: ModelArguments, data: ImageData, drop_path_rate
         logger.warning(f"{path} does not fit the model everywhere ({found}); those weights start anew.")
     if new_head:
         logger.info(f"{path} has a {original.num_labels}-class head: a new {len(data.label_names)}-class head starts.")
-    checkpoint_labels = config_label_names(original)
-    if _names_other_classes(checkpoint_labels, data.label_names):
+    if other_classes and same_classes and reorder_head(model, [checkpoint_labels.index(n) for n in label_names]):
+        logger.info(f"{path} classifies the dataset's classes in another order: its head's rows follow the dataset's.")
+    elif other_classes:
         logger.warning(
-            f"{path} classifies {_shorten(checkpoint_labels)}, the dataset has {_shorten(data.label_names)}: the "
+            f"{path} classifies {_shorten(checkpoint_labels)}, the dataset has {_shorten(label_names)}: the "
             "classification head starts anew (random, as for a checkpoint with another number of classes)."
         )
         reset_head(model)
@@ -570,6 +577,22 @@ def classification_heads(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
         return {next((f"timm_model.{n}" for n, m in timm_model.named_modules() if m is head), HEAD_NAMES[0]): head}
     heads = {name: getattr(model, name, None) for name in HEAD_NAMES}
     return {name: head for name, head in heads.items() if isinstance(head, torch.nn.Module)}
+
+
+def reorder_head(model: PreTrainedModel, order: list[int]) -> bool:
+    """Put each head's output rows (weights and bias) in `order`, the checkpoint's row of each of the dataset's
+    classes; False, with nothing changed, where a head's output is not one linear layer of `len(order)` classes."""
+    outputs = [
+        [m for m in head.modules() if isinstance(m, torch.nn.Linear) and m.out_features == len(order)]
+        for head in classification_heads(model).values()
+    ]
+    if not outputs or any(len(layers) != 1 for layers in outputs):
+        return False
+    with torch.no_grad():
+        for (layer,) in outputs:
+            for tensor in (t for t in (layer.weight, layer.bias) if t is not None):
+                tensor.copy_(tensor[order])
+    return True
 
 
 def reset_head(model: PreTrainedModel) -> None:

@@ -494,15 +494,15 @@ def test_optimizer_cls_and_kwargs_keeps_the_groups(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "checkpoint_labels, kept",
+    "checkpoint_labels, head",
     [
-        ([str(i) for i in range(10)], True),  # the dataset's classes: the head goes on learning them
-        ([f"LABEL_{i}" for i in range(10)], True),  # transformers' placeholders: nothing says it is another task
-        ([str(9 - i) for i in range(10)], False),  # the same names in another order
-        ([f"class {i}" for i in range(10)], False),  # other classes, as many of them
+        ([str(i) for i in range(10)], "kept"),  # the dataset's classes: the head goes on learning them
+        ([f"LABEL_{i}" for i in range(10)], "kept"),  # transformers' placeholders: nothing says it is another task
+        ([str(9 - i) for i in range(10)], "reordered"),  # the same classes in another order: each keeps its row
+        ([f"class {i}" for i in range(10)], "new"),  # other classes, as many of them
     ],
 )
-def test_a_head_trained_for_other_classes_starts_anew(tmp_path, checkpoint_labels, kept):
+def test_a_head_trained_for_other_classes_starts_anew(tmp_path, checkpoint_labels, head):
     path = tiny_vit_checkpoint(tmp_path / "checkpoint", num_labels=10)
     checkpoint = AutoModelForImageClassification.from_pretrained(path)
     with torch.no_grad():
@@ -516,14 +516,29 @@ def test_a_head_trained_for_other_classes_starts_anew(tmp_path, checkpoint_label
 
     model_args = ModelArguments(model_name_or_path=str(path), attn_implementation="sdpa")
     model, _, _ = build_model("pretrained", model_args, None, data)
-    head = model.classifier
     assert [model.config.id2label[i] for i in range(10)] == data.label_names
-    assert torch.equal(head.weight, saved["classifier.weight"]) == kept
-    assert torch.equal(head.bias, saved["classifier.bias"]) == kept
-    if not kept:  # as `ViTForImageClassification` initialises a new head: N(0, initializer_range), zero bias
-        assert not head.bias.any() and abs(head.weight.std().item() - model.config.initializer_range) < 0.005
+    rows = [checkpoint_labels.index(name) for name in data.label_names] if head == "reordered" else list(range(10))
+    for name in ("weight", "bias"):
+        assert torch.equal(getattr(model.classifier, name), saved[f"classifier.{name}"][rows]) == (head != "new")
+    if head == "new":  # as `ViTForImageClassification` initialises a new head: N(0, initializer_range), zero bias
+        bias, weight = model.classifier.bias, model.classifier.weight
+        assert not bias.any() and abs(weight.std().item() - model.config.initializer_range) < 0.005
     encoder = [name for name in saved if not name.startswith("classifier.")]
     assert encoder and all(torch.equal(model.state_dict()[name], saved[name]) for name in encoder)
+    if head == "reordered":  # each class's logit is the checkpoint's logit of that class
+        pixels = torch.randn(2, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            np.testing.assert_allclose(
+                model(pixel_values=pixels).logits, checkpoint(pixel_values=pixels).logits[:, rows]
+            )
+
+    # `ignore_mismatched_sizes: false` keeps the checkpoint's head: refused where its classes are others.
+    keep = ModelArguments(model_name_or_path=str(path), attn_implementation="sdpa", ignore_mismatched_sizes=False)
+    if head == "new":
+        with pytest.raises(ValueError, match=r"\(class 0, class 1, .*but `ignore_mismatched_sizes: false` keeps"):
+            build_model("pretrained", keep, None, data)
+    else:
+        assert torch.equal(build_model("pretrained", keep, None, data)[0].classifier.bias, model.classifier.bias)
 
 
 def test_a_lora_run_at_another_resolution_reloads_its_resized_position_embeddings(tmp_path):

@@ -538,6 +538,23 @@ def test_folder_of_csv_files_with_default_columns(tmp_path):
     _assert_covers(data, images, labels)
 
 
+@pytest.mark.parametrize("split_folders", [False, True])
+def test_image_folder_labelled_by_its_metadata_csv(tmp_path, split_folders):
+    """Hugging Face's image folder format: `metadata.csv` names each image (`file_name`, relative to its folder)
+    beside its label. Its `file_name` column was not looked for ("Found no image column ... Set image_column_name")."""
+    images, labels = _images(18), _labels(18)
+    for name, part in (("train", slice(0, 12)), ("test", slice(12, 18))) if split_folders else (("", slice(0, 18)),):
+        folder = tmp_path / "photos" / name
+        paths = _write_png_folder(folder / "images", images[part], labels[part])
+        rows = [f"{p.relative_to(folder)},{NAMES[y]}" for p, y in zip(paths, labels[part])]
+        (folder / "metadata.csv").write_text("file_name,label\n" + "\n".join(rows) + "\n")
+    data = load_image_data(_args(dataset_name=str(tmp_path / "photos"), validation_size=3), seed=0)
+    assert data.label_names == sorted(NAMES)
+    if split_folders:
+        assert _assert_split_matches(data.test, images, labels) == set(range(12, 18))
+    _assert_covers(data, images, labels)
+
+
 def test_image_folder_with_one_subfolder_per_class(tmp_path):
     images, labels = _images(18), _labels(18)
     _write_png_folder(tmp_path / "pets", images, labels)

@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 IMAGE_EXTENSIONS = ImageFolder.EXTENSIONS
 # Photo formats it leaves out (HEIC is iPhones' default): a folder's are named rather than dropped without a word.
 UNREAD_PHOTO_EXTENSIONS = (".avif", ".heic", ".heif")
-IMAGE_COLUMNS = ("img", "image")
+IMAGE_COLUMNS = ("img", "image", "file_name")  # `file_name`: the image folder's metadata.csv (Hugging Face's format)
 LIST_FEATURES = (datasets.List, datasets.LargeList)  # a multi-label column
 LABEL_COLUMNS = ("label", "labels")
 TABLE_EXTENSIONS = {".parquet": "parquet", ".arrow": "arrow", ".csv": "csv"}

@@ -135,6 +135,29 @@ def test_summary_json_for_the_model_card(report, both_output):
     assert report_module.summary_table(summary["runs"]) in report.read_text()
 
 
+def test_class_names_no_font_has_are_said_once_and_other_fonts_fill_in(tmp_path, monkeypatch, caplog):
+    """A class name in a script DejaVu Sans lacks: matplotlib warned twice per character and drew boxes. An installed
+    font of that script fills in (here matplotlib's own STIX font, which has the mathematical letter 𝑨); a
+    character no font has (鳥) is said in one line."""
+    import warnings
+
+    monkeypatch.setattr(report_module, "FALLBACK_FONTS", ("STIXGeneral",))
+    with warnings.catch_warnings(), caplog.at_level("WARNING"):
+        warnings.simplefilter("error")
+        report_module.plot_confusion_matrix([[1, 0], [0, 1]], ["𝑨", "cat"], "t", tmp_path / "stix.png")
+        assert not caplog.records  # drawn with STIX's glyph
+        report_module.plot_confusion_matrix([[1, 0], [1, 1]], ["鳥", "𝑨"], "t", tmp_path / "bird.png")
+        monkeypatch.setattr(report_module, "FALLBACK_FONTS", ())
+        report_module.plot_learning_curves([], [], tmp_path / "none.png")
+        report_module.plot_confusion_matrix([[1, 0], [0, 1]], ["𝑨", "cat"], "t", tmp_path / "boxes.png")
+    assert [r.getMessage().split(" (in")[0] for r in caplog.records] == [
+        "No installed font has 鳥",
+        "No installed font has 𝑨",
+    ]
+    assert "Install a font of their script (e.g. Noto Sans CJK)" in caplog.records[0].getMessage()
+    assert Image.open(tmp_path / "bird.png").size[0] > 100
+
+
 def test_normalize_confusion_rows():
     normalized = report_module.normalize_confusion([[3, 1], [0, 0]])
     np.testing.assert_allclose(normalized, [[0.75, 0.25], [0.0, 0.0]])

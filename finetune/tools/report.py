@@ -7,10 +7,13 @@ numpy and matplotlib are imported by the functions that use them, so the command
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import logging
 import math
 import os
 import re
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,6 +25,7 @@ if TYPE_CHECKING:
     import numpy as np
 
 
+logger = logging.getLogger(__name__)
 MISSING = "—"
 
 
@@ -238,6 +242,42 @@ def write_predictions_csv(
     return path
 
 
+# Fonts of other scripts than matplotlib's DejaVu Sans has (CJK, Arabic, Devanagari, Thai, ...), for class names,
+# where installed: matplotlib takes each character from the first font of `font.family` that has it.
+FALLBACK_FONTS = (
+    "Noto Sans CJK JP", "Noto Sans CJK SC", "Noto Sans", "Noto Sans Arabic", "Noto Sans Devanagari", "Noto Sans Thai",
+    "WenQuanYi Zen Hei", "Droid Sans Fallback", "Arial Unicode MS", "Microsoft YaHei", "Yu Gothic", "Malgun Gothic",
+    "PingFang SC", "Hiragino Sans", "Apple SD Gothic Neo",
+)  # fmt: skip
+
+
+@contextlib.contextmanager
+def _plot_fonts():
+    """The installed `FALLBACK_FONTS` after matplotlib's own; characters that no font has show as boxes and are said
+    in one line, not by matplotlib's two-line warning per character."""
+    import matplotlib
+    from matplotlib import font_manager
+
+    installed = {font.name for font in font_manager.fontManager.ttflist}
+    family = [*matplotlib.rcParams["font.family"], *(name for name in FALLBACK_FONTS if name in installed)]
+    with matplotlib.rc_context({"font.family": family}), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield
+    missing = []
+    for warning in caught:
+        glyph = re.fullmatch(r"Glyph (\d+) .* missing from font\(s\).*", str(warning.message), re.DOTALL)
+        if glyph and chr(int(glyph[1])) not in missing:
+            missing.append(chr(int(glyph[1])))
+        elif not glyph:
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    if missing:
+        logger.warning(
+            f"No installed font has {''.join(missing[:10])}{'...' if len(missing) > 10 else ''} (in a class or run "
+            "name): the plots show boxes for them. Install a font of their script (e.g. Noto Sans CJK) to see them."
+        )
+
+
+@_plot_fonts()
 def plot_learning_curves(runs: Sequence[Results], names: Sequence[str], path: str | os.PathLike) -> Path:
     """Two panels on shared epoch axes: train and validation loss, and validation accuracy."""
     from matplotlib.figure import Figure
@@ -286,6 +326,7 @@ def normalize_confusion(matrix: Sequence[Sequence[int]]) -> np.ndarray:
     return np.divide(matrix, totals, out=np.zeros_like(matrix), where=totals > 0)
 
 
+@_plot_fonts()
 def plot_confusion_matrix(
     matrix: Sequence[Sequence[int]], label_names: Sequence[str], title: str, path: str | os.PathLike
 ) -> Path:

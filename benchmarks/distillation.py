@@ -94,8 +94,10 @@ def main(argv: list[str] | None = None) -> dict:
 
     for folder, student_argv in students.values():  # read as its run will: a malformed option failed after training
         parse_args(run_argv(folder, student_argv))
-    make_folder(args.output)  # made now: found in the way only after training, it lost the report
-    from finetune.tools.compare import write_comparison
+    from finetune.tools.compare import check_report_folder, write_comparison
+
+    check_report_folder(args.output)  # found in the way only after training, it lost the report
+    make_folder(args.output)
 
     for (seed, kind), (folder, student_argv) in students.items():
         name = "student alone" if kind == "alone" else "taught student"

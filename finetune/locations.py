@@ -4,13 +4,18 @@ Both `finetune.data` (`dataset_name`) and `finetune.models` (`model_name_or_path
 id, and explain a failed Hub download by the offline switches; these helpers decide both the same way.
 """
 
+import hashlib
 import os
+import re
 from pathlib import Path
 
 from huggingface_hub import constants as hub_constants
 
 
 ADAPTER_CONFIG_NAME = "adapter_config.json"  # peft's: a folder with one holds a LoRA run's adapters
+# The last line of a Markdown file written here (a model card, a comparison report): one edited since is kept.
+WRITTEN_MARK = "<!-- Written by {}; sha256 of the text above: {} -->\n"
+WRITTEN_MARK_PATTERN = re.compile(r"(.*)<!-- Written by [\w.]+; sha256 of the text above: (\w+) -->\n?", re.S)
 
 
 def is_onnx_export(folder: str | os.PathLike) -> bool:
@@ -52,3 +57,18 @@ def make_folder(path: str | os.PathLike, option: str = "--output") -> Path:
     path = check_folder(path, option)
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def marked(text: str, writer: str) -> str:
+    """`text` with the mark that `edited_file` recognises as written by `writer` and unchanged."""
+    return text + WRITTEN_MARK.format(writer, hashlib.sha256(text.encode()).hexdigest())
+
+
+def edited_file(path: str | os.PathLike) -> Path | None:
+    """`path` where it exists and is not a file written here (`marked`) and left unchanged: the user's work."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    written = path.is_file() and WRITTEN_MARK_PATTERN.fullmatch(path.read_text(encoding="utf-8", errors="replace"))
+    unchanged = written and hashlib.sha256(written[1].encode()).hexdigest() == written[2]
+    return None if unchanged else path

@@ -409,6 +409,12 @@ def check_model_and_output_dir(model_args: ModelArguments, training_args: Traini
     output = Path(training_args.output_dir).expanduser().resolve()
     # The folders the run writes into (saves, checkpoint rotation, cleanup): under `both`, one per model.
     run_dirs = [output / "pretrained", output / "scratch"] if model_args.model_type == "both" else [output]
+    if model_args.model_type == "both" and training_args.do_train:  # found after training, a file in their way
+        from finetune.tools.compare import check_report_folder
+
+        for folder in run_dirs:
+            check_folder(folder, "`output_dir`")
+        check_report_folder(output / "comparison", "`output_dir`")
     if not training_args.do_train:
         reads = {"the model to evaluate": model_args.model_name_or_path}
     else:

@@ -2,6 +2,7 @@
 trainer_state.json."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -156,6 +157,29 @@ def test_class_names_no_font_has_are_said_once_and_other_fonts_fill_in(tmp_path,
     ]
     assert "Install a font of their script (e.g. Noto Sans CJK)" in caplog.records[0].getMessage()
     assert Image.open(tmp_path / "bird.png").size[0] > 100
+
+
+def test_a_report_of_the_users_is_never_replaced(tmp_path, both_output):
+    """`compare --output notes` replaced notes/report.md, the user's own, and a report edited by hand, exit 0."""
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "report.md").write_text("# my own report\n")
+    with pytest.raises(
+        FileExistsError, match=r"notes/report.md was edited .* and is kept\. Fix: another --output, or"
+    ):
+        compare.write_comparison([both_output], notes)
+    assert (notes / "report.md").read_text() == "# my own report\n" and sorted(notes.iterdir()) == [
+        notes / "report.md"
+    ]
+    # One written here is replaced as long as it is unchanged; edited, it is kept.
+    report = compare.write_comparison([both_output], tmp_path / "report")
+    assert compare.write_comparison([both_output], tmp_path / "report") == report
+    report.write_text(report.read_text() + "A note of mine.\n")
+    with pytest.raises(
+        FileExistsError, match=re.escape(f"move it away first: mv {report} {report.parent}/report.edited.md")
+    ):
+        compare.main([str(both_output), "--output", str(report.parent)])
+    assert report.read_text().endswith("A note of mine.\n")
 
 
 def test_normalize_confusion_rows():

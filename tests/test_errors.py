@@ -406,6 +406,26 @@ def test_a_model_beside_the_run_folders_of_both_is_accepted(tmp_path):
         run.check_model_and_output_dir(model_args, training_args)
 
 
+def test_both_refuses_before_training_what_it_would_write_at_the_end(tmp_path):
+    """`model_type: both` found a file at OUTPUT/comparison (or OUTPUT/scratch) after training both models, and
+    replaced an edited comparison report."""
+    from finetune.arguments import parse_args
+
+    model_dir = saved_vit(tmp_path / "vit")
+    for blocker, match in (("comparison", "comparison is a file"), ("scratch", "scratch is a file")):
+        out = tmp_path / blocker
+        out.mkdir()
+        (out / blocker).write_text("notes")
+        args = ["--model_type", "both", "--model_name_or_path", str(model_dir), "--output_dir", str(out)]
+        with pytest.raises(ValueError, match=rf"`output_dir` .*{match}, not a folder"):
+            run.check_model_and_output_dir(*parse_args(args)[::3])
+    (tmp_path / "edited" / "comparison").mkdir(parents=True)
+    (tmp_path / "edited" / "comparison" / "report.md").write_text("# notes\n")
+    args = ["--model_type", "both", "--model_name_or_path", str(model_dir), "--output_dir", str(tmp_path / "edited")]
+    with pytest.raises(FileExistsError, match="report.md was edited .* Fix: another `output_dir`, or move it away"):
+        run.check_model_and_output_dir(*parse_args(args)[::3])
+
+
 def test_a_local_model_folder_without_weights(tmp_path):
     model_dir = saved_vit(tmp_path / "vit")
     (model_dir / "model.safetensors").unlink()

@@ -18,7 +18,7 @@ from os.path import expanduser
 from pathlib import Path
 
 from finetune.errors import ArgumentParser, run_command
-from finetune.locations import is_onnx_export, make_folder
+from finetune.locations import check_folder, edited_file, is_onnx_export, make_folder, marked
 from finetune.results import Results, find_run_dirs
 from finetune.tools.report import (
     SUMMARY_NOTE,
@@ -76,10 +76,22 @@ def data_differences(runs: Sequence[Results]) -> list[str]:
     return [what for what, seen in values.items() if len(seen) > 1]
 
 
+def check_report_folder(output_dir: str | os.PathLike, option: str = "--output") -> None:
+    """Refuse a folder where the report would replace a file of the user's: a report.md not written here, or edited
+    since (`finetune.locations.marked`)."""
+    check_folder(output_dir, option)
+    edited = edited_file(Path(output_dir) / REPORT_NAME)
+    if edited:
+        raise FileExistsError(
+            f"{edited} was edited after the report was written (or not written here), and is kept. Fix: another "
+            f"{option}, or move it away first: mv {edited} {edited.with_name('report.edited.md')}"
+        )
+
+
 def write_comparison(run_dirs: Sequence[str | os.PathLike], output_dir: str | os.PathLike) -> Path:
     """Write `report.md`, `learning_curves.png`, a `confusion_matrix_<run>.png` per run that has a confusion matrix,
     and `comparison.json` (for the model card) into `output_dir`; returns the report's path. Its paths are relative:
-    the folder can be moved."""
+    the folder can be moved. A report.md of the user's is never replaced (`check_report_folder`)."""
     run_dirs = find_run_dirs(run_dirs)
     runs = [Results.load(d) for d in run_dirs]
     unscored = [str(d) for d, run in zip(run_dirs, runs) if run.validation is None]
@@ -95,6 +107,7 @@ def write_comparison(run_dirs: Sequence[str | os.PathLike], output_dir: str | os
             f"{', '.join(exports)}: an ONNX export, whose results.json is its run's. Fix: compare the run folder it "
             "was exported from."
         )
+    check_report_folder(output_dir)
     output_dir = make_folder(output_dir)
     names = [run.run_name or run_dir.name for run, run_dir in zip(runs, run_dirs)]
     # Names for tables and file names: a name shared by several runs gets its directory appended.
@@ -138,7 +151,7 @@ def write_comparison(run_dirs: Sequence[str | os.PathLike], output_dir: str | os
     sections.append("## Runs")
     sections.append("\n".join(f"- {name}: `{os.path.relpath(d, output_dir)}`" for d, name in zip(run_dirs, names)))
     report_path = output_dir / REPORT_NAME
-    report_path.write_text("\n\n".join(sections) + "\n")
+    report_path.write_text(marked("\n\n".join(sections) + "\n", "finetune.tools.compare"), encoding="utf-8")
     summary = {"runs": rows, "data_differences": differences}
     for key in ("per_class_accuracy", "per_class_precision", "per_class_f1"):
         summary[key] = {name: getattr(run, key) for run, name in zip(runs, names)}

@@ -6,11 +6,9 @@ metrics). The body is written from `results.json`, `config.json` and the compari
 """
 
 import fnmatch
-import hashlib
 import json
 import logging
 import os
-import re
 import sys
 from importlib.metadata import version
 from os.path import expanduser
@@ -20,7 +18,7 @@ from typing import Any
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from finetune.errors import ArgumentParser, run_command
-from finetune.locations import ADAPTER_CONFIG_NAME, is_onnx_export
+from finetune.locations import ADAPTER_CONFIG_NAME, edited_file, is_onnx_export, marked
 from finetune.results import RESULTS_NAME, Results
 from finetune.tools.compare import REPORT_NAME, SUMMARY_NAME
 from finetune.tools.report import (
@@ -43,8 +41,6 @@ logger = logging.getLogger(__name__)
 CARD_NAME = "README.md"
 # The last line of every card written here: the digest of the text above it tells a card this tool wrote, unchanged
 # (rewritten for each push, which fills in the repo id), from one edited by hand or written by someone else (kept).
-CARD_MARK = "<!-- Written by finetune.tools.model_card; sha256 of the text above: {} -->\n"
-CARD_MARK_PATTERN = re.compile("(.*)" + re.escape(CARD_MARK.split("{}")[0]) + r"(\w+) -->\n?", re.S)
 COMPARISON_DIR_NAME = "comparison"
 # Licenses of base checkpoints this project fine-tunes; a fine-tuned model inherits its base's license.
 KNOWN_BASE_LICENSES = {"google/vit-": "apache-2.0", "facebook/deit-": "apache-2.0"}
@@ -485,12 +481,7 @@ def build_model_card(output_dir: str | os.PathLike, repo_id: str | None = None) 
 
 def edited_card(output_dir: str | os.PathLike) -> Path | None:
     """`output_dir/README.md` unless it is a card written here and left unchanged."""
-    path = Path(output_dir) / CARD_NAME
-    if not path.is_file():
-        return None
-    written = CARD_MARK_PATTERN.fullmatch(path.read_text(encoding="utf-8", errors="replace"))
-    unchanged = written and hashlib.sha256(written[1].encode()).hexdigest() == written[2]
-    return None if unchanged else path
+    return edited_file(Path(output_dir) / CARD_NAME)
 
 
 def write_model_card(output_dir: str | os.PathLike, repo_id: str | None = None, keep_edited: bool = False) -> str:
@@ -506,7 +497,7 @@ def write_model_card(output_dir: str | os.PathLike, repo_id: str | None = None, 
             f"{edited} was edited after the card was written (or not written here), and is kept. To write a new card, "
             f"move it away first: mv {edited} {edited.with_name('README.edited.md')}"
         )
-    text = card + CARD_MARK.format(hashlib.sha256(card.encode()).hexdigest())
+    text = marked(card, "finetune.tools.model_card")
     (Path(output_dir) / CARD_NAME).write_text(text, encoding="utf-8")
     return text
 

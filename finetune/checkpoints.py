@@ -173,9 +173,14 @@ def newest_whole_checkpoint(run_dir: Path, training_args: TrainingArguments) -> 
         problems.append(problem)
         if training_args.process_index == 0:
             logger.warning(f"Skipping {checkpoint}: {problem}; it cannot be resumed exactly, and is left in place.")
+    fix = fix_for(problems[0], numbered[0])
+    if problems[0] == CUT_SHORT and (run_dir / RESULTS_NAME).exists():  # `auto` starts anew only an unfinished run
+        fix = (
+            f"Its finished model and {RESULTS_NAME} are kept. Fix: pass the path of an earlier checkpoint-* folder, "
+            "or train anew with `--overwrite_output_dir true` (or a new `--output_dir`)."
+        )
     raise ValueError(
-        f"{run_dir} holds no whole checkpoint to resume from (the newest, {numbered[0].name}: {problems[0]}). "
-        f"{fix_for(problems[0], numbered[0])}"
+        f"{run_dir} holds no whole checkpoint to resume from (the newest, {numbered[0].name}: {problems[0]}). {fix}"
     )
 
 

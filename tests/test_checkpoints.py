@@ -548,6 +548,24 @@ def test_resume_auto_starts_a_new_run_and_resumes_an_interrupted_one(tmp_path, c
     assert results.train.steps == 16 and checkpoints(out) == ["checkpoint-16", "checkpoint-8"]
 
 
+def test_a_finished_run_whose_checkpoints_were_cut_short_names_fixes_that_work(tmp_path):
+    """Its fix named `--resume_from_checkpoint auto`, which starts anew only a run without results: refused again."""
+    out = tmp_path / "out"
+    args = [*TINY, "--output_dir", str(out), "--num_train_epochs", "1"]
+    run.main(args)
+    for checkpoint in out.glob("checkpoint-*"):
+        (checkpoint / "trainer_state.json").unlink()
+    results = (out / "results.json").read_bytes()
+    for resume in ("auto", "true"):
+        with pytest.raises(
+            ValueError, match=r"results.json are kept\. Fix: .* `--overwrite_output_dir true`"
+        ) as error:
+            run.main([*args, "--resume_from_checkpoint", resume])
+        assert "resume_from_checkpoint auto" not in str(error.value)
+    assert (out / "results.json").read_bytes() == results
+    run.main([*args, "--overwrite_output_dir", "true"])  # the fix, as given
+
+
 def test_a_max_steps_run_resumed_from_its_last_step_trains_no_further_step(tmp_path, caplog):
     """A `max_steps` run ending inside an epoch, resumed from its last checkpoint (finished, or stopped after its last
     step): the Trainer took one step more before it checked `max_steps`, and rewrote the results with it."""

@@ -39,6 +39,15 @@ def offline_switch(datasets: bool = False) -> str | None:
     return "HF_HUB_OFFLINE" if hub_constants.HF_HUB_OFFLINE else None
 
 
+def upload_switch() -> str | None:
+    """The environment variable that blocks uploads to the Hub, or None: huggingface_hub's uploads obey the switch it
+    read at import (`HF_HUB_OFFLINE`, or `TRANSFORMERS_OFFLINE`, which it reads too)."""
+    if not hub_constants.HF_HUB_OFFLINE:
+        return None
+    by_transformers = os.environ.get("TRANSFORMERS_OFFLINE") and not os.environ.get("HF_HUB_OFFLINE")
+    return "TRANSFORMERS_OFFLINE" if by_transformers else "HF_HUB_OFFLINE"
+
+
 def check_folder(path: str | os.PathLike, option: str = "--output", is_file: bool = False) -> Path:
     """`path` as a folder that exists or can be made (with `is_file`, a file in such a folder)."""
     path = Path(path)

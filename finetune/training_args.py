@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 import torch.distributed
-from huggingface_hub import constants as hub_constants
 from huggingface_hub import get_token
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
@@ -40,6 +39,7 @@ from finetune.arguments import (
     unset,
 )
 from finetune.errors import ArgumentParser
+from finetune.locations import upload_switch
 from finetune.metrics import EVAL_METRICS
 from finetune.nonfinite import DEFAULT_MAX_CONSECUTIVE
 
@@ -324,9 +324,8 @@ def check_push_possible(repo_id: str | None, token: str | None) -> None:
         raise ValueError(
             f"`hub_model_id: {repo_id}` is not a Hub repo id (namespace/name: letters, digits, '-', '_', '.'). {later}"
         ) from None
-    if hub_constants.HF_HUB_OFFLINE:  # what huggingface_hub's uploads obey (read when it was imported)
-        by_transformers = os.environ.get("TRANSFORMERS_OFFLINE") and not os.environ.get("HF_HUB_OFFLINE")
-        switch = "TRANSFORMERS_OFFLINE" if by_transformers else "HF_HUB_OFFLINE"  # huggingface_hub reads either
+    switch = upload_switch()
+    if switch:
         raise ValueError(f"`push_to_hub: true` with {switch}=1 set, which switches the Hub off. {later}")
     try:
         token = token or get_token()

@@ -491,12 +491,16 @@ def test_unreachable_hub(both_output):
         hub.push_output_dir(both_output / "scratch", "me/vit", token=TOKEN, endpoint=url)
 
 
-def test_offline_mode_names_only_its_own_fix(both_output, monkeypatch):
+@pytest.mark.parametrize("token", [TOKEN, None])
+def test_offline_mode_names_only_its_own_fix(both_output, monkeypatch, token):
+    """Said before anything is written: the card was rewritten, and without a token the error asked for one."""
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    files = {p: p.read_bytes() for p in (both_output / "scratch").iterdir() if p.is_file()}
     with FakeHub() as server, pytest.raises(hub.HubPushError) as error:
-        hub.push_output_dir(both_output / "scratch", "me/vit", token=TOKEN, endpoint=server.url)
-    assert "OfflineModeIsEnabled" in str(error.value) and "HF_HUB_OFFLINE" in str(error.value)
-    assert "Could not reach" not in str(error.value) and not server.commits
+        hub.push_output_dir(both_output / "scratch", "me/vit", token=token, endpoint=server.url)
+    assert "HF_HUB_OFFLINE=1 is set, which switches the Hub off; unset it (`unset HF_HUB_OFFLINE`)" in str(error.value)
+    assert "Could not reach" not in str(error.value) and "token" not in str(error.value) and not server.commits
+    assert {p: p.read_bytes() for p in (both_output / "scratch").iterdir() if p.is_file()} == files
 
 
 @pytest.mark.parametrize("repo_id", ["me/vit/scratch", "me/my vit", ""])

@@ -33,6 +33,7 @@ from huggingface_hub.errors import HfHubHTTPError, HFValidationError, OfflineMod
 from huggingface_hub.utils import validate_repo_id
 
 from finetune.errors import ArgumentParser, one_line, run_command
+from finetune.locations import upload_switch
 from finetune.results import RESULTS_NAME
 from finetune.tools.model_card import (
     CARD_NAME,
@@ -288,6 +289,9 @@ def push_output_dir(
         )
         return HubPushError(message.replace(token, "***") if token else message)
 
+    switch = upload_switch()
+    if switch:  # said before the card is written, and before the token is asked for
+        raise failure(f"{switch}=1 is set, which switches the Hub off; unset it (`unset {switch}`) to push")
     if not token:
         raise failure("no Hub token; set HF_TOKEN or log in with `hf auth login` (a token with write access)")
     if edited_card(output_dir) is None:  # an edited card is kept and uploaded as it is

@@ -130,6 +130,20 @@ def test_learning_curve_draws_only_logged_training_losses():
     assert report_module._series(history, "eval_loss") == ((17.0, 18.0, 19.0, 20.0), (0.5,) * 4)
 
 
+def test_a_taught_runs_training_loss_is_named_as_distillation(both_output, tmp_path, monkeypatch):
+    """A taught run's training loss mixes in the loss on the teacher's logits: drawn as "train" beside the validation
+    cross-entropy, it read as the same loss, far below it."""
+    from matplotlib.figure import Figure
+
+    drawn = []
+    monkeypatch.setattr(Figure, "savefig", lambda figure, *args, **kwargs: drawn.append(figure))
+    alone, taught = Results.load(both_output / "pretrained"), Results.load(both_output / "pretrained")
+    taught.hyperparameters["teacher_model_name_or_path"] = "runs/teacher"
+    report_module.plot_learning_curves([alone, taught], ["alone", "taught"], tmp_path / "curves.png")
+    legend = [text.get_text() for text in drawn[0].axes[0].get_legend().get_texts()]
+    assert legend == ["alone train", "alone validation", "taught train (with distillation)", "taught validation"]
+
+
 def test_summary_json_for_the_model_card(report, both_output):
     summary = json.loads((both_output / "comparison" / "comparison.json").read_text())
     assert [row["run_dir"] for row in summary["runs"]] == ["pretrained", "scratch"]

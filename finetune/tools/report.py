@@ -286,7 +286,9 @@ def plot_learning_curves(runs: Sequence[Results], names: Sequence[str], path: st
     ax_loss, ax_acc = fig.subplots(1, 2, sharex=True)
     for i, (run, name) in enumerate(zip(runs, names)):
         color = f"C{i % 10}"
-        for key, style, marker, what in (("train_loss", "-", "o", "train"), ("eval_loss", "--", "s", "validation")):
+        # A taught run's training loss mixes in the loss on the teacher's logits (`trainer.distillation_loss`).
+        train = "train (with distillation)" if run.hyperparameters.get("teacher_model_name_or_path") else "train"
+        for key, style, marker, what in (("train_loss", "-", "o", train), ("eval_loss", "--", "s", "validation")):
             x, y = _series(run.history, key)
             if x:
                 ax_loss.plot(x, y, linestyle=style, marker=marker, markersize=4, color=color, label=f"{name} {what}")

@@ -164,6 +164,15 @@ def test_the_comparison_report_and_the_model_card_show_the_multi_label_figures(t
     assert "| Validation mAP | Test mAP | Micro F1 | Macro F1 |" in report
     assert f"| {100 * results.validation.map:.2f}% | {100 * results.test.map:.2f}% |" in report
     assert "run threshold | run AP |" in report and "Confusion matrices" not in report
+    assert "so optimistic" not in report  # its F1 figures are the test split's
+    # Without a test split, the F1 figures are on the images the thresholds were chosen on: said so.
+    recorded = json.loads((out / "results.json").read_text())
+    (untested := tmp_path / "untested").mkdir()
+    (untested / "results.json").write_text(json.dumps({**recorded, "test": None, "run_name": "untested"}))
+    report = write_comparison([untested], tmp_path / "comparison2").read_text()
+    assert (
+        "**untested**: multi-label, without a test split: its F1, precision and recall are at the per-label " in report
+    )
     card = str(build_model_card(out))
     assert "| Split | mAP | Micro F1 | Macro F1 | Loss | Images |" in card and "Validation mAP |" in card
     big = [results.per_class_threshold["big"], results.per_class_precision["big"], results.per_class_recall["big"]]

@@ -145,6 +145,11 @@ def write_comparison(run_dirs: Sequence[str | os.PathLike], output_dir: str | os
         sections.append("Rows are true classes, columns predictions; each row is divided by the class's count.")
         for name, file_name in confusion_files.items():
             sections += [f"### {name}", f"![Confusion matrix of {name}]({file_name})"]
+    optimistic = [name for run, name in zip(runs, names) if run.multi_label and run.test is None]
+    if optimistic:  # after the summary table and its note
+        sections.insert(4, f"**{', '.join(optimistic)}**: multi-label, without a test split: its F1, precision and "
+                        "recall are at the per-label thresholds chosen on the same validation images, so optimistic; "
+                        "its mAP does not depend on thresholds.")  # fmt: skip
     if differences:  # after the summary table and its note
         sections.insert(4, f"**Not scored on the same images**: the runs differ in their {', '.join(differences)}, so "
                         "their figures do not compare directly.")  # fmt: skip

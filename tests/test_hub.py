@@ -230,6 +230,18 @@ def tree_hashes(folder: Path, skip: str | None = "README.md") -> dict[str, str]:
     }
 
 
+def test_the_cards_link_to_the_comparison_report_works_where_the_card_is_read(both_output):
+    """Beside `model_type: both`'s comparison/ folder, a card read where it was written linked comparison/report.md,
+    which is there only once pushed (the push uploads the report under comparison/)."""
+    scratch = both_output / "scratch"
+    local = model_card.build_model_card(scratch).text
+    assert (
+        "is [../comparison/report.md](../comparison/report.md)." in local
+        and (scratch / "../comparison/report.md").is_file()
+    )
+    assert "is [comparison/report.md](comparison/report.md)." in model_card.build_model_card(scratch, "me/vit").text
+
+
 def test_upload_plan_has_the_model_and_nothing_big_or_private(both_output):
     scratch = both_output / "scratch"
     hub.write_model_card(scratch)

@@ -458,6 +458,9 @@ def build_model_card(output_dir: str | os.PathLike, repo_id: str | None = None) 
     comparison_dir = find_comparison_dir(run_dir)
     summary = _read_json(comparison_dir / SUMMARY_NAME) if comparison_dir else None
     if summary and summary.get("runs"):
+        link = f"{COMPARISON_DIR_NAME}/{REPORT_NAME}"  # where a push uploads it; a card read here links where it is
+        if repo_id is None:
+            link = Path(os.path.relpath(comparison_dir / REPORT_NAME, output_dir)).as_posix()
         datasets = {row.get("dataset") for row in summary["runs"]}  # any runs can be compared: say so when they differ
         where = f"all on `{datasets.pop()}`" if len(datasets) == 1 else "on different datasets (see the table)"
         if summary.get("data_differences"):
@@ -465,7 +468,7 @@ def build_model_card(output_dir: str | os.PathLike, repo_id: str | None = None) 
         sections += [
             "## Comparison",
             f"This run is compared below with the others of its comparison report, {where}; the full report, with "
-            f"learning curves and confusion matrices, is [comparison/{REPORT_NAME}](comparison/{REPORT_NAME}).",
+            f"learning curves and confusion matrices, is [{link}]({link}).",
             summary_table(summary["runs"]),
         ]
     sections += ["## How to use", _usage(results, config, repo, base, hub), *_training_section(results)]

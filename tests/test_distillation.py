@@ -150,7 +150,8 @@ def test_a_taught_run_sees_the_students_images_and_names_its_teacher(teacher_dir
     # The card said "trained from random initialisation" and named no teacher.
     card = build_model_card(output).text
     taught = (
-        f"It was taught by `{teacher_dir.parent.name}/{teacher_dir.name}` (soft distillation, alpha 0.7, temperature 2"
+        f"It was taught by a local model, `{teacher_dir.parent.name}/{teacher_dir.name}` (soft distillation, alpha "
+        "0.7, temperature 2"
     )
     assert taught in card
 

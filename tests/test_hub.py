@@ -242,6 +242,18 @@ def test_the_cards_link_to_the_comparison_report_works_where_the_card_is_read(bo
     assert "is [comparison/report.md](comparison/report.md)." in model_card.build_model_card(scratch, "me/vit").text
 
 
+def test_a_teacher_is_named_as_a_hub_id_or_as_a_local_model(tmp_path):
+    """A local teacher `runs/teacher` was named as `runs/teacher`, which reads as a Hub id on the Hub."""
+    hyperparameters = {"teacher_model_name_or_path": "google/vit-base", "distillation_type": "hard"}
+    hyperparameters["distillation_alpha"] = 0.5
+    taught = model_card._teaching(hyperparameters, tmp_path / "runs" / "student")
+    assert taught == " It was taught by `google/vit-base` (hard distillation, alpha 0.5)."
+    (tmp_path / "runs" / "teacher").mkdir(parents=True)
+    hyperparameters["teacher_model_name_or_path"] = "runs/teacher"
+    taught = model_card._teaching(hyperparameters, tmp_path / "runs" / "student")
+    assert taught == " It was taught by a local model, `runs/teacher` (hard distillation, alpha 0.5)."
+
+
 def test_upload_plan_has_the_model_and_nothing_big_or_private(both_output):
     scratch = both_output / "scratch"
     hub.write_model_card(scratch)

@@ -278,10 +278,7 @@ def check_no_missing_weights(missing: list[str], files: str, described: str, fix
 
 
 def count_parameters(model: torch.nn.Module, trainable: bool = False) -> int:
-    """The parameters the model computes with (or trains): a LoRA model's head counts once, without the frozen copy
-    of the base's head that peft keeps beside the trained one (`original_module`)."""
-    named = model.named_parameters()
-    return sum(p.numel() for n, p in named if (p.requires_grad or not trainable) and ".original_module." not in n)
+    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable)
 
 
 def weights_fingerprint(model: torch.nn.Module) -> str:

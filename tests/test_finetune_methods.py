@@ -105,9 +105,6 @@ def test_lora_saves_a_small_adapter_with_the_head(lora_run):
     assert (out / "adapter_model.safetensors").stat().st_size < (out / "merged" / "model.safetensors").stat().st_size
     # 2 layers x (q, v) x (A: r x 16 + B: 16 x r) + the head 10 x 16 + 10
     assert results.num_trainable_parameters == 2 * 2 * (4 * 16 + 16 * 4) + 170
-    # The merged model's, and the adapters: the head once (peft keeps a frozen copy of the base's, never used).
-    merged = count_parameters(AutoModelForImageClassification.from_pretrained(out / "merged"))
-    assert results.num_parameters == merged + 2 * 2 * (4 * 16 + 16 * 4)
     assert results.architecture == "ViTForImageClassification"
     closing = run.summary({"pretrained": results}, {"pretrained": out}, None)
     assert f"files: {out}/ (model, merged/, results.json, checkpoint-*)" in closing

@@ -93,6 +93,8 @@ class Results:
     # (H, W) the training images were stored at, not square only where all had that size: predict then resizes whole
     # images as evaluation did, not the centre square of a photo (finetune/data/decode.py).
     stored_image_size: list[int] | None = None
+    # A LoRA run's: its base model with the new head (as many as merged) plus the trained ones, as peft holds them (the
+    # base's head beside its trained copy); the model card tells the two apart by this sum.
     num_parameters: int | None = None
     num_trainable_parameters: int | None = None  # those the fine-tuning method trains (LoRA: adapters and head)
     num_samples: dict[str, int | None] = field(default_factory=dict)

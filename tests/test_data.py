@@ -102,6 +102,15 @@ def test_parquet_with_image_and_classlabel_features(tmp_path):
     _assert_covers(data, images, labels)
 
 
+def test_an_image_column_of_another_name_beside_file_names_is_the_images(tmp_path):
+    """`file_name` (the image folder's metadata.csv column) is an image column only where no `Image` column is."""
+    images, labels = _images(30), _labels(30)
+    dataset = _dataset(images, labels, image_column="photo").add_column("file_name", [f"{i}.png" for i in range(30)])
+    dataset.to_parquet(path := tmp_path / "train.parquet")
+    data = load_image_data(_args(dataset_name=str(path), validation_size=6), seed=0)
+    _assert_covers(data, images, labels)
+
+
 def test_a_parquet_file_cut_short_is_one_error_naming_it(tmp_path, capfd):
     """`datasets` logged "Failed to read schema", then raised "Parquet magic bytes not found", naming no file."""
     images, labels = _images(30), _labels(30)

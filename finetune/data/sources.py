@@ -35,7 +35,8 @@ logger = logging.getLogger(__name__)
 IMAGE_EXTENSIONS = ImageFolder.EXTENSIONS
 # Photo formats it leaves out (HEIC is iPhones' default): a folder's are named rather than dropped without a word.
 UNREAD_PHOTO_EXTENSIONS = (".avif", ".heic", ".heif")
-IMAGE_COLUMNS = ("img", "image", "file_name")  # `file_name`: the image folder's metadata.csv (Hugging Face's format)
+IMAGE_COLUMNS = ("img", "image")
+FILE_NAME_COLUMN = "file_name"  # an image folder's metadata.csv (Hugging Face's format): after an `Image` column
 LIST_FEATURES = (datasets.List, datasets.LargeList)  # a multi-label column
 LABEL_COLUMNS = ("label", "labels")
 TABLE_EXTENSIONS = {".parquet": "parquet", ".arrow": "arrow", ".csv": "csv"}
@@ -434,7 +435,9 @@ def _read_csv(path: str, data_args: DataArguments) -> datasets.Dataset:
     import pandas as pd
 
     frame = pd.read_csv(path)
-    column = _pick_column(list(frame.columns), data_args.image_column_name, IMAGE_COLUMNS, "image", path)
+    column = _pick_column(
+        list(frame.columns), data_args.image_column_name, (*IMAGE_COLUMNS, FILE_NAME_COLUMN), "image", path
+    )
     base = os.path.dirname(os.path.abspath(path))
     frame[column] = [p if os.path.isabs(p) else os.path.join(base, p) for p in frame[column].astype(str)]
     label = _pick_column(list(frame.columns), data_args.label_column_name, LABEL_COLUMNS, "label", path)
@@ -551,7 +554,7 @@ def find_columns(dataset: datasets.Dataset, data_args: DataArguments, where: str
     features = dataset.features
     images = [c for c in columns if isinstance(features[c], datasets.Image)]
     labels = [c for c in columns if isinstance(features[c], datasets.ClassLabel)]
-    image_candidates = IMAGE_COLUMNS + (tuple(images) if len(images) == 1 else ())
+    image_candidates = IMAGE_COLUMNS + (tuple(images) if len(images) == 1 else ()) + (FILE_NAME_COLUMN,)
     label_candidates = LABEL_COLUMNS + (tuple(labels) if len(labels) == 1 else ())
     image_column = _pick_column(columns, data_args.image_column_name, image_candidates, "image", where)
     label_column = _pick_column(columns, data_args.label_column_name, label_candidates, "label", where)

@@ -308,29 +308,34 @@ def apply_finetune_method(model: PreTrainedModel, model_args: ModelArguments) ->
         return keep_frozen_statistics(model)
     from peft import LoraConfig, get_peft_model
 
-    # peft adapts every module whose name is a target or ends in "." + target: a target must name linear layers of
-    # the backbone only (ResNet's head holds its one linear layer as `classifier.1`, and `1` also names convolutions).
-    modules = [(name, m) for name, m in model.named_modules() if name]
+    # peft adapts the modules outside the head (`modules_to_save`) whose names are a target or end in "." + target,
+    # and refuses a target that names a module of a kind it cannot adapt (ResNet's `1` names convolution blocks).
     in_head = tuple(f"{head}." for head in heads)
+    modules = [(n, m) for n, m in model.named_modules() if n and not f"{n}.".startswith(in_head)]
+    adaptable_kinds = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.Embedding)
 
-    def adaptable(target: str) -> bool:
+    def unfit(target: str) -> str | None:
+        """Why peft would not adapt `target`, or None."""
         named = [(n, m) for n, m in modules if n == target or n.endswith(f".{target}")]
-        fits = all(isinstance(m, torch.nn.Linear) and not f"{n}.".startswith(in_head) for n, m in named)
-        return bool(named) and fits
+        other = next(((n, m) for n, m in named if not isinstance(m, adaptable_kinds)), None)
+        if other:
+            return f"`{target}` also names `{other[0]}` ({type(other[1]).__name__}), which LoRA cannot adapt"
+        return None if named else f"`{target}` names no layer outside the head"
 
     linear_names = sorted({n.rsplit(".", 1)[-1] for n, m in modules if isinstance(m, torch.nn.Linear)})
-    linear_names = [name for name in linear_names if adaptable(name)]
-    if not linear_names:
+    linear_names = [name for name in linear_names if not unfit(name)]
+    if not linear_names and not model_args.lora_target_modules:
         raise ValueError(
             f"`finetune_method: lora` adapts linear layers outside the classification head, and "
             f"{type(model).__name__} has none. Use `finetune_method: linear_probe` or `full` for this model."
         )
     targets = model_args.lora_target_modules or [n for n in LORA_DEFAULT_TARGETS if n in linear_names]
-    missing = [target for target in targets if not adaptable(target)]
-    if not targets or missing:
+    problems = [problem for problem in map(unfit, targets) if problem]
+    if not targets or problems:
+        why = "; ".join(problems) if problems else f"none of {list(LORA_DEFAULT_TARGETS)} names one"
         raise ValueError(
-            f"`lora_target_modules` {missing or targets} name no linear layer of {type(model).__name__} outside its "
-            f"head; its linear layers are {linear_names}. Set `lora_target_modules` to some of them."
+            f"`lora_target_modules`: {why}. The linear layers of {type(model).__name__} outside its head are "
+            f"{linear_names}; set `lora_target_modules` to some of them (a longer name, `attn.proj`, picks fewer)."
         )
     config = LoraConfig(
         r=model_args.lora_r,

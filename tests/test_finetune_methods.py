@@ -350,41 +350,55 @@ def test_lora_on_scratch_vit_targets_the_fused_qkv(tmp_path):
 
 def test_unknown_lora_targets_and_scratch_methods_are_refused():
     model = AutoModelForImageClassification.from_pretrained(tiny_vit_checkpoint_in_memory())
-    with pytest.raises(ValueError, match="name no linear layer"):
+    with pytest.raises(ValueError, match="`qkv` names no layer outside the head. The linear layers of ViTFor"):
         apply_finetune_method(model, ModelArguments(finetune_method="lora", lora_target_modules=["qkv"]))
     with pytest.raises(ValueError, match="starts from random ones"):
         ModelArguments(model_type="scratch", finetune_method="lora")
 
 
-def test_lora_targets_are_linear_layers_outside_the_head():
-    from transformers import ConvNextConfig, ResNetConfig
+def test_lora_targets_are_layers_outside_the_head_that_peft_adapts():
+    from transformers import ConvNextConfig, LevitConfig, LevitForImageClassification, ResNetConfig
+
+    def adapted(model, targets=None) -> int:
+        lora = apply_finetune_method(model, ModelArguments(finetune_method="lora", lora_target_modules=targets))
+        return sum(".lora_A." in name for name, _ in lora.named_parameters())
 
     labels = {"num_labels": 3}
     convnext = AutoModelForImageClassification.from_config(
         ConvNextConfig(hidden_sizes=[8, 16], depths=[1, 1], num_stages=2, **labels)
     )
     # ConvNeXt's linear layers are its blocks' `pwconv1`, `pwconv2` and the head `classifier`, which trains in full.
-    expected = "['classifier'] name no linear layer of ConvNextForImageClassification outside its head; its linear "
-    with pytest.raises(ValueError, match=re.escape(expected + "layers are ['pwconv1', 'pwconv2']")):
-        apply_finetune_method(convnext, ModelArguments(finetune_method="lora", lora_target_modules=["classifier"]))
-    adapted = apply_finetune_method(convnext, ModelArguments(finetune_method="lora", lora_target_modules=["pwconv1"]))
-    assert sum("lora_A" in name for name, _ in adapted.named_parameters()) == 2  # one per block
+    expected = "`classifier` names no layer outside the head. The linear layers of ConvNextForImageClassification "
+    with pytest.raises(ValueError, match=re.escape(expected + "outside its head are ['pwconv1', 'pwconv2']")):
+        adapted(convnext, ["classifier"])
+    assert adapted(convnext, ["pwconv1"]) == 2  # one per block
 
-    # ResNet's one linear layer is its head's `classifier.1`; `1` also names convolutions, which peft would not take.
+    # ResNet's one linear layer is its head's `classifier.1`; `1` also names convolution blocks, which peft refuses.
     resnet = AutoModelForImageClassification.from_config(
         ResNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic", **labels)
     )
     with pytest.raises(ValueError, match="has none. Use `finetune_method: linear_probe` or `full`"):
-        apply_finetune_method(resnet, ModelArguments(finetune_method="lora"))
+        adapted(resnet)
+    with pytest.raises(ValueError, match=r"`1` also names `resnet\..*` \(.*\), which LoRA cannot adapt"):
+        adapted(resnet, ["1"])
+
+    # LeViT names every linear layer `linear`, its head's `classifier.linear` too: peft adapts those of the backbone.
+    levit = LevitForImageClassification(
+        LevitConfig(
+            image_size=32,
+            hidden_sizes=[16, 24, 32],
+            num_attention_heads=[1, 2, 2],
+            depths=[1, 1, 1],
+            key_dim=[8, 8, 8],
+            **labels,
+        )  # fmt: skip
+    )
+    linear = [n for n, m in levit.named_modules() if isinstance(m, torch.nn.Linear) and not n.startswith("classifier")]
+    assert adapted(levit, ["linear"]) == len(linear)
 
     # A dotted name, as peft reads it: the layers whose names end in it.
     vit = AutoModelForImageClassification.from_pretrained(tiny_vit_checkpoint_in_memory())
-    adapted = apply_finetune_method(
-        vit, ModelArguments(finetune_method="lora", lora_target_modules=["attention.q_proj"])
-    )
-    assert {
-        name.split(".lora_A")[0].rsplit(".", 1)[-1] for name, _ in adapted.named_parameters() if "lora_A" in name
-    } == {"q_proj"}
+    assert adapted(vit, ["attention.q_proj"]) == vit.config.num_hidden_layers
 
 
 def tiny_vit_checkpoint_in_memory():

@@ -548,6 +548,11 @@ def _load_pretrained(model_args: ModelArguments, data: ImageData, drop_path_rate
     if other_classes and same_classes and reorder_head(model, [checkpoint_labels.index(n) for n in label_names]):
         logger.info(f"{path} classifies the dataset's classes in another order: its head's rows follow the dataset's.")
     elif other_classes:
+        if not model_args.ignore_mismatched_sizes:
+            raise ValueError(
+                f"{path} classifies the dataset's classes in another order, in a head whose rows cannot be reordered, "
+                "and `ignore_mismatched_sizes: false` keeps it. Fix: `ignore_mismatched_sizes: true` (a new head)."
+            )
         logger.warning(
             f"{path} classifies {_shorten(checkpoint_labels)}, the dataset has {_shorten(label_names)}: the "
             "classification head starts anew (random, as for a checkpoint with another number of classes)."
@@ -586,9 +591,10 @@ def classification_heads(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
 
 def reorder_head(model: PreTrainedModel, order: list[int]) -> bool:
     """Put each head's output rows (weights and bias) in `order`, the checkpoint's row of each of the dataset's
-    classes; False, with nothing changed, where a head's output is not one linear layer of `len(order)` classes."""
+    classes; False, with nothing changed, where a head's output is not one linear (or 1x1 convolution) layer."""
+    kinds = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d)  # timm's BiT head is a 1x1 convolution
     outputs = [
-        [m for m in head.modules() if isinstance(m, torch.nn.Linear) and m.out_features == len(order)]
+        [m for m in head.modules() if isinstance(m, kinds) and m.weight.shape[0] == len(order)]
         for head in classification_heads(model).values()
     ]
     if not outputs or any(len(layers) != 1 for layers in outputs):

@@ -555,6 +555,21 @@ def test_a_head_trained_for_other_classes_starts_anew(tmp_path, checkpoint_label
         assert torch.equal(build_model("pretrained", keep, None, data)[0].classifier.bias, model.classifier.bias)
 
 
+def test_a_head_is_reordered_where_its_output_is_one_linear_or_convolution_layer():
+    from finetune.models import reorder_head
+
+    model = torch.nn.Module()  # timm's BiT head: a 1x1 convolution
+    model.classifier = torch.nn.Sequential(torch.nn.Conv2d(4, 3, 1), torch.nn.Flatten())
+    weight, bias = model.classifier[0].weight.clone(), model.classifier[0].bias.clone()
+    assert reorder_head(model, [2, 0, 1])
+    assert torch.equal(model.classifier[0].weight, weight[[2, 0, 1]]) and torch.equal(
+        model.classifier[0].bias, bias[[2, 0, 1]]
+    )
+    model.classifier = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 3))  # which one: left as it is
+    weights = [layer.weight.clone() for layer in model.classifier]
+    assert not reorder_head(model, [2, 0, 1]) and all(map(torch.equal, weights, (l.weight for l in model.classifier)))
+
+
 def test_a_lora_run_at_another_resolution_reloads_its_resized_position_embeddings(tmp_path):
     """A LoRA run at 16 px from an 8 px base saves only its adapters and head: loading it again rebuilt the base at the
     run's 16 px config, where the base's 8 px position embeddings did not fit and started anew (random), so that

@@ -174,11 +174,13 @@ def newest_whole_checkpoint(run_dir: Path, training_args: TrainingArguments) -> 
         if training_args.process_index == 0:
             logger.warning(f"Skipping {checkpoint}: {problem}; it cannot be resumed exactly, and is left in place.")
     fix = fix_for(problems[0], numbered[0])
-    if problems[0] == CUT_SHORT and (run_dir / RESULTS_NAME).exists():  # `auto` starts anew only an unfinished run
-        fix = (
-            f"Its finished model and {RESULTS_NAME} are kept. Fix: pass the path of an earlier checkpoint-* folder, "
-            "or train anew with `--overwrite_output_dir true` (or a new `--output_dir`)."
-        )
+    if problems[0] == CUT_SHORT:  # every checkpoint was tried: no earlier one to pass
+        fix = "Fix: start anew: `--resume_from_checkpoint auto` does where no checkpoint is whole."
+        if (run_dir / RESULTS_NAME).exists():  # `auto` starts anew only a run that did not finish
+            fix = (
+                f"Its finished model and {RESULTS_NAME} are kept. Fix: train anew with `--overwrite_output_dir true` "
+                "(or a new `--output_dir`)."
+            )
     raise ValueError(
         f"{run_dir} holds no whole checkpoint to resume from (the newest, {numbered[0].name}: {problems[0]}). {fix}"
     )

@@ -5,6 +5,7 @@ id, and explain a failed Hub download by the offline switches; these helpers dec
 """
 
 import hashlib
+import itertools
 import os
 import re
 from pathlib import Path
@@ -81,3 +82,11 @@ def edited_file(path: str | os.PathLike) -> Path | None:
     written = path.is_file() and WRITTEN_MARK_PATTERN.fullmatch(path.read_text(encoding="utf-8", errors="replace"))
     unchanged = written and hashlib.sha256(written[1].encode()).hexdigest() == written[2]
     return None if unchanged else path
+
+
+def free_name(path: Path, tag: str) -> Path:
+    """`path` with `.tag` before its suffix (`report.edited.md`), numbered (`report.edited-2.md`) where that exists."""
+    for n in itertools.count(1):
+        candidate = path.with_name(f"{path.stem}.{tag}{f'-{n}' if n > 1 else ''}{path.suffix}")
+        if not candidate.exists():
+            return candidate

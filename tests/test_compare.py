@@ -194,6 +194,14 @@ def test_a_report_of_the_users_is_never_replaced(tmp_path, both_output):
     ):
         compare.main([str(both_output), "--output", str(report.parent)])
     assert report.read_text().endswith("A note of mine.\n")
+    (report.parent / "report.edited.md").write_text("kept earlier\n")  # the fix never names a file that exists
+    with pytest.raises(FileExistsError, match=re.escape(f"mv {report} {report.parent}/report.edited-2.md")):
+        compare.write_comparison([both_output], report.parent)
+    # A report of an earlier version, written without the mark: kept beside the new one.
+    earlier = "# Comparison of a and b\n\n## Runs\n\n- a: `../a`\n"
+    report.write_text(earlier)
+    assert compare.write_comparison([both_output], report.parent) == report
+    assert (report.parent / "report.earlier.md").read_text() == earlier and "<!-- Written by" in report.read_text()
 
 
 def test_normalize_confusion_rows():

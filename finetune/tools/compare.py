@@ -18,7 +18,7 @@ from os.path import expanduser
 from pathlib import Path
 
 from finetune.errors import ArgumentParser, run_command
-from finetune.locations import check_folder, edited_file, is_onnx_export, make_folder, marked
+from finetune.locations import check_folder, edited_file, free_name, is_onnx_export, make_folder, marked
 from finetune.results import Results, find_run_dirs
 from finetune.tools.report import (
     SUMMARY_NOTE,
@@ -78,14 +78,20 @@ def data_differences(runs: Sequence[Results]) -> list[str]:
 
 def check_report_folder(output_dir: str | os.PathLike, option: str = "--output") -> None:
     """Refuse a folder where the report would replace a file of the user's: a report.md not written here, or edited
-    since (`finetune.locations.marked`)."""
+    since (`finetune.locations.marked`). One of an earlier version, without the mark, is moved aside when written."""
     check_folder(output_dir, option)
     edited = edited_file(Path(output_dir) / REPORT_NAME)
-    if edited:
+    if edited and not _unmarked_report(edited):
         raise FileExistsError(
             f"{edited} was edited after the report was written (or not written here), and is kept. Fix: another "
-            f"{option}, or move it away first: mv {edited} {edited.with_name('report.edited.md')}"
+            f"{option}, or move it away first: mv {edited} {free_name(edited, 'edited')}"
         )
+
+
+def _unmarked_report(path: Path) -> bool:
+    """A report.md of this tool before reports were marked: kept beside the new one, in case it was edited."""
+    text = path.read_text(encoding="utf-8", errors="replace") if path.is_file() else ""
+    return text.startswith("# Comparison of ") and "\n## Runs\n" in text and "<!-- Written by" not in text
 
 
 def write_comparison(run_dirs: Sequence[str | os.PathLike], output_dir: str | os.PathLike) -> Path:
@@ -156,6 +162,9 @@ def write_comparison(run_dirs: Sequence[str | os.PathLike], output_dir: str | os
     sections.append("## Runs")
     sections.append("\n".join(f"- {name}: `{os.path.relpath(d, output_dir)}`" for d, name in zip(run_dirs, names)))
     report_path = output_dir / REPORT_NAME
+    if _unmarked_report(report_path):
+        kept = report_path.rename(free_name(report_path, "earlier"))
+        logger.warning(f"Kept the report of an earlier version, which may have been edited, as {kept}.")
     report_path.write_text(marked("\n\n".join(sections) + "\n", "finetune.tools.compare"), encoding="utf-8")
     summary = {"runs": rows, "data_differences": differences}
     for key in ("per_class_accuracy", "per_class_precision", "per_class_f1"):

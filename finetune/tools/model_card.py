@@ -18,7 +18,7 @@ from typing import Any
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from finetune.errors import ArgumentParser, run_command
-from finetune.locations import ADAPTER_CONFIG_NAME, edited_file, is_onnx_export, marked
+from finetune.locations import ADAPTER_CONFIG_NAME, edited_file, free_name, is_onnx_export, marked
 from finetune.results import RESULTS_NAME, Results
 from finetune.tools.compare import REPORT_NAME, SUMMARY_NAME
 from finetune.tools.report import (
@@ -502,7 +502,7 @@ def write_model_card(output_dir: str | os.PathLike, repo_id: str | None = None, 
     if edited:
         raise FileExistsError(
             f"{edited} was edited after the card was written (or not written here), and is kept. To write a new card, "
-            f"move it away first: mv {edited} {edited.with_name('README.edited.md')}"
+            f"move it away first: mv {edited} {free_name(edited, 'edited')}"
         )
     text = marked(card, "finetune.tools.model_card")
     (Path(output_dir) / CARD_NAME).write_text(text, encoding="utf-8")

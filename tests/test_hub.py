@@ -563,6 +563,9 @@ def test_a_card_edited_by_hand_is_kept_and_pushed_as_it_is(both_output, monkeypa
 
     edited = card.read_text().replace("## How to use", "Trained on my photos, see notes.md.\n\n## How to use")
     card.write_text(edited)
+    assert "[comparison/report.md](comparison/report.md)" in edited
+    edited = edited.replace("comparison/report.md", "../comparison/report.md")  # as `card` writes it, there
+    card.write_text(edited)
     someone_elses = both_output / "pretrained" / "README.md"  # no mark at all: not written here
     someone_elses.write_text("# My model\n")
     for folder, text in ((run, edited), (both_output / "pretrained", "# My model\n")):
@@ -571,7 +574,8 @@ def test_a_card_edited_by_hand_is_kept_and_pushed_as_it_is(both_output, monkeypa
         with FakeHub() as server:
             hub.push_output_dir(folder, "me/other", token=TOKEN, endpoint=server.url)
         assert (folder / "README.md").read_text() == text
-        assert server.commits[0]["files"]["README.md"].decode() == text  # the user's card went up
+        # The user's card went up, its link to the comparison report where the push put the report.
+        assert server.commits[0]["files"]["README.md"].decode() == text.replace("../comparison/", "comparison/")
         assert f"Keeping {folder / 'README.md'} as it is" in caplog.text
         # `card` says why it writes nothing and how to write a new card, in one line, exit status 1
         assert run_command(model_card.main, [str(folder)]) == 1

@@ -225,6 +225,14 @@ def upload_plan(output_dir: str | os.PathLike) -> list[tuple[str, Path]]:
     return sorted(plan)
 
 
+def _upload(path_in_repo: str, local: Path) -> str | bytes:
+    """What goes up for a file: the file itself, but a card (edited by hand, so kept as it is) with its link to a
+    comparison report beside the run (`../comparison/`) pointing where the push puts the report (`comparison/`)."""
+    if path_in_repo != CARD_NAME:
+        return str(local)
+    return local.read_bytes().replace(b"../comparison/", b"comparison/")
+
+
 def retry_command(output_dir, repo_id, private=None, revision=None, commit_message=None, timeout=None, retries=None):
     """The shell command that repeats a push with the same options."""
     parts = ["python", "-m", "finetune.tools.hub", "push", str(output_dir), "--repo_id", repo_id]
@@ -317,7 +325,9 @@ def push_output_dir(
                 logger.info(f"Creating branch {revision} if it does not exist")
                 api.create_branch(repo_id, branch=revision, repo_type="model", exist_ok=True)
             logger.info(f"Committing {len(plan)} files ({total})")
-            operations = [CommitOperationAdd(path_in_repo=path, path_or_fileobj=str(local)) for path, local in plan]
+            operations = [
+                CommitOperationAdd(path_in_repo=path, path_or_fileobj=_upload(path, local)) for path, local in plan
+            ]
             info = api.create_commit(
                 repo_id,
                 operations=operations,

@@ -172,6 +172,13 @@ def test_class_names_no_font_has_are_said_once_and_other_fonts_fill_in(tmp_path,
     assert "Install a font of their script (e.g. Noto Sans CJK)" in caplog.records[0].getMessage()
     assert Image.open(tmp_path / "bird.png").size[0] > 100
 
+    @report_module._plot_fonts()
+    def plot_that_warns():
+        warnings.warn("another warning", DeprecationWarning, stacklevel=1)
+
+    with pytest.warns(DeprecationWarning, match="another warning"):  # other warnings go on as they were
+        plot_that_warns()
+
 
 def test_a_report_of_the_users_is_never_replaced(tmp_path, both_output):
     """`compare --output notes` replaced notes/report.md, the user's own, and a report edited by hand, exit 0."""

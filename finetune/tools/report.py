@@ -260,16 +260,19 @@ def _plot_fonts():
 
     installed = {font.name for font in font_manager.fontManager.ttflist}
     family = [*matplotlib.rcParams["font.family"], *(name for name in FALLBACK_FONTS if name in installed)]
-    with matplotlib.rc_context({"font.family": family}), warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        yield
-    missing = []
-    for warning in caught:
-        glyph = re.fullmatch(r"Glyph (\d+) .* missing from font\(s\).*", str(warning.message), re.DOTALL)
-        if glyph and chr(int(glyph[1])) not in missing:
+    missing, show = [], warnings.showwarning
+
+    def collect(message, category, filename, lineno, file=None, line=None):  # other warnings shown as they were
+        glyph = re.fullmatch(r"Glyph (\d+) .* missing from font\(s\).*", str(message), re.DOTALL)
+        if glyph is None:
+            show(message, category, filename, lineno, file, line)
+        elif chr(int(glyph[1])) not in missing:
             missing.append(chr(int(glyph[1])))
-        elif not glyph:
-            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+
+    with matplotlib.rc_context({"font.family": family}), warnings.catch_warnings():
+        warnings.filterwarnings("always", r"Glyph \d+ .* missing from font")
+        warnings.showwarning = collect
+        yield
     if missing:
         logger.warning(
             f"No installed font has {''.join(missing[:10])}{'...' if len(missing) > 10 else ''} (in a class or run "

@@ -173,7 +173,12 @@ def test_the_comparison_report_and_the_model_card_show_the_multi_label_figures(t
     assert (
         "**untested**: multi-label, without a test split: its F1, precision and recall are at the per-label " in report
     )
+    shutil.copytree(out, copy := tmp_path / "copy", ignore=shutil.ignore_patterns("checkpoint-*"))
+    (copy / "results.json").write_text(json.dumps({**recorded, "test": None}))
+    optimistic = "Without a test split, these are the validation images the thresholds were chosen on"
+    assert optimistic in str(build_model_card(copy))
     card = str(build_model_card(out))
+    assert optimistic not in card
     assert "| Split | mAP | Micro F1 | Macro F1 | Loss | Images |" in card and "Validation mAP |" in card
     big = [results.per_class_threshold["big"], results.per_class_precision["big"], results.per_class_recall["big"]]
     assert "| big | " + " | ".join(f"{100 * v:.2f}%" for v in big) in card

@@ -402,11 +402,17 @@ def _results_section(results: Results) -> list[str]:
             for label in results.label_names
         ]
         headers = ["Label", "Threshold", "Precision", "Recall", "F1", "Average precision", "Images"]
-        return sections + [
+        sections += [
             f"Per label on the {split} split, at the probability threshold chosen on the validation split (the one "
             "`predict` uses):",
             markdown_table(headers, rows),
         ]
+        if results.test is None:  # scored on the images the thresholds were chosen on
+            sections.append(
+                "Without a test split, these are the validation images the thresholds were chosen on: the F1, "
+                "precision and recall figures are optimistic; mAP and average precision do not depend on thresholds."
+            )
+        return sections
     if not results.per_class_accuracy:
         return sections
     headers, columns = ["Class", "Accuracy"], [results.per_class_accuracy]

@@ -493,8 +493,9 @@ def _load_pretrained(model_args: ModelArguments, data: ImageData, drop_path_rate
     # A head of the dataset's size trained for other classes starts anew (`reset_head`), or, trained for the same
     # classes in another order, has its rows reordered (`reorder_head`).
     other_classes = _names_other_classes(checkpoint_labels, label_names)
-    same_classes = len(set(checkpoint_labels)) == len(label_names) and set(checkpoint_labels) == set(label_names)
-    new_classes = len(checkpoint_labels) != len(label_names) or other_classes and not same_classes
+    same = sorted(checkpoint_labels) == sorted(label_names)  # the dataset's names are distinct: so are these
+    order = [checkpoint_labels.index(name) for name in label_names] if same else None
+    new_classes = len(checkpoint_labels) != len(label_names) or (other_classes and order is None)
     if not model_args.ignore_mismatched_sizes and new_classes:  # transformers' own error names a report not shown
         raise ValueError(
             f"{path} has a {original.num_labels}-class head ({_shorten(checkpoint_labels)}) and the dataset "
@@ -545,7 +546,7 @@ def _load_pretrained(model_args: ModelArguments, data: ImageData, drop_path_rate
         logger.warning(f"{path} does not fit the model everywhere ({found}); those weights start anew.")
     if new_head:
         logger.info(f"{path} has a {original.num_labels}-class head: a new {len(data.label_names)}-class head starts.")
-    if other_classes and same_classes and reorder_head(model, [checkpoint_labels.index(n) for n in label_names]):
+    if other_classes and order is not None and reorder_head(model, order):
         logger.info(f"{path} classifies the dataset's classes in another order: its head's rows follow the dataset's.")
     elif other_classes:
         if not model_args.ignore_mismatched_sizes:

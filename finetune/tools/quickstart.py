@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> dict:
         )
     if not (root / "source_init" / "config.json").exists():
         make_source_init(root / "source_init")
-    if not (root / "source_model" / "results.json").exists():  # stopped midway: it goes on from its checkpoint
+    if not source_results.exists():  # stopped midway: it goes on from its checkpoint
         source = ["--resume_from_checkpoint", "auto", "--overwrite_output_dir", "true"]
         run.main(["--config", str(CONFIGS / "quickstart_source.yaml"), *source])
     # Without arguments, `auto` keeps each finished model (a rerun used to retrain them silently), resumes a stopped

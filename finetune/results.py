@@ -85,6 +85,7 @@ class Results:
     model_name_or_path: str | None = None
     # Whether `model_name_or_path` was a local folder (None in earlier files): the model card links Hub ids only.
     model_is_local: bool | None = None
+    teacher_is_local: bool | None = None  # the same of a distilled run's teacher (`teacher_model_name_or_path`)
     dataset: str | None = None
     dataset_fingerprint: str | None = None  # `ImageData.fingerprint`: an evaluation knows the same data by it
     dataset_location: str | None = None  # a local dataset's folder or file (`dataset_location`), hashed: no path shown

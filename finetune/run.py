@@ -522,6 +522,7 @@ def train_and_evaluate(
             model_type=model_type,
             model_name_or_path=model_args.model_name_or_path if model_type == "pretrained" else None,
             model_is_local=is_local(model_args.model_name_or_path) if model_type == "pretrained" else None,
+            teacher_is_local=is_local(args.teacher_model_name_or_path) if args.teacher_model_name_or_path else None,
             **evaluated_model_fields(args, model, prep, data, on_validation, on_test, start),
             epochs=float(train_result.metrics.get("epoch", args.num_train_epochs)),
             num_trainable_parameters=count_parameters(model, trainable=True),

@@ -135,7 +135,9 @@ def test_a_taught_run_sees_the_students_images_and_names_its_teacher(teacher_dir
         torch.testing.assert_close(teacher_pixels, student_pixels, atol=1e-5, rtol=1e-5)
     assert not torch.equal(seen["student"][0], seen["student"][1])
 
-    saved = json.loads((output / "results.json").read_text())["hyperparameters"]
+    saved = json.loads((output / "results.json").read_text())
+    assert saved["teacher_is_local"] is True, "the card names it a local model after the folder moved too"
+    saved = saved["hyperparameters"]
     assert saved["teacher_model_name_or_path"] == str(teacher_dir)
     assert (saved["distillation_type"], saved["distillation_alpha"], saved["distillation_temperature"]) == (
         "soft",

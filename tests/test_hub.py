@@ -38,6 +38,7 @@ from transformers import (
 )
 
 from finetune.errors import run_command
+from finetune.results import Results
 from finetune.tools import hub, model_card
 from finetune.tools.compare import write_comparison
 
@@ -243,14 +244,20 @@ def test_the_cards_link_to_the_comparison_report_works_where_the_card_is_read(bo
 
 
 def test_a_teacher_is_named_as_a_hub_id_or_as_a_local_model(tmp_path):
-    """A local teacher `runs/teacher` was named as `runs/teacher`, which reads as a Hub id on the Hub."""
+    """A local teacher `runs/teacher` was named as `runs/teacher`, which reads as a Hub id on the Hub; and where the
+    folder had been moved before the card was written, a local teacher was named as a Hub id."""
     hyperparameters = {"teacher_model_name_or_path": "google/vit-base", "distillation_type": "hard"}
     hyperparameters["distillation_alpha"] = 0.5
-    taught = model_card._teaching(hyperparameters, tmp_path / "runs" / "student")
+    results = Results(run_name="student", model_type="scratch", hyperparameters=hyperparameters)
+    taught = model_card._teaching(results, tmp_path / "runs" / "student")
     assert taught == " It was taught by `google/vit-base` (hard distillation, alpha 0.5)."
     (tmp_path / "runs" / "teacher").mkdir(parents=True)
     hyperparameters["teacher_model_name_or_path"] = "runs/teacher"
-    taught = model_card._teaching(hyperparameters, tmp_path / "runs" / "student")
+    taught = model_card._teaching(results, tmp_path / "runs" / "student")  # an earlier results.json: no record
+    assert taught == " It was taught by a local model, `runs/teacher` (hard distillation, alpha 0.5)."
+    (tmp_path / "runs" / "teacher").rmdir()
+    results.teacher_is_local = True  # recorded by the run, where the folder was
+    taught = model_card._teaching(results, tmp_path / "runs" / "student")
     assert taught == " It was taught by a local model, `runs/teacher` (hard distillation, alpha 0.5)."
 
 

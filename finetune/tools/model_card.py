@@ -213,12 +213,14 @@ def _parameters(results: Results, merged: bool) -> str:
     return f"{total} parameters, of which {trained} trained"
 
 
-def _teaching(hyperparameters: dict, run_dir: Path) -> str:
+def _teaching(results: Results, run_dir: Path) -> str:
+    hyperparameters = results.hyperparameters
     teacher = hyperparameters.get("teacher_model_name_or_path")
     if not teacher:
         return ""
     # A local folder by its last two parts: no path of the training machine, and not to be read as a Hub id.
-    named = f"`{teacher}`" if hub_base(teacher, run_dir) else f"a local model, `{teacher_name(teacher)}`"
+    local = results.teacher_is_local
+    named = f"`{teacher}`" if hub_base(teacher, run_dir, local) else f"a local model, `{teacher_name(teacher)}`"
     kind = hyperparameters.get("distillation_type", "soft")
     how = f"{kind} distillation, alpha {hyperparameters.get('distillation_alpha')}"
     if kind == "soft":
@@ -461,9 +463,7 @@ def build_model_card(output_dir: str | os.PathLike, repo_id: str | None = None) 
     adapter = _read_json(output_dir / ADAPTER_CONFIG_NAME)  # a LoRA run's peft adapter names its base model
     base = adapter.get("base_model_name_or_path") if isinstance(adapter, dict) else None
     hub = hub_base(base or results.model_name_or_path, run_dir, results.model_is_local)
-    description = _model_description(results, config, model_name, merged, hub) + _teaching(
-        results.hyperparameters, run_dir
-    )
+    description = _model_description(results, config, model_name, merged, hub) + _teaching(results, run_dir)
     sections = [f"# {model_name}", description, *_results_section(results)]
     comparison_dir = find_comparison_dir(run_dir)
     summary = _read_json(comparison_dir / SUMMARY_NAME) if comparison_dir else None

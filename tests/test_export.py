@@ -121,9 +121,12 @@ def test_a_checkpoint_exports_checked_on_its_runs_dataset(scratch_run, tmp_path,
     # A rerun replaces this export of the same model, in its default folder too; another checkpoint's is refused.
     run_dir = Path(shutil.copytree(scratch_run, tmp_path / "run", ignore=shutil.ignore_patterns("onnx")))
     checkpoint_dir = run_dir / checkpoint_dir.name
-    for output in (tmp_path / "onnx", checkpoint_dir / "onnx"):
+    for output in (["--output", str(tmp_path / "onnx")], []):
         for _ in range(2):
-            assert export.main([str(checkpoint_dir), "--format", "onnx", "--output", str(output)]).path.is_file()
+            assert export.main([str(checkpoint_dir), "--format", "onnx", *output]).path.is_file()
+    # By default beside the checkpoint, not in it: a resumed run deletes checkpoints it rotates out with all in them.
+    assert (run_dir / f"onnx-{checkpoint_dir.name}" / "model.onnx").is_file()
+    assert not (checkpoint_dir / "onnx").exists()
     other = shutil.copytree(checkpoint_dir, run_dir / "checkpoint-1", ignore=shutil.ignore_patterns("onnx"))
     assert run_command(export.main, [str(other), "--format", "onnx", "--output", str(tmp_path / "onnx")]) == 1
     assert "already holds" in capsys.readouterr().err

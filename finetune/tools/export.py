@@ -3,11 +3,11 @@
     python -m finetune.tools.export OUTPUT_DIR --format onnx [--output DIR] [--images PATH ...] [--atol 1e-4]
 
 Writes `model.onnx` (input `pixel_values`, float32 `(batch, C, H, W)`; output `logits`, `(batch, num_labels)`) into
-`--output` (default `OUTPUT_DIR/onnx`), with the run's `config.json` (the labels), `preprocessor_config.json` (size,
-mean, std) and `results.json` beside it: `predict` runs that folder with onnxruntime. Then onnxruntime's logits must
-equal PyTorch's within `--atol` on real images: the files given with `--images`, else the first validation images of
-the run's dataset, preprocessed as `predict` preprocesses them. The check prints one line with the largest
-difference; a mismatch fails the command.
+`--output` (default `OUTPUT_DIR/onnx`; a checkpoint's beside it, `RUN/onnx-checkpoint-N`), with the run's `config.json`
+(the labels), `preprocessor_config.json` (size, mean, std) and `results.json` beside it: `predict` runs that folder
+with onnxruntime. Then onnxruntime's logits must equal PyTorch's within `--atol` on real images: the files given with
+`--images`, else the first validation images of the run's dataset, preprocessed as `predict` preprocesses them. The
+check prints one line with the largest difference; a mismatch fails the command.
 
 Every architecture, ScratchViT included, goes through `torch.onnx.export` (the dynamo exporter). optimum's ONNX
 exporter now lives in `optimum-onnx`, whose latest release (0.1.0) requires transformers < 4.58, so it cannot be
@@ -125,6 +125,15 @@ def export_results(run_dir: Path) -> Results | None:
     return dataclasses.replace(results, **FIGURES, train=TrainMetrics(), run_name=f"{results.run_name}/{run_dir.name}")
 
 
+def default_output(run_dir: Path) -> Path:
+    """`RUN/onnx`, and a checkpoint's beside it, `RUN/onnx-checkpoint-N`: a resumed run deletes the checkpoints it
+    rotates out (`save_total_limit`) with all they hold."""
+    name = run_dir.resolve().name
+    return (
+        Path(os.path.normpath(run_dir / ".." / f"onnx-{name}")) if name.startswith("checkpoint-") else run_dir / "onnx"
+    )
+
+
 def check_output(output: Path, run_dir: Path, model, results: Results | None) -> None:
     """Refuse an `output` folder that holds another model or run (not an earlier export of this same model)."""
     check_folder(output)
@@ -143,7 +152,7 @@ def check_output(output: Path, run_dir: Path, model, results: Results | None) ->
     if not earlier:
         raise FileExistsError(
             f"{output} already holds {', '.join(taken)} of another model or run, which the export would overwrite: "
-            f"pass another folder as `--output` (default {run_dir / 'onnx'})."
+            f"pass another folder as `--output` (default {default_output(run_dir)})."
         )
 
 
@@ -235,7 +244,10 @@ def main(argv: list[str] | None = None) -> ExportResult:
     )
     parser.add_argument("--format", required=True, choices=FORMATS, help="Export format.")
     parser.add_argument(
-        "--output", metavar="DIR", type=expanduser, help="Where to write the export (default RUN_DIR/onnx)."
+        "--output",
+        metavar="DIR",
+        type=expanduser,
+        help="Where to write the export (default RUN_DIR/onnx; RUN/onnx-checkpoint-N for RUN/checkpoint-N).",
     )
     images_help = "Image files or folders to check the export on (default: validation images of the run's dataset)."
     parser.add_argument("--images", nargs="+", metavar="PATH", type=expanduser, help=images_help)
@@ -255,7 +267,7 @@ def main(argv: list[str] | None = None) -> ExportResult:
     model, processor = predict.load_classifier(
         args.run_dir, args.trust_remote_code, attn_implementation="eager", device="cpu"
     )
-    output = Path(args.output) if args.output else run_dir / "onnx"
+    output = Path(args.output) if args.output else default_output(run_dir)
     results = export_results(run_dir)
     check_output(output, run_dir, model, results)
     images, source = check_images(run_dir, results, args.images, model, processor)

@@ -100,8 +100,15 @@ class NonFiniteGuard(TrainerCallback, ExportableState):
             torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
         self._flags = flags
         skip = (flags[0] | flags[2]).bool()
-        if self.scaler is not None:
-            return  # the scaler skips non-finite steps itself
+        if self.scaler is not None:  # the scaler skips non-finite steps itself; a skipped step's, without them:
+            if self._skip or (self.world_size > 1 and bool(skip)):  # (one process's is every process's)
+                try:  # where not done already (clipping unscales), as the scaler's step would: it applies no gradient
+                    self.scaler.unscale_(optimizer)
+                except RuntimeError as error:
+                    if "already been called" not in str(error):
+                        raise
+                optimizer.zero_grad(set_to_none=True)
+            return
         if getattr(optimizer, "_step_supports_amp_scaling", False):
             optimizer.found_inf = skip.float()  # fused optimizers skip on the device
         elif bool(skip):

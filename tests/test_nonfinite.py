@@ -283,6 +283,34 @@ def test_skip_step_skips_without_counting_a_non_finite_step(fused):
     assert torch.equal(model.linear.weight, before) and guard.bad_steps == 0
 
 
+@pytest.mark.parametrize("clipped", [True, False], ids=["clipped", "unclipped"])
+def test_skip_step_skips_under_a_loss_scaler_too(clipped):
+    """fp16: the step after a compiled step that failed was applied, with whatever gradients it had left. Gradient
+    clipping unscales before the hook; without it, the scaler's step does."""
+    torch.manual_seed(0)
+    model = TinyNet().train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**4)
+    guard = NonFiniteGuard(model, max_consecutive=1, scaler=scaler)
+    hooks = Hooks(guard, optimizer)
+    hooks.begin()
+    loss = model(torch.randn(8, 4))
+    scaler.scale(loss).backward()
+    guard.observe_loss(loss)
+    guard.skip_step()
+    if clipped:
+        scaler.unscale_(optimizer)
+    before = model.linear.weight.detach().clone()
+    hooks.before()
+    scaler.step(optimizer)
+    hooks.after()
+    scaler.update()
+    assert torch.equal(model.linear.weight, before) and guard.bad_steps == 0
+    assert scaler.get_scale() == 2.0**4, "a skipped step is no overflow"
+    guarded_step(model, hooks, torch.randn(8, 4))  # the next one is applied
+    assert not torch.equal(model.linear.weight, before)
+
+
 def test_a_run_at_chance_level_says_so(tmp_path, caplog):
     """A diverged run whose loss stays finite (BatchNorm holds a convolutional stem's activations in range at a
     learning rate of 1e6) exits normally but warns that its model learned nothing."""

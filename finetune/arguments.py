@@ -86,7 +86,7 @@ class ModelArguments:
     token: str | None = option(None, "Hub token; prefer HF_TOKEN or `hf auth login`. Never saved.")
     attn_implementation: str | None = option(
         "auto",
-        "Attention kernel: `auto` is eager on a CPU under bf16 with heads <= 32 (2.5x faster there), else SDPA. "
+        "Attention kernel: `auto` is eager on a CPU under bf16 with a head size <= 32 (2.5x faster there), else SDPA. "
         "Not saved with the model.",
         choices=["auto", "sdpa", "eager"],
     )

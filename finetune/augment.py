@@ -498,11 +498,12 @@ class BatchTransform(nn.Module):
         """The part of training's transform that models taught together share: uint8 `(B, C_in, h, w)` -> float
         `(B, C_in, h', w')` in [0, 255], cropped, flipped and augmented at the stored resolution (at `crop_size` with
         `random_resized_crop`). MixUp/CutMix mix them before `finish`, whose resize, channel conversion and
-        normalisation are affine (mixing weights sum to 1): a teacher sees the student's images."""
+        normalisation are affine (mixing weights sum to 1): a teacher sees the student's images (before erasing)."""
         return self.augment(self.frame(self.checked(pixel_values))).float()
 
     def finish(self, x: torch.Tensor, train: bool) -> torch.Tensor:
-        """Float pixel values `(B, C_in, h, w)` -> this model's normalized `(B, C_out, H, W)`."""
+        """Float pixel values `(B, C_in, h, w)` -> this model's normalized `(B, C_out, H, W)`, then random erasing
+        where `train` (a teacher's transform has none: it sees the student's images unerased)."""
         x = self.resize(x) if train else self.eval_resize(x)  # (B, C_in, h, w) -> (B, C_in, H, W)
         x = self.normalize(self.convert_channels(x))  # (B, C_in, H, W) -> (B, C_out, H, W)
         x = x.flip(1) if self.flip_channels else x  # RGB -> BGR

@@ -10,7 +10,7 @@ kept. With several processes the times are averaged and a compiler error in one 
 CUDA graphs (what `auto` compiles with) remove the launch cost of a step's kernels, which matters only while the GPU
 waits for the host. If the eager steps queue their kernels in under `LAUNCH_BOUND` of the step's time, the GPU sets
 the pace and `auto` stays eager without compiling: on one H200 (benchmarks/README.md#the-gpu-suite), ViT-B/16 at batch
-512 ran 177.5 ms per step eager against 219.9 ms compiled, after 38 s of compilation in a 69 s run; at batch 32 the
+512 ran 177.8 ms per step eager against 210.7 ms compiled, after 37.6 s of compilation in a 69.1 s run; at batch 32 the
 host is the bottleneck and compiling halves the step (20.4 against 36.4 ms). Nor does `auto` compile a run whose
 eager steps left would take under `WORTH_COMPILING` seconds: the compile could not pay for itself.
 """

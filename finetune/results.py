@@ -2,8 +2,8 @@
 the model card and the benchmarks. Each figure is stored once:
 
 - `train.seconds`: this process's training loop (steps and the data path), without the evaluations and checkpoints
-  between epochs; `images_per_second` and `data_seconds` (fetching and transforming batches) are measured against
-  it (`finetune.callbacks.RunClock`).
+  between epochs (`finetune.callbacks.RunClock`); `images_per_second` is measured against it, and so is
+  `data_seconds` (fetching and transforming batches), which only `benchmarks/timed_run.py` records.
 - `wall_seconds`: this model alone from start to `results.json`, evaluations and checkpoints included, in the session
   that wrote it (a resumed run's earlier sessions are not counted; `train.seconds` and `history` cover them).
 - `history`: one row per evaluation, stamped with `elapsed_seconds` since training began.

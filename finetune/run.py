@@ -3,8 +3,8 @@
     accelerate launch -m finetune.run --config configs/cifar10_vit_b16.yaml [--key value ...]
     python -m finetune.run --config configs/quickstart.yaml        (or `python finetune/run.py`, `vit-finetune train`)
 
-`main` runs the stages of transformers' example scripts: arguments, settings and logging, data, model, Trainer,
-training, evaluation, results, publishing. The options are described in finetune/arguments.py."""
+`main` runs `run_pipeline`, the stages of transformers' example scripts: arguments, settings and logging, data,
+model, Trainer, training, evaluation, results, publishing. The options are described in finetune/arguments.py."""
 
 import contextlib
 import copy

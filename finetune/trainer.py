@@ -6,8 +6,9 @@ reruns a failed compiled step eagerly) -> the Trainer's `training_step` -> `comp
 
     batch_transform.augmented     uint8 (B, C, h, w) -> float pixels, augmented on the device (finetune/augment.py)
     mix                           MixUp/CutMix: images mixed, labels (B,) or (B, K) -> (B, K)     [mixup/cutmix_alpha]
-    batch_transform.finish        -> normalised (B, C, H, W) at the model's resolution (a teacher's images: its own
-                                  `teacher_transform.frame` and `.finish`, at its resolution)
+    batch_transform.finish        -> normalised (B, C, H, W) at the model's resolution, erased         [random_erasing]
+                                  (a teacher's: its own `teacher_transform.frame` and `.finish`, at its resolution,
+                                  unerased)
     compiler.module_for           the compiled or the eager model (finetune/compile.py)            [torch_compile]
     classification_loss           cross-entropy with label smoothing (multi-label data: `multi_label_loss`, binary)
     distillation_loss             with a teacher: that, mixed with the loss on the teacher's logits    [distillation_*]
@@ -169,7 +170,8 @@ class ImageClassificationTrainer(Trainer):
     EMA, a time budget and a checkpoint on SIGTERM, each switched by `ImageClassificationTrainingArguments`.
 
     Args:
-        batch_transform: `finetune.augment.BatchTransform`, called as `batch_transform(pixel_values, train=...)`.
+        batch_transform: `finetune.augment.BatchTransform`: training calls its `augmented` and `finish` (MixUp and the
+            teacher between them), evaluation the whole of it, `batch_transform(pixel_values, train=False)`.
         compile_choice: `torch_compile` resolved for this machine (`finetune.hardware.choose_compile`).
         layer_decay: per-layer learning-rate decay of `parameter_groups` (BEiT's), or None.
         class_weights: per-class weights (K,) of the training loss (multi-label: `pos_weight`), or None.
@@ -298,8 +300,9 @@ class ImageClassificationTrainer(Trainer):
     # ---- Evaluation and prediction.
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
-        """Logits (and the loss, where labels are given) of an evaluation batch; with `flip_tta`, the mean logits of
-        each image and its mirror image, in one forward pass."""
+        """Logits of an evaluation batch (the loss too where labels are given without `compute_metrics`, which the
+        pipeline always has: then `metrics_and_loss` computes it); with `flip_tta`, the mean logits of each image and
+        its mirror image, in one forward pass."""
         pixel_values = self.batch_transform(inputs["pixel_values"].to(self.args.device), train=False)
         labels = inputs.get("labels")
         B = pixel_values.shape[0]

@@ -167,8 +167,8 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
             margin = training_args.do_train and data_args.random_resized_crop != "false"
             target_size = storage_size(model_type, model_args, scratch_args, margin)
             if training_args.do_train and training_args.teacher_model_name_or_path:  # a larger teacher: at its size
-                teacher = ModelArguments(model_name_or_path=training_args.teacher_model_name_or_path)
-                target_size = max(target_size, storage_size("pretrained", teacher, scratch_args, margin))
+                teacher_args = ModelArguments(model_name_or_path=training_args.teacher_model_name_or_path)
+                target_size = max(target_size, storage_size("pretrained", teacher_args, scratch_args, margin))
         doing = "loading and decoding the dataset"
         with (
             stage(f"{doing}, before training started", f"Rerun the same command {REUSED}.", every_process=True),
@@ -185,8 +185,8 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
             if model_args.model_type != "scratch":
                 check_held_out_as_trained(model_args.model_name_or_path, data_args, training_args, data, "model")
             if training_args.teacher_model_name_or_path:
-                teacher = training_args.teacher_model_name_or_path
-                check_held_out_as_trained(teacher, data_args, training_args, data, "teacher")
+                teacher_path = training_args.teacher_model_name_or_path
+                check_held_out_as_trained(teacher_path, data_args, training_args, data, "teacher")
 
         results = {}
         for i, (model_type, run_dir) in enumerate(run_dirs.items()):
@@ -199,7 +199,7 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
                 logger.info(f"==== {model_type} model: finished earlier, kept as it is ({run_dir})")
                 results[model_type] = Results.load(run_dir)
             else:
-                then = next((t for t in list(run_dirs)[i + 1 :] if checkpoints[t] != FINISHED), None)
+                next_model = next((t for t in list(run_dirs)[i + 1 :] if checkpoints[t] != FINISHED), None)
                 results[model_type] = train_and_evaluate(
                     model_type,
                     model_args,
@@ -209,7 +209,7 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
                     settings,
                     data,
                     checkpoints[model_type],
-                    then,
+                    next_model,
                 )
 
         if training_args.process_index == 0:
@@ -455,10 +455,10 @@ def train_and_evaluate(
     settings: hardware.Settings,
     data: ImageData,
     checkpoint: str | None,
-    then: str | None = None,
+    next_model: str | None = None,
 ) -> Results:
-    """Train one model, keep the best by validation, test it and write `results.json`; `then`: the model trained next
-    (`model_type: both`), which a signal after the last step (the results written first) keeps from starting."""
+    """Train one model, keep the best by validation, test it and write `results.json`; `next_model`: the one trained
+    next (`model_type: both`), which a signal after the last step (the results written first) keeps from starting."""
     start = time.perf_counter()
     output_dir = Path(args.output_dir)
     logger.info(f"==== {model_type} model -> {args.output_dir}")
@@ -532,11 +532,12 @@ def train_and_evaluate(
         )
         if trainer.is_world_process_zero():
             logger.info(f"Results written to {results.save(output_dir)}")
-    if then and trainer.interrupt.deferred:
+    if next_model and trainer.interrupt.deferred:
         signum = trainer.interrupt.deferred
         raise Interrupted(
             f"stopped by {signal_name(signum)} after the {model_type} model's last step; its results are written "
-            f"and the {then} model has not started. Go on with the same command and `--resume_from_checkpoint true`.",
+            f"and the {next_model} model has not started. Go on with the same command and "
+            "`--resume_from_checkpoint true`.",
             signum,
         )
     return results

@@ -200,8 +200,10 @@ class ImageClassificationTrainer(Trainer):
                 "Distillation teaches one class per image, and this dataset has several labels per image: drop "
                 "`teacher_model_name_or_path` for multi-label data."
             )
-        self.loss = multi_label_loss if multi_label else classification_loss
-        self.scores = self.compute_metrics
+        self.multi_label = multi_label
+        self.loss_fn = multi_label_loss if multi_label else classification_loss
+        # The Trainer calls `compute_metrics`: the given metrics (`metric_fn`), with the loss (`metrics_and_loss`).
+        self.metric_fn = self.compute_metrics
         if self.compute_metrics is not None:
             self.compute_metrics = self.metrics_and_loss
         a = self.args
@@ -280,7 +282,7 @@ class ImageClassificationTrainer(Trainer):
         outputs = forward(pixel_values=pixel_values)
         a = self.args
         if self.teacher is None:
-            loss = self.loss(outputs.logits, targets, a.label_smoothing_factor, self.class_weights)
+            loss = self.loss_fn(outputs.logits, targets, a.label_smoothing_factor, self.class_weights)
         else:
             with torch.no_grad():  # the same images, framed as its evaluation, at its resolution and normalisation
                 teacher_view = self.teacher_transform.finish(self.teacher_transform.frame(images), train=True)
@@ -314,14 +316,14 @@ class ImageClassificationTrainer(Trainer):
             logits = (logits[:B] + logits[B:]) / 2  # (2B, K) -> (B, K)
         if labels is None or not (prediction_loss_only or self.compute_metrics is None):
             return None, logits, labels  # the loss comes with the metrics (`metrics_and_loss`)
-        return self.loss(logits, labels).detach(), None if prediction_loss_only else logits, labels
+        return self.loss_fn(logits, labels).detach(), None if prediction_loss_only else logits, labels
 
     def metrics_and_loss(self, eval_pred: EvalPrediction) -> dict[str, float]:
         """`compute_metrics` and the loss, of every process's predictions gathered without the duplicates that even
         sharding pads the last batches with (the Trainer's own loss, per batch, counted them). The loss is plain
         cross-entropy (binary for multi-label), without label smoothing or class weights, as timm validates."""
         logits, labels = torch.from_numpy(eval_pred.predictions), torch.from_numpy(eval_pred.label_ids)
-        return {"loss": self.loss(logits, labels).item(), **self.scores(eval_pred)}
+        return {"loss": self.loss_fn(logits, labels).item(), **self.metric_fn(eval_pred)}
 
     def get_eval_dataloader(self, eval_dataset=None):
         return self.every_image(super().get_eval_dataloader, eval_dataset)
@@ -410,7 +412,7 @@ class ImageClassificationTrainer(Trainer):
             self.state.save_to_json(state_file)
         last = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
         kept = [f"the last checkpoint {last}"] if last else []
-        key, name = ("eval_map", "mAP") if self.loss is multi_label_loss else ("eval_accuracy", "accuracy")
+        key, name = ("eval_map", "mAP") if self.multi_label else ("eval_accuracy", "accuracy")
         evaluations = [e for e in self.state.log_history if key in e]
         if evaluations:
             kept.append(

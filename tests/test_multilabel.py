@@ -222,7 +222,7 @@ def test_class_weights_weigh_positives_and_distillation_and_map_on_single_labels
     trainer = run.make_trainer(model, processor, prep, data_args, training_args, data)
     positives = data.train.labels.sum(0)
     torch.testing.assert_close(trainer.class_weights, (len(data.train) - positives) / positives)
-    assert trainer.loss is multi_label_loss and training_args.metric_for_best_model == "map"
+    assert trainer.loss_fn is multi_label_loss and training_args.metric_for_best_model == "map"
     single_label = parse_args(
         [*TINY_SCRATCH, "--output_dir", str(tmp_path / "single"), "--metric_for_best_model", "map"]
     )

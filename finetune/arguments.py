@@ -32,6 +32,10 @@ def option(default: Any = dataclasses.MISSING, help: str = "", *, factory=datacl
     return field(default=default, default_factory=factory, metadata={"help": help, **metadata})
 
 
+# A switch whose default is unset (None) taken bare, as one with a default is: `--flip_tta` is `--flip_tta true`.
+FLAG = {"nargs": "?", "const": True}
+
+
 def check_ranges(options, checks) -> None:
     """Refuse a value out of range; `checks` holds (field name, validity test, what a valid value is)."""
     for name, valid, expected in checks:
@@ -263,8 +267,8 @@ class ScratchViTArguments:
     drop_path_rate: float | None = option(
         None, "Stochastic depth, also for a pretrained model that has it (BEiT, Swin, ConvNeXt, DINOv2, timm's)."
     )
-    qkv_bias: bool | None = None
-    qk_norm: bool | None = None
+    qkv_bias: bool | None = option(None, **FLAG)
+    qk_norm: bool | None = option(None, **FLAG)
     layer_norm_eps: float | None = None
     initializer_range: float | None = None
     position_embedding_type: str | None = None
@@ -317,8 +321,10 @@ class TrainingLoopArguments:
         "`torch_compile_mode`), `false` never. A compiler error falls back to eager with a warning.",
         **SWITCH,
     )
-    use_cpu: bool | None = option(None, "Train on the CPU (default: where torch sees no accelerator).")
-    dataloader_pin_memory: bool | None = option(None, "Pin batches in page-locked memory (default: with CUDA).")
+    use_cpu: bool | None = option(None, "Train on the CPU (default: where torch sees no accelerator).", **FLAG)
+    dataloader_pin_memory: bool | None = option(
+        None, "Pin batches in page-locked memory (default: with CUDA).", **FLAG
+    )
     max_train_minutes: float | None = option(
         None, "Stop training after this many minutes of wall-clock time; the best model is then kept as usual."
     )
@@ -334,6 +340,7 @@ class TrainingLoopArguments:
         None,
         "At evaluation, average the logits of each image and its mirror image. Default: off; with `do_train: false`, "
         "as the evaluated model's run evaluated (and as predict does).",
+        **FLAG,
     )
     mixup_alpha: float = option(0.0, "MixUp of training batches with ratio ~ Beta(alpha, alpha); 0 disables it.")
     cutmix_alpha: float = option(
@@ -624,6 +631,7 @@ def parse_options(argv: list[str] | None = None) -> tuple[ModelArguments, DataAr
         hint = f" Did you mean `--config {extras[0]}`?" if extras[0].endswith((".yaml", ".yml")) else ""
         raise UsageError(f"Unexpected argument {extras[0]!r}: every value follows its `--option`.{hint}")
     values = {k: None if v == [None] else v for k, v in vars(namespace).items()}  # `--list_option null` unsets too
+    check_lists_given_once(argv, parser.options)
     if values["output_dir"] is None:  # transformers' default would write to ./trainer_output
         raise UsageError(
             "`output_dir` cannot be unset: the run writes its model, checkpoints and results.json there. Fix: name a "
@@ -636,7 +644,39 @@ def parse_options(argv: list[str] | None = None) -> tuple[ModelArguments, DataAr
         cls(**{f.name: values.pop(f.name) for f in dataclasses.fields(cls)})
         for cls in (ModelArguments, DataArguments, ScratchViTArguments)
     )
+    # After the options' own checks, which name their ranges: `--validation_size nan`'s a fraction or a count.
+    check_finite({**vars(model_args), **vars(data_args), **vars(scratch_args), **values})
     return model_args, data_args, scratch_args, values
+
+
+def check_lists_given_once(argv: list[str], options) -> None:
+    """Refuse a list option given twice on the command line: argparse keeps the last list alone (`--include_labels 0 1
+    --include_labels 2 3` trained on 2 and 3). A value given twice is the last, as argparse and the examples take."""
+    seen = set()
+    for arg in argv:
+        name = arg[2:].split("=")[0].replace("-", "_")
+        if arg.startswith("--") and name in options and typing.get_origin(parsed_type(options[name][0])) is list:
+            if name in seen:
+                raise UsageError(
+                    f"`--{name}` is given more than once, and only the last list would be read. Fix: give it once, "
+                    f"with every value: `--{name} A B C`."
+                )
+            seen.add(name)
+
+
+# `inf` turns clipping off while the Trainer still logs the gradient norm.
+INFINITY_ALLOWED = ("max_grad_norm",)
+
+
+def check_finite(values: dict) -> None:
+    """Refuse NaN and infinite numbers: they passed the range checks and failed late, or did nothing meaningful."""
+    for name, value in values.items():
+        numbers = value if isinstance(value, list) else [value]
+        for number in numbers:
+            if isinstance(number, float) and not math.isfinite(number):
+                if math.isinf(number) and name in INFINITY_ALLOWED:
+                    continue
+                raise UsageError(f"`{name}` must be a finite number, got {number}.")
 
 
 def parse_args(argv: list[str] | None = None):

@@ -122,6 +122,8 @@ class ImageClassificationTrainingArguments(TrainingLoopArguments, TrainingArgume
                 ("max_nonfinite_steps", lambda v: not isinstance(v, bool) and v >= 1, "an integer >= 1 (default 5)"),
                 # torch refused it once the data was loaded and the model built.
                 ("dataloader_num_workers", lambda v: v >= 0, "an integer >= 0 (0 loads in the main process)"),
+                # transformers kept every checkpoint at 0 or below.
+                ("save_total_limit", lambda v: v is None or v >= 1, "an integer >= 1 (`none` keeps every checkpoint)"),
             ],
         )
         for kind in ("eval", "save", "logging"):
@@ -168,6 +170,11 @@ class ImageClassificationTrainingArguments(TrainingLoopArguments, TrainingArgume
         for name, why in unsupported.items():
             if getattr(self, name):
                 raise ValueError(f"`{name}: true` is not supported here: {why}. Drop the option.")
+        if not self.eval_do_concat_batches:  # the first evaluation failed, after an epoch of training
+            raise ValueError(
+                "`eval_do_concat_batches: false` is not supported here: the metrics are computed once over all the "
+                "predictions, concatenated. Drop the option."
+            )
         if not self.do_eval:
             raise ValueError(
                 "`do_eval: false`: every run is scored on its validation split, for results.json and the best "
@@ -215,6 +222,12 @@ class ImageClassificationTrainingArguments(TrainingLoopArguments, TrainingArgume
         eval_steps_given = self.eval_steps
         super().__post_init__()  # also reads `lr_scheduler_kwargs` given as a JSON string, and lists `report_to`
         check_scheduler_kwargs(self)
+        if self.accelerator_config.split_batches:  # the batch, the steps of an epoch and a resume's check all differ
+            raise ValueError(
+                "`accelerator_config: {split_batches: true}` splits each batch across the processes, which the "
+                "pipeline does not follow (it counts `per_device_train_batch_size` images per process). Fix: drop it "
+                "and divide `per_device_train_batch_size` by the number of processes."
+            )
         if self.load_best_model_at_end and evaluate == save == "steps" and self.save_steps != self.eval_steps:
             # transformers takes any multiple; the best evaluation between two checkpoints was then kept by none, and
             # the run ended with its last model, tested and recorded as the best, without a word.

@@ -249,6 +249,20 @@ STEPS = ["--eval_strategy", "steps", "--save_strategy", "steps", "--eval_steps",
         (["--prediction_loss_only", "true"], r"^`prediction_loss_only: true` is not supported here"),
         (["--batch_eval_metrics", "true"], r"^`batch_eval_metrics: true` is not supported here"),
         (["--report_to", "wandbb"], r"^`report_to: wandbb` names no logging integration; transformers has .*wandb"),
+        # The first evaluation failed, after an epoch; with `overwrite_output_dir` the earlier run was gone too.
+        (["--eval_do_concat_batches", "false"], r"^`eval_do_concat_batches: false` is not supported here"),
+        # It trained at half the batch results.json recorded, and refused a resume at the real one.
+        (["--accelerator_config", '{"split_batches": true}'], r"^`accelerator_config: \{split_batches: true\}` spl"),
+        (["--save_total_limit", "0"], r"^`save_total_limit` must be an integer >= 1 \(`none` keeps every checkpoint"),
+        # NaN stopped training early with exit 0 ("did not improve by more than nan"); inf failed after the data.
+        (
+            ["--early_stopping_patience", "1", "--early_stopping_threshold", "nan"],
+            r"^`early_stopping_threshold` must be a finite number, got nan\.$",
+        ),
+        (["--num_train_epochs", "inf"], r"^`num_train_epochs` must be a finite number, got inf\.$"),
+        (["--learning_rate", "inf"], r"^`learning_rate` must be a finite number, got inf\.$"),
+        # The last list alone was read: it trained on 2 and 3.
+        (["--include_labels", "0", "1", "--include_labels", "2", "3"], r"^`--include_labels` is given more than once"),
     ],
 )
 def test_arguments_are_checked_before_any_data_is_loaded(tmp_path, flags, match):
@@ -271,6 +285,11 @@ def test_arguments_that_agree_are_accepted(tmp_path):
     assert parse_args([*lora, "--model_name_or_path", "x"])[0].lora_r == 4
     teacher = ["--teacher_model_name_or_path", "some/teacher", "--distillation_alpha", "0.9"]
     assert parse_args(teacher)[3].distillation_alpha == 0.9
+    # A switch unset by default taken bare, as `--help` shows it (`--flip_tta [BOOL]`); it was refused.
+    assert parse_args(["--flip_tta", "--use_cpu"])[3].flip_tta is True
+    assert parse_args(["--model_type", "scratch", "--qk_norm"])[2].qk_norm is True
+    # Clipping off, the gradient norm still logged; a value given twice is the last, as argparse reads it.
+    assert parse_args(["--max_grad_norm", "inf", "--seed", "1", "--seed", "2"])[3].max_grad_norm == float("inf")
 
 
 @pytest.mark.parametrize(

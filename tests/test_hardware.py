@@ -58,6 +58,17 @@ def test_the_launchers_precision_counts_as_explicit():
     ).bf16
 
 
+def test_a_switch_turned_off_against_the_launchers_precision_is_refused():
+    """`--bf16 false` under `accelerate launch --mixed_precision bf16` trained in bf16 and recorded it, exit 0."""
+    message = r"^`--bf16 false` and `accelerate launch --mixed_precision bf16` disagree.* Fix: drop `--bf16 false`"
+    with pytest.raises(ValueError, match=message):
+        choose(False, "auto", "auto", "cpu", cpu_native_bf16=True, cpu_bf16_speedup=1.8, launcher_precision="bf16")
+    with pytest.raises(ValueError, match=r"^`--fp16 false` and `accelerate launch --mixed_precision fp16`"):
+        choose("auto", "false", "auto", "cuda", cuda_bf16=True, launcher_precision="fp16")
+    # Another precision's switch off agrees with it.
+    assert choose(False, "auto", "auto", "cuda", cuda_bf16=True, launcher_precision="fp16").mode == "fp16"
+
+
 def test_fp16_on_a_cpu_is_refused():
     """accelerate autocasts fp16 on accelerators only: on a CPU the run trained in float32, bit for bit, and recorded
     fp16 in its log, results.json and card."""

@@ -558,6 +558,11 @@ def checked_value(key: str, value: Any, hint, choices: list[str] | None, default
         return None
     if typing.get_origin(kind) is list:
         if not isinstance(value, list):
+            if key == "debug":  # TrainingArguments' list of debug modes, not the command line's bare `--debug`
+                raise ValueError(
+                    f"{where} lists transformers' debug modes (e.g. `[underflow_overflow]`), got {value!r}. For the "
+                    "traceback of an error: `--debug` on the command line, or `LOG_LEVEL=debug`."
+                )
             raise ValueError(f"{where} must be a list, e.g. `{key}: [{value}, ...]`; got {value!r}.")
         item = typing.get_args(kind)[0]  # YAML reads `[2, 0, 1]` as numbers, the command line as strings
         try:

@@ -342,6 +342,11 @@ def test_a_logging_integration_that_is_not_installed_is_named_before_training(tm
         ("model_type: scratch\nnum_hidden_layers: 2.5\n", r"`num_hidden_layers` in .*\(line 2\) must be an integer"),
         ("horizontal_flip: maybe\n", r"`horizontal_flip` .* must be true or false, got 'maybe'"),
         ("include_labels: cat\n", r"`include_labels` .* must be a list, e.g. `include_labels: \[cat, \.\.\.\]`"),
+        # The fix named was `debug: [True, ...]`: the traceback switch is the command line's bare `--debug`.
+        (
+            "debug: true\n",
+            r"`debug` .* lists transformers' debug modes .* got True\. For the traceback .*`--debug` on",
+        ),
         ("eval_strategy: sometimes\n", r"`eval_strategy` .* must be one of \['no', 'steps', 'epoch'\]"),
         ("recipe_precision: fp8\n", r"`recipe_precision` .*\(line 1\) must be one of \['bf16', 'float32'\]"),
         ("ema_decay: often\n", r"`ema_decay` .*\(line 1\) must be a number, got 'often'"),

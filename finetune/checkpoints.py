@@ -267,6 +267,11 @@ def checkpoint_problem(checkpoint: Path, training_args: TrainingArguments) -> st
             return f"{OTHER_EMA} {'without' if ema else 'with'} `ema_decay`"  # it trained other weights than saved
     if ema:
         required += [(EMA_STATE_NAME, read_weights)]  # the training weights and the average
+    return unreadable(checkpoint, required) or best_checkpoint_problem(checkpoint, training_args)
+
+
+def unreadable(checkpoint: Path, required: list[tuple[str, Callable[[Path], object]]]) -> str | None:
+    """The first of the `required` files of `checkpoint` that is missing or cannot be read, said as a problem."""
     for name, read in required:
         path = checkpoint / name
         if not path.is_file():
@@ -276,6 +281,19 @@ def checkpoint_problem(checkpoint: Path, training_args: TrainingArguments) -> st
         except Exception as error:
             return f"{name} is unreadable ({one_line(error).split('. ')[0]})"  # torch adds advice on loading
     return None
+
+
+def best_checkpoint_problem(checkpoint: Path, training_args: TrainingArguments) -> str | None:
+    """Where the run ends with its best model: a damaged best checkpoint other than `checkpoint` (found by name next
+    to it, as `prepare_resume` finds it), which failed only after the resumed run had trained to its end."""
+    if not training_args.load_best_model_at_end or training_args.deepspeed or training_args.fsdp:
+        return None
+    recorded = json.loads((checkpoint / TRAINER_STATE_NAME).read_text()).get("best_model_checkpoint")
+    best = checkpoint.parent / Path(recorded).name if recorded else None
+    if best is None or best.name == checkpoint.name or not best.is_dir():
+        return None
+    problem = unreadable(best, weight_files(best, os.listdir(best)))
+    return f"its best checkpoint, {best.name}, which the run ends with, is damaged: {problem}" if problem else None
 
 
 def cut_short(checkpoint: Path) -> bool:

@@ -270,6 +270,28 @@ def test_without_a_whole_checkpoint_resume_is_refused_in_one_line(trained, tmp_p
     assert not (out / LOCK_NAME).exists(), "a refused run releases its output folder at once"
 
 
+def test_a_damaged_best_checkpoint_is_found_before_training(trained, tmp_path, capsys):
+    """The run ends with its best checkpoint: where an older one was the best and was damaged, the resumed run trained
+    to its end, then failed on it (an unexpected SafetensorError), and so did every rerun."""
+    out = Path(shutil.copytree(trained, tmp_path / "out"))
+    state_file = out / "checkpoint-16" / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    state["best_model_checkpoint"] = str(out / "checkpoint-8")  # its first evaluation was the best
+    state_file.write_text(json.dumps(state))
+    truncate(out / "checkpoint-8" / "model.safetensors")
+    assert run_command(run.main, resume_args(out)) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    problem = (
+        "checkpoint-16: its best checkpoint, checkpoint-8, which the run ends with, is damaged: model.safetensors"
+    )
+    assert len(lines) == 1 and problem in lines[0] and "Fix:" in lines[0], lines
+    assert checkpoints(out) == ["checkpoint-16", "checkpoint-8"]  # nothing trained
+    # Without the best model at the end, its damage does not matter.
+    assert checkpoint_problem(out / "checkpoint-16", parse_args(resume_args(out))[3]) is not None
+    no_best = parse_args([*resume_args(out), "--load_best_model_at_end", "false"])[3]
+    assert checkpoint_problem(out / "checkpoint-16", no_best) is None
+
+
 def test_a_resume_in_another_mixed_precision_is_said_with_the_fix(trained, tmp_path, caplog):
     """`bf16: auto` measures the machine again when a run resumes (a busy or another machine can measure otherwise):
     a resumed run that goes on in another precision than its checkpoint trained in says so, and how to keep it."""

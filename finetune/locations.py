@@ -19,6 +19,18 @@ WRITTEN_MARK = "<!-- Written by {}; sha256 of the text above: {} -->\n"
 WRITTEN_MARK_PATTERN = re.compile(r"(.*)<!-- Written by [\w.]+; sha256 of the text above: (\w+) -->\n?", re.S)
 
 
+def write_whole(path: Path, text: str) -> Path:
+    """Write `text` to `path` by way of a file beside it, renamed over it: a stop or a full disk mid-write leaves the
+    earlier file (or none), never a cut one (a cut report or card read as one edited by hand, and was kept)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
 def is_onnx_export(folder: str | os.PathLike) -> bool:
     """Whether `folder` is an ONNX export, not a run's PyTorch model: its results.json's figures are its run's."""
     folder = Path(folder)

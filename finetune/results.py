@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from finetune.locations import write_whole
+
 
 RESULTS_NAME = "results.json"
 SCHEMA_VERSION = 3
@@ -124,12 +126,8 @@ class Results:
     schema_version: int = SCHEMA_VERSION
 
     def save(self, output_dir: str | os.PathLike) -> Path:
-        path = Path(output_dir) / RESULTS_NAME
-        # Written beside it, then renamed: never a cut file (results.json marks a finished model).
-        tmp = path.with_name(RESULTS_NAME + ".tmp")
-        tmp.write_text(json.dumps(dataclasses.asdict(self), indent=2) + "\n")
-        os.replace(tmp, path)
-        return path
+        # Never a cut file: results.json marks a finished model.
+        return write_whole(Path(output_dir) / RESULTS_NAME, json.dumps(dataclasses.asdict(self), indent=2) + "\n")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Results":

@@ -261,6 +261,26 @@ def test_a_teacher_is_named_as_a_hub_id_or_as_a_local_model(tmp_path):
     assert taught == " It was taught by a local model, `runs/teacher` (hard distillation, alpha 0.5)."
 
 
+def test_a_card_cut_short_is_not_kept_as_one_edited_by_hand(tmp_path):
+    """Written in place, a card cut short (a full disk, a stop) read as one edited by hand: every later `card` refused
+    it, and `push` uploaded it."""
+    import resource
+    import signal
+
+    run_dir = make_run_dir(tmp_path / "run")
+
+    def small_files():  # a write past 1,000 bytes fails (EFBIG), as one on a full disk does
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))
+
+    command = [sys.executable, "-m", "finetune.tools.model_card", str(run_dir)]
+    proc = subprocess.run(command, capture_output=True, text=True, preexec_fn=small_files)
+    assert proc.returncode == 1 and "File too large" in proc.stderr, proc.stderr[-2000:]
+    assert sorted(p.name for p in run_dir.iterdir() if "README" in p.name) == []  # no cut card, no temporary file
+    card = model_card.main([str(run_dir)])  # room again
+    assert card.read_text().startswith("---") and model_card.edited_file(card) is None
+
+
 def test_upload_plan_has_the_model_and_nothing_big_or_private(both_output):
     scratch = both_output / "scratch"
     hub.write_model_card(scratch)

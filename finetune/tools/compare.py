@@ -18,7 +18,7 @@ from os.path import expanduser
 from pathlib import Path
 
 from finetune.errors import ArgumentParser, run_command
-from finetune.locations import check_folder, edited_file, free_name, is_onnx_export, make_folder, marked
+from finetune.locations import check_folder, edited_file, free_name, is_onnx_export, make_folder, marked, write_whole
 from finetune.results import Results, find_run_dirs
 from finetune.tools.report import (
     SUMMARY_NOTE,
@@ -165,11 +165,11 @@ def write_comparison(run_dirs: Sequence[str | os.PathLike], output_dir: str | os
     if _unmarked_report(report_path):
         kept = report_path.rename(free_name(report_path, "earlier"))
         logger.warning(f"Kept the report of an earlier version, which may have been edited, as {kept}.")
-    report_path.write_text(marked("\n\n".join(sections) + "\n", "finetune.tools.compare"), encoding="utf-8")
+    write_whole(report_path, marked("\n\n".join(sections) + "\n", "finetune.tools.compare"))
     summary = {"runs": rows, "data_differences": differences}
     for key in ("per_class_accuracy", "per_class_precision", "per_class_f1"):
         summary[key] = {name: getattr(run, key) for run, name in zip(runs, names)}
-    (output_dir / SUMMARY_NAME).write_text(json.dumps(summary, indent=2))
+    write_whole(output_dir / SUMMARY_NAME, json.dumps(summary, indent=2))
     return report_path
 
 

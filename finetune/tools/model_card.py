@@ -18,7 +18,7 @@ from typing import Any
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from finetune.errors import ArgumentParser, run_command
-from finetune.locations import ADAPTER_CONFIG_NAME, edited_file, free_name, is_onnx_export, marked
+from finetune.locations import ADAPTER_CONFIG_NAME, edited_file, free_name, is_onnx_export, marked, write_whole
 from finetune.results import RESULTS_NAME, Results
 from finetune.tools.compare import REPORT_NAME, SUMMARY_NAME
 from finetune.tools.report import (
@@ -511,7 +511,7 @@ def write_model_card(output_dir: str | os.PathLike, repo_id: str | None = None, 
             f"move it away first: mv {edited} {free_name(edited, 'edited')}"
         )
     text = marked(card, "finetune.tools.model_card")
-    (Path(output_dir) / CARD_NAME).write_text(text, encoding="utf-8")
+    write_whole(Path(output_dir) / CARD_NAME, text)
     return text
 
 

@@ -58,9 +58,28 @@ def one_line(error: BaseException, limit: int = 300) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
+# A write that found no room, as the OS says it (a full disk, a quota, a file size limit), and as torch.save's writer
+# and safetensors pass it on (`[enforce fail at inline_container.cc] unexpected pos`, `I/O error: ... (os error 28)`).
+NO_ROOM = re.compile(
+    r"No space left on device|Disk quota exceeded|File too large|inline_container|PytorchStreamWriter"
+)
+NO_ROOM_FIX = "the disk (or quota) is full. Fix: free space on it, or write elsewhere"
+
+
+def out_of_space(error: BaseException | None) -> bool:
+    """Whether `error`, or one it was raised from, is a write that found no room."""
+    while error is not None:
+        if NO_ROOM.search(str(error)):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
 def error_line(error: BaseException) -> str:
     """The exception as one line: its message with the line breaks folded, prefixed by its type when unexpected."""
     message = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+    if out_of_space(error) and NO_ROOM_FIX not in message:
+        return f"{one_line(error, 200)}: {NO_ROOM_FIX}; then rerun the same command (files already whole are kept)."
     if type(error) in (KeyError, IndexError) or not isinstance(error, EXPECTED) or not message:
         message = f"{type(error).__name__}: {message}" if message else type(error).__name__
         message += " (unexpected; rerun with --debug or LOG_LEVEL=debug for the traceback)"

@@ -57,6 +57,7 @@ from finetune.callbacks import saved_options, total_batch_size  # noqa: E402
 from finetune.checkpoints import (  # noqa: E402
     FINISHED,
     RemoveEarlierRun,
+    cut_short,
     earlier_run,
     lock_output_dir,
     numbered_checkpoints,
@@ -64,7 +65,7 @@ from finetune.checkpoints import (  # noqa: E402
     resolve_checkpoint,
 )
 from finetune.data import ImageData, check_separate_files, collate_batch, load_image_data  # noqa: E402
-from finetune.errors import Interrupted, one_line, run_command, signal_name  # noqa: E402
+from finetune.errors import NO_ROOM_FIX, Interrupted, one_line, out_of_space, run_command, signal_name  # noqa: E402
 from finetune.locations import check_folder  # noqa: E402
 from finetune.metrics import compute_metrics, confusion_report, multi_label_report, multi_label_scores  # noqa: E402
 from finetune.models import (  # noqa: E402
@@ -301,6 +302,11 @@ def stage(doing: str, then: str | Callable[[], str], every_process: bool = False
     try:
         yield
     except Exception as error:
+        if out_of_space(error):  # said with the way on from this stage (a resume where checkpoints are kept)
+            then = then() if callable(then) else then
+            full = OSError(f"{one_line(error, 160)} while {doing}: {NO_ROOM_FIX}; then: {then}")
+            full.every_process = every_process
+            raise full from error
         if every_process:
             error.every_process = True
         raise
@@ -318,8 +324,11 @@ RERUN = "Nothing was saved: rerun the same command."
 
 def resume_or_rerun(out: Path, resume_for: str = "") -> str:
     """The way on after a stop: resume where `out` (or, under `both`, a model's folder in it) holds checkpoints."""
-    if any(itertools.chain(out.glob("checkpoint-*"), out.glob("*/checkpoint-*"))):
+    checkpoints = [*out.glob("checkpoint-*"), *out.glob("*/checkpoint-*")]
+    if not all(map(cut_short, checkpoints)):
         return f"Its checkpoints are kept: resume with `--resume_from_checkpoint true`{resume_for}."
+    if checkpoints:  # a save stopped or failed midway, the first: `true` would refuse them
+        return "No checkpoint was saved whole: rerun the same command with `--resume_from_checkpoint auto`."
     return RERUN
 
 

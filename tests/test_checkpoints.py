@@ -52,8 +52,11 @@ def test_a_failed_write_is_skipped_and_resume_continues_from_the_last_whole_one(
     failed = subprocess.run(
         ["bash", "-c", command], env=subprocess_env(), cwd=tmp_path, capture_output=True, text=True
     )
-    assert failed.returncode != 0
-    assert "File too large" in failed.stderr + failed.stdout
+    assert failed.returncode == 1
+    # One line naming the full disk and the way on (the error's type and torch's words alone were said).
+    line = failed.stderr.strip().splitlines()[-1]
+    assert "File too large" in line and "the disk (or quota) is full. Fix: free space on it" in line, line
+    assert line.endswith("then: Its checkpoints are kept: resume with `--resume_from_checkpoint true`."), line
     assert not (out / LOCK_NAME).exists(), "a run that fails releases its output folder"
 
     with caplog.at_level("WARNING"):
@@ -62,6 +65,21 @@ def test_a_failed_write_is_skipped_and_resume_continues_from_the_last_whole_one(
     assert checkpoints(out) == ["checkpoint-16", "checkpoint-8"]
     assert results.epochs == 2.0 and results.train.steps == 16  # the whole run, resumed at step 8
     assert json.loads((out / "checkpoint-16" / "trainer_state.json").read_text())["global_step"] == 16
+
+
+@pytest.mark.slow
+def test_a_full_disk_at_the_first_checkpoint_names_the_command_that_goes_on(tmp_path):
+    """With only a checkpoint cut short, the way on named was `--resume_from_checkpoint true`, which refuses it."""
+    out = tmp_path / "out"
+    args = [*TINY, "--num_train_epochs", "1", "--output_dir", str(out)]
+    command = f"ulimit -f 100 && exec {sys.executable} -m finetune.run " + " ".join(args)
+    failed = subprocess.run(["bash", "-c", command], env=subprocess_env(), capture_output=True, text=True)
+    line = failed.stderr.strip().splitlines()[-1]
+    assert failed.returncode == 1 and "the disk (or quota) is full" in line, failed.stderr[-2000:]
+    fix = "then: No checkpoint was saved whole: rerun the same command with `--resume_from_checkpoint auto`."
+    assert line.endswith(fix) and checkpoints(out) == ["checkpoint-8"], line
+    results = run.main([*args, "--resume_from_checkpoint", "auto"])["scratch"]  # as said, with room again
+    assert results.train.steps == 8 and checkpoints(out) == ["checkpoint-8"]
 
 
 PAUSE_IN_SECOND_SAVE = """

@@ -53,7 +53,7 @@ from finetune.augment import (  # noqa: E402
     training_recipe,
     use_random_resized_crop,
 )
-from finetune.callbacks import saved_options, total_batch_size  # noqa: E402
+from finetune.callbacks import number, option, saved_options, total_batch_size  # noqa: E402
 from finetune.checkpoints import (  # noqa: E402
     FINISHED,
     RemoveEarlierRun,
@@ -153,6 +153,7 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
             checkpoints = {
                 t: resolve_checkpoint(run_dir, training_args, len(run_dirs) > 1) for t, run_dir in run_dirs.items()
             }
+            check_recipe_of_finished(run_dirs, checkpoints, training_args)
         else:
             check_no_earlier_results(run_dirs[model_args.model_type], training_args)
 
@@ -816,6 +817,31 @@ def check_not_in_another_run(output: Path, run_dirs: list[Path], model_type: str
             f"`output_dir` {output} holds a finished run {what}, which {this} would be mixed with (a "
             "comparison of the folder would leave one out). Nothing was written. Fix: a new `--output_dir`."
         )
+
+
+# The options a `model_type: both` run trains both models with: the comparison sets them side by side as one recipe.
+SHARED_RECIPE = ("learning_rate", "per_device_train_batch_size", "num_train_epochs", "max_steps", "optim")
+SHARED_RECIPE += ("lr_scheduler_type", "warmup_steps", "weight_decay", "label_smoothing_factor", "seed")
+
+
+def check_recipe_of_finished(run_dirs: dict[str, Path], checkpoints: dict, args) -> None:
+    """Refuse to train one model of a resumed `both` run with other options than the one that finished trained with
+    (its results.json's): the report compared the two as one recipe, exit 0."""
+    for model_type, run_dir in run_dirs.items():
+        if checkpoints[model_type] != FINISHED:
+            continue
+        saved = Results.load(run_dir).hyperparameters
+        changed = [
+            f"{name} {number(saved[name])} (now {number(option(args, name))})"
+            for name in SHARED_RECIPE
+            if name in saved and saved[name] != option(args, name)
+        ]
+        if changed:
+            raise ValueError(
+                f"The {model_type} model ({run_dir}) finished with {', '.join(changed)}, and the comparison would set "
+                "the other model's new values beside them as one recipe. Nothing was changed. Fix: resume with the "
+                "options it was trained with, or a new `--output_dir` to train both anew."
+            )
 
 
 def check_no_earlier_results(run_dir: Path, args: ImageClassificationTrainingArguments) -> None:

@@ -540,6 +540,10 @@ def test_a_both_run_stopped_in_either_model_resumes_with_the_command_it_names(tm
     assert "Rerun the same command with `--resume_from_checkpoint true`" in line, line
     assert results(out / "pretrained")["train"]["steps"] == 16, "resumed from checkpoint-3 and finished"
     finished = (out / "pretrained" / "results.json").read_bytes()
+    # The scratch model at another length than the pretrained one finished with: refused (compared as one recipe).
+    assert run_command(run.main, [*resume, "--num_train_epochs", "3"]) == 1
+    [line] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert "The pretrained model" in line and "finished with num_train_epochs 2 (now 3)" in line, line
 
     monkeypatch.setattr(run, "build_model", build_model)
     from finetune.tools import compare

@@ -22,6 +22,7 @@ from finetune import run
 from finetune.arguments import DataArguments
 from finetune.augment import BatchTransform, preprocessing_from
 from finetune.data import load_image_data
+from finetune.errors import run_command
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -461,6 +462,24 @@ def test_bf16_run_on_cpu_with_explicit_attention_and_conv_stem(tmp_path):
     assert not torch.equal(norm.running_var, torch.ones_like(norm.running_var))
     assert 0.0 <= results["scratch"].validation.accuracy <= 1.0
     assert all(np.isfinite(row["eval_loss"]) for row in saved["history"])
+
+
+def test_a_both_run_goes_on_only_with_the_recipe_its_finished_model_trained_with(tmp_path, capsys):
+    """Resumed after its pretrained model finished, with another learning rate and length: the scratch model trained
+    with them, and the report compared the two as one recipe, exit 0."""
+    from helpers_runs import make_run_dir
+
+    out = tmp_path / "both"
+    make_run_dir(out / "pretrained", "pretrained")  # finished, at learning rate 2e-4
+    finished = (out / "pretrained" / "results.json").read_bytes()
+    argv = [*TINY_SCRATCH, "--model_type", "both", "--output_dir", str(out), "--resume_from_checkpoint", "true"]
+    assert run_command(run.main, [*argv, "--learning_rate", "1e-3"]) == 1
+    [line] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert line.startswith(
+        f"error: The pretrained model ({out / 'pretrained'}) finished with learning_rate 0.0002 (now"
+    )
+    assert "Nothing was changed. Fix: resume with the options it was trained with" in line, line
+    assert (out / "pretrained" / "results.json").read_bytes() == finished and not (out / "scratch").exists()
 
 
 def test_both_models_report_their_own_times(tmp_path):

@@ -39,6 +39,7 @@ if str(ROOT) not in sys.path:
 
 from finetune.errors import ArgumentParser, run_command  # noqa: E402
 from finetune.locations import make_folder  # noqa: E402
+from finetune.tools import quickstart  # noqa: E402
 
 
 METHODS = {  # each method's `ModelArguments` settings
@@ -170,11 +171,9 @@ def method_figures(
 def ensure_quickstart_source() -> Path:
     """The quickstart's pretrained source model (its stages 1 and 2), made when missing."""
     from finetune import run
-    from finetune.tools import quickstart
 
     root = Path("outputs/quickstart")
-    if not (root / "source_init" / "config.json").exists():
-        quickstart.make_source_init(root / "source_init")
+    quickstart.ensure_source_init(root / "source_init")
     if not (root / "source_model" / "results.json").exists():
         run.main(["--config", str(quickstart.CONFIGS / "quickstart_source.yaml"), "--overwrite_output_dir", "true"])
     return root / "source_model"
@@ -199,8 +198,7 @@ def ensure_cifar10_source(
 ) -> Path:
     """The CIFAR-10 source model: `make_cifar10_source_init`'s ViT trained on `CIFAR10_SOURCE_CLASSES`, made when
     missing (in a process of its own, like the methods), under `root`."""
-    if not (root / "source_init" / "config.json").exists():
-        make_cifar10_source_init(root / "source_init")
+    quickstart.ensure_source_init(root / "source_init", make_cifar10_source_init)
     if not (root / "source_model" / "results.json").exists():
         argv = [
             "--model_type", "pretrained", "--model_name_or_path", str(root / "source_init"),

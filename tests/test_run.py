@@ -561,6 +561,22 @@ def test_the_quickstart_source_model_starts_from_the_same_weights_every_time(tmp
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_a_quickstart_source_cut_short_is_made_again(tmp_path):
+    """Ctrl-C in the quickstart's first step left source_init with an empty config.json and no weights: every later
+    quickstart refused it ("holds a config.json but no weights"), naming no way out."""
+    from finetune.tools.quickstart import ensure_source_init
+
+    path = tmp_path / "source_init"
+    path.mkdir()
+    (path / "config.json").write_text("")
+    ensure_source_init(path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["source_init"], "no partial folder is left"
+    assert ViTForImageClassification.from_pretrained(path).config.num_labels == 5
+    made = (path / "model.safetensors").stat().st_mtime_ns
+    ensure_source_init(path)  # whole: kept as it is
+    assert (path / "model.safetensors").stat().st_mtime_ns == made
+
+
 def test_the_quickstart_source_model_is_written_without_a_progress_bar(tmp_path, capfd):
     """Its `save_pretrained` ran before `finetune.run` switched transformers' bars off: the quickstart's log, in a
     file, held a "Writing model shards" bar."""

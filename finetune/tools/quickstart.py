@@ -14,13 +14,31 @@ extra `--key value` arguments go to step 3, which then refuses to replace models
 """
 
 import argparse
+import os
+import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from finetune.errors import ArgumentParser, run_command
 
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+SOURCE_INIT_FILES = ("config.json", "model.safetensors", "preprocessor_config.json")
+
+
+def ensure_source_init(path: Path, make: Callable[[Path], None] | None = None) -> None:
+    """`make` (`make_source_init`) at `path`, written beside it and renamed into place: a stop midway left a folder
+    without weights (or with an empty config.json) that every later quickstart refused. One left so is made again."""
+    if all((path / name).is_file() for name in SOURCE_INIT_FILES):
+        return
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    try:
+        (make or make_source_init)(partial)
+        shutil.rmtree(path, ignore_errors=True)  # an incomplete one of ours: made again, seeded, the same
+        partial.rename(path)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
 
 
 def make_source_init(path: Path) -> None:
@@ -73,8 +91,7 @@ def main(argv: list[str] | None = None) -> dict:
             f"then validated on (its split drawn from the digits 0-4 alone). Fix: remove {root} and run the "
             "quickstart again."
         )
-    if not (root / "source_init" / "config.json").exists():
-        make_source_init(root / "source_init")
+    ensure_source_init(root / "source_init")
     if not source_results.exists():  # stopped midway: it goes on from its checkpoint
         source = ["--resume_from_checkpoint", "auto", "--overwrite_output_dir", "true"]
         run.main(["--config", str(CONFIGS / "quickstart_source.yaml"), *source])

@@ -53,8 +53,8 @@ def resolve_checkpoint(run_dir: Path, training_args: TrainingArguments, one_of_t
     if one_of_two and text in (*LATEST, "auto"):
         # A `both` run resumed: a model that finished is kept (resumed, it would train on past an early stop and
         # rewrite its results); a model stopped in training resumes, one not reached yet starts.
-        if (run_dir / RESULTS_NAME).exists():
-            return FINISHED
+        if (run_dir / RESULTS_NAME).exists() and whole_json(run_dir / RESULTS_NAME):
+            return FINISHED  # (a damaged one is written again: its training had ended, the resume trains no step)
         text = "auto"
     # `auto`: preemptible machines restart the same command; resume where there is a checkpoint, else start.
     numbered = numbered_checkpoints(run_dir)
@@ -294,6 +294,14 @@ def best_checkpoint_problem(checkpoint: Path, training_args: TrainingArguments) 
         return None
     problem = unreadable(best, weight_files(best, os.listdir(best)))
     return f"its best checkpoint, {best.name}, which the run ends with, is damaged: {problem}" if problem else None
+
+
+def whole_json(path: Path) -> bool:
+    """Whether `path` holds a JSON map (not one cut short, or emptied)."""
+    try:
+        return isinstance(json.loads(path.read_text()), dict)
+    except (OSError, ValueError):
+        return False
 
 
 def cut_short(checkpoint: Path) -> bool:

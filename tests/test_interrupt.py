@@ -22,6 +22,7 @@ from test_run import ROOT, TINY_SCRATCH, tiny_vit_checkpoint  # noqa: E402
 
 from finetune import hardware, run  # noqa: E402
 from finetune.errors import run_command  # noqa: E402
+from finetune.results import Results  # noqa: E402
 
 
 # The precision `bf16: auto` takes on this machine, measured once here: each run's process would measure again, and
@@ -565,6 +566,13 @@ def test_a_both_run_stopped_in_either_model_resumes_with_the_command_it_names(tm
     assert (out / "pretrained" / "results.json").read_bytes() == finished, "the finished model is not trained again"
     assert ended["pretrained"].validation.accuracy == results(out / "pretrained")["validation"]["accuracy"]
     assert ended["scratch"].train.steps == 16 and (out / "comparison" / "report.md").is_file()
+    # A finished model's results.json cut short (a disk that failed): `true`, as its error says, writes it again.
+    (out / "pretrained" / "results.json").write_bytes(finished[:100])
+    with pytest.raises(ValueError, match=r"not valid JSON .* `--resume_from_checkpoint true`"):
+        Results.load(out / "pretrained")
+    again = run.main(resume)
+    assert again["pretrained"].validation.accuracy == ended["pretrained"].validation.accuracy
+    assert again["pretrained"].train.steps == 16 and Results.load(out / "pretrained").train.steps == 16
 
 
 @pytest.mark.slow  # tens of seconds of runs in one file's worker: CI runs it (-m 'not gpu')

@@ -28,6 +28,8 @@ from os.path import expanduser
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import psutil
+
 from finetune.errors import ArgumentParser, one_line, run_command
 from finetune.locations import check_folder
 from finetune.results import RESULTS_NAME, Results, TrainMetrics, dataset_location, results_of_model
@@ -165,7 +167,10 @@ def write_export(
     target = output.resolve()  # `--output .` has no name to put a folder beside
     # A name of its own (a user's `tmp-NAME` folder was deleted); if it exists, an export killed earlier left it.
     partial = target.with_name(f".{target.name}.export-{os.getpid()}")
-    shutil.rmtree(partial, ignore_errors=True)
+    for left in target.parent.glob(f".{target.name}.export-*"):  # by an export killed earlier (SIGKILL, power)
+        pid = left.name.rsplit("-", 1)[1]
+        if left == partial or (pid.isdigit() and not psutil.pid_exists(int(pid))):
+            shutil.rmtree(left, ignore_errors=True)
     try:
         export_onnx(model, pixel_values, partial / predict.ONNX_NAME)
         model.config.save_pretrained(partial)

@@ -118,11 +118,18 @@ def check_options_kept(state: TrainerState, now: dict) -> None:
         names = [line.split(" ", 1)[0] for line in changed]
         held = dict.fromkeys(HELD_BY.get(name, HELD_BY["seed"]) for name in names)
         # From its weights on another validation split: one that holds images they trained on (refused).
-        other_split = {"seed", "data_seed", "validation_size", "held_out_images", "dataset"} & set(names)
+        other_split = {"seed", "data_seed", "validation_size", "held_out_images", "validation_images", "dataset"}
+        other_split &= set(names)
         weights = "" if other_split else (
             ", or start a new run from its weights (`--model_type pretrained --model_name_or_path` its checkpoint "
             "folder, a new `--output_dir`)"
         )  # fmt: skip
+        if names == ["validation_images"]:  # the same options, on files added or removed since
+            raise ResumeRefused(
+                f"The resumed checkpoint (step {state.global_step}) held out other validation images: the dataset's "
+                "files changed since (added or removed), and this run's split would hold images it trained on. Fix: "
+                "resume on the dataset's files as they were, or start a new run (a new `--output_dir`)."
+            )
         raise ResumeRefused(
             f"The resumed checkpoint (step {state.global_step}) was trained with {', '.join(changed)}: its "
             f"{', '.join(held)} would go on with the old values while the results recorded the new. Fix: resume "

@@ -114,7 +114,7 @@ def earlier_run(run_dir: Path) -> list[str]:
 EARLIER_OUTPUTS = (
     ADAPTER_CONFIG_NAME, "adapter_model.safetensors", "adapter_model.bin", "model.safetensors", "pytorch_model.bin",
     "model.safetensors.index.json", "model-*-of-*.safetensors", "pytorch_model.bin.index.json", "merged", "onnx",
-    "predictions_*.csv", "eval_results.json", "test_results.json", "README.md",
+    "onnx-checkpoint-*", "predictions_*.csv", "eval_results.json", "test_results.json", "README.md",
 )  # fmt: skip
 
 
@@ -124,8 +124,7 @@ def earlier_outputs(run_dir: Path) -> list[Path]:
     from finetune.tools.model_card import edited_card
 
     kept = {run_dir / "README.md"} if edited_card(run_dir) else set()
-    if not (run_dir / "onnx" / "model.onnx").is_file():
-        kept.add(run_dir / "onnx")
+    kept |= {p for p in [run_dir / "onnx", *run_dir.glob("onnx-checkpoint-*")] if not (p / "model.onnx").is_file()}
     return sorted({path for pattern in EARLIER_OUTPUTS for path in run_dir.glob(pattern)} - kept)
 
 
@@ -214,6 +213,7 @@ CUT_SHORT = (
     "mid-save)"
 )
 OTHER_EMA = "it was saved by a run"
+BEST_DAMAGED = "its best checkpoint"
 
 
 def fix_for(problem: str, checkpoint: str | os.PathLike) -> str:
@@ -229,6 +229,11 @@ def fix_for(problem: str, checkpoint: str | os.PathLike) -> str:
         return (
             "Fix: pass the path of an earlier checkpoint-* folder, or start anew: `--resume_from_checkpoint auto` "
             "does where no checkpoint is whole."
+        )
+    if problem.startswith(BEST_DAMAGED):  # every later checkpoint ends with the same best one
+        return (
+            "Fix: restore its file from a copy, resume with `--load_best_model_at_end false` (the run then ends with "
+            "its last model), or train anew with `--overwrite_output_dir true`."
         )
     if problem.startswith(OTHER_EMA):
         return "Fix: resume with the `ema_decay` of the run that saved it, or start a new run (a new `--output_dir`)."
@@ -293,7 +298,7 @@ def best_checkpoint_problem(checkpoint: Path, training_args: TrainingArguments) 
     if best is None or best.name == checkpoint.name or not best.is_dir():
         return None
     problem = unreadable(best, weight_files(best, os.listdir(best)))
-    return f"its best checkpoint, {best.name}, which the run ends with, is damaged: {problem}" if problem else None
+    return f"{BEST_DAMAGED}, {best.name}, which the run ends with, is damaged: {problem}" if problem else None
 
 
 def whole_json(path: Path) -> bool:

@@ -6,6 +6,7 @@ multi-process run an error that every process raises alike is said once per mach
 """
 
 import argparse
+import errno
 import gc
 import os
 import re
@@ -58,10 +59,13 @@ def one_line(error: BaseException, limit: int = 300) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
-# A write that found no room, as the OS says it (a full disk, a quota, a file size limit), and as torch.save's writer
-# and safetensors pass it on (`[enforce fail at inline_container.cc] unexpected pos`, `I/O error: ... (os error 28)`).
+# A write that found no room (a full disk, a quota, a file size limit): the OS's errors, and the words torch.save's
+# writer and safetensors pass them on in (`[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598`,
+# `I/O error: File too large (os error 27)`).
+NO_ROOM_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 NO_ROOM = re.compile(
-    r"No space left on device|Disk quota exceeded|File too large|inline_container|PytorchStreamWriter"
+    r"inline_container\.cc:\d+\] \. unexpected pos|PytorchStreamWriter failed writing|\(os error (28|27|122)\)"
+    r"|No space left on device|Disk quota exceeded"
 )
 NO_ROOM_FIX = "the disk (or quota) is full. Fix: free space on it, or write elsewhere"
 
@@ -69,7 +73,7 @@ NO_ROOM_FIX = "the disk (or quota) is full. Fix: free space on it, or write else
 def out_of_space(error: BaseException | None) -> bool:
     """Whether `error`, or one it was raised from, is a write that found no room."""
     while error is not None:
-        if NO_ROOM.search(str(error)):
+        if (isinstance(error, OSError) and error.errno in NO_ROOM_ERRNOS) or NO_ROOM.search(str(error)):
             return True
         error = error.__cause__ or error.__context__
     return False

@@ -212,7 +212,7 @@ def choose_precision(
     bf16, fp16, tf32 = parse_switch(bf16, "bf16"), parse_switch(fp16, "fp16"), parse_switch(tf32, "tf32")
     launcher = launcher_precision if launcher_precision in ("bf16", "fp16") else None
     # A precision chosen explicitly or by the launcher turns `auto` off; a switch on wins over the launcher's.
-    if launcher and {"bf16": bf16, "fp16": fp16}[launcher] is False:  # the Trainer would take the launcher's
+    if launcher and {"bf16": bf16, "fp16": fp16}[launcher] is False and True not in (bf16, fp16):
         raise ValueError(
             f"`--{launcher} false` and `accelerate launch --mixed_precision {launcher}` disagree, and the launcher's "
             f"would win. Fix: drop `--{launcher} false`, or launch with `--mixed_precision no` for float32."

@@ -21,7 +21,8 @@ WRITTEN_MARK_PATTERN = re.compile(r"(.*)<!-- Written by [\w.]+; sha256 of the te
 
 def write_whole(path: Path, text: str) -> Path:
     """Write `text` to `path` by way of a file beside it, renamed over it: a stop or a full disk mid-write leaves the
-    earlier file (or none), never a cut one (a cut report or card read as one edited by hand, and was kept)."""
+    earlier file (or none), never a cut one (a cut report or card read as one edited by hand, and was kept). The new
+    file replaces a link at `path` rather than writing through it, and needs its folder writable."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         tmp.write_text(text, encoding="utf-8")

@@ -151,9 +151,9 @@ class Results:
             data = json.loads(path.read_text())
         except json.JSONDecodeError as error:
             raise ValueError(
-                f"{path} is not valid JSON ({error}): cut short or edited. Fix: rerun the run's command with "
-                "`--resume_from_checkpoint true`, which writes it again from the run's last checkpoint, or train anew "
-                "where none is kept."
+                f"{path} is not valid JSON ({error}): cut short or edited. Fix: for a training run, rerun its command "
+                "with `--resume_from_checkpoint true`, which writes it again from the run's last checkpoint; else "
+                "rerun the command that wrote it."
             ) from None
         if not isinstance(data, dict):
             raise ValueError(f"{path} holds a {type(data).__name__}, not a results map. Rerun the training.")

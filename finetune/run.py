@@ -698,6 +698,7 @@ def make_trainer(
             "dataset": dataset_key(data_args),
             "validation_size": data_args.validation_size if data.validation_held_out else None,
             "held_out_images": data.validation_held_out or None,  # of the whole train split, every class's
+            "validation_images": data.validation_images,  # the same count of other images, where files changed
             "split_redrawn": bool(data.validation_held_out)
             and not data.multi_label
             and data.label_names != data.all_label_names,
@@ -820,21 +821,27 @@ def check_not_in_another_run(output: Path, run_dirs: list[Path], model_type: str
 
 
 # The options a `model_type: both` run trains both models with: the comparison sets them side by side as one recipe.
-SHARED_RECIPE = ("learning_rate", "per_device_train_batch_size", "num_train_epochs", "max_steps", "optim")
+SHARED_RECIPE = ("learning_rate", "total_train_batch_size", "num_train_epochs", "max_steps", "optim")
 SHARED_RECIPE += ("lr_scheduler_type", "warmup_steps", "weight_decay", "label_smoothing_factor", "seed")
 
 
 def check_recipe_of_finished(run_dirs: dict[str, Path], checkpoints: dict, args) -> None:
     """Refuse to train one model of a resumed `both` run with other options than the one that finished trained with
     (its results.json's): the report compared the two as one recipe, exit 0."""
+    if FINISHED not in checkpoints.values() or all(c == FINISHED for c in checkpoints.values()):
+        return  # nothing trains beside a finished model
+    now = {name: option(args, name) for name in SHARED_RECIPE if hasattr(args, name)}
+    now.update(total_train_batch_size=total_batch_size(args), max_steps=args.max_steps if args.max_steps > 0 else None)
     for model_type, run_dir in run_dirs.items():
         if checkpoints[model_type] != FINISHED:
             continue
-        saved = Results.load(run_dir).hyperparameters
+        saved = {"max_steps": None, **Results.load(run_dir).hyperparameters}  # recorded where > 0
+        if saved["max_steps"] is not None and now["max_steps"] is not None:
+            saved.pop("num_train_epochs", None)  # ignored under `max_steps`
         changed = [
-            f"{name} {number(saved[name])} (now {number(option(args, name))})"
+            f"{name} {number(saved[name])} (now {number(now[name])})"
             for name in SHARED_RECIPE
-            if name in saved and saved[name] != option(args, name)
+            if name in saved and saved[name] != now[name]
         ]
         if changed:
             raise ValueError(

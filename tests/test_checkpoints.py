@@ -302,7 +302,7 @@ def test_a_damaged_best_checkpoint_is_found_before_training(trained, tmp_path, c
     problem = (
         "checkpoint-16: its best checkpoint, checkpoint-8, which the run ends with, is damaged: model.safetensors"
     )
-    assert len(lines) == 1 and problem in lines[0] and "Fix:" in lines[0], lines
+    assert len(lines) == 1 and problem in lines[0] and "`--load_best_model_at_end false`" in lines[0], lines
     assert checkpoints(out) == ["checkpoint-16", "checkpoint-8"]  # nothing trained
     # Without the best model at the end, its damage does not matter.
     assert checkpoint_problem(out / "checkpoint-16", parse_args(resume_args(out))[3]) is not None
@@ -640,6 +640,14 @@ def test_a_resume_on_another_dataset_is_refused_and_on_the_same_folder_spelt_oth
     shutil.rmtree(out / "checkpoint-16")  # as if stopped after its first epoch
     with pytest.raises(ResumeRefused, match=r"trained with dataset \S+digits \(now \S+mirrored\): its weights, tra"):
         run.main([*args, "--dataset_name", "mirrored"])
+    # Files added since: as many images held out, other ones, some of them trained on (the run went on, exit 0).
+    added = [tmp_path / "digits" / str(digits.target[i]) / f"{i}.png" for i in range(80, 84)]
+    for i, path in zip(range(80, 84), added):
+        Image.fromarray((digits.images[i] * 15).astype(np.uint8)).save(path)
+    with pytest.raises(ResumeRefused, match=r"held out other validation images: the dataset's files changed since"):
+        run.main([*args, "--dataset_name", "digits"])
+    for path in added:
+        path.unlink()
     assert run.main([*args, "--dataset_name", str(tmp_path / "digits")])["scratch"].train.steps == 16
 
 
@@ -671,12 +679,13 @@ def test_overwrite_removes_what_would_serve_the_earlier_model_and_nothing_of_the
     pretrained = ["--model_type", "pretrained", "--model_name_or_path", str(base), *TINY[2:], "--max_steps", "2"]
     run.main([*pretrained, "--finetune_method", "lora", "--merge_lora", "true", "--output_dir", str(out)])
     export.main([str(out), "--format", "onnx"])
+    export.main([str(out / "checkpoint-2"), "--format", "onnx"])  # beside it: onnx-checkpoint-2
     (out / "checkpoint-notes").mkdir()
     (out / "checkpoint-notes" / "mine.txt").write_text("mine")
     assert {"adapter_config.json", "merged", "onnx"} <= {p.name for p in out.iterdir()}
     run.main([*pretrained, "--output_dir", str(out), "--overwrite_output_dir", "true", "--learning_rate", "0.1"])
     names = {p.name for p in out.iterdir()}
-    assert not names & {"adapter_config.json", "adapter_model.safetensors", "merged", "onnx"}, names
+    assert not names & {"adapter_config.json", "adapter_model.safetensors", "merged", "onnx", "onnx-checkpoint-2"}
     assert (out / "checkpoint-notes" / "mine.txt").read_text() == "mine"
     image = tmp_path / "digit.png"
     Image.fromarray(np.arange(64, dtype=np.uint8).reshape(8, 8) * 4).save(image)

@@ -682,3 +682,22 @@ def test_weight_files_without_batch_norm_step_counters_load(tmp_path):
         {k: v for k, v in weights.items() if not k.endswith("num_batches_tracked")}, tmp_path / "model.safetensors"
     )
     assert type(load_saved_classifier(tmp_path)).__name__ == "ResNetForImageClassification"
+
+
+def test_a_write_that_found_no_room_is_told_from_other_failures(tmp_path):
+    """A full disk is said with its fix; other write failures, and a name that reads like torch's writer, are not."""
+    import errno
+
+    import torch
+
+    from finetune.errors import error_line, out_of_space
+
+    with pytest.raises(RuntimeError) as not_a_file:  # `inline_container.cc:... open file failed ... Is a directory`
+        torch.save({}, tmp_path)
+    assert not out_of_space(not_a_file.value)
+    assert not out_of_space(OSError(errno.EACCES, "Permission denied", "x"))
+    assert not out_of_space(OSError("Could not load the model 'inline_container' (PytorchStreamWriter)"))
+    full = OSError(errno.ENOSPC, "No space left on device", "run/checkpoint-8/optimizer.pt")
+    assert out_of_space(full) and "the disk (or quota) is full. Fix: free space on it" in error_line(full)
+    wrapped = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+    assert out_of_space(wrapped) and out_of_space(RuntimeError("I/O error: File too large (os error 27)"))

@@ -65,8 +65,9 @@ def test_a_switch_turned_off_against_the_launchers_precision_is_refused():
         choose(False, "auto", "auto", "cpu", cpu_native_bf16=True, cpu_bf16_speedup=1.8, launcher_precision="bf16")
     with pytest.raises(ValueError, match=r"^`--fp16 false` and `accelerate launch --mixed_precision fp16`"):
         choose("auto", "false", "auto", "cuda", cuda_bf16=True, launcher_precision="fp16")
-    # Another precision's switch off agrees with it.
+    # Another precision's switch off agrees with it, and a switch on wins over the launcher's.
     assert choose(False, "auto", "auto", "cuda", cuda_bf16=True, launcher_precision="fp16").mode == "fp16"
+    assert choose(False, True, "auto", "cuda", cuda_bf16=True, launcher_precision="bf16").mode == "fp16"
 
 
 def test_fp16_on_a_cpu_is_refused():

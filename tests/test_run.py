@@ -19,8 +19,9 @@ import torch
 from transformers import AutoModelForImageClassification, ViTConfig, ViTForImageClassification, ViTImageProcessor
 
 from finetune import run
-from finetune.arguments import DataArguments
+from finetune.arguments import DataArguments, parse_args
 from finetune.augment import BatchTransform, preprocessing_from
+from finetune.checkpoints import FINISHED
 from finetune.data import load_image_data
 from finetune.errors import run_command
 
@@ -480,6 +481,16 @@ def test_a_both_run_goes_on_only_with_the_recipe_its_finished_model_trained_with
     )
     assert "Nothing was changed. Fix: resume with the options it was trained with" in line, line
     assert (out / "pretrained" / "results.json").read_bytes() == finished and not (out / "scratch").exists()
+    # The same recipe: 8 images a step as 4 x 2 accumulated; 16 a step is another.
+    recipe = ["--learning_rate", "2e-4", "--num_train_epochs", "3", "--optim", "adamw_torch", "--lr_scheduler_type",
+              "cosine", "--warmup_steps", "0.1", "--weight_decay", "0.05", "--label_smoothing_factor", "0.1", "--seed",
+              "42", "--per_device_train_batch_size", "4", "--output_dir", str(out)]  # fmt: skip
+    dirs, kept = {t: out / t for t in ("pretrained", "scratch")}, {"pretrained": FINISHED, "scratch": None}
+    run.check_recipe_of_finished(dirs, kept, parse_args([*recipe, "--gradient_accumulation_steps", "2"])[3])
+    with pytest.raises(ValueError, match=r"finished with total_train_batch_size 8 \(now 16\)"):
+        run.check_recipe_of_finished(dirs, kept, parse_args([*recipe, "--gradient_accumulation_steps", "4"])[3])
+    # Both finished: nothing trains beside them (the quickstart run again with other options keeps them).
+    run.check_recipe_of_finished(dirs, dict.fromkeys(dirs, FINISHED), parse_args(recipe)[3])
 
 
 def test_both_models_report_their_own_times(tmp_path):

@@ -14,6 +14,8 @@ split's images from the labels, `cache.py` maps them from the decoded cache or h
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +79,14 @@ class ImageData:
     def multi_label(self) -> bool:
         """Whether images have several labels each (a list column, or a csv with `;`): labels are multi-hot rows."""
         return self.train.labels.ndim == 2
+
+    @property
+    def validation_images(self) -> str:
+        """Which images the validation split holds, hashed: their files (relative to the dataset's folder), else their
+        places in the source split. Files added to a dataset (or removed) can hold out other images at the same
+        `validation_size`: a resume then validated on images it had trained on (`ResumeCheck` refuses it)."""
+        names = self.validation.files if self.validation.files is not None else self.validation.positions.tolist()
+        return hashlib.sha256(json.dumps(names).encode()).hexdigest()[:16]
 
     @property
     def id2label(self) -> dict[int, str]:

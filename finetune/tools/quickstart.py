@@ -20,6 +20,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
+
 from finetune.errors import ArgumentParser, run_command
 
 
@@ -33,9 +35,13 @@ def ensure_source_init(path: Path, make: Callable[[Path], None] | None = None) -
     if all((path / name).is_file() for name in SOURCE_INIT_FILES):
         return
     partial = path.with_name(f".{path.name}.{os.getpid()}")
+    for left in path.parent.glob(f".{path.name}.*"):  # by a quickstart killed outright (SIGKILL, power)
+        pid = left.name.rsplit(".", 1)[1]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            shutil.rmtree(left, ignore_errors=True)
     try:
         (make or make_source_init)(partial)
-        shutil.rmtree(path, ignore_errors=True)  # an incomplete one of ours: made again, seeded, the same
+        shutil.rmtree(path, ignore_errors=True)  # an incomplete one of ours: made again
         partial.rename(path)
     finally:
         shutil.rmtree(partial, ignore_errors=True)

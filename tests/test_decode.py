@@ -68,15 +68,16 @@ def _gray16(tmp, suffix):
     return tmp / f"gray16{suffix}"
 
 
-def _rotated(tmp):
-    """Stored sideways (WIDTH and HEIGHT swapped), top half white, with orientation 6: turn 90 degrees clockwise."""
+def _rotated(tmp, suffix=".jpg"):
+    """Stored sideways (WIDTH and HEIGHT swapped), top half white, with orientation 6: turn 90 degrees clockwise. A
+    TIFF's size Pillow already gives upright, where it gives a JPEG's as stored."""
     pixels = np.zeros((WIDTH, HEIGHT, 3), dtype=np.uint8)  # (H, W, C): stored HEIGHT x WIDTH swapped
     pixels[: WIDTH // 2] = 255
     image = Image.fromarray(pixels, "RGB")
     exif = image.getexif()
     exif[EXIF_ORIENTATION] = 6
-    image.save(tmp / "rotated.jpg", exif=exif, quality=95)
-    return tmp / "rotated.jpg"
+    image.save(tmp / f"rotated{suffix}", exif=exif, **({"quality": 95} if suffix == ".jpg" else {}))
+    return tmp / f"rotated{suffix}"
 
 
 def _one_bit(tmp):
@@ -97,6 +98,7 @@ def files(tmp_path_factory):
         "gray16_png": _gray16(tmp, ".png"),
         "gray16_pgm": _gray16(tmp, ".pgm"),
         "rotated": _rotated(tmp),
+        "rotated_tiff": _rotated(tmp, ".tif"),
         "bits": _one_bit(tmp),
     }
     modes = {name: Image.open(path).mode for name, path in paths.items()}
@@ -108,6 +110,7 @@ def files(tmp_path_factory):
         "gray16_png": "I;16",
         "gray16_pgm": "I",
         "rotated": "RGB",
+        "rotated_tiff": "RGB",
         "bits": "1",
     }, "the files must exercise these Pillow modes"
     return paths

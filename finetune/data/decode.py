@@ -98,7 +98,10 @@ def _probe(data: bytes | None, path: str | None) -> tuple[str, tuple[int, int]]:
         raise ValueError("the image is missing (no bytes, no path)")
     with Image.open(io.BytesIO(data) if data is not None else path) as image:
         width, height = image.size
-        if image.getexif().get(0x0112) in (5, 6, 7, 8):  # EXIF orientations that turn the image by 90 degrees
+        # EXIF orientations that turn the image by 90 degrees; Pillow gives a TIFF's size upright already (where its
+        # size is not the stored one, tags 256 and 257), a JPEG's, PNG's or WebP's as stored.
+        stored = (image.tag_v2.get(256), image.tag_v2.get(257)) if hasattr(image, "tag_v2") else image.size
+        if image.getexif().get(0x0112) in (5, 6, 7, 8) and image.size == stored:
             width, height = height, width
         mode = image.mode
     grayscale = mode in ("L", "1", "F") or mode in SIXTEEN_BIT_MODES or ALPHA_MODES.get(mode) == "L"

@@ -1310,3 +1310,15 @@ def test_the_quickstarts_sample_digits_hold_the_pixels_training_reads(tmp_path):
     files = sorted((tmp_path / "digits").rglob("*.png"))
     assert len(files) == 30 and all(Image.open(f).size == (8, 8) for f in files)
     assert all(np.asarray(Image.open(f)).tobytes() in stored for f in files)
+
+
+def test_a_folder_reached_through_a_link_is_the_same_data_as_by_its_real_path(tmp_path):
+    """The evaluation of a run trained on `data/link` (a link to the folder) refused the same files by their real path
+    ("its files have changed since"), as macOS's /tmp and a cluster's linked home give them."""
+    images, labels = _images(12), [i % 2 for i in range(12)]
+    _write_png_folder(tmp_path / "real", images, labels)
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    by_link, by_path = (load_image_data(_args(dataset_name=str(tmp_path / n)), seed=0) for n in ("link", "real"))
+    assert by_link.fingerprint == by_path.fingerprint
+    (tmp_path / "real" / NAMES[0] / "extra.png").write_bytes((tmp_path / "real" / NAMES[0] / "0.png").read_bytes())
+    assert load_image_data(_args(dataset_name=str(tmp_path / "link")), seed=0).fingerprint != by_link.fingerprint

@@ -10,6 +10,7 @@ import logging
 import os
 import pickle
 import re
+import shutil
 
 import datasets
 import numpy as np
@@ -1322,3 +1323,12 @@ def test_a_folder_reached_through_a_link_is_the_same_data_as_by_its_real_path(tm
     assert by_link.fingerprint == by_path.fingerprint
     (tmp_path / "real" / NAMES[0] / "extra.png").write_bytes((tmp_path / "real" / NAMES[0] / "0.png").read_bytes())
     assert load_image_data(_args(dataset_name=str(tmp_path / "link")), seed=0).fingerprint != by_link.fingerprint
+
+
+def test_class_folders_whose_names_differ_only_in_case_are_refused(tmp_path):
+    """`cat/` and `Cat/` (a copy, or photos sorted on two machines) trained as two classes, exit 0."""
+    images, labels = _images(12), [i % 2 for i in range(12)]
+    _write_png_folder(tmp_path / "photos", images, labels)
+    shutil.copytree(tmp_path / "photos" / NAMES[0], tmp_path / "photos" / NAMES[0].title())
+    with pytest.raises(ValueError, match=r"class folders whose names differ only in case \(Cat/ and cat/\).* merge"):
+        load_image_data(_args(dataset_name=str(tmp_path / "photos")), seed=0)

@@ -292,6 +292,15 @@ def _label_by_class_folder(
         classes[name] = [class_of[parent] for parent in parents]
         stray += [os.path.relpath(os.path.realpath(p), root) for p, c in zip(paths, classes[name]) if c is None]
     names = sorted({c for cs in classes.values() for c in cs if c is not None})
+    by_case = {}
+    for name in names:
+        by_case.setdefault(name.casefold(), []).append(name)
+    twins = [" and ".join(f"{name}/" for name in group) for group in by_case.values() if len(group) > 1]
+    if twins:  # two classes of the model, as `Train/` and `train/` would be two splits
+        raise ValueError(
+            f"{root} has class folders whose names differ only in case ({'; '.join(twins)}), which would be classes "
+            "of their own. Fix: merge each pair into one folder, or name them apart."
+        )
     tops = [root] if depth == 0 else [e.path for e in os.scandir(root) if e.is_dir() and not _hidden(e.name)]
     folders = {e.name for top in tops for e in os.scandir(top) if e.is_dir() and not _hidden(e.name)}
     if names and (empty := sorted(folders - set(names))):  # a class the head would not have, without a word

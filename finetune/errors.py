@@ -83,7 +83,8 @@ def error_line(error: BaseException) -> str:
     """The exception as one line: its message with the line breaks folded, prefixed by its type when unexpected."""
     message = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
     if out_of_space(error) and NO_ROOM_FIX not in message:
-        return f"{one_line(error, 200)}: {NO_ROOM_FIX}; then rerun the same command (files already whole are kept)."
+        said = message.rstrip(".") if isinstance(error, EXPECTED) and message else one_line(error, 200)
+        return f"{said}: {NO_ROOM_FIX}; then rerun the same command (files already whole are kept)."
     if type(error) in (KeyError, IndexError) or not isinstance(error, EXPECTED) or not message:
         message = f"{type(error).__name__}: {message}" if message else type(error).__name__
         message += " (unexpected; rerun with --debug or LOG_LEVEL=debug for the traceback)"

@@ -61,7 +61,8 @@ def test_another_process_keeps_the_status_of_an_error_of_every_process_and_says_
     assert run_command(failing(KeyboardInterrupt()), []) == 130
     assert capsys.readouterr().err == ""
     assert run_command(failing(OSError("No space left on device.")), []) == 1
-    assert capsys.readouterr().err == "error: No space left on device.\n"
+    said = "the disk (or quota) is full. Fix: free space on it, or write elsewhere; then rerun the same command"
+    assert capsys.readouterr().err == f"error: No space left on device: {said} (files already whole are kept).\n"
 
 
 @pytest.mark.parametrize("command", ["predict", "attention", "compare", "card", "export", "push"])

@@ -294,12 +294,12 @@ def _label_by_class_folder(
     names = sorted({c for cs in classes.values() for c in cs if c is not None})
     by_case = {}
     for name in names:
-        by_case.setdefault(name.casefold(), []).append(name)
+        by_case.setdefault(name.lower(), []).append(name)
     twins = [" and ".join(f"{name}/" for name in group) for group in by_case.values() if len(group) > 1]
-    if twins:  # two classes of the model, as `Train/` and `train/` would be two splits
-        raise ValueError(
-            f"{root} has class folders whose names differ only in case ({'; '.join(twins)}), which would be classes "
-            "of their own. Fix: merge each pair into one folder, or name them apart."
+    if twins:  # classes of their own where case tells them apart (EMNIST's letters); else a copy, said
+        logger.warning(
+            f"Class folders whose names differ only in case ({'; '.join(twins)}) are classes of their own in {root}. "
+            "Merge each pair into one folder if it is one class."
         )
     tops = [root] if depth == 0 else [e.path for e in os.scandir(root) if e.is_dir() and not _hidden(e.name)]
     folders = {e.name for top in tops for e in os.scandir(top) if e.is_dir() and not _hidden(e.name)}
@@ -510,10 +510,9 @@ def _named_splits(
 
 
 def _files_fingerprint(paths: Sequence[str]) -> str:
-    """Hash of path, size and modification time of every file (folders walked), so any edit invalidates the cache;
-    by real path: the same files reached through a link are the same data."""
+    """Hash of path, size and modification time of every file (folders walked), so any edit invalidates the cache."""
     stats = []
-    for path in map(os.path.realpath, paths):
+    for path in map(os.path.abspath, paths):
         walked = [path] if os.path.isfile(path) else []
         for root, dirs, names in os.walk(path):
             dirs[:] = sorted(d for d in dirs if not d.startswith("."))

@@ -124,11 +124,13 @@ def check_options_kept(state: TrainerState, now: dict) -> None:
             ", or start a new run from its weights (`--model_type pretrained --model_name_or_path` its checkpoint "
             "folder, a new `--output_dir`)"
         )  # fmt: skip
-        if names == ["validation_images"]:  # the same options, on files added or removed since
+        if "validation_images" in names and set(names) <= {"validation_images", "held_out_images"}:
+            held_out = "held out from its training images: some it trained on" if saved.get("held_out_images") else ""
             raise ResumeRefused(
-                f"The resumed checkpoint (step {state.global_step}) held out other validation images: the dataset's "
-                "files changed since (added or removed), and this run's split would hold images it trained on. Fix: "
-                "resume on the dataset's files as they were, or start a new run (a new `--output_dir`)."
+                f"The resumed checkpoint (step {state.global_step}) was validated on other images: the dataset's "
+                f"files changed since (added or removed), and this run's validation split holds others"
+                f"{f' ({held_out})' if held_out else ''}. Fix: resume on the dataset's files as they were, or start a "
+                "new run (a new `--output_dir`)."
             )
         raise ResumeRefused(
             f"The resumed checkpoint (step {state.global_step}) was trained with {', '.join(changed)}: its "

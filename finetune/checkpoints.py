@@ -232,8 +232,9 @@ def fix_for(problem: str, checkpoint: str | os.PathLike) -> str:
         )
     if problem.startswith(BEST_DAMAGED):  # every later checkpoint ends with the same best one
         return (
-            "Fix: restore its file from a copy, resume with `--load_best_model_at_end false` (the run then ends with "
-            "its last model), or train anew with `--overwrite_output_dir true`."
+            "Fix: restore its file from a copy, resume with `--load_best_model_at_end false` (and without "
+            "`early_stopping_patience`: the run then ends with its last model), or train anew with "
+            "`--overwrite_output_dir true`."
         )
     if problem.startswith(OTHER_EMA):
         return "Fix: resume with the `ema_decay` of the run that saved it, or start a new run (a new `--output_dir`)."

@@ -64,8 +64,8 @@ def one_line(error: BaseException, limit: int = 300) -> str:
 # `I/O error: File too large (os error 27)`).
 NO_ROOM_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 NO_ROOM = re.compile(
-    r"inline_container\.cc:\d+\] \. unexpected pos|PytorchStreamWriter failed writing|\(os error (28|27|122)\)"
-    r"|No space left on device|Disk quota exceeded"
+    r"inline_container\.cc:\d+\] \. unexpected pos|PytorchStreamWriter failed writing"
+    rf"|\(os error ({'|'.join(map(str, NO_ROOM_ERRNOS))})\)|No space left on device|Dis[ck] quota exceeded"
 )
 NO_ROOM_FIX = "the disk (or quota) is full. Fix: free space on it, or write elsewhere"
 

@@ -644,7 +644,7 @@ def test_a_resume_on_another_dataset_is_refused_and_on_the_same_folder_spelt_oth
     added = [tmp_path / "digits" / str(digits.target[i]) / f"{i}.png" for i in range(80, 84)]
     for i, path in zip(range(80, 84), added):
         Image.fromarray((digits.images[i] * 15).astype(np.uint8)).save(path)
-    with pytest.raises(ResumeRefused, match=r"held out other validation images: the dataset's files changed since"):
+    with pytest.raises(ResumeRefused, match=r"was validated on other images: the dataset's files changed since"):
         run.main([*args, "--dataset_name", "digits"])
     for path in added:
         path.unlink()

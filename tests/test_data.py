@@ -1323,3 +1323,20 @@ def test_class_folders_whose_names_differ_only_in_case_are_said(tmp_path, caplog
         data = load_image_data(_args(dataset_name=str(tmp_path / "photos")), seed=0)
     assert data.label_names == ["Cat", "cat", "dog"]
     assert "Class folders whose names differ only in case (Cat/ and cat/) are classes of their own" in caplog.text
+
+
+def test_the_validation_images_are_named_alike_wherever_their_folder_is(tmp_path):
+    """A resume compares which images validate (`validation_images`): those of a `validation_file` were named by
+    their absolute paths, so the same files reached through a link, or on another machine, read as other images."""
+    images, labels = _images(12), [i % 2 for i in range(12)]
+    paths = _write_png_folder(tmp_path / "real" / "images", images, labels)
+    for split, rows in (("train", range(8)), ("validation", range(8, 12))):
+        lines = "".join(f"images/{paths[i].relative_to(tmp_path / 'real' / 'images')},{labels[i]}\n" for i in rows)
+        (tmp_path / "real" / f"{split}.csv").write_text("image,label\n" + lines)
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    named = [
+        load_image_data(_args(train_file=f"{root}/train.csv", validation_file=f"{root}/validation.csv"), seed=0)
+        for root in (tmp_path / "real", tmp_path / "link")
+    ]
+    assert named[0].validation.files != named[1].validation.files  # as the csv joins them: through the link
+    assert named[0].validation_images == named[1].validation_images

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -85,7 +86,13 @@ class ImageData:
         """Which images the validation split holds, hashed: their files (relative to the dataset's folder), else their
         places in the source split. Files added to a dataset (or removed) can hold out other images at the same
         `validation_size`: a resume then validated on images it had trained on (`ResumeCheck` refuses it)."""
-        names = self.validation.files if self.validation.files is not None else self.validation.positions.tolist()
+        files = self.validation.files
+        if files is not None and all(f is not None and os.path.isabs(f) for f in files):
+            # Where no dataset folder was cut off (`train_file` and `validation_file`, a Hub folder's cache): the same
+            # files elsewhere (another node's cache, a link) are named from the folder they share.
+            common = os.path.commonpath(files) if len(files) > 1 else os.path.dirname(files[0])
+            files = [os.path.relpath(f, common) for f in files]
+        names = files if files is not None else self.validation.positions.tolist()
         return hashlib.sha256(json.dumps(names).encode()).hexdigest()[:16]
 
     @property

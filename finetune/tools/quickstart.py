@@ -16,6 +16,7 @@ extra `--key value` arguments go to step 3, which then refuses to replace models
 import argparse
 import os
 import shutil
+import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -34,9 +35,10 @@ def ensure_source_init(path: Path, make: Callable[[Path], None] | None = None) -
     without weights (or with an empty config.json) that every later quickstart refused. One left so is made again."""
     if all((path / name).is_file() for name in SOURCE_INIT_FILES):
         return
-    partial = path.with_name(f".{path.name}.{os.getpid()}")
-    for left in path.parent.glob(f".{path.name}.*"):  # by a quickstart killed outright (SIGKILL, power)
-        pid = left.name.rsplit(".", 1)[1]
+    mine = f".{path.name}.{socket.gethostname()}-"  # another machine's, on a shared home, is its own to remove
+    partial = path.with_name(f"{mine}{os.getpid()}")
+    for left in path.parent.glob(f"{mine}*"):  # by a quickstart killed outright (SIGKILL, power)
+        pid = left.name.removeprefix(mine)
         if pid.isdigit() and not psutil.pid_exists(int(pid)):
             shutil.rmtree(left, ignore_errors=True)
     try:

@@ -79,12 +79,17 @@ def out_of_space(error: BaseException | None) -> bool:
     return False
 
 
+def in_words(error: BaseException, limit: int = 200) -> str:
+    """An exception as a clause of a line: its own words where the project raises its kind, else with its type."""
+    message = " ".join(line.strip() for line in str(error).splitlines() if line.strip()).rstrip(".")
+    return message[:limit] if isinstance(error, EXPECTED) and message else one_line(error, limit)
+
+
 def error_line(error: BaseException) -> str:
     """The exception as one line: its message with the line breaks folded, prefixed by its type when unexpected."""
     message = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
     if out_of_space(error) and NO_ROOM_FIX not in message:
-        said = message.rstrip(".") if isinstance(error, EXPECTED) and message else one_line(error, 200)
-        return f"{said}: {NO_ROOM_FIX}; then rerun the same command (files already whole are kept)."
+        return f"{in_words(error)}: {NO_ROOM_FIX}; then rerun the same command (files already whole are kept)."
     if type(error) in (KeyError, IndexError) or not isinstance(error, EXPECTED) or not message:
         message = f"{type(error).__name__}: {message}" if message else type(error).__name__
         message += " (unexpected; rerun with --debug or LOG_LEVEL=debug for the traceback)"

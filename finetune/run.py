@@ -65,7 +65,15 @@ from finetune.checkpoints import (  # noqa: E402
     resolve_checkpoint,
 )
 from finetune.data import ImageData, check_separate_files, collate_batch, load_image_data  # noqa: E402
-from finetune.errors import NO_ROOM_FIX, Interrupted, one_line, out_of_space, run_command, signal_name  # noqa: E402
+from finetune.errors import (  # noqa: E402
+    NO_ROOM_FIX,
+    Interrupted,
+    in_words,
+    one_line,
+    out_of_space,
+    run_command,
+    signal_name,
+)
 from finetune.locations import check_folder  # noqa: E402
 from finetune.metrics import compute_metrics, confusion_report, multi_label_report, multi_label_scores  # noqa: E402
 from finetune.models import (  # noqa: E402
@@ -305,7 +313,7 @@ def stage(doing: str, then: str | Callable[[], str], every_process: bool = False
     except Exception as error:
         if out_of_space(error):  # said with the way on from this stage (a resume where checkpoints are kept)
             then = then() if callable(then) else then
-            full = OSError(f"{one_line(error, 160)} while {doing}: {NO_ROOM_FIX}; then: {then}")
+            full = OSError(f"{in_words(error, 160)} while {doing}: {NO_ROOM_FIX}; then: {then}")
             full.every_process = every_process
             raise full from error
         if every_process:

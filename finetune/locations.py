@@ -8,8 +8,11 @@ import hashlib
 import itertools
 import os
 import re
+import shutil
+import socket
 from pathlib import Path
 
+import psutil
 from huggingface_hub import constants as hub_constants
 
 
@@ -17,6 +20,18 @@ ADAPTER_CONFIG_NAME = "adapter_config.json"  # peft's: a folder with one holds a
 # The last line of a Markdown file written here (a model card, a comparison report): one edited since is kept.
 WRITTEN_MARK = "<!-- Written by {}; sha256 of the text above: {} -->\n"
 WRITTEN_MARK_PATTERN = re.compile(r"(.*)<!-- Written by [\w.]+; sha256 of the text above: (\w+) -->\n?", re.S)
+
+
+def partial_folder(path: Path, kind: str) -> Path:
+    """A folder beside `path` to write it in before it is renamed into place, named by this host and process
+    (`.NAME.KIND-HOST-PID`). Those a process of this host left that no longer runs (killed outright: SIGKILL, power)
+    are removed; another machine's, on a shared folder, are its own to remove."""
+    mine = f".{path.name}.{kind}-{socket.gethostname()}-"
+    for left in path.parent.glob(f"{mine}*"):
+        pid = left.name.removeprefix(mine)
+        if pid.isdigit() and (int(pid) == os.getpid() or not psutil.pid_exists(int(pid))):
+            shutil.rmtree(left, ignore_errors=True)
+    return path.with_name(f"{mine}{os.getpid()}")
 
 
 def write_whole(path: Path, text: str) -> Path:

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -291,10 +292,11 @@ def test_an_interrupted_export_leaves_no_half_folder_and_its_rerun_exports(scrat
     assert sorted(p.name for p in run_dir.iterdir()) == before
     # An export killed outright (SIGKILL) leaves its folder: removed by the next, unless its process still runs.
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    (run_dir / f".onnx.export-{int(dead.stdout)}").mkdir()
-    (run_dir / ".onnx.export-1").mkdir()  # pid 1 runs
+    host = socket.gethostname()
+    (run_dir / f".onnx.export-{host}-{int(dead.stdout)}").mkdir()
+    (run_dir / f".onnx.export-{host}-1").mkdir()  # pid 1 runs
     assert export.main([str(run_dir), "--format", "onnx"]).path == run_dir / "onnx" / "model.onnx"
-    assert sorted(p.name for p in run_dir.iterdir()) == sorted([*before, "onnx", ".onnx.export-1"])
+    assert sorted(p.name for p in run_dir.iterdir()) == sorted([*before, "onnx", f".onnx.export-{host}-1"])
     assert predict.main([str(run_dir / "onnx"), str(digit_files(tmp_path / "images", count=1)[0])])
 
 

@@ -28,10 +28,8 @@ from os.path import expanduser
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import psutil
-
 from finetune.errors import ArgumentParser, one_line, run_command
-from finetune.locations import check_folder
+from finetune.locations import check_folder, partial_folder
 from finetune.results import RESULTS_NAME, Results, TrainMetrics, dataset_location, results_of_model
 from finetune.tools import predict
 from finetune.tools.model_card import run_dir_of
@@ -165,12 +163,7 @@ def write_export(
     an interrupted export leaves no half-written folder, which a rerun would refuse as another model's, and a failed
     check no export that predict would serve."""
     target = output.resolve()  # `--output .` has no name to put a folder beside
-    # A name of its own (a user's `tmp-NAME` folder was deleted); if it exists, an export killed earlier left it.
-    partial = target.with_name(f".{target.name}.export-{os.getpid()}")
-    for left in target.parent.glob(f".{target.name}.export-*"):  # by an export killed earlier (SIGKILL, power)
-        pid = left.name.rsplit("-", 1)[1]
-        if left == partial or (pid.isdigit() and not psutil.pid_exists(int(pid))):
-            shutil.rmtree(left, ignore_errors=True)
+    partial = partial_folder(target, "export")  # a name of its own: a user's `tmp-NAME` folder was deleted
     try:
         export_onnx(model, pixel_values, partial / predict.ONNX_NAME)
         model.config.save_pretrained(partial)

@@ -14,16 +14,13 @@ extra `--key value` arguments go to step 3, which then refuses to replace models
 """
 
 import argparse
-import os
 import shutil
-import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import psutil
-
 from finetune.errors import ArgumentParser, run_command
+from finetune.locations import partial_folder
 
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -35,12 +32,7 @@ def ensure_source_init(path: Path, make: Callable[[Path], None] | None = None) -
     without weights (or with an empty config.json) that every later quickstart refused. One left so is made again."""
     if all((path / name).is_file() for name in SOURCE_INIT_FILES):
         return
-    mine = f".{path.name}.{socket.gethostname()}-"  # another machine's, on a shared home, is its own to remove
-    partial = path.with_name(f"{mine}{os.getpid()}")
-    for left in path.parent.glob(f"{mine}*"):  # by a quickstart killed outright (SIGKILL, power)
-        pid = left.name.removeprefix(mine)
-        if pid.isdigit() and not psutil.pid_exists(int(pid)):
-            shutil.rmtree(left, ignore_errors=True)
+    partial = partial_folder(path, "quickstart")
     try:
         (make or make_source_init)(partial)
         shutil.rmtree(path, ignore_errors=True)  # an incomplete one of ours: made again

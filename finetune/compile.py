@@ -189,14 +189,12 @@ class TrainingCompiler(TrainerCallback):
         queued, total = self._mean_over_processes(*self._queued)
         if total <= 0 or queued >= LAUNCH_BOUND * total:
             return False
-        self.active = False
-        self._phases.clear()
         queued_ms, step_ms = 1000 * queued / self.window, 1000 * total / self.window
         timing = f"the host queued a step in {queued_ms:.1f} of its {step_ms:.1f} ms"
-        self.outcome = f"eager, the GPU sets the pace ({timing})"
-        logger.info(
-            f"torch.compile: {timing}, so the GPU, not the kernel launches, sets the pace; training on in eager "
-            "mode without compiling (`torch_compile: true` compiles anyway)."
+        self._stay_eager(
+            f"eager, the GPU sets the pace ({timing})",
+            f"{timing}, so the GPU, not the kernel launches, sets the pace; training on in eager mode "
+            "without compiling",
         )
         return True
 
@@ -210,14 +208,18 @@ class TrainingCompiler(TrainerCallback):
         left = min(self._mean_over_processes(left, budget))
         if left >= WORTH_COMPILING:
             return False
-        self.active = False
-        self._phases.clear()
-        self.outcome = f"eager, too short a run to pay for compiling (about {left:.0f} s of eager steps left)"
-        logger.info(
-            f"torch.compile: about {left:.0f} s of eager steps are left, too few to pay for compiling; training on "
-            "in eager mode (`torch_compile: true` compiles anyway)."
+        self._stay_eager(
+            f"eager, too short a run to pay for compiling (about {left:.0f} s of eager steps left)",
+            f"about {left:.0f} s of eager steps are left, too few to pay for compiling; training on in eager mode",
         )
         return True
+
+    def _stay_eager(self, outcome: str, why: str) -> None:
+        """`auto`'s check ends before compiling: eager for good."""
+        self.active = False
+        self._phases.clear()
+        self.outcome = outcome
+        logger.info(f"torch.compile: {why} (`torch_compile: true` compiles anyway).")
 
     def _decide(self) -> None:
         compiled, eager = self._times.get("compiled", 0.0), self._times.get("eager", 0.0)

@@ -19,8 +19,7 @@ NATIVE_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 # oneDNN instruction-set caps (`ONEDNN_MAX_CPU_ISA`) below AVX512_CORE_BF16: with one set, oneDNN (PyTorch's CPU
 # bf16 matmuls) runs as on a CPU without native bf16, which is how benchmarks/precision.py emulates such a CPU.
 ONEDNN_ISAS_WITHOUT_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
-# bf16 autocast against float32 on a CPU without native bf16
-# (benchmarks/README.md#precision-on-cpus-without-native-bf16).
+# bf16 against float32 on a CPU without native bf16 (benchmarks/README.md#precision-on-cpus-without-native-bf16).
 CPU_BF16_SLOWDOWN = "about 13x"
 # bf16 autocast must beat float32 by this much in `measure_cpu_bf16_speedup` for `bf16: auto` to take it on a CPU
 # with native bf16: a 2-core Intel Xeon with AVX512-BF16 (no AMX) ran the CPU recipe's step at 0.82x float32's speed,
@@ -95,10 +94,10 @@ def describe(device: torch.device | str | None = None) -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
     }
-    if info["device"] == "cuda" and torch.cuda.is_available():
+    if device.type == "cuda" and torch.cuda.is_available():
         info["accelerator"] = torch.cuda.get_device_name(device)  # no index: the current device
         info["cuda"] = torch.version.cuda
-    elif info["device"] == "mps":
+    elif device.type == "mps":
         info["accelerator"] = "Apple MPS"
     return info
 

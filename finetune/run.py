@@ -609,8 +609,7 @@ def evaluated_model_fields(args, model, prep, data: ImageData, on_validation, on
         "stored_image_size": list(data.train.image_size),
         "num_parameters": count_parameters(model),
         "hardware": {**hardware.describe(args.device), "world_size": args.world_size},
-        # confusion_matrix and the per-class figures, named as Results' fields
-        **report,
+        **report,  # confusion_matrix and the per-class figures
         "multi_label": data.multi_label,
         "confusion_split": confusion_split,
         "num_samples": {

@@ -46,6 +46,7 @@ def choose_rows(
     unknown = [name for name in keep if name not in label_names]
     if unknown:
         raise ValueError(f"`include_labels` has unknown label(s) {unknown}; the dataset's labels are {label_names}.")
+    kept_ids = [label_names.index(name) for name in keep]
     train, held_out = chosen["train"], 0
     if "validation" in chosen:
         how = "validation split of the source"
@@ -62,7 +63,7 @@ def choose_rows(
         by = np.zeros(len(train), dtype=np.int64) if multi_label else train.labels
         size = data_args.validation_size
         if keep and not multi_label and size >= 1:  # about a number of the kept classes' images: that share of all
-            kept = int(np.isin(train.labels, [label_names.index(name) for name in keep]).sum())
+            kept = int(np.isin(train.labels, kept_ids).sum())
             if size >= kept:
                 raise ValueError(
                     f"`validation_size`={size:g} would hold out all {kept} training images of the `include_labels` "
@@ -72,8 +73,7 @@ def choose_rows(
         train_index, validation_index = stratified_split(by, size, seed)
         chosen["train"], chosen["validation"] = train.select(train_index), train.select(validation_index)
         held_out = len(validation_index)
-        ids = [label_names.index(name) for name in keep]
-        if keep and not multi_label and not np.isin(chosen["validation"].labels, ids).any():
+        if keep and not multi_label and not np.isin(chosen["validation"].labels, kept_ids).any():
             raise ValueError(
                 f"`validation_size`={data_args.validation_size:g}, a share of every class's images, holds out none of "
                 "the `include_labels` classes' images. Fix: a larger `validation_size`, or a validation split of its "

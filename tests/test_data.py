@@ -373,6 +373,66 @@ def test_a_class_without_training_images_is_kept_and_named(tmp_path, caplog):
     assert "No training image is of the class(es) ['frog']" in caplog.text
 
 
+def test_copies_of_training_images_held_out_for_validation_are_counted(tmp_path, caplog):
+    images, labels = _images(60), _labels(60)
+    paths = _write_png_folder(tmp_path, images, labels)
+    for i in range(
+        12
+    ):  # 12 images saved twice under their own labels: the seed holds out some copies, not their twins
+        shutil.copy(paths[i], paths[i].with_name(f"copy{i}.png"))
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        data = load_image_data(_args(dataset_name=str(tmp_path), validation_size=0.4), 0)
+    train = data.train.pixel_values
+    twins = [any(torch.equal(image, other) for other in train) for image in data.validation.pixel_values]
+    assert 0 < sum(twins) < 12
+    assert (
+        f"{sum(twins)} of the {len(twins)} validation images have the same pixels as training images (e.g. "
+        f"{data.validation.files[twins.index(True)]} (" in caplog.text
+    )
+    assert "scored on images it trained on" in caplog.text and "with other labels" not in caplog.text
+
+
+def test_copies_are_found_alike_in_a_tensor_and_in_a_memory_map_whatever_the_order_of_rows(tmp_path):
+    pixels = _chw(_images(300, size=16))
+    pixels[[7, 250]] = pixels[3]  # 3, 7 and 250 are one image; 9 differs from it in one pixel off the sampled lines
+    pixels[9] = pixels[3]
+    pixels[9, 0, 0, 1] ^= 1
+    np.save(tmp_path / "pixels.npy", pixels)
+    for images in (torch.from_numpy(pixels), np.load(tmp_path / "pixels.npy", mmap_mode="r")):
+        rows = np.array([r for r in range(299, -1, -1) if r != 5])  # reversed, no 5: 250 at 49, 9 at 290, 3 at 295
+        split = ImageSplit(images, np.zeros(299), rows=rows)
+        assert split.copies_in(split) == [(292, 49), (295, 49)]  # 7 and 3, copies of 250; not 9
+        held_out = ImageSplit(images, np.zeros(3), rows=np.array([9, 250, 5]))
+        assert held_out.copies_in(split) == [(0, 290), (1, 49)]  # 9 found past 250, whose lines it shares
+
+
+def test_an_image_under_two_labels_or_in_two_splits_is_named_and_copies_under_one_label_are_not(tmp_path, caplog):
+    images, labels = _images(40), _labels(40)
+    paths = _write_png_folder(tmp_path / "train", images[:30], labels[:30])
+    _write_png_folder(tmp_path / "val", images[30:], labels[30:])
+    shutil.copy(paths[1], paths[1].with_name("copy1.png"))  # a copy under its own label, in train alone
+    args = _args(train_file=str(tmp_path / "train"), validation_file=str(tmp_path / "val"))
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        load_image_data(args, 0)
+    assert "same pixels" not in caplog.text
+
+    shutil.copy(paths[0], tmp_path / "train" / "dog" / "cat0.png")  # a cat filed as a dog too
+    shutil.copy(paths[3], tmp_path / "val" / "cat" / "seen.png")  # a training image in validation
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        load_image_data(args, 0)
+    assert re.search(
+        r"1 training image\(s\) have the same pixels as another training image with other labels \(e\.g\. \S+"
+        r"/train/dog/cat0\.png \(dog\) and \S+/train/cat/0\.png \(cat\)\): the model is taught both\.",
+        caplog.text,
+    )
+    assert re.search(
+        r"1 of the 11 validation images have the same pixels as training images \(e\.g\. \S+/val/cat/seen\.png "
+        r"\(cat\) and \S+/train/cat/3\.png \(cat\)\)",
+        caplog.text,
+    )
+
+
 def test_csv_with_relative_image_paths_and_string_labels(tmp_path):
     images, labels = _images(15), _labels(15)
     paths = _write_png_folder(tmp_path / "pictures", images, labels)

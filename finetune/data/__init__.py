@@ -182,6 +182,7 @@ def load_image_data(
     check_labels(splits, label_names)
     if check_classes:
         check_num_classes(splits["train"], label_names)
+    warn_of_copies(splits, label_names, source, chosen["train"].source, columns[0] if columns else None)
     train, validation, test = splits["train"], splits["validation"], splits.get("test")
 
     sizes = {name: s.image_size for name, s in splits.items()}
@@ -197,6 +198,47 @@ def load_image_data(
         train, validation, test, list(label_names), num_channels, source.description, held_out, source.fingerprint,
         all_label_names,
     )  # fmt: skip
+
+
+def warn_of_copies(
+    splits: dict[str, ImageSplit], label_names: list[str], source: Source, train_source: str, column: str | None
+) -> None:
+    """Warn where one image is stored twice (a photo saved into two folders, scraped twice): a validation or test image
+    that is also a training image scores the model on what it trained on; a training image under two labels teaches it
+    both. The training images' files are looked up in `source`'s `train_source` split, `column`."""
+    from finetune.data.sources import image_files
+
+    train = splits["train"]
+
+    def named(split: ImageSplit, i: int, name: str) -> str:
+        position = int(split.positions[i])
+        if split is train and source.encoded:  # train's files are not listed (it may hold millions): look it up
+            files = image_files(source, train_source, column, np.array([position]))
+        else:
+            files = split.files
+        file = files[0 if split is train else i] if files else None
+        text = file or f"{name} image {position:,} (its place in the source)"
+        return text + (f" ({label_names[int(split.labels[i])]})" if split.labels.ndim == 1 else "")
+
+    for name, split in splits.items():
+        pairs = split.copies_in(train)
+        if split is train:  # copies of one image under one label weigh it more, nothing worse
+            pairs = [(i, j) for i, j in pairs if not torch.equal(train.labels[i], train.labels[j])]
+        if not pairs:
+            continue
+        i, j = pairs[0]
+        example = f"e.g. {named(split, i, name)} and {named(train, j, 'train')}"
+        if split is train:
+            logger.warning(
+                f"{len(pairs):,} training image(s) have the same pixels as another training image with other labels "
+                f"({example}): the model is taught both. Keep one copy of each image, under its right labels."
+            )
+        else:
+            logger.warning(
+                f"{len(pairs):,} of the {len(split):,} {name} images have the same pixels as training images "
+                f"({example}): the model is scored on images it trained on, so its {name} figures read high. Remove "
+                "the copies from one of the splits."
+            )
 
 
 def _materialize(

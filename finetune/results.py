@@ -101,6 +101,8 @@ class Results:
     num_parameters: int | None = None
     num_trainable_parameters: int | None = None  # those the fine-tuning method trains (LoRA: adapters and head)
     num_samples: dict[str, int | None] = field(default_factory=dict)
+    # Per evaluated split, its images with the pixels of a training image (a photo saved twice): its figures read high.
+    training_image_copies: dict[str, int] = field(default_factory=dict)
     epochs: float | None = None
     hyperparameters: dict[str, Any] = field(default_factory=dict)
     hardware: dict[str, Any] = field(default_factory=dict)

@@ -617,6 +617,7 @@ def evaluated_model_fields(args, model, prep, data: ImageData, on_validation, on
             "validation": len(data.validation),
             "test": len(data.test) if data.test is not None else None,
         },
+        "training_image_copies": data.training_image_copies,
         "wall_seconds": time.perf_counter() - start,
     }
 

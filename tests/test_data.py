@@ -390,6 +390,7 @@ def test_copies_of_training_images_held_out_for_validation_are_counted(tmp_path,
         f"{data.validation.files[twins.index(True)]} (" in caplog.text
     )
     assert "scored on images it trained on" in caplog.text and "with other labels" not in caplog.text
+    assert data.training_image_copies == {"validation": sum(twins)}  # for results.json
 
 
 def test_copies_are_found_alike_in_a_tensor_and_in_a_memory_map_whatever_the_order_of_rows(tmp_path):
@@ -413,7 +414,7 @@ def test_an_image_under_two_labels_or_in_two_splits_is_named_and_copies_under_on
     shutil.copy(paths[1], paths[1].with_name("copy1.png"))  # a copy under its own label, in train alone
     args = _args(train_file=str(tmp_path / "train"), validation_file=str(tmp_path / "val"))
     with caplog.at_level(logging.WARNING, logger="finetune"):
-        load_image_data(args, 0)
+        assert load_image_data(args, 0).training_image_copies == {}
     assert "same pixels" not in caplog.text
 
     shutil.copy(paths[0], tmp_path / "train" / "dog" / "cat0.png")  # a cat filed as a dog too

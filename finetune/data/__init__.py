@@ -18,7 +18,7 @@ import hashlib
 import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -75,6 +75,8 @@ class ImageData:
     validation_held_out: int = 0
     fingerprint: str | None = None  # of the source's files (paths, sizes, times), however its path was spelt
     all_label_names: list[str] | None = None  # the dataset's, before `include_labels`
+    # Per evaluated split that has any, its images with the pixels of a training image (`warn_of_copies`).
+    training_image_copies: dict[str, int] = field(default_factory=dict)
 
     @property
     def multi_label(self) -> bool:
@@ -182,7 +184,7 @@ def load_image_data(
     check_labels(splits, label_names)
     if check_classes:
         check_num_classes(splits["train"], label_names)
-    warn_of_copies(splits, label_names, source, chosen["train"].source, columns[0] if columns else None)
+    copies = warn_of_copies(splits, label_names, source, chosen["train"].source, columns[0] if columns else None)
     train, validation, test = splits["train"], splits["validation"], splits.get("test")
 
     sizes = {name: s.image_size for name, s in splits.items()}
@@ -196,16 +198,17 @@ def load_image_data(
     )
     return ImageData(
         train, validation, test, list(label_names), num_channels, source.description, held_out, source.fingerprint,
-        all_label_names,
+        all_label_names, copies,
     )  # fmt: skip
 
 
 def warn_of_copies(
     splits: dict[str, ImageSplit], label_names: list[str], source: Source, train_source: str, column: str | None
-) -> None:
+) -> dict[str, int]:
     """Warn where one image is stored twice (a photo saved into two folders, scraped twice): a validation or test image
     that is also a training image scores the model on what it trained on; a training image under two labels teaches it
-    both. The training images' files are looked up in `source`'s `train_source` split, `column`."""
+    both. Returns the count of each evaluated split that has copies. The training images' files are looked up in
+    `source`'s `train_source` split, `column`."""
     from finetune.data.sources import image_files
 
     train = splits["train"]
@@ -220,6 +223,7 @@ def warn_of_copies(
         text = file or f"{name} image {position:,} (its place in the source)"
         return text + (f" ({label_names[int(split.labels[i])]})" if split.labels.ndim == 1 else "")
 
+    copies = {}
     for name, split in splits.items():
         pairs = split.copies_in(train)
         if split is train:  # copies of one image under one label weigh it more, nothing worse
@@ -234,11 +238,13 @@ def warn_of_copies(
                 f"({example}): the model is taught both. Keep one copy of each image, under its right labels."
             )
         else:
+            copies[name] = len(pairs)
             logger.warning(
                 f"{len(pairs):,} of the {len(split):,} {name} images have the same pixels as training images "
                 f"({example}): the model is scored on images it trained on, so its {name} figures read high. Remove "
                 "the copies from one of the splits."
             )
+    return copies
 
 
 def _materialize(

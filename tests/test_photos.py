@@ -5,6 +5,7 @@ import csv
 import json
 import logging
 import os
+import shutil
 
 import datasets
 import numpy as np
@@ -19,7 +20,7 @@ from finetune.arguments import DataArguments, ModelArguments, ScratchViTArgument
 from finetune.data import load_image_data
 from finetune.errors import run_command
 from finetune.models import storage_size
-from finetune.tools import predict
+from finetune.tools import compare, model_card, predict
 
 
 CLASSES = ["beans", "leaves", "pods"]
@@ -126,6 +127,22 @@ def test_both_model_paths_train_on_a_folder_of_mixed_size_photos(tmp_path, model
     assert "Training augmentation: RandomResizedCrop(scale=(0.08, 1.0)" in caplog.text
     assert "evaluation: resize to 16x16" in caplog.text
     assert "random_crop_padding" not in caplog.text  # left at its default: nothing to say
+
+
+def test_a_run_scored_in_part_on_its_training_photos_says_so_in_its_results_report_and_card(tmp_path):
+    photos = write_photo_folder(tmp_path / "train")
+    validation = write_photo_folder(tmp_path / "validation", per_class=1, seed=1)
+    shutil.copy(photos / "beans" / "2.jpg", validation / "beans" / "seen.jpg")  # a training photo saved twice
+    args = [*TINY_RUN, "--model_type", "scratch", "--train_file", str(photos), "--validation_file", str(validation)]
+    args += ["--decoded_cache_dir", "none", "--output_dir", str(tmp_path / "run")]
+    results = run.main(args)["scratch"]
+    assert results.training_image_copies == {"validation": 1}
+    assert json.loads((tmp_path / "run" / "results.json").read_text())["training_image_copies"] == {"validation": 1}
+    note = "1 of its 4 validation images have the pixels of training images (a photo saved twice): its validation "
+    report = compare.write_comparison([tmp_path / "run"], tmp_path / "report").read_text()
+    assert f"**run**: {note}figures read high." in report
+    card = model_card.main([str(tmp_path / "run")]).read_text()
+    assert f"**Scored in part on training images**: {note}figures read high." in card
 
 
 @pytest.mark.parametrize("choice", ["auto", "false"])

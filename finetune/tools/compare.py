@@ -22,6 +22,7 @@ from finetune.locations import check_folder, edited_file, free_name, is_onnx_exp
 from finetune.results import Results, find_run_dirs
 from finetune.tools.report import (
     SUMMARY_NOTE,
+    copies_note,
     display_dataset,
     format_percent,
     markdown_table,
@@ -156,6 +157,9 @@ def write_comparison(run_dirs: Sequence[str | os.PathLike], output_dir: str | os
         sections.insert(4, f"**{', '.join(optimistic)}**: multi-label, without a test split: its F1, precision and "
                         "recall are at the per-label thresholds chosen on the same validation images, so optimistic; "
                         "its mAP does not depend on thresholds.")  # fmt: skip
+    copies = [f"**{name}**: {copies_note(run)}" for run, name in zip(runs, names) if run.training_image_copies]
+    if copies:  # after the summary table and its note
+        sections.insert(4, "\n".join(copies))
     if differences:  # after the summary table and its note
         sections.insert(4, f"**Not scored on the same images**: the runs differ in their {', '.join(differences)}, so "
                         "their figures do not compare directly.")  # fmt: skip

@@ -23,6 +23,7 @@ from finetune.results import RESULTS_NAME, Results
 from finetune.tools.compare import REPORT_NAME, SUMMARY_NAME
 from finetune.tools.report import (
     MISSING,
+    copies_note,
     display_dataset,
     format_count,
     format_duration,
@@ -395,6 +396,8 @@ def _results_section(results: Results) -> list[str]:
     ]
     scores = ["mAP", "Micro F1"] if multi else ["Accuracy", "Top-5 accuracy"]
     sections = ["## Results", markdown_table(["Split", *scores, "Macro F1", "Loss", "Images"], rows)]
+    if results.training_image_copies:
+        sections.append(f"**Scored in part on training images**: {copies_note(results)}")
     split = results.confusion_split or "evaluation"
     if multi:
         keys = ("threshold", "precision", "recall", "f1", "average_precision")

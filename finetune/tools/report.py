@@ -141,6 +141,19 @@ def teacher_name(path: str) -> str:
     return path if is_hub_id(path) else "/".join(Path(path).parts[-2:])
 
 
+def copies_note(results: Results) -> str | None:
+    """What the run's results.json says of evaluated images that have a training image's pixels, if any."""
+    copies = results.training_image_copies
+    total = results.num_samples
+    counts = [f"{n:,} of its {total.get(split) or MISSING} {split} images" for split, n in copies.items()]
+    if not counts:
+        return None
+    return (
+        f"{' and '.join(counts)} have the pixels of training images (a photo saved twice): its "
+        f"{' and '.join(copies)} figures read high."
+    )
+
+
 def summary_table(rows: Sequence[dict]) -> str:
     """The Markdown table of `summary_row` dicts (a multi-label run's mAP and micro F1 in the accuracies' columns)."""
     cells = []

@@ -269,12 +269,15 @@ def load_saved_classifier(path: str | os.PathLike, **kwargs) -> PreTrainedModel:
 def check_no_missing_weights(missing: list[str], files: str, described: str, fix: str) -> None:
     """Refuse weights that the saved files lack (`missing`): loaded, they would be random."""
     if missing:
-        missing = sorted(missing)
-        listed = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
         raise ValueError(
-            f"{files} lack {listed}, of {described}: those would be random. Fix: {fix} (a run's folder and its "
-            "checkpoint-N folders hold both)."
+            f"{files} lack {first_three(sorted(missing), ', ')}, of {described}: those would be random. Fix: {fix} "
+            "(a run's folder and its checkpoint-N folders hold both)."
         )
+
+
+def first_three(items: list[str], separator: str = "; ") -> str:
+    """The first three of `items` joined, and how many more there are."""
+    return separator.join(items[:3]) + (f" and {len(items) - 3} more" if len(items) > 3 else "")
 
 
 def count_parameters(model: torch.nn.Module, trainable: bool = False) -> int:
@@ -515,7 +518,6 @@ def _load_pretrained(model_args: ModelArguments, data: ImageData, drop_path_rate
     # transformers warned "You passed `num_labels=10` which is incompatible to the `id2label` map of length 3".
     saved = {k: v for k, v in original.to_dict().items() if k not in ("label_names", "id2label", "label2id")}
     config = type(original).from_dict(saved, **overrides)
-    # The load report is summarised below, in the pipeline's words.
     with _plain_model_folder(path, model_args.trust_remote_code) as weights, hub_errors("model", path):
         with transformers_errors_only():
             model, info = AutoModelForImageClassification.from_pretrained(
@@ -792,8 +794,7 @@ def load_checkpoint_weights(model: PreTrainedModel, checkpoint: str) -> None:
         "(its config.json), or start a new run (a new `--output_dir`)."
     )
     if changed := config_changes(checkpoint, model.config):  # weights of the same shapes for another model
-        more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
-        raise ValueError(f"The checkpoint {checkpoint} is of another model ({'; '.join(changed[:3])}{more}): {fix}")
+        raise ValueError(f"The checkpoint {checkpoint} is of another model ({first_three(changed)}): {fix}")
     try:
         with transformers_errors_only():  # its load report (a table per tensor) is summarised below in one line
             loaded, info = type(model).from_pretrained(
@@ -811,8 +812,7 @@ def load_checkpoint_weights(model: PreTrainedModel, checkpoint: str) -> None:
     unfit += [f"{name} missing" for name in sorted(info["missing_keys"])]
     unfit += [f"{name} saved, not in this model" for name in sorted(info["unexpected_keys"])]
     if unfit:
-        more = f" and {len(unfit) - 3} more" if len(unfit) > 3 else ""
-        raise ValueError(f"The checkpoint {checkpoint} does not fit this model ({'; '.join(unfit[:3])}{more}): {fix}")
+        raise ValueError(f"The checkpoint {checkpoint} does not fit this model ({first_three(unfit)}): {fix}")
     model.load_state_dict(loaded.state_dict(), strict=True)
 
 

@@ -354,19 +354,16 @@ def preprocessing_from(processor, config) -> Preprocessing:
         mean, std = data_config["mean"], data_config["std"]
     else:
         image_size = resize_size = _height_width(processor.size) or (int(config.image_size),) * 2
+        name = type(processor).__name__.removesuffix("Pil")  # the PIL-backed processors do as the torch ones
         crop_pct = getattr(processor, "crop_pct", None)
         if crop_pct:  # ConvNeXt's and PoolFormer's processors resize to size / crop_pct
-            from transformers import ConvNextImageProcessor, ConvNextImageProcessorPil
-
             scaled = (int(resize_size[0] / crop_pct), int(resize_size[1] / crop_pct))
-            if not isinstance(processor, (ConvNextImageProcessor, ConvNextImageProcessorPil)):
+            if name != "ConvNextImageProcessor":
                 image_size = resize_size = scaled  # PoolFormer: `crop_size` crops it (below)
             elif image_size[0] < 384:  # ConvNeXt center-crops `size` back; from 384 px it warps to `size`, uncropped
                 resize_size = scaled
-        elif type(processor).__name__ in ("LevitImageProcessor", "LevitImageProcessorPil") and processor.size.get(
-            "shortest_edge"
-        ):  # LeViT's resize the short side to 256/224 of `size` before their center crop
-            resize_size = (int(256 / 224 * resize_size[0]),) * 2
+        elif name == "LevitImageProcessor" and processor.size.get("shortest_edge"):
+            resize_size = (int(256 / 224 * resize_size[0]),) * 2  # LeViT's: 256/224 of `size`, then a center crop
         if getattr(processor, "do_center_crop", False) and _height_width(getattr(processor, "crop_size", None)):
             image_size = _height_width(processor.crop_size)
         mean, std = _normalization(processor, num_channels)

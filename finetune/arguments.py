@@ -676,11 +676,9 @@ INFINITY_ALLOWED = ("max_grad_norm",)
 def check_finite(values: dict) -> None:
     """Refuse NaN and infinite numbers: they passed the range checks and failed late, or did nothing meaningful."""
     for name, value in values.items():
-        numbers = value if isinstance(value, list) else [value]
-        for number in numbers:
-            if isinstance(number, float) and not math.isfinite(number):
-                if math.isinf(number) and name in INFINITY_ALLOWED:
-                    continue
+        for number in value if isinstance(value, list) else [value]:
+            allowed = name in INFINITY_ALLOWED and number in (math.inf, -math.inf)
+            if isinstance(number, float) and not math.isfinite(number) and not allowed:
                 raise UsageError(f"`{name}` must be a finite number, got {number}.")
 
 

@@ -852,10 +852,8 @@ def layer_id(model: torch.nn.Module) -> tuple[dict[str, int], int]:
     what lies between blocks the block before's, L + 1 the rest (final norm, pooler, head)."""
     named = [(name, tuple(int(i) for i in BLOCK_PATTERN.findall(name)[:2])) for name, _ in model.named_parameters()]
     length = max(len(key) for _, key in named)  # 2 where blocks sit in stages, else 1
-    depth_of_block: dict[tuple[int, ...], int] = {}
-    for _, key in named:
-        if length and len(key) == length:
-            depth_of_block.setdefault(key, len(depth_of_block) + 1)
+    blocks = dict.fromkeys(key for _, key in named if length and len(key) == length)  # in order, each once
+    depth_of_block = {key: depth for depth, key in enumerate(blocks, start=1)}
     if not depth_of_block:
         raise ValueError(
             f"`layer_decay` needs the blocks of {type(model).__name__}, but none of its parameter names has a "
@@ -883,15 +881,9 @@ def parameter_groups(
             continue
         layer = layers.get(name, 0)
         decay = parameter.ndim > 1 and not any(token in name for token in NO_WEIGHT_DECAY_NAMES)
-        group = groups.setdefault(
-            (layer, decay),
-            {
-                "params": [],
-                "param_names": [],
-                "weight_decay": weight_decay if decay else 0.0,
-                "lr": learning_rate * layer_decay ** (num_blocks + 1 - layer) if layer_decay else learning_rate,
-            },
-        )
+        lr = learning_rate * layer_decay ** (num_blocks + 1 - layer) if layer_decay else learning_rate
+        settings = {"weight_decay": weight_decay if decay else 0.0, "lr": lr}
+        group = groups.setdefault((layer, decay), {"params": [], "param_names": [], **settings})
         group["params"].append(parameter)
         group["param_names"].append(name)
     # The head's (full-rate) group first: the Trainer logs, and the non-finite guard reports, the first group's rate.

@@ -186,10 +186,10 @@ def write_export(
 
 
 def check_images(
-    run_dir: Path, results: Results | None, paths: list[str] | None, model, processor, count: int = CHECK_IMAGES
+    run_dir: Path, results: Results | None, paths: list[str] | None, model, processor
 ) -> tuple[list[Image.Image], str]:
-    """Up to `count` images to check the export on (the given files, else validation images of the run's dataset),
-    and where they came from."""
+    """Up to `CHECK_IMAGES` images to check the export on (the given files, else validation images of the run's
+    dataset), and where they came from."""
     import numpy as np
     from PIL import Image
 
@@ -199,7 +199,7 @@ def check_images(
 
     size = photo_size(predict.model_preprocessing(model, processor))
     if paths:
-        images, _, _ = predict.load_images(predict.collect_image_paths(paths)[:count], None, size)
+        images, _, _ = predict.load_images(predict.collect_image_paths(paths)[:CHECK_IMAGES], None, size)
         if not images:
             raise ValueError(f"None of {', '.join(paths)} could be read as an image to check the export on.")
         return images, "the given files"
@@ -218,7 +218,7 @@ def check_images(
     # Only the images taken are decoded: a few of train besides the validation ones, which need not have every class
     # (the model is trained), so the classes are not checked.
     data_args = DataArguments(
-        dataset_name=dataset, max_train_samples=count, max_eval_samples=count, decoded_cache_dir="none"
+        dataset_name=dataset, max_train_samples=CHECK_IMAGES, max_eval_samples=CHECK_IMAGES, decoded_cache_dir="none"
     )
     try:
         split = load_image_data(data_args, seed=0, target_size=size, check_classes=False).validation
@@ -227,7 +227,7 @@ def check_images(
             f"Could not load the run's dataset {dataset!r} to check the export ({one_line(error)}). Pass images to "
             "check it on: `--images FILE_OR_FOLDER ...`."
         ) from error
-    pixels = split.take(np.arange(min(count, len(split)))).numpy()  # (N, C, H, W) uint8
+    pixels = split.take(np.arange(min(CHECK_IMAGES, len(split)))).numpy()  # (N, C, H, W) uint8
     images = [Image.fromarray(p[0] if p.shape[0] == 1 else p.transpose(1, 2, 0)) for p in pixels]
     return images, "the run's dataset"  # predict.preprocess converts them to the model's mode
 
@@ -241,18 +241,15 @@ def main(argv: list[str] | None = None) -> ExportResult:
         "run_dir", metavar="RUN_DIR", type=expanduser, help="Output directory of a run (config.json, weights)."
     )
     parser.add_argument("--format", required=True, choices=FORMATS, help="Export format.")
-    parser.add_argument(
-        "--output",
-        metavar="DIR",
-        type=expanduser,
-        help="Where to write the export (default RUN_DIR/onnx; RUN/onnx-checkpoint-N for RUN/checkpoint-N).",
-    )
+    output_help = "Where to write the export (default RUN_DIR/onnx; RUN/onnx-checkpoint-N for RUN/checkpoint-N)."
+    parser.add_argument("--output", metavar="DIR", type=expanduser, help=output_help)
     images_help = "Image files or folders to check the export on (default: validation images of the run's dataset)."
     parser.add_argument("--images", nargs="+", metavar="PATH", type=expanduser, help=images_help)
     atol_help = f"Largest difference allowed between ONNX and PyTorch logits (default {DEFAULT_ATOL:g})."
     parser.add_argument("--atol", type=float, default=DEFAULT_ATOL, help=atol_help)
-    trust_help = "Use the code files saved next to the weights."
-    parser.add_argument("--trust_remote_code", "--trust-remote-code", action="store_true", help=trust_help)
+    predict.add_flag(
+        parser, "trust_remote_code", action="store_true", help="Use the code files saved next to the weights."
+    )
     args = parser.parse_args(argv)
     if not 0 <= args.atol < float("inf"):  # also a NaN, which no difference is within
         parser.error(f"--atol must be a finite number >= 0 (e.g. {DEFAULT_ATOL:g}), got {args.atol:g}.")

@@ -40,8 +40,6 @@ from finetune.tools.report import (
 logger = logging.getLogger(__name__)
 
 CARD_NAME = "README.md"
-# The last line of every card written here: the digest of the text above it tells a card this tool wrote, unchanged
-# (rewritten for each push, which fills in the repo id), from one edited by hand or written by someone else (kept).
 COMPARISON_DIR_NAME = "comparison"
 # Licenses of base checkpoints this project fine-tunes; a fine-tuned model inherits its base's license.
 KNOWN_BASE_LICENSES = {"google/vit-": "apache-2.0", "facebook/deit-": "apache-2.0"}

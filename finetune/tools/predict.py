@@ -318,8 +318,11 @@ def needs_interpolation(model, image_size: int | None) -> bool:
 def class_probabilities(
     model, pixel_values: torch.Tensor, interpolate_pos_encoding: bool = False, flip_tta: bool = False
 ) -> torch.Tensor:
-    """`(B, num_labels)` probabilities; with `flip_tta`, of the mean logits of each image and its mirror image."""
+    """`(B, num_labels)` probabilities, float32 on the CPU (a multi-label model's: sigmoid); with `flip_tta`, of the
+    mean logits of each image and its mirror image."""
     import torch
+
+    from finetune.data import is_multi_label
 
     kwargs = {"interpolate_pos_encoding": True} if interpolate_pos_encoding else {}
     if flip_tta:
@@ -328,13 +331,6 @@ def class_probabilities(
         logits = model(pixel_values=pixel_values.to(model.device), **kwargs).logits  # (B, num_labels)
     if flip_tta:
         logits = (logits[: len(logits) // 2] + logits[len(logits) // 2 :]) / 2
-    return logit_probabilities(model, logits)
-
-
-def logit_probabilities(model, logits: torch.Tensor) -> torch.Tensor:
-    """Softmax (a multi-label model's sigmoid) of `logits`, float32 on the CPU."""
-    from finetune.data import is_multi_label
-
     logits = logits.float()
     return (logits.sigmoid() if is_multi_label(model.config) else logits.softmax(dim=-1)).cpu()
 

@@ -173,7 +173,7 @@ def test_vit_run_exports_to_the_output_checked_on_given_files(vit_run, tmp_path,
     # Any batch size: the graph was traced on 3 images and serves 1 and 5.
     for batch in (1, 5):
         pixels = torch.randn(batch, 3, 8, 8, generator=torch.Generator().manual_seed(batch))
-        assert export.onnx_logits(result.path, pixels).shape == (batch, 10)
+        assert predict.OnnxClassifier(result.path.parent)(pixels).logits.shape == (batch, 10)
 
 
 @pytest.mark.parametrize("name", [case(name) for name in BACKBONES])

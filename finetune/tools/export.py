@@ -36,7 +36,6 @@ from finetune.tools.model_card import run_dir_of
 
 
 if TYPE_CHECKING:
-    import numpy as np
     import torch
     from PIL import Image
 
@@ -93,11 +92,6 @@ def export_onnx(model: torch.nn.Module, example: torch.Tensor, path: str | Path)
     return path
 
 
-def onnx_logits(path: str | Path, pixel_values: torch.Tensor) -> np.ndarray:
-    """The logits onnxruntime computes for `pixel_values`, as `predict` runs the export folder around `path`."""
-    return predict.OnnxClassifier(Path(path).parent)(pixel_values).logits.numpy()
-
-
 def check_onnx(path: str | Path, model: torch.nn.Module, pixel_values: torch.Tensor, atol: float) -> float:
     """The largest absolute difference between onnxruntime's and PyTorch's logits; `ValueError` above `atol`."""
     import numpy as np
@@ -107,7 +101,8 @@ def check_onnx(path: str | Path, model: torch.nn.Module, pixel_values: torch.Ten
     # unusable for a later training in the same process.
     with torch.no_grad():
         expected = model(pixel_values=pixel_values).logits.float().numpy()  # (B, num_labels)
-    difference = float(np.abs(onnx_logits(path, pixel_values) - expected).max())
+    actual = predict.OnnxClassifier(Path(path).parent)(pixel_values).logits.numpy()  # as predict runs the folder
+    difference = float(np.abs(actual - expected).max())
     if not difference <= atol:  # also a NaN
         raise ValueError(
             f"The ONNX export does not compute the model's logits: onnxruntime and PyTorch differ by up to "

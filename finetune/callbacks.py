@@ -108,35 +108,32 @@ def check_options_kept(state: TrainerState, now: dict) -> None:
     """Refuse to resume the checkpoint of `state` where an option of `now` (as `option` reads it) differs from the
     one it was trained with (one it did not record is kept)."""
     saved = saved_options(state)
-    changed = [
-        f"{name} {number(saved[name])} (now {number(value)})"
-        for name, value in now.items()
-        if saved.get(name, value) != value and effective(saved, name) != effective(now, name)
-    ]
-    if state.global_step > 0 and changed:
-        # What the checkpoint holds of each option changed; the data options make the validation split.
-        names = [line.split(" ", 1)[0] for line in changed]
-        held = dict.fromkeys(HELD_BY.get(name, HELD_BY["seed"]) for name in names)
-        # From its weights on another validation split: one that holds images they trained on (refused).
-        other_split = {"seed", "data_seed", "validation_size", "held_out_images", "validation_images", "dataset"}
-        other_split &= set(names)
-        weights = "" if other_split else (
-            ", or start a new run from its weights (`--model_type pretrained --model_name_or_path` its checkpoint "
-            "folder, a new `--output_dir`)"
-        )  # fmt: skip
-        if "validation_images" in names and set(names) <= {"validation_images", "held_out_images"}:
-            held_out = "held out from its training images: some it trained on" if saved.get("held_out_images") else ""
-            raise ResumeRefused(
-                f"The resumed checkpoint (step {state.global_step}) was validated on other images: the dataset's "
-                f"files changed since (added or removed), and this run's validation split holds others"
-                f"{f' ({held_out})' if held_out else ''}. Fix: resume on the dataset's files as they were, or start a "
-                "new run (a new `--output_dir`)."
-            )
+    given_otherwise = [name for name in now if saved.get(name, now[name]) != now[name]]
+    names = [name for name in given_otherwise if effective(saved, name) != effective(now, name)]
+    if state.global_step == 0 or not names:
+        return
+    changed = [f"{name} {number(saved[name])} (now {number(now[name])})" for name in names]
+    # What the checkpoint holds of each option changed; the data options make the validation split.
+    held = dict.fromkeys(HELD_BY.get(name, HELD_BY["seed"]) for name in names)
+    # From its weights on another validation split: one that holds images they trained on (refused).
+    other_split = {"seed", "data_seed", "validation_size", "held_out_images", "validation_images", "dataset"}
+    weights = "" if other_split & set(names) else (
+        ", or start a new run from its weights (`--model_type pretrained --model_name_or_path` its checkpoint "
+        "folder, a new `--output_dir`)"
+    )  # fmt: skip
+    if "validation_images" in names and set(names) <= {"validation_images", "held_out_images"}:
+        held_out = "held out from its training images: some it trained on" if saved.get("held_out_images") else ""
         raise ResumeRefused(
-            f"The resumed checkpoint (step {state.global_step}) was trained with {', '.join(changed)}: its "
-            f"{', '.join(held)} would go on with the old values while the results recorded the new. Fix: resume "
-            f"with the options it was trained with{weights}."
+            f"The resumed checkpoint (step {state.global_step}) was validated on other images: the dataset's "
+            f"files changed since (added or removed), and this run's validation split holds others"
+            f"{f' ({held_out})' if held_out else ''}. Fix: resume on the dataset's files as they were, or start a "
+            "new run (a new `--output_dir`)."
         )
+    raise ResumeRefused(
+        f"The resumed checkpoint (step {state.global_step}) was trained with {', '.join(changed)}: its "
+        f"{', '.join(held)} would go on with the old values while the results recorded the new. Fix: resume "
+        f"with the options it was trained with{weights}."
+    )
 
 
 # The training recipe: changed on resume (MixUp off for the last epochs is a recipe of its own), the run goes on with

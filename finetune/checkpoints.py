@@ -58,17 +58,17 @@ def resolve_checkpoint(run_dir: Path, training_args: TrainingArguments, one_of_t
         text = "auto"
     # `auto`: preemptible machines restart the same command; resume where there is a checkpoint, else start.
     numbered = numbered_checkpoints(run_dir)
-    if text == "auto" and numbered and not (run_dir / RESULTS_NAME).exists():
-        if all(map(cut_short, numbered)):
-            # Stopped again during the first save (a preemption's SIGTERM, then its kill): nothing to resume.
-            if training_args.process_index == 0:
-                logger.warning(
-                    f"{', '.join(c.name for c in numbered)} in {run_dir}: {CUT_SHORT}, and no checkpoint is whole: "
-                    "starting anew (`resume_from_checkpoint: auto`); they are left in place."
-                )
-            return None
+    if text == "auto" and numbered and not (run_dir / RESULTS_NAME).exists() and all(map(cut_short, numbered)):
+        # Stopped again during the first save (a preemption's SIGTERM, then its kill): nothing to resume.
+        if training_args.process_index == 0:
+            logger.warning(
+                f"{', '.join(c.name for c in numbered)} in {run_dir}: {CUT_SHORT}, and no checkpoint is whole: "
+                "starting anew (`resume_from_checkpoint: auto`); they are left in place."
+            )
+        return None
     if text in LATEST or (text == "auto" and numbered):
         return prepare_resume(newest_whole_checkpoint(run_dir, training_args), run_dir, training_args)
+    earlier = earlier_run(run_dir)
     if text not in ("false", "none", "", "auto"):
         saved = ("trainer_state.json", "config.json", "model.safetensors", "optimizer.pt")
         if not any(os.path.isfile(os.path.join(resume, name)) for name in saved):  # also a missing folder
@@ -83,7 +83,6 @@ def resolve_checkpoint(run_dir: Path, training_args: TrainingArguments, one_of_t
             raise ValueError(
                 f"`resume_from_checkpoint` {resume!r} cannot be resumed: {problem}. {fix_for(problem, resume)}"
             )
-        earlier = earlier_run(run_dir)
         if earlier and Path(resume).resolve().parent != run_dir.resolve() and not training_args.overwrite_output_dir:
             # Another run's checkpoint going on here would overwrite this folder's checkpoints and results.
             raise FileExistsError(
@@ -92,7 +91,6 @@ def resolve_checkpoint(run_dir: Path, training_args: TrainingArguments, one_of_t
                 "there, or `--overwrite_output_dir true` to replace the earlier run."
             )
         return prepare_resume(resume, run_dir, training_args)
-    earlier = earlier_run(run_dir)
     if earlier and not training_args.overwrite_output_dir:
         # With no checkpoint left (deleted after the run), there is nothing to continue from.
         resume = "`--resume_from_checkpoint true` to continue it, " if earlier != [RESULTS_NAME] else ""

@@ -194,14 +194,13 @@ class ImageClassificationTrainer(Trainer):
         # Not an attribute of the model: the Trainer neither trains, wraps nor saves it.
         self.teacher = teacher.to(self.args.device).eval().requires_grad_(False) if teacher is not None else None
         self.teacher_transform = teacher_transform.to(self.args.device) if teacher is not None else None
-        multi_label = is_multi_label(self.model.config)
-        if multi_label and teacher is not None:
+        self.multi_label = is_multi_label(self.model.config)
+        if self.multi_label and teacher is not None:
             raise ValueError(
                 "Distillation teaches one class per image, and this dataset has several labels per image: drop "
                 "`teacher_model_name_or_path` for multi-label data."
             )
-        self.multi_label = multi_label
-        self.loss_fn = multi_label_loss if multi_label else classification_loss
+        self.loss_fn = multi_label_loss if self.multi_label else classification_loss
         # The Trainer calls `compute_metrics`: the given metrics (`metric_fn`), with the loss (`metrics_and_loss`).
         self.metric_fn = self.compute_metrics
         if self.compute_metrics is not None:

@@ -396,8 +396,7 @@ class RunClock(TrainerCallback, ExportableState):
                 seconds = self.training_seconds()
                 entry["train_seconds"] = round(seconds, 3)
                 entry["train_steps"] = self.steps
-                images = self.images(args)
-                entry["train_images_per_second"] = round(images / seconds, 1) if seconds > 0 else None
+                entry["train_images_per_second"] = round(self.images(args) / seconds, 1) if seconds > 0 else None
 
     def images(self, args) -> float:
         """The training images of the whole run so far, every process's."""

@@ -195,9 +195,8 @@ def history_from_log_history(log_history: Sequence[dict]) -> list[HistoryRow]:
         if "loss" in entry:
             train_loss, train_loss_epoch = entry["loss"], entry.get("epoch")
         if "eval_accuracy" in entry or "eval_loss" in entry:
-            keys = ("epoch", "step", "eval_loss", "eval_accuracy", "eval_map", "elapsed_seconds")
-            values = {key: entry.get(key) for key in keys}
-            rows.append(HistoryRow(train_loss=train_loss, train_loss_epoch=train_loss_epoch, **values))
+            row = {**entry, "train_loss": train_loss, "train_loss_epoch": train_loss_epoch}
+            rows.append(_dataclass_from(HistoryRow, row))
             train_loss = train_loss_epoch = None
     return rows
 

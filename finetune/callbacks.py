@@ -31,8 +31,9 @@ EMA_STATE_NAME = "ema_state.safetensors"  # in each checkpoint: the training wei
 
 
 def total_batch_size(args) -> int:
-    """Images per optimizer step, over every process."""
-    return args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
+    """Images per optimizer step, over every process (`train_batch_size`: a process's, all its GPUs' where the Trainer
+    splits a batch over several with DataParallel)."""
+    return args.train_batch_size * args.gradient_accumulation_steps * args.world_size
 
 
 def restore_state(callback: ExportableState, state) -> None:
@@ -228,7 +229,7 @@ class ResumeCheck(TrainerCallback, ExportableState):
                 )
         # Images an optimizer step: the same steps an epoch at another batch size (31 for 32) trained other steps and
         # skipped other images to go on in the epoch.
-        trained_at, self.batch = self.batch, args.train_batch_size * args.gradient_accumulation_steps * args.world_size
+        trained_at, self.batch = self.batch, total_batch_size(args)
         if args.auto_find_batch_size:  # the size it settles on is the Trainer's own, not the arguments'
             self.batch = None
         if resumed and trained_at not in (None, self.batch) and self.batch is not None:
@@ -402,7 +403,7 @@ class RunClock(TrainerCallback, ExportableState):
         """The training images of the whole run so far, every process's."""
         if not self.num_images:
             return self.steps * total_batch_size(args)
-        batch = args.per_device_train_batch_size * args.world_size
+        batch = args.train_batch_size * args.world_size
         per_epoch = self.num_images - self.num_images % batch if args.dataloader_drop_last else self.num_images
         return self.epoch * per_epoch
 

@@ -132,6 +132,12 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
         check_outside_the_data(data_args, training_args.output_dir)
         check_optimizer(training_args)
         setup_logging(training_args, settings)
+        if training_args.n_gpu > 1:  # one process sees several GPUs: the Trainer splits each batch with DataParallel
+            logger.warning(
+                f"This process trains on {training_args.n_gpu} GPUs with DataParallel, slower than a process per GPU: "
+                f"launch one on each (`accelerate launch --multi_gpu --num_processes {training_args.n_gpu} -m "
+                "finetune.run ...`), or train on one (`CUDA_VISIBLE_DEVICES=0`)."
+            )
         stated = stated_options(sys.argv[1:] if argv is None else argv)
         if model_args.model_type == "pretrained" or not training_args.do_train:
             warn_of_scratch_options(scratch_args, training_args.do_train, stated)

@@ -20,6 +20,7 @@ from finetune.callbacks import (
     TrainingBudgetCallback,
     evaluation_line,
     set_schedule_length,
+    total_batch_size,
 )
 from finetune.trainer import ImageClassificationTrainer, classification_loss
 from finetune.training_args import ImageClassificationTrainingArguments
@@ -317,6 +318,19 @@ def _tiny_trainer(tmp_path, **kwargs):
         bf16=False, fp16=False, tf32=None, torch_compile=False,  # built in code: no `auto` (hardware.choose_settings)
     )  # fmt: skip
     return ImageClassificationTrainer(model=model, args=args, batch_transform=transform), model
+
+
+def test_images_per_step_count_every_gpu_of_a_process_that_splits_its_batch_with_dataparallel(tmp_path):
+    args = _args(tmp_path, per_device_train_batch_size=8, gradient_accumulation_steps=3)
+    clock = RunClock()
+    clock.steps = 10
+    assert total_batch_size(args) == 24 and clock.images(args) == 240
+    args._n_gpu = 2  # what TrainingArguments finds on a machine with two GPUs, in one process
+    assert args.train_batch_size == 16 and total_batch_size(args) == 48 and clock.images(args) == 480
+    clock.num_images, clock.epoch = 90, 1.0  # a whole epoch of 90 images: 80 in full batches of 16 when dropping
+    assert clock.images(args) == 90
+    args.dataloader_drop_last = True
+    assert clock.images(args) == 80
 
 
 def test_flip_tta_logits_are_the_mean_of_both_passes(tmp_path):

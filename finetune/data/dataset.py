@@ -94,18 +94,36 @@ class ImageSplit(torch.utils.data.Dataset):
 
     def copies_in(self, other: ImageSplit) -> list[tuple[int, int]]:
         """Pairs `(i, j)` of an image `i` of this split and an image `j` of `other` with the same pixels, each `i`
-        paired with its first copy `j` (`j < i` where `other` is this split)."""
-        same_keys: dict[int, list[int]] = {}
-        for j, key in enumerate(other.image_keys):
-            same_keys.setdefault(key, []).append(j)
+        paired with its first copy `j` (`j < i` where `other` is this split). Only the images whose `image_keys` meet
+        are read whole and hashed, a few MB at a time: however many share a key (copies of one image, images alike on
+        the sampled lines), each is compared with one image, its hash's first in `other`, pixel for pixel."""
+        counts: dict[int, int] = {}
+        for key in other.image_keys:
+            counts[key] = counts.get(key, 0) + 1
+        least = 2 if other is self else 1  # an image meets its own key
+        mine = [i for i, key in enumerate(self.image_keys) if counts.get(key, 0) >= least]
+        if not mine:
+            return []
+        met = {self.image_keys[i] for i in mine}
+        first: dict[int, int] = {}  # the hash of all the pixels of an image of `other`: its first image with it
+        for part, images in other._read([j for j, key in enumerate(other.image_keys) if key in met]):
+            for j, image in zip(part, images):
+                first.setdefault(hash(image.tobytes()), j)
         pairs = []
-        for i, key in enumerate(self.image_keys):
-            candidates = [j for j in same_keys.get(key, ()) if other is not self or j < i]
-            image = self.take([i]) if candidates else None
-            j = next((j for j in candidates if torch.equal(image, other.take([j]))), None)
-            if j is not None:
-                pairs.append((i, j))
+        for part, images in self._read(mine):
+            found = [(k, first.get(hash(image.tobytes()))) for k, image in enumerate(images)]
+            found = [(k, j) for k, j in found if j is not None and (other is not self or j < part[k])]
+            if found:
+                same = images[[k for k, _ in found]] == other.take([j for _, j in found]).numpy()
+                pairs += [(part[k], j) for (k, j), equal in zip(found, same.reshape(len(found), -1).all(1)) if equal]
         return pairs
+
+    def _read(self, indices: list[int]):
+        """The images at `indices` as `(indices, uint8 array)` parts of some 64 MB."""
+        per_part = max(1, 2**26 // int(np.prod(self._images.shape[1:])))
+        for start in range(0, len(indices), per_part):
+            part = indices[start : start + per_part]
+            yield part, self.take(part).numpy()
 
     def select(self, indices: Sequence[int] | np.ndarray | torch.Tensor) -> ImageSplit:
         """A new split with the images at `indices`, in that order; the images themselves are not copied."""

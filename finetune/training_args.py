@@ -353,8 +353,9 @@ def check_push_possible(repo_id: str | None, token: str | None) -> None:
 
 def check_batches(args: TrainingArguments, num_images: int) -> None:
     """The training batches one epoch of `num_images` gives each process, as accelerate shards them: none is refused
-    (transformers would stop on `max_steps`); fewer than `gradient_accumulation_steps` (smaller steps) are said."""
-    size, world, drop = args.per_device_train_batch_size, args.world_size, args.dataloader_drop_last
+    (transformers would stop on `max_steps`); fewer than `gradient_accumulation_steps` (smaller steps) are said. A
+    process's batch is `train_batch_size`: all its GPUs' where the Trainer splits it over several with DataParallel."""
+    size, world, drop = args.train_batch_size, args.world_size, args.dataloader_drop_last
     batches = num_images // size // world if drop else math.ceil(math.ceil(num_images / size) / world)
     if batches == 0:
         raise ValueError(

@@ -23,7 +23,7 @@ from finetune.callbacks import (
     total_batch_size,
 )
 from finetune.trainer import ImageClassificationTrainer, classification_loss
-from finetune.training_args import ImageClassificationTrainingArguments
+from finetune.training_args import ImageClassificationTrainingArguments, check_batches
 from scratch_vit import ScratchViTConfig, ScratchViTForImageClassification
 
 
@@ -331,6 +331,15 @@ def test_images_per_step_count_every_gpu_of_a_process_that_splits_its_batch_with
     assert clock.images(args) == 90
     args.dataloader_drop_last = True
     assert clock.images(args) == 80
+
+
+def test_no_full_batch_of_a_process_that_splits_its_batch_with_dataparallel_is_refused(tmp_path):
+    # 20 images give a full batch of 16 but none of 32, a process's batch on two GPUs: the run stopped in transformers.
+    args = _args(tmp_path, per_device_train_batch_size=16, dataloader_drop_last=True)
+    check_batches(args, 20)
+    args._n_gpu = 2
+    with pytest.raises(ValueError, match="give no full batch of 32 to each of 1 process"):
+        check_batches(args, 20)
 
 
 def test_flip_tta_logits_are_the_mean_of_both_passes(tmp_path):

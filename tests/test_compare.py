@@ -280,3 +280,18 @@ def test_a_dataset_is_named_in_public_reports_without_local_paths():
     assert report_module.display_dataset("/srv/me/photos") == "photos"
     for name in ("sklearn:digits", "uoft-cs/cifar10"):
         assert report_module.display_dataset(name) == name
+
+
+def test_runs_scored_in_part_on_training_images_are_each_said_so_in_a_paragraph_of_their_own(tmp_path):
+    runs = [make_run_dir(tmp_path / name, extras=False) for name in ("a", "b", "old")]
+    for run, copies in zip(runs, ({"validation": 1234, "test": 2}, {"validation": 3})):
+        results = json.loads((run / "results.json").read_text())
+        results["num_samples"] = {"train": 45000, "validation": 5000, "test": 10000}
+        results["training_image_copies"] = copies
+        (run / "results.json").write_text(json.dumps(results))
+    report = compare.write_comparison(runs, tmp_path / "report").read_text()  # old: a results.json without copies
+    note = (
+        "**a**: 1,234 of its 5,000 validation images and 2 of its 10,000 test images have the pixels of training "
+        "images (a photo saved twice): its validation and test figures read high.\n\n**b**: 3 of its 5,000 validation"
+    )
+    assert note in report and "**old**" not in report

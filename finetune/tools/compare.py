@@ -159,7 +159,7 @@ def write_comparison(run_dirs: Sequence[str | os.PathLike], output_dir: str | os
                         "its mAP does not depend on thresholds.")  # fmt: skip
     copies = [f"**{name}**: {copies_note(run)}" for run, name in zip(runs, names) if run.training_image_copies]
     if copies:  # after the summary table and its note
-        sections.insert(4, "\n".join(copies))
+        sections.insert(4, "\n\n".join(copies))  # a paragraph each: a line break alone joins them
     if differences:  # after the summary table and its note
         sections.insert(4, f"**Not scored on the same images**: the runs differ in their {', '.join(differences)}, so "
                         "their figures do not compare directly.")  # fmt: skip

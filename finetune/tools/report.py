@@ -141,11 +141,15 @@ def teacher_name(path: str) -> str:
     return path if is_hub_id(path) else "/".join(Path(path).parts[-2:])
 
 
+def _with_commas(n: int | None) -> str:
+    return MISSING if n is None else f"{n:,}"
+
+
 def copies_note(results: Results) -> str | None:
     """What the run's results.json says of evaluated images that have a training image's pixels, if any."""
     copies = results.training_image_copies
     total = results.num_samples
-    counts = [f"{n:,} of its {total.get(split) or MISSING} {split} images" for split, n in copies.items()]
+    counts = [f"{n:,} of its {_with_commas(total.get(split))} {split} images" for split, n in copies.items()]
     if not counts:
         return None
     return (

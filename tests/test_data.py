@@ -449,6 +449,22 @@ def test_an_image_under_two_labels_or_in_two_splits_is_named_and_copies_under_on
     )
 
 
+def test_a_copy_without_a_file_is_named_by_its_place_in_the_source_split_it_was_taken_from(tmp_path, caplog):
+    # A validation split held out from a parquet file of bytes: its image 33 was "validation image 33" of a source
+    # that has no validation split.
+    images, labels = _images(30), _labels(30)
+    images, labels = np.concatenate([images, images[:10]]), labels + labels[:10]  # 30 to 39: copies of 0 to 9
+    _dataset(images, labels).to_parquet(tmp_path / "train.parquet")
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        data = load_image_data(_args(dataset_name=str(tmp_path / "train.parquet"), validation_size=0.5), 0)
+    assert data.training_image_copies["validation"] > 0
+    assert re.search(
+        r"validation images have the same pixels as training images \(e\.g\. train image \d+ of the source \(\w+\) "
+        r"and train image \d+ of the source \(\w+\)\)",
+        caplog.text,
+    )
+
+
 def test_csv_with_relative_image_paths_and_string_labels(tmp_path):
     images, labels = _images(15), _labels(15)
     paths = _write_png_folder(tmp_path / "pictures", images, labels)

@@ -184,7 +184,8 @@ def load_image_data(
     check_labels(splits, label_names)
     if check_classes:
         check_num_classes(splits["train"], label_names)
-    copies = warn_of_copies(splits, label_names, source, chosen["train"].source, columns[0] if columns else None)
+    from_source = {name: rows.source for name, rows in chosen.items()}
+    copies = warn_of_copies(splits, label_names, source, from_source, columns[0] if columns else None)
     train, validation, test = splits["train"], splits["validation"], splits.get("test")
 
     sizes = {name: s.image_size for name, s in splits.items()}
@@ -203,12 +204,17 @@ def load_image_data(
 
 
 def warn_of_copies(
-    splits: dict[str, ImageSplit], label_names: list[str], source: Source, train_source: str, column: str | None
+    splits: dict[str, ImageSplit],
+    label_names: list[str],
+    source: Source,
+    from_source: dict[str, str],
+    column: str | None,
 ) -> dict[str, int]:
     """Warn where one image is stored twice (a photo saved into two folders, scraped twice): a validation or test image
     that is also a training image scores the model on what it trained on; a training image under two labels teaches it
-    both. Returns the count of each evaluated split that has copies. The training images' files are looked up in
-    `source`'s `train_source` split, `column`."""
+    both. Returns the count of each evaluated split that has copies. `from_source` names the source split each split's
+    images are taken from (a held-out validation split's: train), where the training images' files are looked up
+    (`column`), and an image without a file is named by its place."""
     from finetune.data.sources import image_files
 
     train = splits["train"]
@@ -216,11 +222,11 @@ def warn_of_copies(
     def named(split: ImageSplit, i: int, name: str) -> str:
         position = int(split.positions[i])
         if split is train and source.encoded:  # train's files are not listed (it may hold millions): look it up
-            files = image_files(source, train_source, column, np.array([position]))
+            files = image_files(source, from_source[name], column, np.array([position]))
         else:
             files = split.files
         file = files[0 if split is train else i] if files else None
-        text = file or f"{name} image {position:,} (its place in the source)"
+        text = file or f"{from_source[name]} image {position:,} of the source"
         return text + (f" ({label_names[int(split.labels[i])]})" if split.labels.ndim == 1 else "")
 
     copies = {}

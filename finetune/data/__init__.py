@@ -245,10 +245,16 @@ def warn_of_copies(
             )
         else:
             copies[name] = len(pairs)
+            # Held out from the training images, the split is drawn anew by each run: the copies go from the dataset.
+            held_out = from_source[name] == from_source["train"]
+            fix = (
+                "Keep one copy of each image in the dataset"
+                if held_out
+                else "Remove the copies from one of the splits"
+            )
             logger.warning(
                 f"{len(pairs):,} of the {len(split):,} {name} images have the same pixels as training images "
-                f"({example}): the model is scored on images it trained on, so its {name} figures read high. Remove "
-                "the copies from one of the splits."
+                f"({example}): the model is scored on images it trained on, so its {name} figures read high. {fix}."
             )
     return copies
 

@@ -376,9 +376,8 @@ def test_a_class_without_training_images_is_kept_and_named(tmp_path, caplog):
 def test_copies_of_training_images_held_out_for_validation_are_counted(tmp_path, caplog):
     images, labels = _images(60), _labels(60)
     paths = _write_png_folder(tmp_path, images, labels)
-    for i in range(
-        12
-    ):  # 12 images saved twice under their own labels: the seed holds out some copies, not their twins
+    # 12 images saved twice under their own labels: the seed holds out some copies, not their twins.
+    for i in range(12):
         shutil.copy(paths[i], paths[i].with_name(f"copy{i}.png"))
     with caplog.at_level(logging.WARNING, logger="finetune"):
         data = load_image_data(_args(dataset_name=str(tmp_path), validation_size=0.4), 0)
@@ -386,7 +385,8 @@ def test_copies_of_training_images_held_out_for_validation_are_counted(tmp_path,
     twins = [any(torch.equal(image, other) for other in train) for image in data.validation.pixel_values]
     assert 0 < sum(twins) < 12
     assert (
-        f"{sum(twins)} of the {len(twins)} validation images have the same pixels as training images (e.g. "
+        f"{sum(twins)} of the {len(twins)} validation images {'has' if sum(twins) == 1 else 'have'} the same "
+        "pixels as training images (e.g. "
         f"{data.validation.files[twins.index(True)]} (" in caplog.text
     )
     assert "scored on images it trained on" in caplog.text and "with other labels" not in caplog.text
@@ -443,7 +443,7 @@ def test_an_image_under_two_labels_or_in_two_splits_is_named_and_copies_under_on
         caplog.text,
     )
     assert re.search(
-        r"1 of the 11 validation images have the same pixels as training images \(e\.g\. \S+/val/cat/seen\.png "
+        r"1 of the 11 validation images has the same pixels as training images \(e\.g\. \S+/val/cat/seen\.png "
         r"\(cat\) and \S+/train/cat/3\.png \(cat\)\)",
         caplog.text,
     )
@@ -459,8 +459,8 @@ def test_a_copy_without_a_file_is_named_by_its_place_in_the_source_split_it_was_
         data = load_image_data(_args(dataset_name=str(tmp_path / "train.parquet"), validation_size=0.5), 0)
     assert data.training_image_copies["validation"] > 0
     assert re.search(
-        r"validation images have the same pixels as training images \(e\.g\. train image \d+ of the source \(\w+\) "
-        r"and train image \d+ of the source \(\w+\)\)",
+        r"validation images ha(s|ve) the same pixels as training images \(e\.g\. train image \d+ of the source "
+        r"\(\w+\) and train image \d+ of the source \(\w+\)\)",
         caplog.text,
     )
     # Held out by the run, the validation split has no files of its own to remove the copies from.

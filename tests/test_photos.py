@@ -138,7 +138,7 @@ def test_a_run_scored_in_part_on_its_training_photos_says_so_in_its_results_repo
     results = run.main(args)["scratch"]
     assert results.training_image_copies == {"validation": 1}
     assert json.loads((tmp_path / "run" / "results.json").read_text())["training_image_copies"] == {"validation": 1}
-    note = "1 of its 4 validation images have the pixels of training images (a photo saved twice): its validation "
+    note = "1 of its 4 validation images has the pixels of training images (a photo saved twice): its validation "
     report = compare.write_comparison([tmp_path / "run"], tmp_path / "report").read_text()
     assert f"**run**: {note}figures read high." in report
     card = model_card.main([str(tmp_path / "run")]).read_text()

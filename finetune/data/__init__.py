@@ -253,7 +253,8 @@ def warn_of_copies(
                 else "Remove the copies from one of the splits"
             )
             logger.warning(
-                f"{len(pairs):,} of the {len(split):,} {name} images have the same pixels as training images "
+                f"{len(pairs):,} of the {len(split):,} {name} images {'has' if len(pairs) == 1 else 'have'} the same "
+                "pixels as training images "
                 f"({example}): the model is scored on images it trained on, so its {name} figures read high. {fix}."
             )
     return copies

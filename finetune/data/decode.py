@@ -35,8 +35,8 @@ SIXTEEN_BIT_MODES = frozenset({"I", "I;16", "I;16L", "I;16B", "I;16N"})
 # Alpha modes, premultiplied ones included, and the mode of their colour part.
 ALPHA_MODES = {"RGBA": "RGB", "RGBa": "RGB", "LA": "L", "La": "L", "PA": "RGB"}
 MAX_LISTED_CORRUPT = 10  # corrupt images named in the warning of a split
-# Phone cameras take 108 and 200 MP photos, past Pillow's decompression-bomb limit (an error above 179 MP), which would
-# skip them as "corrupt": four times Pillow's default (an error above 716 MP); a JPEG decodes at 1/8 scale (`draft`).
+# Phone cameras take 200 MP photos, past Pillow's decompression-bomb limit (an error above 179 MP), which would skip
+# them as "corrupt": four times Pillow's default (an error above 716 MP); a JPEG decodes at 1/8 scale (`draft`).
 if Image.MAX_IMAGE_PIXELS == 89_478_485:  # Pillow's default: a limit set by the caller (or None) is kept
     Image.MAX_IMAGE_PIXELS = 4 * 89_478_485
 

@@ -153,7 +153,8 @@ def copies_note(results: Results) -> str | None:
     if not counts:
         return None
     return (
-        f"{' and '.join(counts)} have the pixels of training images (a photo saved twice): its "
+        f"{' and '.join(counts)} {'has' if list(copies.values()) == [1] else 'have'} the pixels of training images (a "
+        "photo saved twice): its "
         f"{' and '.join(copies)} figures read high."
     )
 

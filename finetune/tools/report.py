@@ -141,20 +141,16 @@ def teacher_name(path: str) -> str:
     return path if is_hub_id(path) else "/".join(Path(path).parts[-2:])
 
 
-def _with_commas(n: int | None) -> str:
-    return MISSING if n is None else f"{n:,}"
-
-
 def copies_note(results: Results) -> str | None:
     """What the run's results.json says of evaluated images that have a training image's pixels, if any."""
     copies = results.training_image_copies
     total = results.num_samples
-    counts = [f"{n:,} of its {_with_commas(total.get(split))} {split} images" for split, n in copies.items()]
+    counts = [f"{n:,} of its {format_number(total.get(split), 0)} {split} images" for split, n in copies.items()]
     if not counts:
         return None
+    verb = "has" if list(copies.values()) == [1] else "have"
     return (
-        f"{' and '.join(counts)} {'has' if list(copies.values()) == [1] else 'have'} the pixels of training images (a "
-        "photo saved twice): its "
+        f"{' and '.join(counts)} {verb} the pixels of training images (a photo saved twice): its "
         f"{' and '.join(copies)} figures read high."
     )
 

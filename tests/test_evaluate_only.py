@@ -216,8 +216,9 @@ def test_a_model_saved_before_the_count_was_recorded_is_held_to_the_images_it_he
 
 
 def test_a_local_dataset_is_known_by_its_files_not_the_spelling_of_its_path(tmp_path, monkeypatch):
-    """Trained on `digits` (relative), evaluated on its absolute path with another seed: refused (it was evaluated on
-    images it trained on); a different folder of the same relative name is another dataset: evaluated."""
+    """Trained on `digits` (relative), evaluated on its absolute path or through a symlink with another seed: refused
+    (it was evaluated on images it trained on); a different folder of the same relative name is another dataset:
+    evaluated."""
     from PIL import Image
     from sklearn.datasets import load_digits
 
@@ -234,6 +235,9 @@ def test_a_local_dataset_is_known_by_its_files_not_the_spelling_of_its_path(tmp_
     evaluate = [*args, "--do_train", "false", "--model_name_or_path", str(tmp_path / "a" / "model"), "--seed", "42"]
     with pytest.raises(ValueError, match="would hold out images it trained on. Fix: `--seed 0`"):
         run.main([*evaluate, "--dataset_name", str(tmp_path / "a" / "digits"), "--output_dir", "eval"])
+    (tmp_path / "link").symlink_to(tmp_path / "a" / "digits")  # the same files through a link: the same dataset
+    with pytest.raises(ValueError, match="would hold out images it trained on. Fix: `--seed 0`"):
+        run.main([*evaluate, "--dataset_name", str(tmp_path / "link"), "--output_dir", "eval"])
     # One image more in the folder: the same seed holds out another split, with images the model trained on.
     shutil.copy(tmp_path / "a" / "digits" / "0" / "0.png", tmp_path / "a" / "digits" / "1" / "new.png")
     with pytest.raises(ValueError, match=r"its files have changed since, so this evaluation's held-out validation"):

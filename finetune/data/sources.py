@@ -510,9 +510,10 @@ def _named_splits(
 
 
 def _files_fingerprint(paths: Sequence[str]) -> str:
-    """Hash of path, size and modification time of every file (folders walked), so any edit invalidates the cache."""
+    """Hash of path, size and modification time of every file (folders walked), so any edit invalidates the cache; real
+    paths, so a dataset reached through a symlink is the same dataset."""
     stats = []
-    for path in map(os.path.abspath, paths):
+    for path in map(os.path.realpath, paths):
         walked = [path] if os.path.isfile(path) else []
         for root, dirs, names in os.walk(path):
             dirs[:] = sorted(d for d in dirs if not d.startswith("."))

@@ -235,9 +235,10 @@ class ResumeCheck(TrainerCallback, ExportableState):
         if resumed and trained_at not in (None, self.batch) and self.batch is not None:
             raise ResumeRefused(
                 f"The resumed checkpoint (step {state.global_step}) was trained at {trained_at} images an optimizer "
-                f"step (`per_device_train_batch_size` x `gradient_accumulation_steps` x processes), and this run "
-                f"takes {self.batch}: it would go on with other steps, and skip other images of the running epoch. "
-                "Fix: resume with the batch size it was trained with, or start a new run (a new `--output_dir`)."
+                f"step (`per_device_train_batch_size` x GPUs a process x `gradient_accumulation_steps` x processes), "
+                f"and this run takes {self.batch}: it would go on with other steps, and skip other images of the "
+                "running epoch. Fix: resume with the batch size it was trained with, or start a new run (a new "
+                "`--output_dir`)."
             )
         if resumed and fitted is not None and getattr(args, "max_train_minutes", None) is None:
             raise ResumeRefused(

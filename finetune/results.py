@@ -174,6 +174,20 @@ def dataset_location(source: str) -> str | None:
     return hashlib.sha256(os.path.realpath(path).encode()).hexdigest()[:24] if os.path.exists(path) else None
 
 
+def check_outside_training_data(output: str | os.PathLike, runs: Sequence[Results | None], what: str) -> None:
+    """Never write `what` (a command's files) into the folder of images one of `runs` was trained on: its next run
+    would read them as images (or their folder as a class), as `finetune.run` refuses such an `output_dir`."""
+    folder = Path(output).expanduser().resolve()
+    inside = (folder, *folder.parents)
+    for trained in runs:
+        if trained is not None and trained.dataset_location is not None:
+            if any(dataset_location(str(p)) == trained.dataset_location for p in inside):
+                raise ValueError(
+                    f"--output {output} is inside {trained.dataset}, the images the model was trained on, where its "
+                    f"next run would read {what} as training images. Nothing was written. Fix: an --output outside it."
+                )
+
+
 def results_of_model(model_dir: str | os.PathLike) -> Results | None:
     """The results of the run that wrote the model in `model_dir`: its own results.json, or that of the run folder
     around it (a checkpoint-*, merged/, onnx/); None for a model that no run of this project wrote."""

@@ -270,21 +270,6 @@ def write_attention_maps(
     return written
 
 
-def check_outside_training_data(output: str, model_dir: str) -> None:
-    """Never write the maps into the folder of images the model trained on: its next run would read the PNGs as
-    images (or their folder as a class), as `finetune.run` refuses such an `output_dir`."""
-    from finetune.results import dataset_location, results_of_model
-
-    trained = results_of_model(model_dir)
-    folder = Path(output).expanduser().resolve()
-    if trained is not None and trained.dataset_location is not None:
-        if any(dataset_location(str(p)) == trained.dataset_location for p in (folder, *folder.parents)):
-            raise ValueError(
-                f"--output {output} is inside {trained.dataset}, the images the model was trained on, where its next "
-                "run would read the maps as training images. Nothing was written. Fix: an --output outside it."
-            )
-
-
 def main(argv: list[str] | None = None) -> list[Path]:
     parser = ArgumentParser(
         prog="python -m finetune.tools.attention",
@@ -293,7 +278,9 @@ def main(argv: list[str] | None = None) -> list[Path]:
     predict.add_model_arguments(parser, image_metavar="IMAGE")
     parser.add_argument("--output", required=True, metavar="DIR", type=expanduser, help="Where to write the PNGs.")
     args = parser.parse_args(argv)
-    check_outside_training_data(args.output, args.model_dir)
+    from finetune.results import check_outside_training_data, results_of_model
+
+    check_outside_training_data(args.output, [results_of_model(args.model_dir)], "the maps")
     model, processor, results, paths = predict.classifier_from_arguments(parser, args, attn_implementation="eager")
     stored_size, flip_tta = predict.run_stored_size(results), predict.run_flip_tta(results)
     written = write_attention_maps(model, processor, paths, args.output, args.image_size, stored_size, flip_tta)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from finetune.errors import ArgumentParser, run_command
 from finetune.locations import check_folder, edited_file, free_name, is_onnx_export, make_folder, marked, write_whole
-from finetune.results import Results, find_run_dirs
+from finetune.results import Results, check_outside_training_data, find_run_dirs
 from finetune.tools.report import (
     SUMMARY_NOTE,
     copies_note,
@@ -114,6 +114,7 @@ def write_comparison(run_dirs: Sequence[str | os.PathLike], output_dir: str | os
             f"{', '.join(exports)}: an ONNX export, whose results.json is its run's. Fix: compare the run folder it "
             "was exported from."
         )
+    check_outside_training_data(output_dir, runs, "the report's plots")
     check_report_folder(output_dir)
     output_dir = make_folder(output_dir)
     names = [run.run_name or run_dir.name for run, run_dir in zip(runs, run_dirs)]

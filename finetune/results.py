@@ -184,7 +184,7 @@ def check_outside_training_data(output: str | os.PathLike, runs: Sequence[Result
             if any(dataset_location(str(p)) == trained.dataset_location for p in inside):
                 raise ValueError(
                     f"--output {output} is inside {trained.dataset}, the images the model was trained on, where its "
-                    f"next run would read {what} as training images. Nothing was written. Fix: an --output outside it."
+                    f"next run would read {what} as training data. Nothing was written. Fix: an --output outside it."
                 )
 
 

@@ -19,7 +19,7 @@ from test_backbones import checkpoint, needs_timm
 
 from finetune.augment import photo_size
 from finetune.models import LORA_DEFAULT_TARGETS
-from finetune.results import Results
+from finetune.results import Results, dataset_location
 from finetune.tools import predict
 
 
@@ -460,3 +460,21 @@ def test_an_image_size_the_model_cannot_take_is_refused_in_one_line():
         predict.check_image_size(model, 48)
     assert model.training  # left as it was
     predict.check_image_size(tiny_vit_model(), 32)  # at 16 px: 32 interpolated
+
+
+def test_predictions_are_never_written_into_the_images_the_model_trained_on(tmp_path):
+    # A preds.csv there made the next run on that folder read it as a table of images and stop, asking for an
+    # `image_column_name`.
+    run = make_run_dir(tmp_path / "run", model=tiny_scratch_model(), extras=False)
+    (tmp_path / "photos" / "cats").mkdir(parents=True)
+    Image.new("RGB", (20, 30), (200, 10, 10)).save(tmp_path / "photos" / "cats" / "cat.png")
+    results = Results.load(run)
+    results.dataset, results.dataset_location = "photos", dataset_location(str(tmp_path / "photos"))
+    results.save(run)
+    for output in (tmp_path / "photos" / "preds.csv", tmp_path / "photos" / "cats" / "preds.json"):
+        with pytest.raises(
+            ValueError, match=r"inside photos, the images the model was trained on.*Nothing was written"
+        ):
+            predict.main([str(run), str(tmp_path / "photos"), "--output", str(output)])
+    assert sorted(p.name for p in (tmp_path / "photos").rglob("*")) == ["cat.png", "cats"]
+    assert len(predict.main([str(run), str(tmp_path / "photos"), "--output", str(tmp_path / "preds.csv")])) == 1

@@ -520,7 +520,11 @@ def main(argv: list[str] | None = None) -> list[Prediction]:
             "files: pass a new name, or remove it first."
         )
     if output:
+        from finetune.results import check_outside_training_data, results_of_model
+
         check_folder(output, is_file=True)
+        # A csv there made the next run read the folder as a table of images, which it is not.
+        check_outside_training_data(output, [results_of_model(args.model_dir)], "the predictions")
     model, processor, results, paths = classifier_from_arguments(parser, args)
     thresholds = label_thresholds(model, results, args.model_dir)
     predictions, skipped = predict_files(

@@ -312,3 +312,17 @@ def test_the_report_is_never_written_into_the_images_a_run_trained_on(tmp_path):
             compare.main([str(run), "--output", str(output)])
     assert sorted(p.name for p in (tmp_path / "photos").rglob("*")) == ["cat.png", "cats"]
     assert compare.main([str(run), "--output", str(tmp_path / "report")]).is_file()
+
+
+def test_runs_whose_names_make_the_same_file_name_keep_a_confusion_matrix_each(tmp_path):
+    # `猫` and `狗` (and `Cat`, `cat` on macOS) were both written to one file: the report showed the last run's twice.
+    runs = [
+        make_run_dir(tmp_path / name, run_name=name, extras=False, seed=i)
+        for i, name in enumerate(["猫", "狗", "Cat", "cat"])
+    ]
+    report = compare.write_comparison(runs, tmp_path / "report").read_text()
+    linked = re.findall(r"!\[Confusion matrix of (.+?)\]\((.+?)\)", report)
+    files = [file for _, file in linked]
+    assert [name for name, _ in linked] == ["猫", "狗", "Cat", "cat"]
+    assert len({file.lower() for file in files}) == 4, files
+    assert all((tmp_path / "report" / file).is_file() for file in files)

@@ -127,7 +127,14 @@ def write_comparison(run_dirs: Sequence[str | os.PathLike], output_dir: str | os
     for run, name, run_dir in zip(runs, names, run_dirs):
         if run.confusion_matrix:
             slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "run"  # a file name from the run's name
-            confusion_files[name] = file_name = f"confusion_matrix_{slug}.png"
+            # Names that differ only in other characters (`猫`, `狗`: both `run`) would share, and overwrite, a plot;
+            # compared without case, as macOS and Windows compare file names.
+            taken, n = {file.lower() for file in confusion_files.values()}, 1
+            file_name = f"confusion_matrix_{slug}.png"
+            while file_name.lower() in taken:
+                n += 1
+                file_name = f"confusion_matrix_{slug}_{n}.png"
+            confusion_files[name] = file_name
             title = f"{name}\n{run.confusion_split or 'evaluation'} split, normalized per true class"
             plot_confusion_matrix(run.confusion_matrix, run.label_names, title, output_dir / file_name)
         elif not run.multi_label:  # a multi-label run has none

@@ -502,6 +502,19 @@ def load_yaml_config(path: str | os.PathLike, options: dict[str, tuple[Any, list
     return values
 
 
+class ExponentLoader(yaml.SafeLoader):
+    """YAML 1.1 with the numbers YAML 1.2 and JSON read that it reads as text: `1e-5`, `1.0e5` (no dot, or an
+    exponent without its sign); `lr_scheduler_kwargs: {min_lr: 1e-5}` reached the schedule as a string. Quoted, it
+    stays text."""
+
+
+ExponentLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)[eE][-+]?[0-9]+$"),
+    list("-+.0123456789"),
+)
+
+
 def read_yaml(path: str) -> tuple[dict, dict[str, int]]:
     """The YAML map and the line of each key; a syntax error, or a key given twice, names the file, line and column."""
     try:
@@ -511,6 +524,10 @@ def read_yaml(path: str) -> tuple[dict, dict[str, int]]:
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         values = yaml.safe_load(text) or {}
+        if isinstance(values, dict) and any(isinstance(v, dict) for v in values.values()):
+            # A map option's values reach the library as YAML read them (the top-level ones are converted by type).
+            numbers = yaml.load(text, Loader=ExponentLoader)
+            values = {k: numbers[k] if isinstance(v, dict) else v for k, v in values.items()}
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark or error.context_mark
         where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""

@@ -277,3 +277,17 @@ def test_options_a_base_config_sets_are_not_named_as_ignored(tmp_path, caplog):
         run.warn_of_scratch_options(parse_args(argv)[2], True, run.stated_options(argv))
     [warning] = [r.getMessage() for r in caplog.records]
     assert warning.startswith("--image_size: ScratchViT options, ignored by `model_type: pretrained`")
+
+
+def test_numbers_in_a_config_map_are_read_as_yaml_1_2_and_json_read_them(tmp_path):
+    """YAML 1.1 reads `1e-5` as text: `lr_scheduler_kwargs: {min_lr: 1e-5}` reached the schedule as a string, and the
+    run stopped with a TypeError once the data was loaded. A quoted number stays text."""
+    config = _write(
+        tmp_path / "c.yaml",
+        "lr_scheduler_type: cosine_with_min_lr\nlr_scheduler_kwargs: {min_lr: 1e-5, num_cycles: 5.0e-1}\n",
+    )
+    _, _, _, training_args = parse_args(["--config", str(config), "--output_dir", str(tmp_path)])
+    assert training_args.lr_scheduler_kwargs == {"min_lr": 1e-5, "num_cycles": 0.5}
+    config = _write(tmp_path / "c.yaml", "lr_scheduler_kwargs: {min_lr: '1e-5', other: [2e-3, x]}\n")
+    kwargs = parse_options(["--config", str(config)])[-1]["lr_scheduler_kwargs"]
+    assert kwargs == {"min_lr": "1e-5", "other": [2e-3, "x"]}

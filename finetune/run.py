@@ -138,24 +138,25 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
                 f"launch one on each (`accelerate launch --multi_gpu --num_processes {training_args.n_gpu} -m "
                 "finetune.run ...`), or train on one (`CUDA_VISIBLE_DEVICES=0`)."
             )
-        stated = stated_options(sys.argv[1:] if argv is None else argv)
-        if model_args.model_type == "pretrained" or not training_args.do_train:
-            warn_of_scratch_options(scratch_args, training_args.do_train, stated)
-        elif model_args.model_type == "scratch":
-            warn_of_pretrained_options(model_args, stated)
-
         # Publishing is done once, at the end, by our own code: the Trainer would create the repo at start-up (failing
         # offline before any training) and push every checkpoint. The token is kept out of every saved file.
         push_to_hub, hub_token = training_args.push_to_hub, training_args.hub_token
         training_args.push_to_hub, training_args.hub_token = False, None
 
+        # Refusals before the warnings of ignored options: a warning's "Fix: drop them" was followed by the error.
         if not training_args.do_train:
             check_evaluation_only(model_args, push_to_hub)
-            warn_of_training_options(model_args, data_args, scratch_args, training_args)
         else:
             check_separate_files(data_args)
             if training_args.teacher_model_name_or_path:
                 teacher_config(training_args.teacher_model_name_or_path)
+        stated = stated_options(sys.argv[1:] if argv is None else argv)
+        if model_args.model_type == "pretrained" or not training_args.do_train:
+            warn_of_scratch_options(scratch_args, training_args.do_train, stated)
+        elif model_args.model_type == "scratch":
+            warn_of_pretrained_options(model_args, stated)
+        if not training_args.do_train:
+            warn_of_training_options(model_args, data_args, scratch_args, training_args)
         output_dir = Path(training_args.output_dir)
         both = ("pretrained", "scratch") if model_args.model_type == "both" else ()
         run_dirs = {t: output_dir / t for t in both} or {model_args.model_type: output_dir}

@@ -302,10 +302,15 @@ def test_the_results_name_what_the_evaluated_model_is(trained_scratch, lora_of_s
         (["--model_type", "scratch"], "needs a trained ScratchViT to score"),
     ],
 )
-def test_refusals_name_the_fix(args, message, tmp_path):
+def test_refusals_name_the_fix(args, message, tmp_path, caplog):
     with pytest.raises(ValueError, match=message):
         run.main(["--do_train", "false", *args, *DIGITS, "--output_dir", str(tmp_path / "o")])
     assert not (tmp_path / "o").exists()
+    # Alone: a run's config given (`--hidden_size`) was first warned of as ignored, "Fix: drop them", then refused.
+    caplog.clear()
+    with pytest.raises(ValueError, match=message):
+        run.main(["--do_train", "false", *args, *DIGITS, "--hidden_size", "32", "--output_dir", str(tmp_path / "o")])
+    assert "ignored by" not in caplog.text
 
 
 def test_predictions_csv_by_hand(tmp_path):

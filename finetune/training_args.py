@@ -155,6 +155,10 @@ class ImageClassificationTrainingArguments(TrainingLoopArguments, TrainingArgume
             check_unused(
                 self, ["early_stopping_threshold"], "no `early_stopping_patience`", "`early_stopping_patience`"
             )
+        if self.recipe_precision is None:  # the alternative is named only where the precision is not the recipe's
+            check_unused(
+                self, ["recipe_alternative"], "no `recipe_precision`", "`recipe_precision: bf16` (or `float32`)"
+            )
         if self.teacher_model_name_or_path is None:
             distilling = ("distillation_type", "distillation_alpha", "distillation_temperature")
             without = "no `teacher_model_name_or_path` to distill from"

@@ -291,3 +291,10 @@ def test_numbers_in_a_config_map_are_read_as_yaml_1_2_and_json_read_them(tmp_pat
     config = _write(tmp_path / "c.yaml", "lr_scheduler_kwargs: {min_lr: '1e-5', other: [2e-3, x]}\n")
     kwargs = parse_options(["--config", str(config)])[-1]["lr_scheduler_kwargs"]
     assert kwargs == {"min_lr": "1e-5", "other": [2e-3, "x"]}
+
+
+def test_a_recipe_alternative_without_the_recipes_precision_is_refused(tmp_path):
+    """`recipe_alternative` is named only where the machine trains in another precision than `recipe_precision`:
+    without it the option did nothing, and the run went on without a word."""
+    with pytest.raises(ValueError, match=r"`recipe_alternative` set, but no `recipe_precision`.*Fix: `recipe_prec"):
+        parse_args(["--recipe_alternative", "other.yaml", "--output_dir", str(tmp_path)])

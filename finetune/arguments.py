@@ -631,7 +631,7 @@ def parse_options(argv: list[str] | None = None) -> tuple[ModelArguments, DataAr
     `auto` still unresolved."""
     from finetune.training_args import option_parser  # transformers: imported once a command line is read
 
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = joined_negative_numbers(list(sys.argv[1:] if argv is None else argv))
     known = help_parser().parse_known_args(argv)[0]  # answers --help
     if sum(a == "--config" or a.startswith("--config=") for a in argv) > 1:  # argparse would keep the last alone
         raise UsageError(
@@ -669,6 +669,29 @@ def parse_options(argv: list[str] | None = None) -> tuple[ModelArguments, DataAr
     # After the options' own checks, which name their ranges: `--validation_size nan`'s a fraction or a count.
     check_finite({**vars(model_args), **vars(data_args), **vars(scratch_args), **values})
     return model_args, data_args, scratch_args, values
+
+
+def joined_negative_numbers(argv: list[str]) -> list[str]:
+    """`--option -1e-3` as `--option=-1e-3`: argparse before Python 3.13 reads a negative number with an exponent (or
+    `-inf`) as an option, and stopped with "--option: expected one argument". The numbers it reads (`-1`, `-0.5`) are
+    left to it, which also reads them as a list's items (`--include_labels -1 -2`)."""
+    joined = []
+    for arg in argv:
+        previous = joined[-1] if joined else ""
+        misread = arg.startswith("-") and not re.fullmatch(r"-\d+|-\d*\.\d+", arg) and is_number_text(arg)
+        if previous.startswith("--") and "=" not in previous and misread:
+            joined[-1] = f"{previous}={arg}"
+        else:
+            joined.append(arg)
+    return joined
+
+
+def is_number_text(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def check_lists_given_once(argv: list[str], options) -> None:

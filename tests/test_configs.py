@@ -298,3 +298,15 @@ def test_a_recipe_alternative_without_the_recipes_precision_is_refused(tmp_path)
     without it the option did nothing, and the run went on without a word."""
     with pytest.raises(ValueError, match=r"`recipe_alternative` set, but no `recipe_precision`.*Fix: `recipe_prec"):
         parse_args(["--recipe_alternative", "other.yaml", "--output_dir", str(tmp_path)])
+
+
+def test_a_negative_number_with_an_exponent_is_an_options_value():
+    """argparse before Python 3.13 takes `-1e-3` for an option: `--early_stopping_threshold -1e-3` stopped with
+    "expected one argument" (`-0.001` and `--early_stopping_threshold=-1e-3` were read)."""
+    argv = ["--early_stopping_patience", "2", "--early_stopping_threshold", "-1e-3", "--max_grad_norm", "-inf"]
+    options = parse_options(argv)[-1]
+    assert options["early_stopping_threshold"] == -1e-3 and options["max_grad_norm"] == float("-inf")
+    with pytest.raises(ValueError, match=r"`learning_rate` must be >= 0, got -0\.001\."):
+        parse_args(["--learning_rate", "-1E-3"])
+    # The numbers argparse reads itself are left to it, also as a list's items.
+    assert parse_options(["--include_labels", "-1", "-2"])[1].include_labels == ["-1", "-2"]

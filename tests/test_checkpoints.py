@@ -186,6 +186,27 @@ def test_a_folder_that_is_no_checkpoint_is_named_so(tmp_path):
             resolve_checkpoint(tmp_path / "out", args)
 
 
+def test_yes_and_no_on_the_command_line_are_read_as_a_config_reads_them(tmp_path, monkeypatch):
+    """YAML reads `resume_from_checkpoint: yes` as true: `--resume_from_checkpoint yes` (or 1) was a checkpoint folder
+    named `yes`, "not a checkpoint folder", and `no` (or 0) one named `no`. A folder of that name is still one."""
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+
+    def resolve(word):
+        return resolve_checkpoint(
+            out, parse_args([*TINY, "--output_dir", str(out), "--resume_from_checkpoint", word])[3]
+        )
+
+    for word in ("true", "yes", "1", "Y"):
+        with pytest.raises(FileNotFoundError, match="holds no complete checkpoint"):
+            resolve(word)
+    for word in ("false", "no", "0", "N"):
+        assert resolve(word) is None
+    (tmp_path / "1").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"'1' is not a checkpoint folder\.$"):
+        resolve("1")
+
+
 def test_another_runs_checkpoint_never_goes_on_over_an_earlier_run(trained, tmp_path):
     """An explicit checkpoint of another run, resumed into a folder holding a run, overwrote that run's checkpoints
     and results (rotation deleted the rest), exit 0. Its own checkpoints still resume there; under `both` one path

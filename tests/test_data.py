@@ -1184,6 +1184,10 @@ def test_include_labels_keeps_and_renumbers_classes():
     assert set(labels.tolist()) == {0, 1}
     with pytest.raises(ValueError, match="unknown label"):
         load_image_data(_args(dataset_name="sklearn:digits", include_labels=["ten"]), seed=0)
+    # `--include_labels 7,2` is one label, "7,2": the line says how a list is written.
+    with pytest.raises(ValueError, match=r"unknown label\(s\) \['7,2'\].*Fix: one name each, apart: `--include_labels "
+                       r"7 2` \(in a config `include_labels: \[7, 2\]`\)\.$"):  # fmt: skip
+        load_image_data(_args(dataset_name="sklearn:digits", include_labels=["7,2"]), seed=0)
 
 
 def test_include_labels_that_leave_a_split_of_the_source_empty_are_named(tmp_path):

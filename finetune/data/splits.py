@@ -4,6 +4,7 @@ work on labels and positions only, so only the images a run uses are decoded."""
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -45,7 +46,14 @@ def choose_rows(
     keep = list(data_args.include_labels or [])  # `DataArguments` refuses a name given twice
     unknown = [name for name in keep if name not in label_names]
     if unknown:
-        raise ValueError(f"`include_labels` has unknown label(s) {unknown}; the dataset's labels are {label_names}.")
+        joined = [name for name in unknown if set(re.split(r"[,;]\s*", name)) <= set(label_names)]  # `--... 7,2`
+        names = re.split(r"[,;]\s*", joined[0]) if joined else []
+        fix = f" Fix: one name each, apart: `--include_labels {' '.join(names)}` (in a config `include_labels: "
+        fix += f"[{', '.join(names)}]`)."
+        raise ValueError(
+            f"`include_labels` has unknown label(s) {unknown}; the dataset's labels are {label_names}."
+            + (fix if joined else "")
+        )
     kept_ids = [label_names.index(name) for name in keep]
     train, held_out = chosen["train"], 0
     if "validation" in chosen:

@@ -160,11 +160,11 @@ def accelerator_type(use_cpu: bool) -> str:
 
 
 def parse_switch(value: Any, name: str) -> bool | str:
-    """`true`/`false` (bool or string, as YAML and the command line give them) or `auto`."""
+    """`true`/`false` (bool or string, as YAML and the command line give them) or `auto`; `none`/`null` is off."""
     text = value if isinstance(value, bool) else str(value).strip().lower()
     if text in (True, False, AUTO):
         return text
-    if text in ("true", "1", "yes", "false", "0", "no", "none"):
+    if text in ("true", "1", "yes", "false", "0", "no", "none", "null"):
         return text in ("true", "1", "yes")
     raise ValueError(f"`{name}` must be auto, true or false, got {value!r}.")
 

@@ -134,6 +134,13 @@ def test_bad_switch_value():
         choose("maybe", "auto", "auto", "cpu")
 
 
+@pytest.mark.parametrize("off", ["none", "null", "None", None, "false", "0", "no"])
+def test_a_switch_cleared_is_off(off):
+    """`none` and `null` alike (the README: `none` or `null` clears an option; a switch cleared is off), as a YAML
+    `bf16: null` reaches it as None; `--bf16 null` was refused."""
+    assert hardware.parse_switch(off, "bf16") is False
+
+
 @pytest.mark.parametrize(
     "requested, device, bf16, head_size, expected",
     [

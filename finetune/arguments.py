@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from finetune.errors import ArgumentParser, UsageError
+from finetune.errors import CLI_NAMES, ArgumentParser, UsageError
 
 
 def option(default: Any = dataclasses.MISSING, help: str = "", *, factory=dataclasses.MISSING, **metadata) -> Any:
@@ -392,7 +392,7 @@ CONFIG_HELP = "YAML config (configs/); options given here override it"
 
 
 def command_name() -> str:
-    return "vit-finetune train" if Path(sys.argv[0]).name in ("vit-finetune", "cli.py") else "python -m finetune.run"
+    return "vit-finetune train" if Path(sys.argv[0]).name in CLI_NAMES else "python -m finetune.run"
 
 
 def help_parser() -> argparse.ArgumentParser:
@@ -406,7 +406,7 @@ def help_parser() -> argparse.ArgumentParser:
         epilog="Every other TrainingArguments option is accepted too (learning_rate, num_train_epochs, "
         "per_device_train_batch_size, weight_decay, warmup_steps, lr_scheduler_type, seed, eval_strategy, "
         "save_strategy, ...): --help_all lists them all. `--OPTION none` (or `null`) unsets an optional option, as in "
-        "a config, except `report_to` and `decoded_cache_dir`, where `none` means off.",
+        "a config, except `report_to`, `decoded_cache_dir`, `bf16`, `fp16` and `torch_compile`, where it means off.",
     )
     parser.add_argument("--config", metavar="FILE.yaml", help=CONFIG_HELP)
     parser.add_argument("--help_all", action="store_true", help="every option in full, transformers' included")

@@ -44,8 +44,17 @@ def stop_on_sigterm(signum, frame):
     raise Interrupted(f"stopped by {signal_name(signum)}; the files already complete are kept.", signum, generic=True)
 
 
+CLI_NAMES = ("vit-finetune", "cli.py")  # the program names of `vit-finetune COMMAND` (finetune/cli.py)
+
+
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse with its errors as one line: `error()` raises `UsageError` instead of printing the whole usage."""
+    """argparse with its errors as one line: `error()` raises `UsageError` instead of printing the whole usage. Under
+    `vit-finetune COMMAND` its usage and help name that command rather than the module."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if os.path.basename(sys.argv[0]) in CLI_NAMES and len(sys.argv) > 1:
+            self.prog = f"vit-finetune {sys.argv[1]}"
 
     def error(self, message: str):
         # `argument --ema_decay/--ema-decay: invalid float value: 'x'` -> `--ema_decay: invalid float value: 'x'`

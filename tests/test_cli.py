@@ -58,6 +58,20 @@ def test_console_script_is_installed():
     assert "train" in result.stdout and "compare" in result.stdout
 
 
+@pytest.mark.parametrize(
+    "command, module",
+    [("predict", "finetune.tools.predict"), ("push", "finetune.tools.hub push"), ("export", "finetune.tools.export")],
+)
+def test_a_commands_usage_names_it_as_it_was_typed(command, module):
+    """`vit-finetune predict --help` and its errors say `vit-finetune predict`, not the module it runs."""
+    for argv, prog in (
+        (["finetune.cli", command], f"vit-finetune {command}"),
+        (module.split(), f"python -m {module}"),
+    ):
+        result = subprocess.run([sys.executable, "-m", *argv, "--help"], capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0 and result.stdout.startswith(f"usage: {prog} "), result.stdout[:200]
+
+
 def test_run_module_is_launchable_with_dash_m(tmp_path):
     """`accelerate launch -m finetune.run` and `python -m finetune.run` reach the same entry point."""
     result = subprocess.run(

@@ -17,7 +17,7 @@ import torch
 from accelerate.utils import reduce
 from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers import EarlyStoppingCallback, ProgressCallback, TrainerCallback, TrainerState
+from transformers import EarlyStoppingCallback, ProgressCallback, TrainerCallback, TrainerState, set_seed
 from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import SaveStrategy, has_length
 from transformers.utils import logging
@@ -269,6 +269,17 @@ class ResumeCheck(TrainerCallback, ExportableState):
                     " the schedule is stretched to the new length from here, so the rate changes at once, and the run "
                     "follows neither schedule. Fix: resume with the length it was started with, then train on."
                 )
+
+
+class ProcessRandomness(TrainerCallback):
+    """With several processes, each draws its own augmentations (crops, flips, erasing, MixUp/CutMix), dropout and
+    drop-path masks: seeded alike, every process augmented its batch exactly as the others did theirs. Seeded with
+    `seed` plus the process index once the model (and its EMA) is built alike in each; a resumed run then restores
+    each process's saved generators, as the Trainer does. One process keeps its generator as it is."""
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if args.world_size > 1:
+            set_seed(args.seed + args.process_index)
 
 
 class ResumedEarlyStopping(EarlyStoppingCallback):

@@ -50,6 +50,7 @@ from finetune.callbacks import (
     EMACallback,
     InterruptCallback,
     ModelEMA,
+    ProcessRandomness,
     ProgressLines,
     QuietProgress,
     ResumeCheck,
@@ -230,7 +231,8 @@ class ImageClassificationTrainer(Trainer):
         # Order matters: the EMA's training weights are back before the guard keeps a step's buffers; the callbacks
         # that ask for a save (budget, early stopping, interrupt) act before the EMA swaps its average in, last.
         progress = ProgressLines(self.clock, self.budget) if a.disable_tqdm else QuietProgress(self.budget)
-        callbacks = [self.ema and self.ema.restorer, ResumeCheck(data_options), self.clock, self.guard, self.compiler]
+        callbacks = [ProcessRandomness(), self.ema and self.ema.restorer, ResumeCheck(data_options), self.clock]
+        callbacks += [self.guard, self.compiler]
         self.interrupt = InterruptCallback(self.guard)
         callbacks += [self.budget, self.early_stopping, progress, self.interrupt]
         callbacks += [ClockBeforeSave(self.clock), self.ema]

@@ -330,12 +330,12 @@ def test_resume_continues_an_interrupted_run(tmp_path):
                   "--num_train_epochs", "1"])  # fmt: skip
 
 
-def launch_two_processes(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
+def launch_two_processes(args: list[str], tmp_path: Path, script: Path | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     command = [
         sys.executable, "-m", "accelerate.commands.launch", "--config_file",
         str(ROOT / "configs" / "accelerate" / "cpu_2proc.yaml"), "--main_process_port", "0",
-        str(ROOT / "finetune" / "run.py"), *args,
+        str(script or ROOT / "finetune" / "run.py"), *args,
     ]  # fmt: skip
     return subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
 
@@ -363,6 +363,41 @@ def test_two_processes_give_the_metrics_of_one(tmp_path):
     assert len(logged) == results["train"]["steps"]
     assert results["train"]["loss"] == pytest.approx(np.mean(logged), abs=2e-4)
     assert proc.stdout.count("at chance level") + proc.stderr.count("at chance level") <= 1
+
+
+# `finetune/run.py` that records, in each process, a digest of torch's generator as each training batch is augmented.
+RECORD_AUGMENTATION_DRAWS = """
+import hashlib, os, sys, torch
+sys.path.insert(0, sys.argv.pop(1))
+from finetune.augment import BatchTransform
+from finetune.errors import run_command
+from finetune.run import main
+augmented = BatchTransform.augmented
+def recorded(self, pixel_values):
+    with open(os.path.join(os.environ["DRAWS_DIR"], os.environ["RANK"]), "a") as f:
+        f.write(hashlib.sha1(torch.random.get_rng_state().numpy().tobytes()).hexdigest() + chr(10))
+    return augmented(self, pixel_values)
+BatchTransform.augmented = recorded
+sys.exit(run_command(main))
+"""
+
+
+@pytest.mark.slow
+def test_two_processes_draw_their_own_augmentations(tmp_path, monkeypatch):
+    """Each process augments its own images with draws of its own: seeded alike, every process cropped, flipped,
+    erased and mixed its batch exactly as the others did theirs (and dropped the same paths), so that two processes
+    gave each step half the distinct augmentations of one process's double batch."""
+    script, draws = tmp_path / "record_draws.py", tmp_path / "draws"
+    script.write_text(RECORD_AUGMENTATION_DRAWS)
+    draws.mkdir()
+    monkeypatch.setenv("DRAWS_DIR", str(draws))
+    args = [str(ROOT), *TINY_SCRATCH, "--output_dir", str(tmp_path / "ddp"), "--max_steps", "3", "--report_to", "none"]
+    proc = launch_two_processes(args, tmp_path, script)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert read_results(tmp_path / "ddp")["hyperparameters"]["world_size"] == 2
+    first, second = ((draws / rank).read_text().split() for rank in ("0", "1"))
+    assert len(first) == len(second) == 3
+    assert not set(first) & set(second), "the processes drew the same augmentations"
 
 
 @pytest.mark.slow

@@ -400,10 +400,11 @@ def setup_logging(training_args: TrainingArguments, settings: hardware.Settings)
     libraries = logging.WARNING if passive_main else ours
     for name in ("finetune", "scratch_vit", __name__):
         logging.getLogger(name).setLevel(ours)
-    # Every process reads the data the main process read first: its warnings (skipped files, unused options) are said
-    # by that one alone, unless `log_level_replica` asks the others for more. Errors still end each process.
+    # Every process reads the data and the options the main process read first: their warnings (skipped files, unused
+    # options) are said by that one alone, unless `log_level_replica` asks the others for more. Errors still end each.
     if not training_args.should_log and ours >= logging.WARNING:
-        logging.getLogger("finetune.data").setLevel(logging.ERROR)
+        for name in ("finetune.data", "finetune.training_args", __name__):
+            logging.getLogger(name).setLevel(logging.ERROR)
     datasets.utils.logging.set_verbosity(libraries)
     transformers.utils.logging.set_verbosity(libraries)
     transformers.utils.logging.disable_default_handler()

@@ -342,14 +342,17 @@ def launch_two_processes(args: list[str], tmp_path: Path, script: Path | None = 
 
 def test_two_processes_give_the_metrics_of_one(tmp_path):
     out = tmp_path / "ddp"
-    # `decode_size` has no use for sklearn's arrays: a data warning, which both processes meet.
+    # `decode_size` has no use for sklearn's arrays: a data warning, which both processes meet; `crop_scale` is of
+    # RandomResizedCrop, which 8 px images are not trained with: an option's, which both meet too.
     args = [*TINY_SCRATCH, "--output_dir", str(out), "--logging_steps", "1", "--decode_size", "8"]
+    args += ["--crop_scale", "0.5", "1"]
     proc = launch_two_processes(args, tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = read_results(out)
     assert results["hyperparameters"]["world_size"] == 2, "accelerate must really have started two processes"
     assert "Process 0 of 2" in proc.stdout + proc.stderr
     assert (proc.stdout + proc.stderr).count("`decode_size` is for tables") == 1, "said by the main process alone"
+    assert (proc.stdout + proc.stderr).count("`crop_scale` ignored") == 1, "said by the main process alone"
     # 45 validation images over 2 processes x batch 16 pads the last batch: no image may count twice or be dropped.
     assert np.array(results["confusion_matrix"]).sum() == 45
     accuracy, _, loss = evaluate_independently(out, "validation")

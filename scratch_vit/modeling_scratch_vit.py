@@ -344,6 +344,18 @@ class ScratchViTPreTrainedModel(PreTrainedModel):
     _no_split_modules = ["ScratchViTEmbeddings", "ScratchViTLayer"]
     _supports_sdpa = True
 
+    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
+        # `register_for_auto_class` names only the saved class in config.json's `auto_map`; name both, so that remote
+        # code loads the bare encoder from a classifier's folder (`AutoModel`, the image-feature-extraction pipeline)
+        # and a classifier with a new head from an encoder's (as `AutoModelForImageClassification` does a ViTModel's).
+        auto_map = getattr(self.config, "auto_map", None) or {}
+        self.config.auto_map = {
+            **auto_map,
+            "AutoModel": "modeling_scratch_vit.ScratchViTModel",
+            "AutoModelForImageClassification": "modeling_scratch_vit.ScratchViTForImageClassification",
+        }
+        super().save_pretrained(save_directory, *args, **kwargs)
+
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         """Truncated-normal weights, zero biases, unit LayerNorms, as transformers' ViT; the convolutional stem's
@@ -474,13 +486,6 @@ class ScratchViTForImageClassification(ScratchViTPreTrainedModel):
                 nn.Dropout(config.head_dropout_prob), nn.Linear(config.hidden_size, config.num_labels)
             )
         self.post_init()
-
-    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
-        # `register_for_auto_class` names only this class in config.json's `auto_map`; the folder also holds the bare
-        # encoder, which remote code then loads with `AutoModel` (and the image-feature-extraction pipeline).
-        auto_map = getattr(self.config, "auto_map", None) or {}
-        self.config.auto_map = {**auto_map, "AutoModel": "modeling_scratch_vit.ScratchViTModel"}
-        super().save_pretrained(save_directory, *args, **kwargs)
 
     def forward(
         self,

@@ -247,3 +247,43 @@ def test_auto_classes_resolve_in_process(tmp_path):
 def test_unknown_model_type_is_not_resolved(bad_type):
     with pytest.raises(ValueError, match=bad_type):
         AutoConfig.for_model(bad_type)
+
+
+ENCODER_CHILD = BLOCK_PROJECT_PACKAGES + textwrap.dedent(
+    """
+    import torch
+    from transformers import AutoModelForImageClassification
+
+    folder, pixels_path, result_path = sys.argv[1:4]
+    model = AutoModelForImageClassification.from_pretrained(folder, trust_remote_code=True, num_labels=4).eval()
+    with torch.no_grad():
+        outputs = model(torch.load(pixels_path), output_hidden_states=True)
+    assert outputs.logits.shape == (2, 4), outputs.logits.shape
+    torch.save(model.vit(torch.load(pixels_path)).last_hidden_state.detach(), result_path)
+    print(type(model).__module__ + "." + type(model).__name__)
+    """
+)
+
+
+def test_remote_code_puts_a_new_head_on_a_saved_encoder(tmp_path):
+    # A bare encoder (as google/vit-base-patch16-224-in21k is a ViTModel) is fine-tuned with
+    # AutoModelForImageClassification; with remote code that needs the class in the encoder folder's `auto_map`.
+    folder = tmp_path / "encoder"
+    config = ScratchViTConfig(
+        image_size=16, patch_size=4, hidden_size=24, num_hidden_layers=2, num_attention_heads=3, intermediate_size=48
+    )
+    torch.manual_seed(0)
+    encoder = ScratchViTModel(config).eval()
+    encoder.save_pretrained(folder)
+    auto_map = json.loads((folder / "config.json").read_text())["auto_map"]
+    assert auto_map["AutoModelForImageClassification"] == "modeling_scratch_vit.ScratchViTForImageClassification"
+    assert auto_map["AutoModel"] == "modeling_scratch_vit.ScratchViTModel"
+
+    pixels = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    torch.save(pixels, tmp_path / "pixels.pt")
+    stdout = run_without_the_package(ENCODER_CHILD, tmp_path, folder, tmp_path / "pixels.pt", tmp_path / "states.pt")
+    assert stdout.strip().startswith("transformers_modules.")
+    assert stdout.strip().endswith("modeling_scratch_vit.ScratchViTForImageClassification")
+    with torch.no_grad():
+        expected = encoder(pixels).last_hidden_state
+    torch.testing.assert_close(torch.load(tmp_path / "states.pt"), expected, rtol=0, atol=1e-6)

@@ -32,7 +32,10 @@ Other private transformers members read, for want of a public one (pinned by the
         other classes than the dataset's gets its head initialised exactly as loading initialises a new head."""
 
 import copy
+import functools
 import os
+import signal
+import threading
 import warnings
 
 import numpy as np
@@ -164,6 +167,38 @@ def balanced_class_weights(labels: torch.Tensor, label_names: list[str]) -> torc
         return (len(labels) - counts).clamp(min=1) / counts
     weights = compute_class_weight("balanced", classes=np.arange(len(label_names)), y=labels.numpy())
     return torch.tensor(weights, dtype=torch.float32)
+
+
+def ignoring_stop_signals(worker_id: int, worker_init_fn=None) -> None:
+    """A loader worker's start: SIGTERM and SIGINT are the main process's to answer (`InterruptCallback` saves a
+    checkpoint, then shuts the workers down). A scheduler that signals every process of a job, or Ctrl-C, which
+    reaches the terminal's whole process group, killed the workers too: the run ended with "DataLoader worker ...
+    is killed by signal: Terminated", exit status 1, and no line on how to resume (or before the checkpoint's save).
+    The main process's own SIGTERM (`terminate()`, which ends persistent workers as it exits) still ends a worker,
+    as PyTorch's handler does; a worker whose main process is gone ends too (PyTorch's watchdog)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "sigwaitinfo"):  # which says who sent it (not on macOS: SIGTERM is left as it was there)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        threading.Thread(target=exit_on_sigterm_from, args=(os.getppid(),), daemon=True).start()
+    if worker_init_fn is not None:
+        worker_init_fn(worker_id)
+
+
+def exit_on_sigterm_from(parent: int) -> None:
+    """A worker's thread that takes its SIGTERMs (blocked in every thread) and ends the worker on its parent's."""
+    while signal.sigwaitinfo({signal.SIGTERM}).si_pid != parent:
+        pass
+    os._exit(0)
+
+
+def workers_ignore_stop_signals(loader):
+    """`loader`, whose worker processes (`dataloader_num_workers`) leave stop signals to the main process; set on the
+    `DataLoader` that accelerate's wrapper iterates (`base_dataloader`), and that `skip_first_batches` copies."""
+    base = getattr(loader, "base_dataloader", loader)
+    init = base.worker_init_fn
+    if base.num_workers and not (isinstance(init, functools.partial) and init.func is ignoring_stop_signals):
+        base.worker_init_fn = functools.partial(ignoring_stop_signals, worker_init_fn=init)
+    return loader
 
 
 class ImageClassificationTrainer(Trainer):
@@ -326,6 +361,9 @@ class ImageClassificationTrainer(Trainer):
         logits, labels = torch.from_numpy(eval_pred.predictions), torch.from_numpy(eval_pred.label_ids)
         return {"loss": self.loss_fn(logits, labels).item(), **self.metric_fn(eval_pred)}
 
+    def get_train_dataloader(self):
+        return workers_ignore_stop_signals(super().get_train_dataloader())
+
     def get_eval_dataloader(self, eval_dataset=None):
         return self.every_image(super().get_eval_dataloader, eval_dataset)
 
@@ -337,7 +375,7 @@ class ImageClassificationTrainer(Trainer):
         here it is for training only."""
         drop, self.args.dataloader_drop_last = self.args.dataloader_drop_last, False
         try:
-            return get_dataloader(dataset)
+            return workers_ignore_stop_signals(get_dataloader(dataset))
         finally:
             self.args.dataloader_drop_last = drop
 

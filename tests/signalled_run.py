@@ -3,12 +3,15 @@
 Environment: `SIGNAL_AT`, the training batch (counted from 1) during whose transform the signal is sent, or
 `module:function` (`module:Class.method`) on whose `SIGNAL_N`-th call (default 1) it is sent; `SIGNAL` (`TERM` or
 `INT`, default TERM; `ERROR`: raise an `OSError` instead), `SIGNAL_TWICE=1` (send it twice), `SIGNAL_RANK` (only
-the process of this rank) and `SIGNAL_COMMAND`, the module whose `main` runs (default finetune.run).
+the process of this rank), `SIGNAL_GROUP=1` (sent by another process to this one's whole process group, as a
+terminal's Ctrl-C or a scheduler that signals every process of a job: start the command in a session of its own) and
+`SIGNAL_COMMAND`, the module whose `main` runs (default finetune.run).
 """
 
 import importlib
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -30,7 +33,11 @@ def signalling(owner, name: str, at: int, signum: int, twice: bool, rank: int | 
                 raise OSError(f"No space left on device (tests/signalled_run.py, process {os.environ.get('RANK', 0)})")
             if calls[0] == at:
                 for _ in range(2 if twice else 1):
-                    os.kill(os.getpid(), signum)
+                    if os.environ.get("SIGNAL_GROUP") == "1":  # from another process, as a terminal's or scheduler's
+                        kill = f"import os; os.killpg({os.getpgid(0)}, {int(signum)})"
+                        subprocess.run([sys.executable, "-c", kill], stderr=subprocess.DEVNULL)
+                    else:
+                        os.kill(os.getpid(), signum)
         return function(*args, **kwargs)
 
     setattr(owner, name, signalled)

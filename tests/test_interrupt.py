@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -197,6 +198,32 @@ def test_ctrl_c_saves_too_and_a_second_signal_stops_at_once(tmp_path):
     proc = train(out, env={"SIGNAL_AT": "3", "SIGNAL_TWICE": "1"}, script=SIGNALLED)
     assert proc.returncode == -signal.SIGTERM, proc.stderr[-3000:]
     assert not list(out.glob("checkpoint-*")), "the second signal ends the run without saving"
+
+
+@pytest.mark.slow
+def test_a_signal_to_every_process_of_the_run_leaves_its_loader_workers_to_it(tmp_path, uninterrupted):
+    """A scheduler that signals every process of a job (or Ctrl-C, which reaches the terminal's process group) killed
+    the `dataloader_num_workers` processes too: the run ended with "DataLoader worker ... is killed by signal:
+    Terminated", exit status 1, and no word of how to resume. Training's loader (persistent workers, which the run's
+    exit ends: a worker that ignored every SIGTERM hung it there), then an evaluation's."""
+    workers = [*STEPS_SAVE, "--dataloader_num_workers", "1"]
+    during_evaluation = "finetune.trainer:ImageClassificationTrainer.prediction_step"
+    persistent = ["--dataloader_persistent_workers", "true"]
+    # (Step 8 is saved before its evaluation: a signal during it stops at the next one.)
+    for at, step, extra in (("3", 3, persistent), (during_evaluation, 9, [])):
+        out = tmp_path / f"run{step}"
+        env = {"SIGNAL_AT": at, "SIGNAL_GROUP": "1"}
+        command = [sys.executable, SIGNALLED, *RUN, "--output_dir", str(out), *workers, *extra]
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1", **env}
+        proc = subprocess.run(
+            command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=180, start_new_session=True
+        )
+        assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-3000:]
+        [line] = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+        assert f"stopped by SIGTERM at step {step}; saved {out / f'checkpoint-{step}'}" in line, line
+        proc = train(out, *workers, *extra, "--resume_from_checkpoint", "true")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert same_weights(out, uninterrupted)
 
 
 def test_a_run_killed_during_its_first_save_starts_anew_under_auto(tmp_path):

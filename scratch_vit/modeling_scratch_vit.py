@@ -344,6 +344,13 @@ class ScratchViTPreTrainedModel(PreTrainedModel):
     _no_split_modules = ["ScratchViTEmbeddings", "ScratchViTLayer"]
     _supports_sdpa = True
 
+    @classmethod
+    def _can_set_attn_implementation(cls) -> bool:
+        # transformers guesses from a model's source whether `set_attn_implementation` can switch its attention (it
+        # looks for the AttentionInterface), and otherwise only warns and keeps the old one. ScratchViTAttention reads
+        # `config._attn_implementation` at every call, so switching between "sdpa" and "eager" works.
+        return True
+
     def save_pretrained(self, save_directory, *args, **kwargs) -> None:
         # `register_for_auto_class` names only the saved class in config.json's `auto_map`; name both, so that remote
         # code loads the bare encoder from a classifier's folder (`AutoModel`, the image-feature-extraction pipeline)

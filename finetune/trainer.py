@@ -29,7 +29,10 @@ Other private transformers members read, for want of a public one (pinned by the
     PretrainedConfig._attn_implementation (finetune/run.py): the attention kernel the model runs (`sdpa`, `eager`),
         recorded with the run's results; transformers sets it with `set_attn_implementation` but has no getter.
     PreTrainedModel._init_weights and the `_is_hf_initialized` marks (models.reset_head): a checkpoint that classifies
-        other classes than the dataset's gets its head initialised exactly as loading initialises a new head."""
+        other classes than the dataset's gets its head initialised exactly as loading initialises a new head.
+    PreTrainedModel._can_set_attn_implementation (overridden in scratch_vit/modeling_scratch_vit.py): transformers
+        reads from a model's source whether `set_attn_implementation` may switch it; ScratchViT's attention reads the
+        config at every call (pinned by tests/test_scratch_vit_model.py, and transformers' common tests in CI)."""
 
 import copy
 import functools

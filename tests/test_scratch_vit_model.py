@@ -167,6 +167,24 @@ def test_attn_implementation_eager_uses_explicit_softmax(tmp_path):
     assert len(eager(images(), output_attentions=True).attentions) == 2
 
 
+def test_set_attn_implementation_switches_a_built_model():
+    # transformers' `set_attn_implementation` only logs a warning and keeps the old implementation for a model whose
+    # source it does not recognise as dispatching attention at call time; ScratchViT reads it at every call.
+    model = build(ScratchViTForImageClassification, tiny_config())
+    expected = model(images()).logits
+    model.set_attn_implementation("eager")
+    assert model.config._attn_implementation == "eager"
+    assert model.vit.config._attn_implementation == "eager"
+    with RecordTorchCalls() as calls:
+        eager_logits = model(images()).logits
+    assert "scaled_dot_product_attention" not in calls.names
+    torch.testing.assert_close(eager_logits, expected, rtol=0, atol=1e-6)
+    model.set_attn_implementation("sdpa")
+    with RecordTorchCalls() as calls:
+        model(images())
+    assert "scaled_dot_product_attention" in calls.names
+
+
 def test_return_dict_false_gives_tuples_in_output_order():
     model = build(ScratchViTModel, tiny_config())
     kwargs = {"output_attentions": True, "output_hidden_states": True}

@@ -8,6 +8,7 @@ import os
 import shutil
 import socket
 import time
+from argparse import ArgumentTypeError
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import psutil
 import torch
 from safetensors import safe_open
 from transformers import TrainerCallback, TrainerState, TrainingArguments
+from transformers.hf_argparser import string_to_bool
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_pt_utils import safe_globals
 from transformers.utils import logging
@@ -28,17 +30,6 @@ from finetune.results import RESULTS_NAME
 logger = logging.get_logger(__name__)
 
 LATEST = ("true", "last", "latest")
-# The other words for true and false that transformers' `string_to_bool` reads, where no folder has that name.
-SWITCH_WORDS = {
-    "yes": "true",
-    "y": "true",
-    "t": "true",
-    "1": "true",
-    "no": "false",
-    "n": "false",
-    "f": "false",
-    "0": "false",
-}
 LOCK_NAME = ".run.lock"
 FINISHED = "finished"  # `resolve_checkpoint` of a model that a resumed `model_type: both` run had finished
 
@@ -54,8 +45,9 @@ def resolve_checkpoint(run_dir: Path, training_args: TrainingArguments, one_of_t
     remove_partial_checkpoints(run_dir, training_args)
     resume = training_args.resume_from_checkpoint
     text = "" if resume is None else str(resume).lower()
-    if text in SWITCH_WORDS and not os.path.exists(resume):  # as YAML reads `yes` and the switches read `1`
-        text = SWITCH_WORDS[text]
+    if text and not os.path.exists(str(resume)):  # `yes`, `1`, ... as switches read them, where no folder has the name
+        with contextlib.suppress(ArgumentTypeError):
+            text = str(string_to_bool(text)).lower()
     if one_of_two and text not in (*LATEST, "auto", "false", "none", ""):
         raise ValueError(
             f"`resume_from_checkpoint` {resume} names one checkpoint, and `model_type: both` trains two models, "

@@ -11,6 +11,7 @@ import torch
 from PIL import Image
 from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
 
+from finetune.results import Results, dataset_location
 from scratch_vit import ScratchViTConfig, ScratchViTForImageClassification
 
 
@@ -204,6 +205,17 @@ def make_run_dir(
         (path / "runs" / "Jan01_00-00-00").mkdir(parents=True, exist_ok=True)
         (path / "runs" / "Jan01_00-00-00" / "events.out.tfevents.0.host").write_bytes(b"\0" * 32)
     return path
+
+
+def run_trained_on_photos(tmp_path: Path, model=None) -> Path:
+    """A run folder (`tmp_path/run`) whose results.json says it trained on `tmp_path/photos` (cats/cat.png)."""
+    run = make_run_dir(tmp_path / "run", model=model, extras=False)
+    (tmp_path / "photos" / "cats").mkdir(parents=True)
+    Image.new("RGB", (20, 30), (200, 10, 10)).save(tmp_path / "photos" / "cats" / "cat.png")
+    results = Results.load(run)
+    results.dataset, results.dataset_location = "photos", dataset_location(str(tmp_path / "photos"))
+    results.save(run)
+    return run
 
 
 def make_images(folder: Path) -> dict[str, Path]:

@@ -4,11 +4,10 @@ and the written PNGs."""
 import numpy as np
 import pytest
 import torch
-from helpers_runs import make_run_dir, tiny_scratch_model, tiny_vit_model
+from helpers_runs import make_run_dir, run_trained_on_photos, tiny_scratch_model, tiny_vit_model
 from PIL import Image
 from transformers import BeitConfig, BeitForImageClassification, Dinov2Config, Dinov2ForImageClassification
 
-from finetune.results import Results, dataset_location
 from finetune.tools import attention, predict
 from finetune.tools.predict import load_classifier
 
@@ -195,12 +194,7 @@ def test_a_folder_gives_the_maps_of_its_images_as_predict_reads_them(tmp_path):
 
 
 def test_maps_are_never_written_into_the_images_the_model_trained_on(tmp_path):
-    run = make_run_dir(tmp_path / "run", model=tiny_scratch_model(), extras=False)
-    (tmp_path / "photos" / "cats").mkdir(parents=True)
-    Image.new("RGB", (20, 30), (200, 10, 10)).save(tmp_path / "photos" / "cats" / "cat.png")
-    results = Results.load(run)
-    results.dataset, results.dataset_location = "photos", dataset_location(str(tmp_path / "photos"))
-    results.save(run)
+    run = run_trained_on_photos(tmp_path, model=tiny_scratch_model())
     for output in (tmp_path / "photos", tmp_path / "photos" / "maps"):
         with pytest.raises(
             ValueError, match=r"inside photos, the images the model was trained on.*Nothing was written"

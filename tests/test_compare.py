@@ -6,10 +6,10 @@ import re
 
 import numpy as np
 import pytest
-from helpers_runs import make_run_dir, tiny_scratch_model
+from helpers_runs import make_run_dir, run_trained_on_photos, tiny_scratch_model
 from PIL import Image
 
-from finetune.results import Results, dataset_location, find_run_dirs, history_from_log_history
+from finetune.results import Results, find_run_dirs, history_from_log_history
 from finetune.tools import compare
 from finetune.tools import report as report_module
 
@@ -299,12 +299,7 @@ def test_runs_scored_in_part_on_training_images_are_each_said_so_in_a_paragraph_
 
 def test_the_report_is_never_written_into_the_images_a_run_trained_on(tmp_path):
     # Its plots there were read as the images of a class of their own (`report/`) by the next run on that folder.
-    run = make_run_dir(tmp_path / "run", extras=False)
-    (tmp_path / "photos" / "cats").mkdir(parents=True)
-    Image.new("RGB", (20, 30), (200, 10, 10)).save(tmp_path / "photos" / "cats" / "cat.png")
-    results = Results.load(run)
-    results.dataset, results.dataset_location = "photos", dataset_location(str(tmp_path / "photos"))
-    results.save(run)
+    run = run_trained_on_photos(tmp_path)
     for output in (tmp_path / "photos", tmp_path / "photos" / "report"):
         with pytest.raises(
             ValueError, match=r"inside photos, the images the model was trained on.*Nothing was written"

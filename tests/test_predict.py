@@ -13,13 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers_runs import make_images, make_run_dir, tiny_scratch_model, tiny_vit_model
+from helpers_runs import make_images, make_run_dir, run_trained_on_photos, tiny_scratch_model, tiny_vit_model
 from PIL import Image
 from test_backbones import checkpoint, needs_timm
 
 from finetune.augment import photo_size
 from finetune.models import LORA_DEFAULT_TARGETS
-from finetune.results import Results, dataset_location
+from finetune.results import Results
 from finetune.tools import predict
 
 
@@ -465,12 +465,7 @@ def test_an_image_size_the_model_cannot_take_is_refused_in_one_line():
 def test_predictions_are_never_written_into_the_images_the_model_trained_on(tmp_path):
     # A preds.csv there made the next run on that folder read it as a table of images and stop, asking for an
     # `image_column_name`.
-    run = make_run_dir(tmp_path / "run", model=tiny_scratch_model(), extras=False)
-    (tmp_path / "photos" / "cats").mkdir(parents=True)
-    Image.new("RGB", (20, 30), (200, 10, 10)).save(tmp_path / "photos" / "cats" / "cat.png")
-    results = Results.load(run)
-    results.dataset, results.dataset_location = "photos", dataset_location(str(tmp_path / "photos"))
-    results.save(run)
+    run = run_trained_on_photos(tmp_path, model=tiny_scratch_model())
     for output in (tmp_path / "photos" / "preds.csv", tmp_path / "photos" / "cats" / "preds.json"):
         with pytest.raises(
             ValueError, match=r"inside photos, the images the model was trained on.*Nothing was written"

@@ -178,14 +178,13 @@ def check_outside_training_data(output: str | os.PathLike, runs: Sequence[Result
     """Never write `what` (a command's files) into the folder of images one of `runs` was trained on: its next run
     would read them as images (or their folder as a class), as `finetune.run` refuses such an `output_dir`."""
     folder = Path(output).expanduser().resolve()
-    inside = (folder, *folder.parents)
+    inside = {dataset_location(str(p)) for p in (folder, *folder.parents)} - {None}  # the folder and those around it
     for trained in runs:
-        if trained is not None and trained.dataset_location is not None:
-            if any(dataset_location(str(p)) == trained.dataset_location for p in inside):
-                raise ValueError(
-                    f"--output {output} is inside {trained.dataset}, the images the model was trained on, where its "
-                    f"next run would read {what} as training data. Nothing was written. Fix: an --output outside it."
-                )
+        if trained is not None and trained.dataset_location in inside:
+            raise ValueError(
+                f"--output {output} is inside {trained.dataset}, the images the model was trained on, where its "
+                f"next run would read {what} as training data. Nothing was written. Fix: an --output outside it."
+            )
 
 
 def results_of_model(model_dir: str | os.PathLike) -> Results | None:

@@ -365,7 +365,14 @@ class ImageClassificationTrainer(Trainer):
         return {"loss": self.loss_fn(logits, labels).item(), **self.metric_fn(eval_pred)}
 
     def get_train_dataloader(self):
-        return workers_ignore_stop_signals(super().get_train_dataloader())
+        # torch's `DataLoader` draws its workers' base seed from the global generator as each iterator starts: every
+        # epoch's, but with persistent workers the first one's only. A run resumed at an epoch's start (the Trainer
+        # restores the generators before that epoch's iterator, its new loader's first) drew one number more than the
+        # uninterrupted run, and augmented every later step otherwise. From a generator of the loader's own, the
+        # global one is the steps' alone, with or without (persistent) workers.
+        loader = workers_ignore_stop_signals(super().get_train_dataloader())
+        getattr(loader, "base_dataloader", loader).generator = torch.Generator().manual_seed(self.args.seed)
+        return loader
 
     def get_eval_dataloader(self, eval_dataset=None):
         return self.every_image(super().get_eval_dataloader, eval_dataset)

@@ -226,6 +226,27 @@ def test_a_signal_to_every_process_of_the_run_leaves_its_loader_workers_to_it(tm
         assert same_weights(out, uninterrupted)
 
 
+@pytest.mark.slow
+def test_a_run_with_persistent_workers_stopped_in_an_epochs_evaluation_resumes_exactly(tmp_path, uninterrupted):
+    """torch's loader drew its workers' base seed from the global generator at each epoch's start, persistent workers'
+    at the first only; a run resumed at an epoch's start (a new loader, whose first iterator starts after the
+    Trainer restores the generators) drew once more than the uninterrupted run, and every later step's augmentation
+    differed. The uninterrupted run differed from one without workers from its second epoch on, too."""
+    # Saved at each epoch's end after its evaluation: a signal during it saves checkpoint-8 and stops.
+    options = ["--dataloader_num_workers", "1", "--dataloader_persistent_workers", "true", "--save_strategy", "epoch"]
+    options += ["--eval_strategy", "epoch", "--load_best_model_at_end", "false"]
+    whole, out = tmp_path / "whole", tmp_path / "run"
+    assert train(whole, *options).returncode == 0
+    at = {"SIGNAL_AT": "finetune.trainer:ImageClassificationTrainer.prediction_step"}
+    proc = train(out, *options, env=at, script=SIGNALLED)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-3000:]
+    assert f"stopped by SIGTERM at step 8; saved {out / 'checkpoint-8'}" in proc.stderr, proc.stderr[-3000:]
+    proc = train(out, *options, "--resume_from_checkpoint", "true")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert same_weights(out, whole)
+    assert same_weights(whole, uninterrupted), "how the images are loaded must change no result"
+
+
 def test_a_run_killed_during_its_first_save_starts_anew_under_auto(tmp_path):
     """A preemption's SIGTERM and then its kill during the first checkpoint's save leave that checkpoint cut short (no
     trainer_state.json): restarted with `auto`, the same command failed on every restart, saying the checkpoint was

@@ -630,6 +630,18 @@ def test_a_csv_of_paths_from_another_folder_names_the_missing_file(tmp_path, cap
     )
 
 
+def test_a_blank_image_cell_of_a_csv_is_a_skipped_image(tmp_path, caplog):
+    # pandas reads a blank cell as NaN, which stopped the run with a TypeError from os.path.isabs.
+    images, labels = _images(12), _labels(12)
+    paths = _write_png_folder(tmp_path / "pictures", images, labels)
+    rows = [f"{'' if i == 4 else p},{NAMES[y]}" for i, (p, y) in enumerate(zip(paths, labels))]
+    (tmp_path / "index.csv").write_text("image,label\n" + "\n".join(rows) + "\n")
+    with caplog.at_level(logging.WARNING, logger="finetune.data"):
+        data = load_image_data(_args(dataset_name=str(tmp_path / "index.csv"), validation_size=2), seed=0)
+    assert len(data.train) + len(data.validation) == 11
+    assert "the image is missing (no bytes, no path) for the first): index 4" in caplog.text
+
+
 def test_folder_of_csv_files_with_default_columns(tmp_path):
     images, labels = _images(12), _labels(12)
     paths = _write_png_folder(tmp_path / "data" / "pictures", images, labels)

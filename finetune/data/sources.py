@@ -448,7 +448,9 @@ def _read_csv(path: str, data_args: DataArguments) -> datasets.Dataset:
         list(frame.columns), data_args.image_column_name, (*IMAGE_COLUMNS, FILE_NAME_COLUMN), "image", path
     )
     base = os.path.dirname(os.path.abspath(path))
-    frame[column] = [p if os.path.isabs(p) else os.path.join(base, p) for p in frame[column].astype(str)]
+    # A blank cell has no image: decoding names it missing (pandas reads it as NaN, which no path function takes).
+    paths = [None if pd.isna(p) else str(p) for p in frame[column]]
+    frame[column] = [p if p is None or os.path.isabs(p) else os.path.join(base, p) for p in paths]
     label = _pick_column(list(frame.columns), data_args.label_column_name, LABEL_COLUMNS, "label", path)
     if pd.api.types.is_numeric_dtype(frame[label]):  # ids, unless written otherwise: `007` is a name, not 7
         written = pd.read_csv(path, usecols=[label], dtype=str)[label]

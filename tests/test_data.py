@@ -20,6 +20,7 @@ from PIL import Image
 from test_photos import TINY_RUN
 
 import finetune.data.cache as data_cache
+import finetune.data.sources as data_sources
 from finetune import run
 from finetune.arguments import DataArguments
 from finetune.data import ImageSplit, collate_batch, load_image_data, stratified_split
@@ -150,6 +151,8 @@ def test_save_to_disk_folder_keeps_its_test_split(tmp_path):
     )
     dataset_dict.save_to_disk(tmp_path / "saved")
     data = load_image_data(_args(dataset_name=str(tmp_path / "saved"), validation_size=4), seed=0)
+    # The fingerprint runs recorded in results.json: a new one would refuse to evaluate their models ("changed since").
+    assert data.fingerprint == data_sources._files_fingerprint([str(tmp_path / "saved")])
     assert (len(data.train), len(data.validation), len(data.test)) == (10, 4, 6)
     assert _assert_split_matches(data.test, images, labels) == set(range(14, 20))
     _assert_covers(data, images, labels)
@@ -1273,15 +1276,20 @@ def test_cache_key_follows_decode_size_and_source_changes(tmp_path, monkeypatch)
     assert len(calls) == 3 and len(os.listdir(tmp_path / "cache")) == 3
 
 
-@pytest.mark.parametrize("given", ["dataset_name", "train_file"])
+@pytest.mark.parametrize("given", ["dataset_name", "train_file", "save_to_disk"])
 def test_cache_follows_the_image_files_a_parquet_names(tmp_path, monkeypatch, given):
     # `datasets` writes an image folder to parquet with the files' paths in place of their bytes; the parquet file is
-    # given as `dataset_name`, or its folder as `train_file` (whose key followed only the folder's own files).
+    # given as `dataset_name`, or its folder as `train_file` (whose key followed only the folder's own files). A
+    # `save_to_disk` folder of path strings keyed only its own files: edited images were served stale, exit 0.
     images, labels = _images(9), _labels(9)
     paths = _write_png_folder(tmp_path / "pets", images, labels)
     path = tmp_path / "tables" / "train.parquet"
-    datasets.load_dataset("imagefolder", data_dir=str(tmp_path / "pets"), split="train").to_parquet(path)
-    where = {"dataset_name": str(path)} if given == "dataset_name" else {"train_file": str(path.parent)}
+    if given == "save_to_disk":
+        path = tmp_path / "saved"
+        datasets.Dataset.from_dict({"image": list(map(str, paths)), "label": labels}).save_to_disk(path)
+    else:
+        datasets.load_dataset("imagefolder", data_dir=str(tmp_path / "pets"), split="train").to_parquet(path)
+    where = {"train_file": str(path.parent)} if given == "train_file" else {"dataset_name": str(path)}
     args = _args(**where, validation_size=3, decoded_cache_dir=str(tmp_path / "cache"))
     calls = _count_decodes(monkeypatch)
     load_image_data(args, seed=0)

@@ -136,7 +136,14 @@ def _open_local(path: str, data_args: DataArguments, one_split: bool = False) ->
     if os.path.isfile(os.path.join(path, "dataset_dict.json")) or os.path.isfile(os.path.join(path, "state.json")):
         loaded = datasets.load_from_disk(path)
         loaded = dict(loaded) if isinstance(loaded, datasets.DatasetDict) else {"train": loaded}
-        return Source(path, _files_fingerprint([path]), encoded=_named_splits(loaded, path, need_train=not one_split))
+        splits, referenced = _named_splits(loaded, path, need_train=not one_split), []
+        for name, dataset in splits.items():  # a column of file paths: the images lie outside the folder
+            splits[name], files = _image_paths(dataset, data_args, path, base=path)
+            referenced += files
+        # Kept for images held as bytes: a run trained on the folder knows it by this fingerprint (`results.json`).
+        fingerprint = _files_fingerprint([path])
+        fingerprint = content_hash([fingerprint, _files_fingerprint(referenced)]) if referenced else fingerprint
+        return Source(path, fingerprint, splits)
     folders = (os.path.join(root, d) for root, dirs, _ in os.walk(path) for d in dirs)
     linked = next((folder for folder in folders if os.path.islink(folder)), None)
     if linked:
@@ -407,12 +414,14 @@ def _by_one_class_label(parts: list[datasets.Dataset]) -> list[datasets.Dataset]
     return parts
 
 
-def _image_paths(dataset: datasets.Dataset, data_args: DataArguments, table: str) -> tuple[datasets.Dataset, list]:
+def _image_paths(
+    dataset: datasets.Dataset, data_args: DataArguments, table: str, base: str | None = None
+) -> tuple[datasets.Dataset, list]:
     """A table's relative image paths (path strings, or an `Image` without bytes, as `to_parquet` writes an image
-    folder) made absolute from the table's folder, unless the first one is found from the working directory only
-    (where datasets reads them from), and the files the table names instead of holding their bytes: editing them must
-    invalidate the decoded cache. Images held as bytes (a Hub download's, named by a bare file name) are left as they
-    are, and read from the file without a copy."""
+    folder) made absolute from the table's folder (or `base`: a `save_to_disk` folder), unless the first one is found
+    from the working directory only (where datasets reads them from), and the files the table names instead of holding
+    their bytes: editing them must invalidate the decoded cache. Images held as bytes (a Hub download's, named by a
+    bare file name) are left as they are, and read from the file without a copy."""
     try:
         column = find_columns(dataset, data_args, table)[0]
     except ValueError:
@@ -425,7 +434,7 @@ def _image_paths(dataset: datasets.Dataset, data_args: DataArguments, table: str
     with_bytes = isinstance(values.type, pa.StructType) and values.type.get_field_index("bytes") >= 0
     from_file = pc.is_null(pc.struct_field(values, "bytes")).to_pylist() if with_bytes else [True] * len(named)
     relative = [i for i, (path, read) in enumerate(zip(named, from_file)) if read and path and not os.path.isabs(path)]
-    base = os.path.dirname(os.path.abspath(table))
+    base = os.path.abspath(base) if base else os.path.dirname(os.path.abspath(table))
     if relative and (os.path.exists(os.path.join(base, named[relative[0]])) or not os.path.exists(named[relative[0]])):
         for i in relative:
             named[i] = os.path.join(base, named[i])

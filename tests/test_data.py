@@ -674,6 +674,28 @@ def test_image_folder_labelled_by_its_metadata_csv(tmp_path, split_folders):
     _assert_covers(data, images, labels)
 
 
+@pytest.mark.parametrize("metadata", ["metadata.csv", "metadata.jsonl"])
+def test_images_a_metadata_file_does_not_name_are_named(tmp_path, caplog, metadata):
+    # datasets drops them: 3 of 15 images were left out of training without a word.
+    images, labels = _images(15), _labels(15)
+    paths = _write_png_folder(tmp_path / "photos", images, labels)
+    rows = [(str(p.relative_to(tmp_path / "photos")), NAMES[y]) for p, y in zip(paths, labels)][3:]
+    if metadata == "metadata.csv":
+        text = "file_name,label\n" + "".join(f"{f},{y}\n" for f, y in rows)
+    else:
+        text = "".join(json.dumps({"file_name": f, "label": y}) + "\n" for f, y in rows)
+    (tmp_path / "photos" / metadata).write_text(text)
+    with caplog.at_level(logging.WARNING, logger="finetune.data"):
+        data = load_image_data(_args(dataset_name=str(tmp_path / "photos"), validation_size=3), seed=0)
+    assert len(data.train) + len(data.validation) == 12
+    assert "Leaving out 3 image(s) of " in caplog.text and "does not name (e.g. cat/0.png)" in caplog.text
+    caplog.clear()
+    (tmp_path / "photos" / metadata).unlink()  # labelled by the class folders: every image
+    with caplog.at_level(logging.WARNING, logger="finetune.data"):
+        load_image_data(_args(dataset_name=str(tmp_path / "photos"), validation_size=3), seed=0)
+    assert "Leaving out" not in caplog.text
+
+
 def test_image_folder_with_one_subfolder_per_class(tmp_path):
     images, labels = _images(18), _labels(18)
     _write_png_folder(tmp_path / "pets", images, labels)

@@ -173,7 +173,9 @@ def _open_local(path: str, data_args: DataArguments, one_split: bool = False) ->
             "table (metadata.csv naming its images), or remove the table to label the images by their class folders."
         )
     if tables:
-        return _open_split_files(tables, data_args, description=path)
+        source = _open_split_files(tables, data_args, description=path)
+        _warn_unnamed_images(path, [f for files in resolved.values() for f in files], source.encoded, data_args)
+        return source
     # Without split folders every folder is a class, `train/` or `test/` included: no split by folder or file name
     # (a `val.txt` beside the class folders made datasets' patterns read that file alone).
     patterns = split_folders or {"train": ["**"]}
@@ -193,6 +195,8 @@ def _open_local(path: str, data_args: DataArguments, one_split: bool = False) ->
     _warn_skipped_images(path, bool(split_folders))
     loaded = datasets.load_dataset("imagefolder", data_dir=path, data_files=patterns, drop_labels=True)
     labelled = _label_by_class_folder(loaded, path, depth=1 if split_folders else 0, one_class=one_split)
+    if any(dataset.column_names != ["image"] for dataset in loaded.values()):  # labelled by a metadata file
+        _warn_unnamed_images(path, files, labelled, data_args)
     return Source(path, _files_fingerprint([path]), encoded=_named_splits(labelled, path, need_train=not one_split))
 
 
@@ -214,6 +218,24 @@ def _warn_skipped_images(path: str, split_folders: bool) -> None:
         logger.warning(
             f"Leaving out the {len(beside)} image(s) at the top of {path} (e.g. {beside[0]}), beside its split "
             "folders: move them into a split's class folder to use them."
+        )
+
+
+def _warn_unnamed_images(path: str, files: list[str], splits: dict, data_args: DataArguments) -> None:
+    """Name the images among `files` that the tables or metadata files of `path` leave out: datasets drops them
+    without a word, and an image missing from metadata.csv is not trained on."""
+    named = set()
+    for dataset in splits.values():
+        try:
+            paths = _paths(_arrow_column(dataset, find_columns(dataset, data_args, path)[0]))
+        except ValueError:
+            return  # no image column: `load_image_data` says so
+        named |= {os.path.realpath(p) for p in (paths.to_pylist() if paths is not None else []) if p}
+    left = sorted(f for f in files if _extension(f) in IMAGE_EXTENSIONS and os.path.realpath(f) not in named)
+    if left:
+        logger.warning(
+            f"Leaving out {len(left)} image(s) of {path} that its metadata file or table does not name (e.g. "
+            f"{os.path.relpath(left[0], path)}): add them, with their labels, to train on them."
         )
 
 

@@ -203,6 +203,11 @@ def test_explicit_train_validation_test_files(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="finetune"):
         assert load_image_data(args, seed=0).label_names == NAMES
     assert "`dataset_name` sklearn:digits is not used: the data comes from `train_file`" in caplog.text
+    caplog.clear()
+    args.dataset_config_name = "plain_text"  # a Hub dataset's configuration, read by nothing else
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        load_image_data(args, seed=0)
+    assert "`dataset_config_name` plain_text is not used: it names a configuration of a Hub dataset" in caplog.text
 
 
 def test_splits_made_separately_are_matched_by_class_name(tmp_path):

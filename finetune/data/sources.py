@@ -68,6 +68,13 @@ def open_source(data_args: DataArguments) -> Source:
     """The raw splits `data_args` points at (`dataset_name`, or `train_file` / `validation_file` / `test_file`)."""
     files = {"train": data_args.train_file, "validation": data_args.validation_file, "test": data_args.test_file}
     files = {split: path for split, path in files.items() if path is not None}
+    name = data_args.dataset_name
+    local = files or name.startswith("sklearn:") or os.path.exists(os.path.expanduser(name))
+    if data_args.dataset_config_name is not None and local:
+        logger.warning(
+            f"`dataset_config_name` {data_args.dataset_config_name} is not used: it names a configuration of a Hub "
+            f"dataset, and the data comes from {', '.join(files.values()) if files else name}. Drop it."
+        )
     if files:
         if "train" not in files:
             raise ValueError("`validation_file` / `test_file` need a `train_file` as well.")
@@ -77,7 +84,6 @@ def open_source(data_args: DataArguments) -> Source:
                 "`validation_file`, `test_file`). Drop one of them."
             )
         return _open_split_files(files, data_args)
-    name = data_args.dataset_name
     if name.startswith("sklearn:"):
         return _open_sklearn(name)
     path = os.path.expanduser(name)

@@ -803,6 +803,12 @@ def test_a_table_in_one_split_folder_only_is_refused(tmp_path):
     (tmp_path / "pets" / "train" / "metadata.csv").write_text("file_name,label\n" + "\n".join(rows) + "\n")
     with pytest.raises(ValueError, match=r"the test split has images but no table, which would be left out"):
         load_image_data(_args(dataset_name=str(tmp_path / "pets"), image_column_name="file_name"), seed=0)
+    # A metadata.jsonl: the test images were read without labels, refused as "missing values" of the label column.
+    (tmp_path / "pets" / "train" / "metadata.csv").unlink()
+    lines = [json.dumps({"file_name": row.split(",")[0], "label": row.split(",")[1]}) + "\n" for row in rows]
+    (tmp_path / "pets" / "train" / "metadata.jsonl").write_text("".join(lines))
+    with pytest.raises(ValueError, match=r"the train split is labelled by its metadata.jsonl and the test split has"):
+        load_image_data(_args(dataset_name=str(tmp_path / "pets")), seed=0)
 
 
 def test_split_folders_are_found_whatever_their_case(tmp_path):

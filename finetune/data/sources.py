@@ -185,9 +185,16 @@ def _open_local(path: str, data_args: DataArguments, one_split: bool = False) ->
     # Without split folders every folder is a class, `train/` or `test/` included: no split by folder or file name
     # (a `val.txt` beside the class folders made datasets' patterns read that file alone).
     patterns = split_folders or {"train": ["**"]}
-    files = [
-        f for fs in datasets.data_files.DataFilesDict.from_patterns(patterns, base_path=path).values() for f in fs
-    ]
+    by_split = datasets.data_files.DataFilesDict.from_patterns(patterns, base_path=path)
+    files = [f for fs in by_split.values() for f in fs]
+    described = [s for s, fs in by_split.items() if any(os.path.basename(f) == "metadata.jsonl" for f in fs)]
+    if described and len(described) < len(by_split):  # the other splits' images had no label: "missing values"
+        others = [s for s in by_split if s not in described]
+        raise ValueError(
+            f"{path}: the {', '.join(described)} split is labelled by its metadata.jsonl and the {', '.join(others)} "
+            "split has none. Fix: give every split a metadata.jsonl naming its images and their labels, or remove it "
+            "to label the images by their class folders."
+        )
     unread = sorted(f for f in files if _extension(f) in UNREAD_PHOTO_EXTENSIONS)
     if unread:
         logger.warning(

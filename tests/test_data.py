@@ -650,6 +650,15 @@ def test_a_blank_image_cell_of_a_csv_is_a_skipped_image(tmp_path, caplog):
     assert "the image is missing (no bytes, no path) for the first): index 4" in caplog.text
 
 
+def test_a_split_without_labels_is_named_with_the_fix(tmp_path):
+    # A test split of -1 labels (the Hub's "no label"), as competitions publish, was "label ids outside the classes".
+    images, labels = _images(12), _labels(12)
+    _dataset(images[:9], labels[:9]).to_parquet(tmp_path / "train.parquet")
+    _dataset(images[9:], [-1] * 3).to_parquet(tmp_path / "test.parquet")
+    with pytest.raises(ValueError, match=r"3 of its 3 images have no label \(a negative id\): label them"):
+        load_image_data(_args(dataset_name=str(tmp_path), validation_size=3), seed=0)
+
+
 def test_folder_of_csv_files_with_default_columns(tmp_path):
     images, labels = _images(12), _labels(12)
     paths = _write_png_folder(tmp_path / "data" / "pictures", images, labels)

@@ -171,7 +171,11 @@ def check_labels(splits: dict[str, Rows | ImageSplit], label_names: list[str]) -
             continue
         low, high = int(labels.min()), int(labels.max())
         if low < 0 or high >= len(label_names):
+            # -1 is the Hub's "no label": a competition's test split, whose labels are kept secret.
+            unlabelled = f" {int((labels < 0).sum()):,} of its {len(labels):,} images have no label (a negative id)"
+            fix = ": label them, or pass only the labelled splits' files (`train_file`, `validation_file`)"
             raise ValueError(
                 f"The {name} split has label ids in [{low}, {high}], outside the {len(label_names)} classes "
                 f"{label_names[:10]}{'...' if len(label_names) > 10 else ''}."
+                + (unlabelled + fix + "." if low < 0 else "")
             )

@@ -657,6 +657,13 @@ def test_a_split_without_labels_is_named_with_the_fix(tmp_path):
     _dataset(images[9:], [-1] * 3).to_parquet(tmp_path / "test.parquet")
     with pytest.raises(ValueError, match=r"3 of its 3 images have no label \(a negative id\): label them"):
         load_image_data(_args(dataset_name=str(tmp_path), validation_size=3), seed=0)
+    # A test.csv without a label column: "Found no label column in test.csv ... Set `label_column_name`", a wrong fix.
+    paths = _write_png_folder(tmp_path / "csv" / "pictures", images, labels)
+    rows = [f"{p.relative_to(tmp_path / 'csv')},{NAMES[y]}" for p, y in zip(paths, labels)]
+    (tmp_path / "csv" / "train.csv").write_text("image,label\n" + "\n".join(rows[:9]) + "\n")
+    (tmp_path / "csv" / "test.csv").write_text("image\n" + "\n".join(row.split(",")[0] for row in rows[9:]) + "\n")
+    with pytest.raises(ValueError, match=r"The test split of .* lacks column\(s\) \['label'\]; .* Label its images"):
+        load_image_data(_args(dataset_name=str(tmp_path / "csv"), validation_size=3), seed=0)
 
 
 def test_folder_of_csv_files_with_default_columns(tmp_path):

@@ -146,9 +146,12 @@ def load_image_data(
         for name, dataset in source.encoded.items():
             missing = [c for c in columns if c not in dataset.column_names]
             if missing:
+                fix = ""
+                if columns[1] in missing:  # a competition's test split: its labels are kept secret
+                    fix = " Label its images, or pass the labelled splits' files (`train_file`, `validation_file`)."
                 raise ValueError(
                     f"The {name} split of {source.description} lacks column(s) {missing}; its columns are "
-                    f"{dataset.column_names}."
+                    f"{dataset.column_names}.{fix}"
                 )
         label_names, labels = encode_labels(source.encoded, columns[1], data_args.include_labels)
     else:

@@ -495,7 +495,10 @@ def _read_csv(path: str, data_args: DataArguments) -> datasets.Dataset:
     # A blank cell has no image: decoding names it missing (pandas reads it as NaN, which no path function takes).
     paths = [None if pd.isna(p) else str(p) for p in frame[column]]
     frame[column] = [p if p is None or os.path.isabs(p) else os.path.join(base, p) for p in paths]
-    label = _pick_column(list(frame.columns), data_args.label_column_name, LABEL_COLUMNS, "label", path)
+    try:
+        label = _pick_column(list(frame.columns), data_args.label_column_name, LABEL_COLUMNS, "label", path)
+    except ValueError:  # e.g. a competition's test.csv: `load_image_data` names the split without labels
+        return datasets.Dataset.from_pandas(frame, preserve_index=False)
     if pd.api.types.is_numeric_dtype(frame[label]):  # ids, unless written otherwise: `007` is a name, not 7
         written = pd.read_csv(path, usecols=[label], dtype=str)[label]
         if any(isinstance(w, str) and w.strip() != str(v) for w, v in zip(written, frame[label])):

@@ -803,15 +803,19 @@ def check_evaluation_only(model_args: ModelArguments, push_to_hub: bool) -> None
 
 def check_outside_the_data(data_args: DataArguments, output_dir: str) -> None:
     """Never write inside the folder of images the run reads: its next read would take the files for images or
-    classes (`outputs/` became a class of its own)."""
-    output = Path(output_dir).expanduser().resolve()
-    for path in (data_args.dataset_name, data_args.train_file, data_args.validation_file, data_args.test_file):
-        folder = Path(path).expanduser().resolve() if path and is_local(path) else None
-        if folder is not None and (output == folder or folder in output.parents):
-            raise ValueError(
-                f"`output_dir` {output_dir} is inside the data folder {path}, where the run's files would be read as "
-                "data the next time. Nothing was written. Fix: an `--output_dir` outside it."
-            )
+    classes (`outputs/` became a class of its own), and a decoded cache there changed the data it is keyed by (every
+    run decoded again, and a trained model's evaluation was refused as on files changed since)."""
+    cache = data_args.decoded_cache_dir
+    written = {"output_dir": output_dir, "decoded_cache_dir": None if str(cache).lower() == "none" else cache}
+    for name, where in written.items():
+        output = Path(where).expanduser().resolve() if where else None
+        for path in (data_args.dataset_name, data_args.train_file, data_args.validation_file, data_args.test_file):
+            folder = Path(path).expanduser().resolve() if path and is_local(path) else None
+            if output is not None and folder is not None and (output == folder or folder in output.parents):
+                raise ValueError(
+                    f"`{name}` {where} is inside the data folder {path}, where the run's files would be read as "
+                    f"data the next time. Nothing was written. Fix: a `--{name}` outside it."
+                )
 
 
 def check_not_in_another_run(output: Path, run_dirs: list[Path], model_type: str, training: bool = True) -> None:

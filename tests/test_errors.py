@@ -653,7 +653,7 @@ def test_weights_that_do_not_fit_their_config_are_refused_not_started_at_random(
                   "--dataset_name", "sklearn:digits", "--output_dir", str(tmp_path / "run")])  # fmt: skip
 
 
-def test_an_output_dir_inside_the_data_folder_is_refused(tmp_path):
+def test_an_output_dir_or_decoded_cache_inside_the_data_folder_is_refused(tmp_path):
     """An evaluation into `photos/evaluation` wrote its CSV and figures into the dataset: the next run failed on the
     CSV or trained on a class named `evaluation`."""
     for name in ("cat", "dog"):
@@ -665,6 +665,11 @@ def test_an_output_dir_inside_the_data_folder_is_refused(tmp_path):
     )
     with pytest.raises(ValueError, match=inside):
         run.main([*SCRATCH, "--dataset_name", str(tmp_path / "photos"), "--output_dir", str(tmp_path / "photos/run")])
+    assert sorted(p.name for p in (tmp_path / "photos").iterdir()) == ["cat", "dog"]
+    # A decoded cache there: each run decoded anew into a class folder of no images, the data's fingerprint changed.
+    with pytest.raises(ValueError, match=r"^`decoded_cache_dir` .*photos/cache is inside the data folder .*photos, "):
+        run.main([*SCRATCH, "--dataset_name", str(tmp_path / "photos"), "--output_dir", str(tmp_path / "run"),
+                  "--decoded_cache_dir", str(tmp_path / "photos/cache")])  # fmt: skip
     assert sorted(p.name for p in (tmp_path / "photos").iterdir()) == ["cat", "dog"]
 
 

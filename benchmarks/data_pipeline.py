@@ -93,8 +93,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--output", default=None, help="Also write the results as JSON here.")
     args = parser.parse_args(argv)
-    if args.output:  # made now: found in the way only after the measurement, it lost the results
-        make_folder(check_folder(args.output, is_file=True).parent)
+    output = args.output and check_folder(args.output, is_file=True)
+    if not os.path.isfile(args.data):  # datasets' own error named the path, not the fix
+        raise FileNotFoundError(f"--data {args.data} is not a file. Fix: a parquet file of images (CIFAR-10's copy).")
+    if output:  # made now: found in the way only after the measurement, it lost the results
+        make_folder(output.parent)
     return args
 
 

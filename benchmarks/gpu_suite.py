@@ -482,6 +482,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--tiny", action="store_true", help="CPU-sized models and steps (what the tests run).")
     parser.add_argument("--batch_sizes", "--batch-sizes", type=int, nargs="+", help="Default: 32 and the largest.")
     args = parser.parse_args(argv)
+    if not Path(args.data).is_file() and set(args.parts) & {"pipeline", "notebook_job", "scratch_recipe", "sweep"}:
+        # found only by each part, after the peak measurement: minutes of device time for a table of failures
+        raise FileNotFoundError(f"--data {args.data} is not a file. Fix: a parquet file of images (CIFAR-10's copy).")
     sizes = TINY if args.tiny else FULL
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     output = Path(args.output)

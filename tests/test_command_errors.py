@@ -179,6 +179,9 @@ IN_THE_WAY = "--output 'notes.txt': notes.txt is a file, not a folder. Fix:"
             "--output 'teacher' is a folder, not a file",
         ),
         ("startup.py", "--samples 1 --settle 0.01 --timeout 1", "outputs/quickstart/digits/3/00.png, outputs/"),
+        # A missing --data: datasets' error without the fix, or (the GPU suite) every part failing after the peak.
+        ("data_pipeline.py", "--data missing.parquet --output out/p.json", "--data missing.parquet is not a file."),
+        ("gpu_suite.py", "--data missing.parquet --output out", "--data missing.parquet is not a file. Fix:"),
     ],
 )
 def test_a_benchmark_refuses_what_it_cannot_use_in_one_line_before_measuring(tmp_path, script, argv, line):
@@ -187,6 +190,7 @@ def test_a_benchmark_refuses_what_it_cannot_use_in_one_line_before_measuring(tmp
     done = run_benchmark(tmp_path, script, argv)
     assert done.returncode == 1 and done.stderr.startswith(f"error: {line}"), done.stderr
     assert done.stderr.count("\n") == 1 and (tmp_path / "notes.txt").read_text() == "keep me"
+    assert not (tmp_path / "out").exists()
 
 
 PHOTOS_JSON = "--output notes.txt/photos.json"

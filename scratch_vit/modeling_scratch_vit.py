@@ -87,9 +87,16 @@ class ScratchViTPatchEmbeddings(nn.Module):
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         _, num_channels, height, width = pixel_values.shape
         if num_channels != self.num_channels:
+            convert = "RGB images to the image processor (`image.convert('RGB')`)"
+            if self.num_channels == 1:
+                convert = (
+                    "grayscale images to the image processor (`image.convert('L')`; pipeline() converts every image "
+                    "to RGB, so it cannot feed this model)"
+                )
             raise ValueError(
                 f"Expected {self.num_channels} channel(s) in `pixel_values` as set in the config (`num_channels`), "
-                f"got {num_channels}. Convert the images (e.g. grayscale to RGB) or set `num_channels={num_channels}`."
+                f"got {num_channels}. Pass {convert}, or build a new model "
+                f"with `num_channels={num_channels}`."
             )
         if height % self.patch_size or width % self.patch_size:
             raise ValueError(

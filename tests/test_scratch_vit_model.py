@@ -273,10 +273,14 @@ def test_positions_at_twice_the_size_follow_the_training_grid(position_embedding
 
 def test_wrong_channel_count_raises():
     model = build(ScratchViTModel, tiny_config())
-    with pytest.raises(ValueError, match=r"Expected 3 channel\(s\).*got 1.*num_channels=1"):
+    with pytest.raises(ValueError, match=r"Expected 3 channel\(s\).*got 1. Pass RGB images.*num_channels=1"):
         model(images(channels=1))
     grayscale = build(ScratchViTModel, tiny_config(num_channels=1))
     assert grayscale(images(channels=1)).last_hidden_state.shape == (BATCH, 17, 16)
+    # A grayscale model fed RGB (what pipeline() makes of every image) is told to convert to grayscale, not to RGB.
+    with pytest.raises(ValueError, match=r"got 3. Pass grayscale images .*convert\('L'\).*pipeline\(\)") as error:
+        grayscale(images(channels=3))
+    assert "grayscale to RGB" not in str(error.value)
 
 
 def test_image_size_not_multiple_of_patch_raises():

@@ -163,6 +163,9 @@ class ImageClassificationTrainingArguments(TrainingLoopArguments, TrainingArgume
             distilling = ("distillation_type", "distillation_alpha", "distillation_temperature")
             without = "no `teacher_model_name_or_path` to distill from"
             check_unused(self, distilling, without, "name the teacher (a trained run's folder)")
+        elif self.distillation_type == "hard":  # cross-entropy on the teacher's top class, which no temperature moves
+            without = "`distillation_type: hard` trains on the teacher's top class"
+            check_unused(self, ["distillation_temperature"], without, "`distillation_type: soft`")
         # Trainer options this pipeline's evaluation and models do not support: ignored, or failing late.
         if self.label_names not in (None, ["labels"]):
             raise ValueError(f"`label_names: {self.label_names}`: the batches' labels are `labels`. Drop the option.")

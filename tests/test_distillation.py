@@ -256,6 +256,14 @@ def test_bad_distillation_settings_are_refused(tmp_path, option, value):
         run.main([*TINY_SCRATCH, f"--{option}", value, "--output_dir", str(tmp_path)])
 
 
+def test_a_temperature_that_hard_distillation_ignores_is_refused(tmp_path):
+    """`hard` trains on the teacher's top class: a temperature changed nothing, and the run trained as if not given."""
+    argv = [*TINY_SCRATCH, "--teacher_model_name_or_path", str(tmp_path / "teacher"), "--distillation_type", "hard"]
+    with pytest.raises(ValueError, match="`distillation_temperature` set, but `distillation_type: hard`"):
+        run.main([*argv, "--distillation_temperature", "4", "--output_dir", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_taught_step_does_not_wait_for_the_device(teacher_dir, tmp_path):
     """The teacher's forward and the distillation loss read no device value on the host (test_step_sync's check)."""
     from test_step_sync import device_reads_of_training

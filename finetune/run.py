@@ -249,6 +249,8 @@ def warn_of_scratch_options(scratch_args, do_train: bool, stated: set[str]) -> N
     if ignored:
         by, fix = ("`model_type: pretrained`", ", or train a ScratchViT with `model_type: scratch` (or `both`)")
         by, fix = (by, fix) if do_train else ("`do_train: false`", "")
+        if do_train and "--image_size" in ignored:  # the way to fine-tune a checkpoint at another resolution
+            fix += "; to fine-tune it at another size, `image_processor_name`: an image processor of that size"
         logger.warning(
             f"{', '.join(ignored)}: ScratchViT options, ignored by {by}, which keeps the architecture and resolution "
             f"of `model_name_or_path`. Fix: drop them{fix}."

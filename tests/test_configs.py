@@ -277,6 +277,8 @@ def test_options_a_base_config_sets_are_not_named_as_ignored(tmp_path, caplog):
         run.warn_of_scratch_options(parse_args(argv)[2], True, run.stated_options(argv))
     [warning] = [r.getMessage() for r in caplog.records]
     assert warning.startswith("--image_size: ScratchViT options, ignored by `model_type: pretrained`")
+    # The fix names the way to fine-tune the checkpoint at another size, which `image_size` does not do.
+    assert "to fine-tune it at another size, `image_processor_name`: an image processor of that size" in warning
 
 
 def test_numbers_in_a_config_map_are_read_as_yaml_1_2_and_json_read_them(tmp_path):

@@ -91,12 +91,15 @@ class ResumeRefused(ValueError):
 
 def effective(options: dict, name: str):
     """An option's value as the run uses it: an unset `data_seed` is `seed` (`--data_seed 42` for a run of seed 42
-    keeps its split and order), and a teacher's local folder is its full path (`./outputs/t` is `outputs/t`)."""
+    keeps its split and order), a teacher's local folder is its full path (`./outputs/t` is `outputs/t`), and hard
+    distillation has no temperature."""
     value = options.get(name)
     if name == "data_seed" and value is None:
         return options.get("seed")
     if name == "teacher_model_name_or_path" and value is not None and os.path.exists(os.path.expanduser(value)):
         return os.path.realpath(os.path.expanduser(value))
+    if name == "distillation_temperature" and options.get("distillation_type") == "hard":
+        return None  # unused: a checkpoint saved with one before it was refused resumes without it
     return value
 
 

@@ -264,6 +264,23 @@ def test_a_temperature_that_hard_distillation_ignores_is_refused(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_checkpoint_of_hard_distillation_saved_with_a_temperature_resumes_without_it():
+    """Before the temperature was refused under `hard`, a run could save one with its checkpoints: the resume, now
+    refused with it, was refused without it too (another temperature), though no temperature ever moved its weights."""
+    from transformers import TrainerState
+
+    from finetune.callbacks import check_options_kept
+
+    teacher = {"teacher_model_name_or_path": "t", "distillation_type": "hard", "distillation_alpha": 0.5}
+    state = TrainerState(global_step=5)
+    state.stateful_callbacks = {
+        "ResumeCheck": {"attributes": {"options": {**teacher, "distillation_temperature": 4.0}}}
+    }
+    check_options_kept(state, {**teacher, "distillation_temperature": 2.0})
+    with pytest.raises(ResumeRefused, match="distillation_temperature 4 \\(now 2\\)"):
+        check_options_kept(state, {**teacher, "distillation_type": "soft", "distillation_temperature": 2.0})
+
+
 def test_a_taught_step_does_not_wait_for_the_device(teacher_dir, tmp_path):
     """The teacher's forward and the distillation loss read no device value on the host (test_step_sync's check)."""
     from test_step_sync import device_reads_of_training

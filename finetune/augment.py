@@ -350,7 +350,7 @@ def preprocessing_from(processor, config) -> Preprocessing:
     if data_config:  # timm's preprocessing (TimmWrapperImageProcessor): input size, crop_pct, mean, std
         _, height, width = data_config["input_size"]
         crop = data_config.get("crop_pct") or 1.0
-        image_size, resize_size = (height, width), (round(height / crop), round(width / crop))
+        image_size, resize_size = (height, width), (math.floor(height / crop), math.floor(width / crop))  # timm's
         mean, std = data_config["mean"], data_config["std"]
     else:
         image_size = resize_size = _height_width(processor.size) or (int(config.image_size),) * 2

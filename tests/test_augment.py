@@ -1,5 +1,6 @@
 """BatchTransform: values against direct references, and each random op checked image by image."""
 
+import importlib.util
 import logging
 
 import numpy as np
@@ -389,6 +390,30 @@ def test_evaluation_resizes_and_crops_as_a_processor_that_resizes_beyond_its_cro
     assert ours.shape == theirs.shape == (1, 3, *image_size)
     levels = (ours - theirs) * torch.tensor(prep.image_std).view(1, 3, 1, 1) * 255
     assert levels.abs().max().item() < 2.0
+
+
+@pytest.mark.skipif(not importlib.util.find_spec("timm"), reason='timm is an optional extra: pip install -e ".[timm]"')
+@pytest.mark.parametrize("size, crop_pct", [(16, 0.9), (224, 0.95), (224, 0.875)])
+def test_evaluation_resizes_a_timm_model_before_its_crop_as_timm_does(size, crop_pct):
+    """timm resizes to floor(size / crop_pct), then crops: evaluation resized to round() (18 px, not 17, for 16 px at
+    0.9; 236, not 235, for 224 at 0.95), and the saved processor (timm's), pipeline() and ONNX serving, which resize as
+    timm does, scored other pixels than evaluation and predict."""
+    from PIL import Image
+    from transformers import TimmWrapperConfig, TimmWrapperImageProcessor
+
+    cfg = {"input_size": [3, size, size], "mean": [0.5] * 3, "std": [0.5] * 3, "crop_pct": crop_pct,
+           "interpolation": "bilinear"}  # fmt: skip
+    processor = TimmWrapperImageProcessor(pretrained_cfg=cfg, architecture="resnet10t")
+    prep = preprocessing_from(processor, TimmWrapperConfig(architecture="resnet10t", pretrained_cfg=cfg))
+    [resize] = [t.size for t in processor.val_transforms.transforms if type(t).__name__ == "Resize"]
+    assert prep.resize_size == (resize, resize) and prep.image_size == (size, size)
+    if size == 16:  # smooth ramps, as above: a resize off by a pixel moves them by ten levels and more
+        ramp = torch.linspace(0, 255, 40)
+        x = torch.stack([ramp.expand(40, 40), ramp[:, None].expand(40, 40), (ramp + ramp[:, None]) / 2])[None]
+        x = x.round().to(torch.uint8)  # (1, 3, 40, 40)
+        ours = BatchTransform.for_model(prep, 3)(x, train=False)
+        theirs = processor(Image.fromarray(x[0].permute(1, 2, 0).numpy()), return_tensors="pt").pixel_values
+        assert ((ours - theirs) * 0.5 * 255).abs().max().item() < 2.0
 
 
 @pytest.mark.parametrize(

@@ -257,6 +257,7 @@ def load_saved_classifier(path: str | os.PathLike, **kwargs) -> PreTrainedModel:
     with transformers_errors_only():  # its load report, a table of warnings: the error below says it in one line
         model, info = AutoModelForImageClassification.from_pretrained(path, output_loading_info=True, **kwargs)
     check_gives_logits(type(model), str(path))
+    check_label_ids(model.config, str(path))
     # A batch norm's `num_batches_tracked` counts steps, learns nothing: converted weight files often leave it out.
     missing = [str(k) for k in info.get("missing_keys", []) if not str(k).endswith("num_batches_tracked")]
     check_no_missing_weights(
@@ -449,6 +450,7 @@ def _load_config(model_args: ModelArguments):
     name = CLASSIFIER_NAMES.get(config.model_type)
     if isinstance(name, str) and hasattr(transformers, name):  # before the data loads
         check_gives_logits(getattr(transformers, name), model_args.model_name_or_path)
+    check_label_ids(config, model_args.model_name_or_path)
     return config
 
 
@@ -461,6 +463,18 @@ def check_gives_logits(model_class: type, path: str) -> None:
             f"{path} is a {model_class.__name__}, whose output ({getattr(output, '__name__', output)}) holds no "
             "classification `logits`: it cannot be fine-tuned, scored or served here. Fix: another image "
             "classification checkpoint."
+        )
+
+
+def check_label_ids(config, path: str) -> None:
+    """Refuse an `id2label` whose ids are not the head's rows 0 to num_labels - 1 (0, 2, 5 for 3 rows): fine-tuning,
+    evaluation, predict and `pipeline()` failed with `KeyError: 1`."""
+    ids = sorted(config.id2label)
+    if ids != list(range(config.num_labels)):
+        raise ValueError(
+            f"The config.json of {path} numbers its classes {_shorten(list(map(str, ids)))} (`id2label`), but its "
+            f"head's {config.num_labels} outputs are 0 to {config.num_labels - 1}. Fix: renumber `id2label` and "
+            "`label2id` there from 0, in the order of the head's outputs."
         )
 
 

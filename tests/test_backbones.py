@@ -333,3 +333,20 @@ def test_a_timm_model_takes_stochastic_depth(tmp_path):
     assert json.loads((out / "config.json").read_text())["model_args"]["drop_path_rate"] == 0.1
     model = AutoModelForImageClassification.from_pretrained(out)
     assert model.timm_model.blocks[-1].drop_path1.drop_prob == pytest.approx(0.1)  # timm's rate at the last block
+
+
+def test_a_checkpoint_whose_label_ids_are_not_its_heads_rows_is_refused_in_one_line(tmp_path, digit_image):
+    """`id2label` {0, 2, 5} on a 3-output head (ids that name no row): fine-tuning, evaluation and predict all failed
+    with `KeyError: 1`, as transformers' pipeline() does."""
+    deit(base := tmp_path / "base")
+    config = json.loads((base / "config.json").read_text())
+    config["id2label"], config["label2id"] = {"0": "a", "2": "b", "5": "c"}, {"a": 0, "b": 2, "c": 5}
+    (base / "config.json").write_text(json.dumps(config))
+    refused = r"numbers its classes 0, 2, 5 \(`id2label`\), but its head's 3 outputs are 0 to 2\. Fix: renumber"
+    with pytest.raises(ValueError, match=refused):
+        run.main(["--model_name_or_path", str(base), *TRAIN, "--output_dir", str(tmp_path / "run")])
+    with pytest.raises(ValueError, match=refused):
+        run.main(["--do_train", "false", "--model_name_or_path", str(base), *DIGITS, "--include_labels", "0", "1",
+                  "2", "--output_dir", str(tmp_path / "eval")])  # fmt: skip
+    with pytest.raises(ValueError, match=refused):
+        predict.main([str(base), str(digit_image)])

@@ -719,7 +719,18 @@ def check_local_checkpoint(path: str | os.PathLike, trust_remote_code: bool = Fa
                 f"{weights} is damaged or incomplete ({one_line(error)}). Save the model again, copy it again, or "
                 "use another checkpoint-* folder of the run."
             ) from None
-    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except ValueError:  # transformers' "invalid literal for int() with base 10: 'cat'" names no file, no field
+        named = [
+            key for key in json.loads(Path(path, "config.json").read_text()).get("id2label") or {} if not key.isdigit()
+        ]
+        if named:
+            raise ValueError(
+                f"The config.json of {path} keys `id2label` by names ({_shorten(named)}), not by the head's outputs. "
+                'Fix: number its keys "0", "1", ... in the order of the head\'s outputs (and `label2id` to match).'
+            ) from None
+        raise
     remote = "AutoModelForImageClassification" in (getattr(config, "auto_map", None) or {})
     if not (remote or config.model_type in CLASSIFIER_NAMES or type(config) in MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING):
         raise ValueError(

@@ -350,3 +350,16 @@ def test_a_checkpoint_whose_label_ids_are_not_its_heads_rows_is_refused_in_one_l
                   "2", "--output_dir", str(tmp_path / "eval")])  # fmt: skip
     with pytest.raises(ValueError, match=refused):
         predict.main([str(base), str(digit_image)])
+
+
+def test_a_checkpoint_whose_label_ids_are_names_is_refused_naming_the_field(tmp_path, digit_image):
+    """`id2label` keyed by names ({"a": "a", ...}): every command said only transformers' "invalid literal for int()
+    with base 10: 'a'", naming neither the file nor the field."""
+    deit(base := tmp_path / "base")
+    config = json.loads((base / "config.json").read_text())
+    (base / "config.json").write_text(json.dumps({**config, "id2label": {name: name for name in "abc"}}))
+    refused = r"config.json of .* keys `id2label` by names \(a, b, c\), not by the head's outputs\. Fix: number"
+    with pytest.raises(ValueError, match=refused):
+        run.main(["--model_name_or_path", str(base), *TRAIN, "--output_dir", str(tmp_path / "run")])
+    with pytest.raises(ValueError, match=refused):
+        predict.main([str(base), str(digit_image)])

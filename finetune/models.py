@@ -185,11 +185,13 @@ def resize_position_embeddings(model: PreTrainedModel, image_size: tuple[int, in
 def _framing_processor(processor, prep: Preprocessing, whole: bool, config=None):
     """The processor saved with the model (`pipeline()`, the model card, ONNX serving), framing a photo as training
     stored it and evaluation resized it: the centre square, or with `whole` (one non-square size) the whole image.
-    timm's is kept with training's bilinear resize for its bicubic one (5 of 12 digits were classified otherwise)."""
+    timm's is kept with training's bilinear resize for its bicubic one (5 of 12 digits were classified otherwise), and
+    its `crop_mode` framing as training: `squash` (the whole image) with `whole`, else `center`."""
     if getattr(processor, "data_config", None):
-        if processor.data_config.get("interpolation", "bilinear") == "bilinear" or config is None:
+        framing = {"interpolation": "bilinear", "crop_mode": "squash" if whole else "center"}
+        if config is None or all(processor.data_config.get(key) == value for key, value in framing.items()):
             return processor
-        config.pretrained_cfg = {**config.pretrained_cfg, "interpolation": "bilinear"}
+        config.pretrained_cfg = {**config.pretrained_cfg, **framing}
         return type(processor)(pretrained_cfg=config.pretrained_cfg, architecture=config.architecture)
     height, width = prep.resize_size or prep.image_size
     # A non-square resize of the centre square has no image processor setting: the whole photo is squeezed there.

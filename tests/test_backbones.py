@@ -222,6 +222,45 @@ def test_a_timm_runs_saved_processor_resizes_as_training_did(tmp_path, digit_ima
     assert run.main(resumed)["pretrained"].train.steps == 2
 
 
+@needs_timm
+@pytest.mark.parametrize(
+    "crop_mode, stored_shape, photo_shape", [("squash", (16, 16), (16, 24)), ("center", (6, 10), (6, 10))]
+)
+def test_a_timm_runs_saved_processor_frames_photos_as_training_did(crop_mode, stored_shape, photo_shape, tmp_path):
+    """timm's processor frames a photo by its `crop_mode`: a `squash` checkpoint's (timm's ConvNeXt at 384 px) squeezed
+    the whole photo where training and predict took its centre square, and a `center` one cropped the centre of images
+    stored whole (all 10x6: no square to take) where training squeezed them: pipeline(), the card's code and its
+    onnxruntime line scored pixels up to 40 and 46 levels from predict's."""
+    from transformers import TimmWrapperConfig, TimmWrapperForImageClassification
+
+    model_args = {"img_size": 16, "patch_size": 4, "embed_dim": 16, "depth": 2, "num_heads": 2}
+    config = TimmWrapperConfig(architecture="vit_tiny_patch16_224", model_args=model_args, num_labels=3)
+    config.pretrained_cfg = {"input_size": [3, 16, 16], "mean": [0.5] * 3, "std": [0.5] * 3, "crop_pct": 1.0,
+                             "crop_mode": crop_mode, "interpolation": "bilinear"}  # fmt: skip
+    TimmWrapperForImageClassification(config).save_pretrained(base := tmp_path / "base")
+    rng = np.random.default_rng(0)
+    for label in "abc":  # images of one size, stored as they are
+        (tmp_path / "images" / label).mkdir(parents=True)
+        for i in range(8):
+            pixels = rng.integers(0, 256, (*stored_shape, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(tmp_path / "images" / label / f"{i}.png")
+    data = ["--dataset_name", str(tmp_path / "images"), "--validation_size", "0.25", "--decoded_cache_dir", "none"]
+    train = [*TRAIN[TRAIN.index("--max_steps") :], "--per_device_eval_batch_size", "16"]
+    results = run.main(
+        ["--model_name_or_path", str(base), *data, *train, "--output_dir", str(out := tmp_path / "run")]
+    )
+    # Smooth ramps: the resampling differs by a level, the framing by dozens.
+    height, width = photo_shape
+    ramp = np.linspace(0, 255, width)[None, :] * np.linspace(0.2, 1, height)[:, None]
+    image = Image.fromarray(np.stack([ramp, ramp[::-1], ramp[:, ::-1]], -1).round().astype(np.uint8))
+    model, processor = predict.load_classifier(out)
+    stored = results["pretrained"].stored_image_size
+    ours = predict.preprocess([image], model, processor, stored_size=stored)
+    saved = AutoImageProcessor.from_pretrained(out)(image, return_tensors="pt").pixel_values
+    assert ours.shape == saved.shape == (1, 3, 16, 16)
+    assert ((ours - saved) * 0.5 * 255).abs().max() < 2  # levels
+
+
 @pytest.mark.parametrize("name", [case(name) for name in BACKBONES])
 def test_layer_decay_orders_every_backbone_from_embeddings_to_head(name, tmp_path):
     model = AutoModelForImageClassification.from_pretrained(checkpoint(tmp_path, name))

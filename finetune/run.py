@@ -703,7 +703,8 @@ def make_trainer(
         eval_dataset=data.validation,
         data_collator=collate_batch,
         compute_metrics=compute_metrics,
-        processing_class=processor,
+        # timm's lives in config.json (`pretrained_cfg`); its save_pretrained only warns that it is disabled.
+        processing_class=None if getattr(processor, "data_config", None) else processor,
         batch_transform=batch_transform,
         layer_decay=layer_decay,
         compile_choice=compile_choice,

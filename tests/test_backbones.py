@@ -5,6 +5,7 @@ family ships with."""
 
 import importlib.util
 import json
+import logging
 import re
 from pathlib import Path
 
@@ -226,7 +227,9 @@ def test_a_timm_runs_saved_processor_resizes_as_training_did(tmp_path, digit_ima
 @pytest.mark.parametrize(
     "crop_mode, stored_shape, photo_shape", [("squash", (16, 16), (16, 24)), ("center", (6, 10), (6, 10))]
 )
-def test_a_timm_runs_saved_processor_frames_photos_as_training_did(crop_mode, stored_shape, photo_shape, tmp_path):
+def test_a_timm_runs_saved_processor_frames_photos_as_training_did(
+    crop_mode, stored_shape, photo_shape, tmp_path, caplog
+):
     """timm's processor frames a photo by its `crop_mode`: a `squash` checkpoint's (timm's ConvNeXt at 384 px) squeezed
     the whole photo where training and predict took its centre square, and a `center` one cropped the centre of images
     stored whole (all 10x6: no square to take) where training squeezed them: pipeline(), the card's code and its
@@ -238,6 +241,7 @@ def test_a_timm_runs_saved_processor_frames_photos_as_training_did(crop_mode, st
     config.pretrained_cfg = {"input_size": [3, 16, 16], "mean": [0.5] * 3, "std": [0.5] * 3, "crop_pct": 1.0,
                              "crop_mode": crop_mode, "interpolation": "bilinear"}  # fmt: skip
     TimmWrapperForImageClassification(config).save_pretrained(base := tmp_path / "base")
+    logging.Logger.warning_once.cache_clear()  # transformers' once-a-process warnings said again
     rng = np.random.default_rng(0)
     for label in "abc":  # images of one size, stored as they are
         (tmp_path / "images" / label).mkdir(parents=True)
@@ -259,6 +263,9 @@ def test_a_timm_runs_saved_processor_frames_photos_as_training_did(crop_mode, st
     saved = AutoImageProcessor.from_pretrained(out)(image, return_tensors="pt").pixel_values
     assert ours.shape == saved.shape == (1, 3, 16, 16)
     assert ((ours - saved) * 0.5 * 255).abs().max() < 2  # levels
+    # Its processor lives in config.json: the Trainer saved it too, and transformers warned at every save that timm's
+    # `save_pretrained` "is disabled", as if serving would lack it.
+    assert not [r for r in caplog.records if "save_pretrained" in r.getMessage()]
 
 
 @pytest.mark.parametrize("name", [case(name) for name in BACKBONES])

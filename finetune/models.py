@@ -262,6 +262,13 @@ def load_saved_classifier(path: str | os.PathLike, **kwargs) -> PreTrainedModel:
     check_label_ids(model.config, str(path))
     # A batch norm's `num_batches_tracked` counts steps, learns nothing: converted weight files often leave it out.
     missing = [str(k) for k in info.get("missing_keys", []) if not str(k).endswith("num_batches_tracked")]
+    heads = tuple(f"{name}." for name in classification_heads(model))
+    if missing and heads and all(name.startswith(heads) for name in missing):  # a backbone saved without a head
+        saved = first_three(getattr(model.config, "architectures", None) or [model.config.model_type])
+        raise ValueError(
+            f"{path} is a {saved} without a classification head: it has no classes to score or predict. Fix: "
+            f"fine-tune it (`python -m finetune.run --model_name_or_path {path} ...`), then pass the run's folder."
+        )
     check_no_missing_weights(
         missing, f"The weight files of {path}", f"the {type(model).__name__} its config.json describes",
         "the config.json saved with these weights",

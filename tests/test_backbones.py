@@ -409,3 +409,24 @@ def test_a_checkpoint_whose_label_ids_are_names_is_refused_naming_the_field(tmp_
         run.main(["--model_name_or_path", str(base), *TRAIN, "--output_dir", str(tmp_path / "run")])
     with pytest.raises(ValueError, match=refused):
         predict.main([str(base), str(digit_image)])
+
+
+def test_a_backbone_without_a_head_is_refused_as_such_by_predict_export_and_evaluation(tmp_path, digit_image):
+    """A bare encoder (as google/vit-base-patch16-224-in21k is a ViTModel) passed to predict, export or `do_train:
+    false` was refused with "lack classifier.bias, classifier.weight ... Fix: the config.json saved with these
+    weights", which it is: the fix is to fine-tune it first."""
+    from transformers import Dinov2Model
+
+    Dinov2Model(Dinov2Config(image_size=8, patch_size=2, **{**VIT_SIZES, "intermediate_size": None})).save_pretrained(
+        base := tmp_path / "base"
+    )
+    BitImageProcessor(size={"shortest_edge": 10}, crop_size={"height": 8, "width": 8}).save_pretrained(base)
+    refused = r"is a Dinov2Model without a classification head: .* Fix: fine-tune it \(`python -m finetune\.run "
+    with pytest.raises(ValueError, match=refused):
+        predict.main([str(base), str(digit_image)])
+    with pytest.raises(ValueError, match=refused):
+        export.main([str(base), "--format", "onnx", "--images", str(digit_image)])
+    with pytest.raises(ValueError, match=refused):
+        run.main(
+            ["--do_train", "false", "--model_name_or_path", str(base), *DIGITS, "--output_dir", str(tmp_path / "eval")]
+        )

@@ -25,6 +25,7 @@ from transformers import (
     AutoConfig,
     AutoImageProcessor,
     AutoModelForImageClassification,
+    PretrainedConfig,
     PreTrainedModel,
     ViTImageProcessor,
 )
@@ -866,7 +867,13 @@ def config_changes(checkpoint: str, config) -> list[str]:
         then, now = json.dumps(saved[name]), json.dumps(here[name])
         return f"{name} {then} (now {now})" if len(then + now) < 80 else f"{name} (another value now)"
 
-    return [change(name) for name in names if saved[name] != here[name]]
+    def differs(name: str) -> bool:  # a sub-config (CLIP's `vision_config`) is saved without its default fields
+        then, now = saved[name], here[name]
+        if isinstance(getattr(config, name, None), PretrainedConfig) and isinstance(then, dict):
+            return any(then[key] != now[key] for key in then.keys() & now.keys() - metadata)
+        return then != now
+
+    return [change(name) for name in names if differs(name)]
 
 
 # Parameters that weight decay would only pull towards zero without regularising anything (timm's `no_weight_decay`,

@@ -430,3 +430,37 @@ def test_a_backbone_without_a_head_is_refused_as_such_by_predict_export_and_eval
         run.main(
             ["--do_train", "false", "--model_name_or_path", str(base), *DIGITS, "--output_dir", str(tmp_path / "eval")]
         )
+
+
+def test_a_model_with_sub_configs_loads_its_best_checkpoint_and_resumes(tmp_path):
+    """CLIP's and SigLIP's configs hold sub-configs (`vision_config`), saved without their default fields: every
+    CLIPForImageClassification run trained, then failed at its end, loading its best checkpoint ("is of another model
+    (text_config (another value now); vision_config ...)"), with no results written. A sub-config's real change still
+    refuses a resume."""
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel
+
+    torch.manual_seed(0)
+    text = {**VIT_SIZES, "vocab_size": 100, "max_position_embeddings": 8, "bos_token_id": 0, "eos_token_id": 1}
+    vision = {**VIT_SIZES, "image_size": 8, "patch_size": 2}
+    CLIPModel(CLIPConfig(text_config=text, vision_config=vision, projection_dim=8)).save_pretrained(
+        base := tmp_path / "b"
+    )
+    CLIPImageProcessor(size={"shortest_edge": 8}, crop_size={"height": 8, "width": 8}).save_pretrained(base)
+    args = [
+        "--model_name_or_path",
+        str(base),
+        *TRAIN,
+        "--layer_decay",
+        "none",
+        "--output_dir",
+        str(out := tmp_path / "run"),
+    ]
+    results = run.main(args)["pretrained"]
+    assert results.architecture == "CLIPForImageClassification" and results.train.steps == 2
+    [checkpoint] = out.glob("checkpoint-*")
+    config = json.loads((checkpoint / "config.json").read_text())
+    config["vision_config"]["hidden_act"] = "gelu"  # CLIP's is quick_gelu: the same weights, another model
+    (checkpoint / "config.json").write_text(json.dumps(config))
+    (out / "results.json").unlink()
+    with pytest.raises(ValueError, match=r"checkpoint-2 is of another model \(vision_config \(another value now\)\)"):
+        run.main([*args, "--resume_from_checkpoint", "true"])

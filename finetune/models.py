@@ -532,10 +532,13 @@ def _load_pretrained(model_args: ModelArguments, data: ImageData, drop_path_rate
         )
     # Relabelled as `from_pretrained(path, num_labels=..., id2label=...)` would do it, without reading it again.
     overrides = {"num_labels": len(data.label_names), "id2label": data.id2label, "label2id": data.label2id}
+    timm_args = getattr(original, "model_args", None) or {}
+    if "num_classes" in timm_args:  # timm's own exports record it; the wrapper passes `num_labels` as it too
+        overrides["model_args"] = {key: value for key, value in timm_args.items() if key != "num_classes"}
     if drop_path_rate is not None:
         check_stochastic_depth(model_args, drop_path_rate, original)
         if original.model_type == "timm_wrapper":  # `create_model`'s argument, which the wrapper passes on
-            overrides["model_args"] = {**(original.model_args or {}), "drop_path_rate": drop_path_rate}
+            overrides["model_args"] = {**overrides.get("model_args", timm_args), "drop_path_rate": drop_path_rate}
         else:
             overrides["drop_path_rate"] = drop_path_rate
     # The old labels go (timm's config saves its class names as `label_names`): with the old `id2label` left in,

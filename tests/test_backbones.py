@@ -464,3 +464,26 @@ def test_a_model_with_sub_configs_loads_its_best_checkpoint_and_resumes(tmp_path
     (out / "results.json").unlink()
     with pytest.raises(ValueError, match=r"checkpoint-2 is of another model \(vision_config \(another value now\)\)"):
         run.main([*args, "--resume_from_checkpoint", "true"])
+
+
+@needs_timm
+def test_a_checkpoint_as_timm_saves_it_fine_tunes(tmp_path, digit_image):
+    """timm's own `save_for_hf` (what `push_to_hf_hub` uploads) records `num_classes` in `model_args`, which
+    transformers' TimmWrapper passes on beside its own: fine-tuning such a checkpoint failed with "TypeError: ...
+    got multiple values for keyword argument 'num_classes' (unexpected)". The run's config keeps the rest."""
+    import timm
+    from timm.models import save_for_hf
+
+    torch.manual_seed(0)
+    model = timm.create_model("vit_tiny_patch16_224", img_size=8, patch_size=2, embed_dim=16, depth=2, num_heads=2,
+                              num_classes=5)  # fmt: skip
+    model.pretrained_cfg = {**model.pretrained_cfg, "input_size": (3, 8, 8), "crop_pct": 1.0}
+    save_for_hf(model, base := tmp_path / "base", model_config={"label_names": list("abcde")})
+    assert json.loads((base / "config.json").read_text())["model_args"]["num_classes"] == 5
+    out = tmp_path / "run"
+    results = run.main(["--model_name_or_path", str(base), *TRAIN, "--output_dir", str(out)])["pretrained"]
+    assert results.train.steps == 2
+    saved = json.loads((out / "config.json").read_text())
+    assert "num_classes" not in saved["model_args"] and saved["model_args"]["embed_dim"] == 16
+    [prediction] = predict.main([str(out), str(digit_image)])
+    assert len(prediction.probabilities) == 10

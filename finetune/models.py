@@ -545,6 +545,8 @@ def _load_pretrained(model_args: ModelArguments, data: ImageData, drop_path_rate
     # transformers warned "You passed `num_labels=10` which is incompatible to the `id2label` map of length 3".
     saved = {k: v for k, v in original.to_dict().items() if k not in ("label_names", "id2label", "label2id")}
     config = type(original).from_dict(saved, **overrides)
+    if timm_args.get("in_chans", 3) != 3:  # a grayscale timm model: its channels where transformers' configs say them
+        config.num_channels = timm_args["in_chans"]
     with _plain_model_folder(path, model_args.trust_remote_code) as weights, hub_errors("model", path):
         with transformers_errors_only():
             model, info = AutoModelForImageClassification.from_pretrained(

@@ -467,17 +467,21 @@ def test_a_model_with_sub_configs_loads_its_best_checkpoint_and_resumes(tmp_path
 
 
 @needs_timm
-def test_a_checkpoint_as_timm_saves_it_fine_tunes(tmp_path, digit_image):
+@pytest.mark.parametrize("in_chans", [3, 1])
+def test_a_checkpoint_as_timm_saves_it_fine_tunes(in_chans, tmp_path, digit_image):
     """timm's own `save_for_hf` (what `push_to_hf_hub` uploads) records `num_classes` in `model_args`, which
     transformers' TimmWrapper passes on beside its own: fine-tuning such a checkpoint failed with "TypeError: ...
-    got multiple values for keyword argument 'num_classes' (unexpected)". The run's config keeps the rest."""
+    got multiple values for keyword argument 'num_classes' (unexpected)". A grayscale one (`in_chans: 1`) was fed
+    3 channels ("cannot classify 8x8 images (... expected input[1, 3, 8, 8] to have 1 channels"): a timm config
+    has no `num_channels`, which the run's now says."""
     import timm
     from timm.models import save_for_hf
 
     torch.manual_seed(0)
     model = timm.create_model("vit_tiny_patch16_224", img_size=8, patch_size=2, embed_dim=16, depth=2, num_heads=2,
-                              num_classes=5)  # fmt: skip
-    model.pretrained_cfg = {**model.pretrained_cfg, "input_size": (3, 8, 8), "crop_pct": 1.0}
+                              num_classes=5, in_chans=in_chans)  # fmt: skip
+    statistics = {"mean": (0.5,) * in_chans, "std": (0.5,) * in_chans}
+    model.pretrained_cfg = {**model.pretrained_cfg, "input_size": (in_chans, 8, 8), "crop_pct": 1.0, **statistics}
     save_for_hf(model, base := tmp_path / "base", model_config={"label_names": list("abcde")})
     assert json.loads((base / "config.json").read_text())["model_args"]["num_classes"] == 5
     out = tmp_path / "run"
@@ -485,5 +489,6 @@ def test_a_checkpoint_as_timm_saves_it_fine_tunes(tmp_path, digit_image):
     assert results.train.steps == 2
     saved = json.loads((out / "config.json").read_text())
     assert "num_classes" not in saved["model_args"] and saved["model_args"]["embed_dim"] == 16
+    assert saved.get("num_channels", 3) == in_chans
     [prediction] = predict.main([str(out), str(digit_image)])
     assert len(prediction.probabilities) == 10

@@ -717,6 +717,21 @@ def test_images_a_metadata_file_does_not_name_are_named(tmp_path, caplog, metada
     assert "Leaving out" not in caplog.text
 
 
+def test_a_folder_with_both_a_metadata_csv_and_jsonl_is_refused(tmp_path):
+    # The table labelled the images and the metadata.jsonl's other labels were left unread without a word.
+    images, labels = _images(12), _labels(12)
+    paths = _write_png_folder(tmp_path / "photos", images, labels)
+    rows = [(str(p.relative_to(tmp_path / "photos")), NAMES[y]) for p, y in zip(paths, labels)]
+    (tmp_path / "photos" / "metadata.csv").write_text("file_name,label\n" + "".join(f"{f},{y}\n" for f, y in rows))
+    jsonl = "".join(json.dumps({"file_name": f, "label": NAMES[0]}) + "\n" for f, _ in rows)
+    (tmp_path / "photos" / "metadata.jsonl").write_text(jsonl)
+    with pytest.raises(ValueError, match=r"photos holds both a metadata.csv and a metadata.jsonl: only one labels"):
+        load_image_data(_args(dataset_name=str(tmp_path / "photos"), validation_size=3), seed=0)
+    (tmp_path / "photos" / "metadata.jsonl").unlink()
+    data = load_image_data(_args(dataset_name=str(tmp_path / "photos"), validation_size=3), seed=0)
+    assert data.label_names == NAMES
+
+
 def test_image_folder_with_one_subfolder_per_class(tmp_path):
     images, labels = _images(18), _labels(18)
     _write_png_folder(tmp_path / "pets", images, labels)

@@ -179,6 +179,16 @@ def _open_local(path: str, data_args: DataArguments, one_split: bool = False) ->
             "table (metadata.csv naming its images), or remove the table to label the images by their class folders."
         )
     if tables:
+        both = [
+            f
+            for f in _named(resolved, "metadata.jsonl")
+            if os.path.dirname(f) in map(os.path.dirname, _named(resolved, "metadata.csv"))
+        ]
+        if both:  # the table would label the images and the metadata.jsonl be left unread without a word
+            raise ValueError(
+                f"{os.path.dirname(both[0])} holds both a metadata.csv and a metadata.jsonl: only one labels its "
+                "images. Fix: remove (or rename) the one you do not mean."
+            )
         source = _open_split_files(tables, data_args, description=path)
         _warn_unnamed_images(path, [f for files in resolved.values() for f in files], source.encoded, data_args)
         return source
@@ -211,6 +221,10 @@ def _open_local(path: str, data_args: DataArguments, one_split: bool = False) ->
     if any(dataset.column_names != ["image"] for dataset in loaded.values()):  # labelled by a metadata file
         _warn_unnamed_images(path, files, labelled, data_args)
     return Source(path, _files_fingerprint([path]), encoded=_named_splits(labelled, path, need_train=not one_split))
+
+
+def _named(data_files: dict, name: str) -> list[str]:
+    return [f for files in data_files.values() for f in files if os.path.basename(f) == name]
 
 
 def _warn_skipped_images(path: str, split_folders: bool) -> None:

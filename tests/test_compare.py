@@ -321,3 +321,15 @@ def test_runs_whose_names_make_the_same_file_name_keep_a_confusion_matrix_each(t
     assert [name for name, _ in linked] == ["猫", "狗", "Cat", "cat"]
     assert len({file.lower() for file in files}) == 4, files
     assert all((tmp_path / "report" / file).is_file() for file in files)
+
+
+def test_the_report_is_never_written_into_a_runs_folder(tmp_path):
+    # `compare RUN --output RUN` wrote report.md, comparison.json and the plots among the run's files, exit 0: where
+    # neither its card nor push looks for a report, and kept beside the next run trained there.
+    run = make_run_dir(tmp_path / "run", "scratch")
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    for output in (run, run / "checkpoint-3"):
+        with pytest.raises(FileExistsError, match=r"is a run's or a model's folder \(it holds .*Nothing was written"):
+            compare.main([str(run), "--output", str(output)])
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
+    assert compare.main([str(run), "--output", str(run / "comparison")]).is_file()

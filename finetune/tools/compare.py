@@ -19,7 +19,7 @@ from pathlib import Path
 
 from finetune.errors import ArgumentParser, run_command
 from finetune.locations import check_folder, edited_file, free_name, is_onnx_export, make_folder, marked, write_whole
-from finetune.results import Results, check_outside_training_data, find_run_dirs
+from finetune.results import RESULTS_NAME, Results, check_outside_training_data, find_run_dirs
 from finetune.tools.report import (
     SUMMARY_NOTE,
     copies_note,
@@ -77,10 +77,24 @@ def data_differences(runs: Sequence[Results]) -> list[str]:
     return [what for what, seen in values.items() if len(seen) > 1]
 
 
+# What a run's folder (or a checkpoint, export or model folder) holds: no place for a report.
+RUN_FOLDER_FILES = (RESULTS_NAME, "config.json", "trainer_state.json", ".run.lock", "checkpoint-*")
+
+
 def check_report_folder(output_dir: str | os.PathLike, option: str = "--output") -> None:
-    """Refuse a folder where the report would replace a file of the user's: a report.md not written here, or edited
-    since (`finetune.locations.marked`). One of an earlier version, without the mark, is moved aside when written."""
+    """Refuse a run's folder, where the report would lie among the run's files (where neither the model card nor
+    push looks for it, and a new run there leaves it describing the earlier one), and a folder where it would replace
+    a file of the user's: a report.md not written here, or edited since (`finetune.locations.marked`). One of an
+    earlier version, without the mark, is moved aside when written."""
     check_folder(output_dir, option)
+    held = next((p.name for pattern in RUN_FOLDER_FILES for p in sorted(Path(output_dir).glob(pattern))), None)
+    if held:
+        comparison = Path(output_dir) / "comparison"
+        inside = f", e.g. {option} {comparison}, where its card and push find it" if held == RESULTS_NAME else ""
+        raise FileExistsError(
+            f"{option} {output_dir} is a run's or a model's folder (it holds {held}): the report would lie among its "
+            f"files. Nothing was written. Fix: a folder of its own{inside}."
+        )
     edited = edited_file(Path(output_dir) / REPORT_NAME)
     if edited and not _unmarked_report(edited):
         raise FileExistsError(

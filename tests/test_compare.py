@@ -2,6 +2,7 @@
 trainer_state.json."""
 
 import json
+import os
 import re
 
 import numpy as np
@@ -333,3 +334,37 @@ def test_the_report_is_never_written_into_a_runs_folder(tmp_path):
             compare.main([str(run), "--output", str(output)])
     assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
     assert compare.main([str(run), "--output", str(run / "comparison")]).is_file()
+
+
+def test_runs_that_have_not_finished_are_refused_as_such(tmp_path):
+    """A `both` output whose scratch/ was stopped (checkpoints, no results.json) was compared as its pretrained/ alone,
+    exit 0; a stopped, diverged or training run given by name was "not a run directory"."""
+    import socket
+
+    both = tmp_path / "both"
+    make_run_dir(both / "pretrained", "pretrained", extras=False)
+    (both / "scratch" / "checkpoint-24").mkdir(parents=True)
+    with pytest.raises(
+        ValueError, match=r"scratch is a run that has not finished: stopped at checkpoint-24 .*by name"
+    ):
+        compare.main([str(both), "--output", str(tmp_path / "report")])
+    diverged = tmp_path / "diverged"
+    diverged.mkdir()
+    log = [{"eval_accuracy": 0.1, "step": 24}, {"step": 34, "nonfinite_step": 34, "nonfinite_loss": True}]
+    (diverged / "trainer_state.json").write_text(json.dumps({"log_history": log}))
+    with pytest.raises(ValueError, match=r"diverged is a run that has not finished: diverged at step 34 \(non-finite"):
+        compare.main([str(diverged), "--output", str(tmp_path / "report")])
+    # A finished run trained on (resumed) holds the results.json of its earlier session.
+    lock = {"pid": os.getppid(), "host": socket.gethostname(), "started": "2026-01-01T00:00:00+0000"}
+    (both / "pretrained" / ".run.lock").write_text(json.dumps(lock))
+    with pytest.raises(
+        ValueError, match=rf"pretrained is a run that has not finished: still training \(process {os.getppid()}"
+    ):
+        compare.main([str(both / "pretrained"), "--output", str(tmp_path / "report")])
+    assert not (tmp_path / "report").exists()
+    (both / "pretrained" / ".run.lock").unlink()
+    (both / "pretrained" / "checkpoint-3").mkdir()
+    (both / "pretrained" / "checkpoint-3" / "trainer_state.json").write_text(json.dumps({"log_history": log[:1]}))
+    with pytest.raises(ValueError, match=r"checkpoint-3 is not a run directory: it has no results.json"):
+        compare.main([str(both / "pretrained" / "checkpoint-3"), "--output", str(tmp_path / "report")])
+    assert compare.main([str(both / "pretrained"), "--output", str(tmp_path / "report")]).is_file()

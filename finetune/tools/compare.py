@@ -8,6 +8,7 @@ A run directory holds the `results.json` that `finetune/run.py` writes; a direct
 runs (the `model_type: both` layout) stands for those runs.
 """
 
+import contextlib
 import json
 import logging
 import os
@@ -81,6 +82,46 @@ def data_differences(runs: Sequence[Results]) -> list[str]:
 RUN_FOLDER_FILES = (RESULTS_NAME, "config.json", "trainer_state.json", ".run.lock", "checkpoint-*")
 
 
+def unfinished(folder: Path) -> str | None:
+    """How the run in `folder` stands where its results.json is missing (still training, diverged, stopped) or not
+    yet the whole run's (a finished run resumed, training on), or None: a finished run, or no run."""
+    finished = (folder / RESULTS_NAME).is_file()
+    locks = [folder / ".run.lock"] + ([] if finished else [folder.parent / ".run.lock"])  # a `both` run's is above
+    if any(lock.exists() for lock in locks):  # the lock's module imports torch: only where there is one
+        from finetune.tools.model_card import still_training
+
+        training = still_training(folder, above=not finished)
+        if training:
+            return f"still training ({training})"
+    if finished or re.fullmatch(r"checkpoint-\d+", folder.name):  # a checkpoint is no run: `find_run_dirs` says so
+        return None
+    state, log = folder / "trainer_state.json", []
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        log = json.loads(state.read_text()).get("log_history") or []
+    if log and "nonfinite_step" in log[-1]:  # `finetune.nonfinite` logs the bad steps that stopped it
+        return f"diverged at step {log[-1]['nonfinite_step']} (non-finite losses or gradients)"
+    steps = [int(p.name[11:]) for p in folder.glob("checkpoint-*") if p.name[11:].isdigit() and p.is_dir()]
+    if steps:
+        return f"stopped at checkpoint-{max(steps)} (interrupted, or ended by an error)"
+    return "stopped before writing its results" if state.is_file() else None
+
+
+def check_finished(paths: Sequence[str | os.PathLike]) -> None:
+    """Refuse a run given, or one of a folder of runs given (`model_type: both`), that has not finished: compared
+    as it was (or left out of its folder's runs, exit 0), its figures passed for a finished run's."""
+    for path in map(Path, paths):
+        folders = [path] if (path / RESULTS_NAME).is_file() or not path.is_dir() else [path, *sorted(path.iterdir())]
+        for folder in filter(Path.is_dir, folders):
+            state = unfinished(folder)
+            if state:
+                others = f", or compare the finished runs of {path} by name" if folder != path else ""
+                how = "its command with the change its error line named" if "diverged" in state else "its command"
+                raise ValueError(
+                    f"{folder} is a run that has not finished: {state}. Nothing was written. Fix: compare it once "
+                    f"it has finished (a stopped run goes on with {how} and `--resume_from_checkpoint true`){others}."
+                )
+
+
 def check_report_folder(output_dir: str | os.PathLike, option: str = "--output") -> None:
     """Refuse a run's folder, where the report would lie among the run's files (where neither the model card nor
     push looks for it, and a new run there leaves it describing the earlier one), and a folder where it would replace
@@ -113,6 +154,7 @@ def write_comparison(run_dirs: Sequence[str | os.PathLike], output_dir: str | os
     """Write `report.md`, `learning_curves.png`, a `confusion_matrix_<run>.png` per run that has a confusion matrix,
     and `comparison.json` (for the model card) into `output_dir`; returns the report's path. Its paths are relative:
     the folder can be moved. A report.md of the user's is never replaced (`check_report_folder`)."""
+    check_finished(run_dirs)
     run_dirs = find_run_dirs(run_dirs)
     runs = [Results.load(d) for d in run_dirs]
     unscored = [str(d) for d, run in zip(run_dirs, runs) if run.validation is None]

@@ -75,14 +75,16 @@ def run_dir_of(output_dir: str | os.PathLike) -> Path:
     return run_dir if merged else output_dir
 
 
-def still_training(output_dir: Path) -> str | None:
-    """The live run that holds `output_dir`, or the folder above it (its process, host and start), or None."""
+def still_training(output_dir: Path, above: bool = True) -> str | None:
+    """The live run that holds `output_dir`, or with `above` the folder above it (its process, host and start), or
+    None."""
     import socket
 
     from finetune.checkpoints import LOCK_NAME, RunLock, holder_text, read_lock
 
     me = {"pid": os.getpid(), "host": socket.gethostname()}
-    for lock in (output_dir / LOCK_NAME, output_dir.parent / LOCK_NAME):  # a `both` run locks the folder above
+    locks = (output_dir / LOCK_NAME, output_dir.parent / LOCK_NAME)[: 2 if above else 1]
+    for lock in locks:  # a `both` run locks the folder above
         holder = read_lock(lock)
         if holder and not RunLock.is_stale(holder, me):
             return holder_text(holder)

@@ -368,3 +368,18 @@ def test_runs_that_have_not_finished_are_refused_as_such(tmp_path):
     with pytest.raises(ValueError, match=r"checkpoint-3 is not a run directory: it has no results.json"):
         compare.main([str(both / "pretrained" / "checkpoint-3"), "--output", str(tmp_path / "report")])
     assert compare.main([str(both / "pretrained"), "--output", str(tmp_path / "report")]).is_file()
+
+
+def test_other_input_sizes_skipped_steps_and_early_stops_are_said(tmp_path):
+    """The report of a 224 px and a 32 px model, or of a run that skipped non-finite steps or stopped early, read as
+    that of models trained alike: results.json records each, the report said none."""
+    runs = [make_run_dir(tmp_path / name, extras=False) for name in ("a", "b")]
+    results = json.loads((runs[1] / "results.json").read_text())
+    results["image_size"] = 2 * results["image_size"]
+    results["train"].update(nonfinite_steps=3, stopped_by="early_stopping")
+    (runs[1] / "results.json").write_text(json.dumps(results))
+    report = compare.write_comparison(runs, tmp_path / "report").read_text()
+    size = results["image_size"]
+    assert f"**Other input sizes**: a at {size // 2} px, b at {size} px; each model saw the images resized" in report
+    assert "**b**: 3 optimizer step(s) skipped for a non-finite loss or gradients; ended by early stopping" in report
+    assert "**a**:" not in report

@@ -82,6 +82,20 @@ def data_differences(runs: Sequence[Results]) -> list[str]:
 RUN_FOLDER_FILES = (RESULTS_NAME, "config.json", "trainer_state.json", ".run.lock", "checkpoint-*")
 
 
+STOPPED_BY = {"early_stopping": "early stopping", "time_budget": "its time budget (`max_train_minutes`)"}
+
+
+def training_notes(run: Results) -> str | None:
+    """What the run's figures stand on beyond its table row: optimizer steps skipped for a non-finite loss or
+    gradients, and a stop before its epochs."""
+    notes = []
+    if run.train.nonfinite_steps:
+        notes.append(f"{run.train.nonfinite_steps:,} optimizer step(s) skipped for a non-finite loss or gradients")
+    if run.train.stopped_by:
+        notes.append(f"ended by {STOPPED_BY.get(run.train.stopped_by, run.train.stopped_by)} before its epochs")
+    return "; ".join(notes) or None
+
+
 def unfinished(folder: Path) -> str | None:
     """How the run in `folder` stands where its results.json is missing (still training, diverged, stopped) or not
     yet the whole run's (a finished run resumed, training on), or None: a finished run, or no run."""
@@ -224,6 +238,13 @@ def write_comparison(run_dirs: Sequence[str | os.PathLike], output_dir: str | os
     copies = [f"**{name}**: {copies_note(run)}" for run, name in zip(runs, names) if run.training_image_copies]
     if copies:  # after the summary table and its note
         sections.insert(4, "\n\n".join(copies))  # a paragraph each: a line break alone joins them
+    notes = [f"**{name}**: {training_notes(run)}." for run, name in zip(runs, names) if training_notes(run)]
+    if notes:  # after the summary table and its note
+        sections.insert(4, "\n\n".join(notes))
+    sizes = {name: run.image_size for run, name in zip(runs, names) if run.image_size}
+    if len(set(sizes.values())) > 1:  # the same images, seen at each model's own input size
+        listed = ", ".join(f"{name} at {size} px" for name, size in sizes.items())
+        sections.insert(4, f"**Other input sizes**: {listed}; each model saw the images resized to its own size.")
     if differences:  # after the summary table and its note
         sections.insert(4, f"**Not scored on the same images**: the runs differ in their {', '.join(differences)}, so "
                         "their figures do not compare directly.")  # fmt: skip

@@ -546,6 +546,7 @@ def train_and_evaluate(
         if data.validation_held_out:  # an evaluation holds out the same split: `check_held_out_as_trained`
             chosen["validation_size"] = data_args.validation_size
             chosen["held_out_images"] = data.validation_held_out
+        chosen.update(evaluated_subsets(data_args))
         results = Results(
             model_type=model_type,
             model_name_or_path=model_args.model_name_or_path if model_type == "pretrained" else None,
@@ -1023,6 +1024,12 @@ def evaluate_only(
             "attention_choice": attention_why,
             "world_size": args.world_size,
             **({"flip_tta": True} if args.flip_tta else {}),
+            # The images scored, as a training run records them: compare tells other splits apart by them.
+            "seed": args.seed,
+            **({"data_seed": args.data_seed} if args.data_seed is not None else {}),
+            **({"validation_size": data_args.validation_size} if data.validation_held_out else {}),
+            **({"held_out_images": data.validation_held_out} if data.validation_held_out else {}),
+            **evaluated_subsets(data_args),
         },
     )
     if trainer.is_world_process_zero():
@@ -1068,6 +1075,11 @@ def choose_attention(
     )
     logger.info(f"Attention: {attention} ({attention_why})")
     return dataclasses.replace(model_args, attn_implementation=attention), attention_why
+
+
+def evaluated_subsets(data_args: DataArguments) -> dict:
+    """`max_eval_samples` where set: the evaluated splits are then seeded subsets, which other seeds draw otherwise."""
+    return {"max_eval_samples": data_args.max_eval_samples} if data_args.max_eval_samples else {}
 
 
 # Recorded only where they are on (not None, False, 0 or `none`); the distillation settings only with a teacher.

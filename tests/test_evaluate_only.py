@@ -370,3 +370,19 @@ def test_scratch_options_given_to_an_evaluation_are_named_as_ignored(trained_scr
     )
     loss = [json.loads((tmp_path / e / "results.json").read_text())["validation"]["loss"] for e in ("eval", "eval2")]
     assert loss[0] == loss[1]
+
+
+def test_an_evaluation_records_the_images_it_scored_as_compare_reads_them(trained_scratch, tmp_path, no_training):
+    """An evaluation recorded no seed nor split: that of a model no run here wrote, on other validation images of the
+    same count (`--seed 1`), compared beside the run of `--seed 0` without a word."""
+    from finetune.tools import compare
+
+    bare = tmp_path / "bare"  # the weights alone, as a model from elsewhere
+    shutil.copytree(trained_scratch, bare, ignore=shutil.ignore_patterns("results.json"))
+    evaluate = ["--do_train", "false", "--model_type", "scratch", "--model_name_or_path", str(bare), *DIGITS]
+    run.main([*evaluate, "--output_dir", str(tmp_path / "same")])
+    run.main([*evaluate, "--seed", "1", "--output_dir", str(tmp_path / "other")])
+    same = compare.write_comparison([trained_scratch, tmp_path / "same"], tmp_path / "r1").read_text()
+    assert "Not scored" not in same
+    other = compare.write_comparison([trained_scratch, tmp_path / "other"], tmp_path / "r2").read_text()
+    assert "the runs differ in their held-out validation split (its seed or size), evaluated subsets" in other

@@ -67,12 +67,18 @@ def data_differences(runs: Sequence[Results]) -> list[str]:
             size = recorded.get("held_out_images", recorded["validation_size"])
             return [size, recorded.get("data_seed", recorded.get("seed"))]
 
+    def subset(run: Results) -> list | None:
+        recorded = run.hyperparameters
+        if "max_eval_samples" in recorded:  # seeded subsets of the evaluated splits
+            return [recorded["max_eval_samples"], recorded.get("data_seed", recorded.get("seed"))]
+
     aspects = {
         "dataset": lambda run: display_dataset(run.dataset),
         "classes": lambda run: run.label_names,
         "number of validation images": lambda run: run.num_samples.get("validation"),
         "number of test images": lambda run: run.num_samples.get("test"),
         "held-out validation split (its seed or size)": held_out,
+        "evaluated subsets (`max_eval_samples` or its seed)": subset,
     }
     values = {what: {json.dumps(key(run)) for run in runs if key(run) is not None} for what, key in aspects.items()}
     return [what for what, seen in values.items() if len(seen) > 1]

@@ -383,3 +383,10 @@ def test_other_input_sizes_skipped_steps_and_early_stops_are_said(tmp_path):
     assert f"**Other input sizes**: a at {size // 2} px, b at {size} px; each model saw the images resized" in report
     assert "**b**: 3 optimizer step(s) skipped for a non-finite loss or gradients; ended by early stopping" in report
     assert "**a**:" not in report
+
+
+def test_runs_of_the_same_classes_in_another_order_are_scored_on_the_same_images(tmp_path):
+    # `include_labels` in another order renumbers the same classes: "not scored on the same images" was said.
+    ten = make_run_dir(tmp_path / "ten", model=tiny_scratch_model(labels=TEN_LABELS), extras=False)
+    reversed_ = make_run_dir(tmp_path / "reversed", model=tiny_scratch_model(labels=TEN_LABELS[::-1]), extras=False)
+    assert "Not scored" not in compare.write_comparison([ten, reversed_], tmp_path / "report").read_text()

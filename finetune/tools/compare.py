@@ -74,7 +74,7 @@ def data_differences(runs: Sequence[Results]) -> list[str]:
 
     aspects = {
         "dataset": lambda run: display_dataset(run.dataset),
-        "classes": lambda run: run.label_names,
+        "classes": lambda run: sorted(run.label_names),  # the per-class tables match them by name
         "number of validation images": lambda run: run.num_samples.get("validation"),
         "number of test images": lambda run: run.num_samples.get("test"),
         "held-out validation split (its seed or size)": held_out,

@@ -5,7 +5,9 @@ max-reduced over the processes with the requests every process must act on at th
 time budget) and the seconds the budget's schedule is planned from; skips the update (fused optimizers take the flag
 as `found_inf`, others have their gradients cleared, under fp16 the scaler skips it already) and restores the buffers
 (BatchNorm statistics) of a skipped step; and reads the flags `LAG` steps later on CUDA, so the host never waits for
-the device. A run whose steps are all bad cannot recover: `max_consecutive` in a row raise `TrainingDiverged`."""
+the device under a fused optimizer (the default `adamw_torch_fused`); another reads its step's flag to clear the
+gradients (a wait per step on a GPU). A run whose steps are all bad cannot recover: `max_consecutive` in a row raise
+`TrainingDiverged`."""
 
 from collections import deque
 

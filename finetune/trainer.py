@@ -17,7 +17,8 @@ The Trainer runs the backward pass; then `guard.observe_loss` flags a non-finite
 (finetune/nonfinite.py) and `clock.add_loss` sums it. Per optimizer step the callbacks (finetune/callbacks.py) act: the
 guard skips an update with bad gradients, the EMA follows the weights, the clock, the budget and the interrupt
 handler act at the step's end. Evaluation (`prediction_step`) uses the same transform without augmentation, with
-optional flip test-time augmentation. Nothing in a step waits for the device, so the host queues work ahead of a GPU.
+optional flip test-time augmentation. Nothing in a step waits for the device (under a fused optimizer, the default:
+finetune/nonfinite.py), so the host queues work ahead of a GPU.
 
 Private Trainer methods overridden, and why (pinned by tests/test_trainer_hooks.py, which fails the day transformers
 changes them):

@@ -263,7 +263,9 @@ class ResumeCheck(TrainerCallback, ExportableState):
         if resumed and state.global_step == state.max_steps:  # the Trainer would take one more step before it checks
             logger.info(f"The resumed checkpoint is at the run's last step ({state.global_step}): no step is trained.")
             control.should_training_stop = True
-        constant = str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)).startswith("constant")
+        schedule = str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type))
+        any_length = ("inverse_sqrt", "reduce_lr_on_plateau")  # schedules whose rate the length does not set
+        constant = schedule.startswith("constant") or schedule in any_length
         if resumed and planned not in (None, state.max_steps) and state.global_step < planned and fitted is None:
             if state.is_world_process_zero and not constant:  # an unfinished run given another length: said
                 logger.warning(
@@ -271,6 +273,13 @@ class ResumeCheck(TrainerCallback, ExportableState):
                     f"{planned} steps, and this run has {state.max_steps} (another `num_train_epochs` or `max_steps`):"
                     " the schedule is stretched to the new length from here, so the rate changes at once, and the run "
                     "follows neither schedule. Fix: resume with the length it was started with, then train on."
+                )
+        elif resumed and planned == state.global_step < state.max_steps and fitted is None and not constant:
+            if state.is_world_process_zero:  # a finished run trained on: its rate had decayed to the schedule's end
+                logger.info(
+                    f"Training on from the finished run's last step ({planned}) to step {state.max_steps}: its "
+                    f"learning-rate schedule is drawn out to {state.max_steps} steps, so the rate rises at once from "
+                    "the end of its decay to that schedule's rate at this step, and decays again."
                 )
 
 

@@ -664,6 +664,10 @@ def test_a_finished_run_resumed_with_more_epochs_trains_on(tmp_path, uninterrupt
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert results(out)["train"]["steps"] == 24 and results(out)["epochs"] == 3.0
     assert "is stretched" not in proc.stdout + proc.stderr
+    assert (
+        "Training on from the finished run's last step (16) to step 24: its learning-rate schedule is drawn out"
+        in (proc.stdout + proc.stderr)
+    )
     # Mid-run, the schedule of 16 steps stretched to 24 changed the learning rate at once, without a word.
     out = tmp_path / "midway"
     out.mkdir()

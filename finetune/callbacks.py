@@ -155,17 +155,19 @@ class ResumeCheck(TrainerCallback, ExportableState):
     """Refuses a resumed checkpoint trained with other `OPTIMIZER_OPTIONS`, `RUN_OPTIONS` or `data_options` (the
     options of the images' split, from `finetune.run`), or at another count of optimizer steps an epoch, whatever set
     it (the Trainer reads the saved step through this run's: step 20 at 16 an epoch, resumed at 8, was epoch 2.5), or
-    of images an optimizer step. A resume in another mixed precision, or of an unfinished run with another length, is
-    said with the fix; one without the time budget its schedule was fitted to (`TrainingBudgetCallback`) is refused."""
+    of images an optimizer step. A resume in another mixed precision or number of processes, or of an unfinished run
+    with another length, is said with the fix; one without the time budget its schedule was fitted to
+    (`TrainingBudgetCallback`) is refused."""
 
     def __init__(self, data_options: dict | None = None):
         self.steps_per_epoch = self.options = self.precision = self.max_steps = self.recipe = self.batch = None
+        self.processes = None
         self.ended = False
         self.data_options = data_options or {}
 
     def state(self) -> dict:
         attributes = {"steps_per_epoch": self.steps_per_epoch, "options": self.options, "precision": self.precision}
-        attributes.update(max_steps=self.max_steps, recipe=self.recipe, batch=self.batch)
+        attributes.update(max_steps=self.max_steps, recipe=self.recipe, batch=self.batch, processes=self.processes)
         return {"args": {}, "attributes": attributes}
 
     def on_epoch_begin(self, args, state, control, **kwargs):
@@ -179,7 +181,7 @@ class ResumeCheck(TrainerCallback, ExportableState):
 
     def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
         self.steps_per_epoch, self.options, self.precision, resumed = None, None, None, state.global_step > 0
-        self.max_steps = self.recipe = self.batch = None
+        self.max_steps = self.recipe = self.batch = self.processes = None
         restore_state(self, state)
         planned, self.max_steps = self.max_steps, state.max_steps
         fitted = state.stateful_callbacks.get("TrainingBudgetCallback", {}).get("attributes", {}).get("planned_steps")
@@ -242,6 +244,16 @@ class ResumeCheck(TrainerCallback, ExportableState):
                 f"and this run takes {self.batch}: it would go on with other steps, and skip other images of the "
                 "running epoch. Fix: resume with the batch size it was trained with, or start a new run (a new "
                 "`--output_dir`)."
+            )
+        trained_by, self.processes = self.processes, args.world_size
+        if resumed and trained_by not in (None, self.processes) and state.is_world_process_zero:
+            # Not refused, as each step takes the same images (checked above); the Trainer restores the generators of
+            # the processes the checkpoint saved, as `rng_state_files` checks them.
+            logger.warning(
+                f"The resumed checkpoint (step {state.global_step}) was trained by {trained_by} process(es) and this "
+                f"run has {self.processes}: their random generators (augmentation, dropout) do not carry over, so it "
+                f"will not end with an uninterrupted run's weights. Fix: resume with {trained_by} process(es) to go "
+                "on as it trained."
             )
         if resumed and fitted is not None and getattr(args, "max_train_minutes", None) is None:
             raise ResumeRefused(

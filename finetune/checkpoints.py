@@ -5,6 +5,7 @@ import atexit
 import contextlib
 import json
 import os
+import re
 import shutil
 import socket
 import time
@@ -265,7 +266,9 @@ def checkpoint_problem(checkpoint: Path, training_args: TrainingArguments) -> st
         required += [("scheduler.pt", read_torch)]
     if training_args.fp16 and not training_args.use_cpu and not training_args.deepspeed:
         required += [("scaler.pt", read_torch)]  # accelerate's loss scaler exists for fp16 on accelerators only
-    required += [(name, read_torch) for name in rng_state_files(files, training_args.world_size)]
+    state = json.loads((checkpoint / TRAINER_STATE_NAME).read_text())  # whole: `cut_short` read it
+    processes = state.get("stateful_callbacks", {}).get("ResumeCheck", {}).get("attributes", {}).get("processes")
+    required += [(name, read_torch) for name in rng_state_files(files, processes)]
     ema = getattr(training_args, "ema_decay", None) is not None
     if ema != (EMA_STATE_NAME in files):
         try:
@@ -337,15 +340,14 @@ def weight_files(checkpoint: Path, files: list[str]) -> list[tuple[str, Callable
     return [("model.safetensors", read_weights)]
 
 
-def rng_state_files(files: list[str], world_size: int) -> list[str]:
-    """The RNG states the resume loads: `rng_state.pth` for one process, `rng_state_{i}.pth` for each of several."""
-    wanted = ["rng_state.pth"] if world_size <= 1 else [f"rng_state_{i}.pth" for i in range(world_size)]
-    saved = sorted(f for f in files if f.startswith("rng_state") and f.endswith(".pth"))
-    if saved and (world_size > 1) == (saved == ["rng_state.pth"]):
-        # Saved by a run of another number of processes: the Trainer resumes without them (and says so), but its
-        # random draws (data order, augmentation) then differ from an uninterrupted run's.
-        return saved
-    return wanted
+def rng_state_files(files: list[str], processes: int | None) -> list[str]:
+    """The RNG states of a checkpoint that `processes` processes saved (`ResumeCheck` records them; before it did,
+    as many as its files): `rng_state.pth` of one, `rng_state_{i}.pth` of each of several. A resume with another number
+    of processes goes on from those of its processes that were saved, and says so (`ResumeCheck`)."""
+    if processes is None:
+        numbered = [int(m[1]) for f in files if (m := re.fullmatch(r"rng_state_(\d+)\.pth", f))]
+        processes = max(numbered) + 1 if numbered and "rng_state.pth" not in files else 1  # a missing one is named
+    return ["rng_state.pth"] if processes == 1 else [f"rng_state_{i}.pth" for i in range(processes)]
 
 
 def read_index(path: Path) -> list[str]:

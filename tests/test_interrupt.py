@@ -422,8 +422,22 @@ def test_two_processes_save_the_same_step_when_one_of_them_is_signalled(tmp_path
     [line] = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 1 and "trained at 4 optimizer steps an epoch, and this run has 8" in line, line
     assert "Fix: resume with the options it was trained with" in line
-    # With twice the batch, one process takes the same steps: resumed, to the end of its 2 epochs (4 steps each).
-    assert train(out, "--resume_from_checkpoint", "true", "--per_device_train_batch_size", "64").returncode == 0
+    # Four processes at half the batch take the same steps: the checkpoint has the random states of two, which is not
+    # a damaged checkpoint (each was skipped: "rng_state_2.pth is missing", and the fix offered deleted the run).
+    four = Path(shutil.copytree(out, tmp_path / "four"))
+    proc = run_script(
+        ["-m", "finetune.run", *RUN, "--output_dir", str(four), "--resume_from_checkpoint", "true",
+         "--per_device_train_batch_size", "16"],
+        launcher=[*LAUNCHER, "--num_processes", "4"],
+    )  # fmt: skip
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "Process 0 of 4" in output, output[-3000:]
+    assert "was trained by 2 process(es) and this run has 4" in output and "Skipping" not in output
+    assert json.loads((four / "trainer_state.json").read_text())["global_step"] == 8
+    # With twice the batch, one process takes the same steps: resumed, to the end of its 2 epochs (4 steps each),
+    # saying that its random draws are not the two processes'.
+    proc = train(out, "--resume_from_checkpoint", "true", "--per_device_train_batch_size", "64")
+    assert proc.returncode == 0 and "was trained by 2 process(es) and this run has 1" in proc.stdout + proc.stderr
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 8
 
 

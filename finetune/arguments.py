@@ -611,6 +611,17 @@ EXAMPLE_OPTIONS = {
     "train_dir": "`dataset_name` set to the folder, one subfolder per class",
     "validation_dir": "`dataset_name` with a folder holding train/ and validation/",
 }
+# Names other training scripts use, which the closest spelling would answer wrongly (`batch_size`: `patch_size`).
+OTHER_NAMES = {
+    "freeze": "`finetune_method: linear_probe`, which trains the head alone",
+    "linear_probe": "`finetune_method: linear_probe`",
+    "lora": "`finetune_method: lora`",
+    "lr": "`learning_rate`",
+    "epochs": "`num_train_epochs`",
+    "batch_size": "`per_device_train_batch_size`, and `per_device_eval_batch_size` for evaluation",
+    "warmup_ratio": "`warmup_steps` below 1, a share of the steps (e.g. 0.1)",
+    "model": "`model_name_or_path`",
+}
 
 
 def unknown_message(unknown: list[str], known, where: str, prefix: str = "") -> str:
@@ -621,6 +632,9 @@ def unknown_message(unknown: list[str], known, where: str, prefix: str = "") -> 
         close = difflib.get_close_matches(name, known, n=3)
         if name in EXAMPLE_OPTIONS:
             parts.append(f"{key!r} (transformers' example script's; here: {EXAMPLE_OPTIONS[name]})")
+            continue
+        if name in OTHER_NAMES:
+            parts.append(f"{key!r} (here: {OTHER_NAMES[name]})")
             continue
         parts.append(f"{key!r}" + (f" (Did you mean {', '.join(repr(prefix + c) for c in close)}?)" if close else ""))
     return f"Unknown option(s) {where}: {', '.join(parts)}. `{command_name()} --help` lists the options."

@@ -57,6 +57,17 @@ def test_unknown_command_line_key_is_named(tmp_path):
         parse_args(["--train_val_split", "0.15"])
 
 
+def test_other_scripts_option_names_point_to_this_one(tmp_path):
+    # The closest spelling answered `--batch_size` with `--patch_size`, and `--freeze` with nothing.
+    with pytest.raises(UsageError, match=r"'--freeze' \(here: `finetune_method: linear_probe`") as error:
+        parse_args(["--freeze", "--batch_size", "8"])
+    assert "'--batch_size' (here: `per_device_train_batch_size`" in str(error.value)
+    assert "patch_size" not in str(error.value)
+    config = write_yaml(tmp_path / "c.yaml", "lr: 1.0e-3\n")
+    with pytest.raises(ValueError, match=r"'lr' \(here: `learning_rate`\)"):
+        parse_args(["--config", config])
+
+
 def test_missing_config_file():
     with pytest.raises(FileNotFoundError, match="does-not-exist.yaml"):
         parse_args(["--config", "does-not-exist.yaml"])

@@ -118,6 +118,8 @@ class ImageClassificationTrainingArguments(TrainingLoopArguments, TrainingArgume
                 ("adam_beta1", lambda v: 0 <= v < 1, "in [0, 1) (e.g. 0.9)"),
                 ("adam_beta2", lambda v: 0 <= v < 1, "in [0, 1) (e.g. 0.999)"),
                 ("adam_epsilon", lambda v: v >= 0, ">= 0 (e.g. 1e-8)"),
+                # Below 0 the Trainer skipped clipping without a word, as at 0.
+                ("max_grad_norm", lambda v: v >= 0, ">= 0 (e.g. 1.0; 0 or inf turns clipping off)"),
                 # A diverged run makes every step non-finite: the default stops it five steps in.
                 ("max_nonfinite_steps", lambda v: not isinstance(v, bool) and v >= 1, "an integer >= 1 (default 5)"),
                 # torch refused it once the data was loaded and the model built.

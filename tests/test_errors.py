@@ -226,6 +226,9 @@ STEPS = ["--eval_strategy", "steps", "--save_strategy", "steps", "--eval_steps",
         (["--adam_beta1", "1.5"], r"^`adam_beta1` must be in \[0, 1\) \(e\.g\. 0\.9\), got 1\.5\.$"),
         (["--dataloader_num_workers", "-1"], r"^`dataloader_num_workers` must be an integer >= 0 \(0 loads in"),
         (["--adam_epsilon", "-1"], r"^`adam_epsilon` must be >= 0"),
+        # Clipping was skipped without a word; `-inf` passed the finite check, which lets `inf` turn it off.
+        (["--max_grad_norm", "-1"], r"^`max_grad_norm` must be >= 0 \(e\.g\. 1\.0; 0 or inf turns clipping off\)"),
+        (["--max_grad_norm=-inf"], r"^`max_grad_norm` must be >= 0"),
         (["--eval_steps", "2"], r"^`eval_steps: 2` counts steps, but `eval_strategy` is epoch, so it would be"),
         # Each of these was ignored, or kept no best model, without a word.
         (["--save_steps", "100"], r"^`save_steps: 100` counts steps, but `save_strategy` is epoch, so it would be"),

@@ -362,6 +362,18 @@ def cpu_threads() -> tuple[int | None, str]:
     return share, f"the cgroup's CPU quota of {quota:g}; torch would use {torch.get_num_threads()}"
 
 
+def gpu_launch_on_cpu() -> str:
+    """What `accelerate launch` without `--cpu` on a machine without a GPU does: the run goes on on the CPU, where
+    accelerate has also set `OMP_NUM_THREADS` for a GPU process (1)."""
+    threads, cores = torch.get_num_threads(), usable_cpus()
+    fewer = f", in {threads} of {cores} CPU threads (`OMP_NUM_THREADS` from the launcher)" if threads < cores else ""
+    return (
+        "`accelerate launch` without `--cpu` (a config with `use_cpu: false`, e.g. configs/accelerate/gpu_bf16.yaml) "
+        f"asks for a GPU, but torch sees none: training on the CPU{fewer}. Fix: a machine with a GPU and torch's CUDA "
+        "build, or on the CPU `python -m finetune.run ...` (every core) or `accelerate launch --cpu`."
+    )
+
+
 def choose_settings(options: Mapping[str, Any]) -> Settings:
     """Answer each `auto` (and each unset machine-dependent option) of the `TrainingArguments` values `options`:
     `use_cpu` where torch sees no accelerator (else processes that `accelerate launch` starts without a GPU would each
@@ -407,6 +419,8 @@ def choose_settings(options: Mapping[str, Any]) -> Settings:
         # Batches in pinned memory go to the GPU without the host waiting for the copy (and so for the device).
         arguments["accelerator_config"] = {"non_blocking": True}
     warnings = [*compile_choice.warnings, *precision.warnings]
+    if options.get("use_cpu") is None and device == "cpu" and os.environ.get("ACCELERATE_USE_CPU") == "False":
+        warnings.append(gpu_launch_on_cpu())
     recipe, alternative = options.get("recipe_precision"), options.get("recipe_alternative")
     if recipe is not None and precision.mode != recipe:
         warnings.append(

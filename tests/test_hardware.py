@@ -407,3 +407,25 @@ def test_a_run_in_a_container_with_a_cpu_quota_uses_that_many_threads(tmp_path):
         r"CPU threads: 1 \(the cgroup's CPU quota of 1; torch would use [2-9]\d*\)", done.stdout + done.stderr
     )
     assert json.loads((out / "results.json").read_text())["hardware"]["torch_threads"] == 1
+
+
+def test_a_gpu_launch_on_a_machine_without_one_says_it_trains_on_the_cpu(tmp_path, monkeypatch):
+    """`accelerate launch --config_file configs/accelerate/gpu_bf16.yaml` without a GPU trained on the CPU, in one
+    thread, with no word beside the device in the first line."""
+    monkeypatch.setattr(hardware, "accelerator_type", lambda use_cpu: "cpu")  # a machine without a GPU
+    monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda flags=None: False)
+    options = {"output_dir": str(tmp_path)}
+
+    def warned(env: str | None, **given) -> bool:
+        if env is None:
+            monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+        else:
+            monkeypatch.setenv("ACCELERATE_USE_CPU", env)  # what `accelerate launch` sets: its `--cpu` / `use_cpu`
+        return any(
+            "asks for a GPU, but torch sees none" in w for w in hardware.choose_settings({**options, **given}).warnings
+        )
+
+    assert warned("False")
+    assert not warned("True")  # `accelerate launch --cpu`
+    assert not warned(None)  # `python -m finetune.run`
+    assert not warned("False", use_cpu=True)  # the CPU asked for

@@ -3,6 +3,7 @@ training-loop options (`finetune.arguments.TrainingLoopArguments`); the command-
 which builds them from concrete values once `finetune.hardware.choose_settings` has answered each `auto` (probing the
 machine while building them made them change under the reader)."""
 
+import argparse
 import inspect
 import logging
 import math
@@ -25,6 +26,8 @@ from transformers.utils import is_in_notebook
 from finetune import hardware
 from finetune.arguments import (
     CONFIG_HELP,
+    NONE_WORDS,
+    NULL_WORDS,
     DataArguments,
     ModelArguments,
     ScratchViTArguments,
@@ -292,6 +295,19 @@ class OptionParser(ArgumentParser, HfArgumentParser):
             kwargs["type"] = convert_or_none
             if kwargs.get("choices") is not None:
                 kwargs["choices"] = [*kwargs["choices"], None]
+        elif convert not in (None, str) and hint is not None and kwargs.get("choices") is None:  # text: a value
+            default = self.options[name][2]
+
+            def convert_not_none(text: str):  # argparse said `invalid float value: 'none'`, naming no fix
+                if text in (*NULL_WORDS, *NONE_WORDS):
+                    shown = str(default).lower() if isinstance(default, bool) else default
+                    raise argparse.ArgumentTypeError(
+                        f"cannot be unset (`{text}`): give a value (the default is {shown})"
+                    )
+                return convert(text)
+
+            convert_not_none.__name__ = getattr(convert, "__name__", "value")
+            kwargs["type"] = convert_not_none
         return super().add_argument(*names, **kwargs)
 
 

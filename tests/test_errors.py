@@ -229,6 +229,15 @@ STEPS = ["--eval_strategy", "steps", "--save_strategy", "steps", "--eval_steps",
         # Clipping was skipped without a word; `-inf` passed the finite check, which lets `inf` turn it off.
         (["--max_grad_norm", "-1"], r"^`max_grad_norm` must be >= 0 \(e\.g\. 1\.0; 0 or inf turns clipping off\)"),
         (["--max_grad_norm=-inf"], r"^`max_grad_norm` must be >= 0"),
+        # An option that cannot be unset said `invalid float value: 'none'`, naming no fix.
+        (
+            ["--mixup_alpha", "none"],
+            r"^--mixup_alpha: cannot be unset \(`none`\): give a value \(the default is 0\.0\)$",
+        ),
+        (
+            ["--horizontal_flip", "null"],
+            r"^--horizontal_flip: cannot be unset \(`null`\): give a value \(the default is true",
+        ),
         (["--eval_steps", "2"], r"^`eval_steps: 2` counts steps, but `eval_strategy` is epoch, so it would be"),
         # Each of these was ignored, or kept no best model, without a word.
         (["--save_steps", "100"], r"^`save_steps: 100` counts steps, but `save_strategy` is epoch, so it would be"),

@@ -362,16 +362,28 @@ def cpu_threads() -> tuple[int | None, str]:
     return share, f"the cgroup's CPU quota of {quota:g}; torch would use {torch.get_num_threads()}"
 
 
-def gpu_launch_on_cpu() -> str:
-    """What `accelerate launch` without `--cpu` on a machine without a GPU does: the run goes on on the CPU, where
-    accelerate has also set `OMP_NUM_THREADS` for a GPU process (1)."""
-    threads, cores = torch.get_num_threads(), usable_cpus()
-    fewer = f", in {threads} of {cores} CPU threads (`OMP_NUM_THREADS` from the launcher)" if threads < cores else ""
-    return (
-        "`accelerate launch` without `--cpu` (a config with `use_cpu: false`, e.g. configs/accelerate/gpu_bf16.yaml) "
-        f"asks for a GPU, but torch sees none: training on the CPU{fewer}. Fix: a machine with a GPU and torch's CUDA "
-        "build, or on the CPU `python -m finetune.run ...` (every core) or `accelerate launch --cpu`."
-    )
+def launched_on_cpu(use_cpu: bool | None) -> list[str]:
+    """What `accelerate launch` did on a CPU run: without `--cpu` (a config with `use_cpu: false`, e.g.
+    configs/accelerate/gpu_bf16.yaml) on a machine without a GPU the run goes on on the CPU; and its
+    `OMP_NUM_THREADS` (1 a process unless `--num_cpu_threads_per_process`) can leave cores idle: 1 of 2 here, 1 of
+    16 on a laptop."""
+    warnings, launched = [], os.environ.get("ACCELERATE_USE_CPU")
+    if launched is None:
+        return warnings  # not `accelerate launch`
+    if use_cpu is None and launched == "False":
+        warnings.append(
+            "`accelerate launch` without `--cpu` asks for a GPU, but torch sees none: training on the CPU. Fix: a "
+            "machine with a GPU and torch's CUDA build, or `accelerate launch --cpu` to mean the CPU."
+        )
+    processes, cores = int(os.environ.get("LOCAL_WORLD_SIZE", "1")), usable_cpus()
+    if torch.get_num_threads() * processes < cores:
+        alone = ", or `python -m finetune.run` (every core)" if processes == 1 else ""
+        warnings.append(
+            f"`accelerate launch` set OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}: its {processes} "
+            f"process(es) use {torch.get_num_threads() * processes} of the {cores} CPU cores. Fix: `accelerate launch "
+            f"--num_cpu_threads_per_process {max(1, cores // processes)} ...`{alone}."
+        )
+    return warnings
 
 
 def choose_settings(options: Mapping[str, Any]) -> Settings:
@@ -419,8 +431,8 @@ def choose_settings(options: Mapping[str, Any]) -> Settings:
         # Batches in pinned memory go to the GPU without the host waiting for the copy (and so for the device).
         arguments["accelerator_config"] = {"non_blocking": True}
     warnings = [*compile_choice.warnings, *precision.warnings]
-    if options.get("use_cpu") is None and device == "cpu" and os.environ.get("ACCELERATE_USE_CPU") == "False":
-        warnings.append(gpu_launch_on_cpu())
+    if device == "cpu":
+        warnings += launched_on_cpu(options.get("use_cpu"))
     recipe, alternative = options.get("recipe_precision"), options.get("recipe_alternative")
     if recipe is not None and precision.mode != recipe:
         warnings.append(

@@ -414,18 +414,35 @@ def test_a_gpu_launch_on_a_machine_without_one_says_it_trains_on_the_cpu(tmp_pat
     thread, with no word beside the device in the first line."""
     monkeypatch.setattr(hardware, "accelerator_type", lambda use_cpu: "cpu")  # a machine without a GPU
     monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda flags=None: False)
+    monkeypatch.setattr(hardware, "usable_cpus", lambda: 16)
     options = {"output_dir": str(tmp_path)}
 
-    def warned(env: str | None, **given) -> bool:
+    def warned(env: str | None, threads: int = 16, processes: int = 1, **given) -> list[str]:
         if env is None:
             monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
         else:
             monkeypatch.setenv("ACCELERATE_USE_CPU", env)  # what `accelerate launch` sets: its `--cpu` / `use_cpu`
-        return any(
-            "asks for a GPU, but torch sees none" in w for w in hardware.choose_settings({**options, **given}).warnings
-        )
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", str(processes))
+        monkeypatch.setattr(torch, "get_num_threads", lambda: threads)  # what its OMP_NUM_THREADS gave
+        said = hardware.choose_settings({**options, **given}).warnings
+        return [w.split(":")[0] for w in said if w.startswith("`accelerate launch`")]
 
-    assert warned("False")
-    assert not warned("True")  # `accelerate launch --cpu`
-    assert not warned(None)  # `python -m finetune.run`
-    assert not warned("False", use_cpu=True)  # the CPU asked for
+    gpu, threads = (
+        "`accelerate launch` without `--cpu` asks for a GPU, but torch sees none",
+        "`accelerate launch` set OMP_NUM_THREADS=1",
+    )
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert warned("False") == [gpu]
+    assert warned("True") == []  # `accelerate launch --cpu`
+    assert warned(None, threads=1) == []  # `python -m finetune.run` with the user's OMP_NUM_THREADS
+    assert warned("False", use_cpu=True) == []  # the CPU asked for
+    # accelerate's one thread a process (without `--num_cpu_threads_per_process`): 1 of 16 cores, or 2 of 16.
+    assert warned("False", threads=1) == [gpu, threads]
+    assert warned("True", threads=1, processes=2) == [threads]
+    assert warned("True", threads=8, processes=2) == []
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    said = hardware.launched_on_cpu(True)
+    assert said == [
+        "`accelerate launch` set OMP_NUM_THREADS=1: its 2 process(es) use 2 of the 16 CPU cores. Fix: `accelerate "
+        "launch --num_cpu_threads_per_process 8 ...`."
+    ]

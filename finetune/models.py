@@ -257,8 +257,14 @@ def load_trained_model(
 def load_saved_classifier(path: str | os.PathLike, **kwargs) -> PreTrainedModel:
     """A trained classifier as it was saved, every weight from its files: transformers starts missing ones at random,
     and the model would score, predict and teach with them. `kwargs` go to `from_pretrained`."""
+    config = AutoConfig.from_pretrained(path, **{k: v for k, v in kwargs.items() if k != "attn_implementation"})
+    timm_args = getattr(config, "model_args", None) or {}
+    if "num_classes" in timm_args:  # timm's own save_for_hf records it; the wrapper passes `num_labels` as it too
+        config.model_args = {key: value for key, value in timm_args.items() if key != "num_classes"}
     with transformers_errors_only():  # its load report, a table of warnings: the error below says it in one line
-        model, info = AutoModelForImageClassification.from_pretrained(path, output_loading_info=True, **kwargs)
+        model, info = AutoModelForImageClassification.from_pretrained(
+            path, config=config, output_loading_info=True, **kwargs
+        )
     check_gives_logits(type(model), str(path))
     check_label_ids(model.config, str(path))
     # A batch norm's `num_batches_tracked` counts steps, learns nothing: converted weight files often leave it out.

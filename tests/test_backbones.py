@@ -492,3 +492,26 @@ def test_a_checkpoint_as_timm_saves_it_fine_tunes(in_chans, tmp_path, digit_imag
     assert saved.get("num_channels", 3) == in_chans
     [prediction] = predict.main([str(out), str(digit_image)])
     assert len(prediction.probabilities) == 10
+
+
+@needs_timm
+def test_a_checkpoint_as_timm_saves_it_predicts_and_exports_as_timm_runs_it(tmp_path, digit_image):
+    """predict and export load a folder of timm's own `save_for_hf` as it is, whose `model_args` name `num_classes`
+    beside the wrapper's `num_labels`: both failed with "TypeError: ... got multiple values for keyword argument
+    'num_classes' (unexpected)". The loaded model computes timm's own model's logits, with its class names."""
+    import timm
+    from timm.models import save_for_hf
+
+    torch.manual_seed(0)
+    model = timm.create_model("vit_tiny_patch16_224", img_size=8, patch_size=2, embed_dim=16, depth=2, num_heads=2,
+                              num_classes=3).eval()  # fmt: skip
+    model.pretrained_cfg = {**model.pretrained_cfg, "input_size": (3, 8, 8), "crop_pct": 1.0}
+    save_for_hf(model, base := tmp_path / "base", model_config={"label_names": list("abc")})
+    loaded, processor = predict.load_classifier(base, device="cpu")
+    pixel_values = predict.preprocess([Image.open(digit_image)], loaded, processor)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(pixel_values=pixel_values).logits, model(pixel_values))
+    [prediction] = predict.main([str(base), str(digit_image), "--top_k", "3"])
+    assert sorted(prediction.labels) == list("abc")
+    exported = export.main([str(base), "--format", "onnx", "--images", str(digit_image)])
+    assert exported.max_abs_difference <= exported.atol

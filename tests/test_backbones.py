@@ -191,6 +191,9 @@ def test_backbone_fine_tunes_evaluates_predicts_draws_and_pushes(name, tmp_path,
     card = ModelCard((pushed / "README.md").read_text())
     assert card.data.eval_results[0].metric_value == results.validation.accuracy
     assert results.architecture in card.text
+    # Tagged by its architecture (a ConvNeXt was tagged `vit`), and pointed to attention maps only where drawn.
+    assert name in card.data.tags and "vit" not in card.data.tags
+    assert ("finetune.tools.attention" in card.text) == (BACKBONES[name][1] is None)
 
 
 @needs_timm

@@ -159,8 +159,20 @@ def card_license(results: Results) -> str | None:
     return next((name for prefix, name in KNOWN_BASE_LICENSES.items() if base.startswith(prefix)), None)
 
 
+def architecture_tag(results: Results, config: dict) -> str | None:
+    """The tag of the model's architecture, as the Hub names it (its config's `model_type`; timm's: `timm`)."""
+    if is_scratch(results):
+        return "vit"
+    model_type = config.get("model_type")
+    return "timm" if model_type == "timm_wrapper" else model_type
+
+
 def card_data(
-    results: Results, model_name: str, adapter_base_model: str | None = None, base_model: str | None = None
+    results: Results,
+    model_name: str,
+    adapter_base_model: str | None = None,
+    base_model: str | None = None,
+    config: dict | None = None,
 ) -> ModelCardData:
     """The card's YAML metadata; `base_model` must be a Hub id (`hub_base`) or None: the Hub rejects any other."""
     scratch = is_scratch(results)
@@ -185,7 +197,8 @@ def card_data(
                     EvalResult(**task, dataset_split=split, metric_type=metric_type, metric_value=value,
                                metric_name=metric_name, metric_args=metric_args)
                 )  # fmt: skip
-    tags = ["image-classification", "vision", "vit"] + (["scratch-vit", "custom_code"] if scratch else [])
+    tags = ["image-classification", "vision", *filter(None, [architecture_tag(results, config or {})])]
+    tags += ["scratch-vit", "custom_code"] if scratch else []
     tags += ["peft", "lora"] if adapter_base_model is not None else []
     return ModelCardData(
         library_name="peft" if adapter_base_model is not None else "transformers",
@@ -361,9 +374,15 @@ with torch.no_grad():
     if config.get("model_type") == "timm_wrapper":  # transformers' TimmWrapper processor makes only PyTorch tensors
         serve, tensors = "To serve from ONNX (a timm processor needs PyTorch)", '"pt")["pixel_values"].numpy()'
     mirror = " (one view: `predict MODEL_DIR/onnx` adds the mirror image's, as above)" if "mirror" in forward else ""
+    # What `attention` draws: a transformer's global attention over patches, not Swin's windows, nor a CNN's none.
+    draws = config.get("num_attention_heads") and config.get("patch_size") and not config.get("window_size")
+    attention = (
+        ", and `python -m finetune.tools.attention MODEL_DIR image.jpg --output maps/` plots the attention maps"
+        if draws
+        else ""
+    )
     return f"""{code}
-With this project's code, `python -m finetune.tools.predict MODEL_DIR image.jpg` prints {printed}, and \
-`python -m finetune.tools.attention MODEL_DIR image.jpg --output maps/` plots the attention maps.
+With this project's code, `python -m finetune.tools.predict MODEL_DIR image.jpg` prints {printed}{attention}.
 
 {serve}, `vit-finetune export MODEL_DIR --format onnx` writes `MODEL_DIR/onnx/model.onnx` (its \
 logits checked against PyTorch's within 1e-4 on real images), which runs with onnxruntime: \
@@ -491,7 +510,7 @@ def build_model_card(output_dir: str | os.PathLike, repo_id: str | None = None) 
         sections += ["## Architecture", f"`{architecture}`:", markdown_table(["Field", "Value"], architecture_rows)]
     packages = (("Transformers", "transformers"), ("PyTorch", "torch"), ("huggingface_hub", "huggingface_hub"))
     sections += ["## Framework versions", "\n".join(f"- {name} {version(package)}" for name, package in packages)]
-    data = card_data(results, model_name, base, hub)
+    data = card_data(results, model_name, base, hub, config)
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n\n".join(sections) + "\n")
 
 

@@ -139,3 +139,14 @@ def test_ctrl_c_while_the_command_imports_its_libraries_is_one_line(tmp_path):
     said = f"returncode {process.returncode}, stderr:\n{err[-3000:]}"  # what CI prints, should it fail
     assert process.returncode in (130, -signal.SIGINT) and "Traceback" not in err, said
     assert err.strip().splitlines()[-1].startswith("error: interrupted (Ctrl-C)"), said
+
+
+def test_predicts_help_names_every_kind_of_model_it_serves(capsys):
+    """predict serves any backbone a run trains, a LoRA run and an ONNX export; its help said "a saved ScratchViT or
+    ViT classifier"."""
+    from finetune.tools import predict
+
+    with pytest.raises(SystemExit):
+        predict.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "ConvNeXt" in text and "ONNX export" in text and "ScratchViT or ViT" not in text

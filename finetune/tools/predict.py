@@ -1,4 +1,4 @@
-"""Classify image files with a saved model: a ScratchViT or transformers' ViT, as `finetune/run.py` saves them.
+"""Classify image files with a saved classifier (any backbone `finetune/run.py` trains), or its ONNX export.
 
     python -m finetune.tools.predict OUTPUT_DIR photo.jpg images/ --top_k 3 --output predictions.csv
 
@@ -496,7 +496,8 @@ def classifier_from_arguments(parser: argparse.ArgumentParser, args: argparse.Na
 def main(argv: list[str] | None = None) -> list[Prediction]:
     parser = ArgumentParser(
         prog="python -m finetune.tools.predict",
-        description="Classify image files (any size or format) with a saved ScratchViT or ViT classifier.",
+        description="Classify image files (any size or format) with a saved classifier (ScratchViT, ViT, ConvNeXt, "
+        "timm, ...: any backbone a run trains), a LoRA run's folder or an ONNX export.",
     )
     add_model_arguments(parser)
     top_k_help = "How many classes to report per image (default 5); a multi-label model reports those above threshold."

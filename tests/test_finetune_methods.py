@@ -603,3 +603,25 @@ def test_a_lora_run_at_another_resolution_reloads_its_resized_position_embedding
     pixels = ViTImageProcessor.from_pretrained(out)(Image.open(image).convert("L"), return_tensors="pt").pixel_values
     with torch.no_grad():
         torch.testing.assert_close(namespace["logits"], merged(pixel_values=pixels).logits)
+
+
+def test_the_lora_card_says_how_to_get_a_model_pipeline_loads_and_that_way_works(lora_run, tmp_path, monkeypatch):
+    """pipeline() and AutoModelForImageClassification load no adapter folder, which the card did not say: it says to
+    save the merged model its code makes, and that model, loaded by the Auto classes, computes predict's logits."""
+    base, out, _ = lora_run
+    out = Path(shutil.copytree(out, tmp_path / "lora", ignore=shutil.ignore_patterns("checkpoint-*", "merged")))
+    card = build_model_card(out).text
+    assert 'model.save_pretrained("merged")` and `processor.save_pretrained("merged")` after the code above' in card
+    image = tmp_path / "image.jpg"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (8, 8), dtype=np.uint8), "L").save(image)
+    [code] = re.findall(r"```python\n(.*?)```", card, re.S)
+    monkeypatch.chdir(tmp_path)
+    names = {}
+    exec(code.replace("path/to/lora", str(out)).replace("path/to/base", str(base)), names)
+    names["model"].save_pretrained("merged")
+    names["processor"].save_pretrained("merged")
+    model, _ = predict.load_classifier(out, device="cpu")
+    with torch.no_grad():
+        expected = model(pixel_values=pixel_batch()).logits
+        actual = AutoModelForImageClassification.from_pretrained("merged")(pixel_values=pixel_batch()).logits
+    torch.testing.assert_close(actual, expected)

@@ -368,7 +368,10 @@ with torch.no_grad():
         named = f"`{hub}`" if hub else f"the local model `{Path(base).name}`"
         return (
             f"A LoRA adapter (peft) of {named}, with the fine-tuned classification head:\n\n{code}\nWith this "
-            "project's code, `python -m finetune.tools.predict MODEL_DIR image.jpg` loads the adapter folder as it is."
+            "project's code, `python -m finetune.tools.predict MODEL_DIR image.jpg` loads the adapter folder as it "
+            'is. `pipeline("image-classification", ...)` and `AutoModelForImageClassification` alone take a plain '
+            'model, not this adapter: `model.save_pretrained("merged")` and `processor.save_pretrained("merged")` '
+            "after the code above write one they load (a run with `merge_lora: true` saved it as `MODEL_DIR/merged`)."
         )
     serve, tensors = "To serve without PyTorch", '"np")["pixel_values"]'
     if config.get("model_type") == "timm_wrapper":  # transformers' TimmWrapper processor makes only PyTorch tensors

@@ -473,3 +473,18 @@ def test_predictions_are_never_written_into_the_images_the_model_trained_on(tmp_
             predict.main([str(run), str(tmp_path / "photos"), "--output", str(output)])
     assert sorted(p.name for p in (tmp_path / "photos").rglob("*")) == ["cat.png", "cats"]
     assert len(predict.main([str(run), str(tmp_path / "photos"), "--output", str(tmp_path / "preds.csv")])) == 1
+
+
+def test_an_image_size_whose_attention_would_not_finish_is_refused_at_once(run_dirs, images, tmp_path):
+    """`--image_size 4000` for a ViT of 4 px patches (a million patches) ran for hours and held off SIGTERM (the
+    forward never returned to Python); it is refused before any forward, with the largest size that runs. A CNN takes
+    any size: its cost grows with the pixels, not their square."""
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    argv = ["-m", "finetune.tools.predict", str(run_dirs["vit"]), str(images["jpg"]), "--image_size", "4000"]
+    done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=120)  # hours before
+    assert done.returncode == 2
+    assert re.search(r"4000` cuts an image into 1,000,000 patches.*`--image_size 512` or less", done.stderr)
+    assert predict.main([str(run_dirs["vit"]), str(images["jpg"]), "--image_size", "64"])
+    resnet = ResNetConfig(embedding_size=8, hidden_sizes=[8], depths=[1], layer_type="basic")
+    predict.check_image_size(ResNetForImageClassification(resnet).eval(), 2048)

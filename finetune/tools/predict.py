@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 ONNX_NAME = "model.onnx"  # what `vit-finetune export` writes
+MAX_PATCHES = 128 * 128  # of an `--image_size` for a model with global attention (ViT-B/16: 2048 px)
 # Files that mark a folder as a model's or a run's: `--output` may add files there, never replace one.
 MODEL_FILES = ("config.json", "adapter_config.json", "results.json")
 
@@ -301,6 +302,17 @@ def check_image_size(model, image_size: int | None) -> None:
         raise ValueError(
             f"`image_size` must be a positive multiple of the model's patch size ({patch_size}), got {image_size}. "
             f"Try {max(patch_size, round(image_size / patch_size) * patch_size)}."
+        )
+    # Global attention costs the square of the patches: 4000 px in 2 px patches ran for hours, deaf to SIGTERM.
+    global_attention = getattr(model.config, "num_attention_heads", None) and not getattr(
+        model.config, "window_size", 0
+    )
+    if global_attention and (image_size // patch_size) ** 2 > MAX_PATCHES:
+        largest = int(MAX_PATCHES**0.5) * patch_size
+        raise ValueError(
+            f"`--image_size {image_size}` cuts an image into {(image_size // patch_size) ** 2:,} patches of "
+            f"{patch_size} px, and the model's attention, whose cost grows with their square, would not finish. Fix: "
+            f"at most {MAX_PATCHES:,} patches: `--image_size {largest}` or less."
         )
     import torch
 

@@ -445,6 +445,7 @@ def test_model_card_metadata_parses_back(both_output):
         assert all(r.task_type == "image-classification" and r.metric_type == "accuracy" for r in data.eval_results)
         assert data.model_name == f"vit-{name}"
         assert f'repo = "me/vit-{name}"' in card.text
+        assert "`python -m finetune.tools.predict MODEL_DIR image.jpg` prints the top-3 classes" in card.text
         if name == "pretrained":
             assert data.base_model == results["model_name_or_path"] and data.license == "apache-2.0"
             assert "trust_remote_code" not in card.text and "custom_code" not in data.tags

@@ -310,7 +310,8 @@ print(classifier("image.jpg"))"""
             f"logits = (model(**inputs{interpolate}).logits + {mirror}) / 2"
         )
         pipeline = pipeline.replace("in one line (", "in one line (without the mirror image; ")
-    answer, printed = "print(model.config.id2label[logits.argmax(-1).item()])", "the top-5 classes"
+    top_k = min(5, len(results.label_names) or 5)  # predict's default, at most every class
+    answer, printed = "print(model.config.id2label[logits.argmax(-1).item()])", f"the top-{top_k} classes"
     if results.multi_label:  # the thresholds chosen on the validation split are in results.json
         thresholds = [round(results.per_class_threshold.get(name, 0.5), 4) for name in results.label_names]
         answer = (

@@ -54,7 +54,7 @@ DISTILLATION_OPTIONS = ("teacher_model_name_or_path", "distillation_type", "dist
 DISTILLATION_OPTIONS += ("distillation_temperature",)
 RUN_OPTIONS = ("seed", "data_seed", "metric_for_best_model", "greater_is_better", "ema_decay", *DISTILLATION_OPTIONS)
 HELD_BY = {
-    **dict.fromkeys(OPTIMIZER_OPTIONS, "optimizer and schedule states"),
+    **dict.fromkeys((*OPTIMIZER_OPTIONS, "layer_decay"), "optimizer and schedule states"),
     **dict.fromkeys(("seed", "data_seed"), "validation split (another one holds images it trained on)"),
     **dict.fromkeys(("metric_for_best_model", "greater_is_better"), "best model so far"),
     "ema_decay": "weights' average",

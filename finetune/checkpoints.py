@@ -41,8 +41,11 @@ def numbered_checkpoints(run_dir: Path) -> list[Path]:
     return sorted(numbered, key=lambda p: int(p.name.split("-", 1)[1]), reverse=True)
 
 
-def resolve_checkpoint(run_dir: Path, training_args: TrainingArguments, one_of_two: bool = False) -> str | None:
-    """The checkpoint to resume from, and a guard that never trains over an earlier run's work by accident."""
+def resolve_checkpoint(
+    run_dir: Path, training_args: TrainingArguments, one_of_two: bool = False, kept: dict | None = None
+) -> str | None:
+    """The checkpoint to resume from, and a guard that never trains over an earlier run's work by accident; `kept`:
+    options of other groups than `training_args` that a resume must keep (`layer_decay`)."""
     remove_partial_checkpoints(run_dir, training_args)
     resume = training_args.resume_from_checkpoint
     text = "" if resume is None else str(resume).lower()
@@ -73,7 +76,7 @@ def resolve_checkpoint(run_dir: Path, training_args: TrainingArguments, one_of_t
             )
         return None
     if text in LATEST or (text == "auto" and numbered):
-        return prepare_resume(newest_whole_checkpoint(run_dir, training_args), run_dir, training_args)
+        return prepare_resume(newest_whole_checkpoint(run_dir, training_args), run_dir, training_args, kept)
     earlier = earlier_run(run_dir)
     if text not in ("false", "none", "", "auto"):
         saved = ("trainer_state.json", "config.json", "model.safetensors", "optimizer.pt")
@@ -96,7 +99,7 @@ def resolve_checkpoint(run_dir: Path, training_args: TrainingArguments, one_of_t
                 "not one of its own. Nothing was changed. Fix: a new `--output_dir` to go on from that checkpoint "
                 "there, or `--overwrite_output_dir true` to replace the earlier run."
             )
-        return prepare_resume(resume, run_dir, training_args)
+        return prepare_resume(resume, run_dir, training_args, kept)
     if earlier and not training_args.overwrite_output_dir:
         # With no checkpoint left (deleted after the run), there is nothing to continue from.
         resume = "`--resume_from_checkpoint true` to continue it, " if earlier != [RESULTS_NAME] else ""
@@ -189,12 +192,12 @@ def newest_whole_checkpoint(run_dir: Path, training_args: TrainingArguments) -> 
     )
 
 
-def prepare_resume(checkpoint: str, run_dir: Path, training_args: TrainingArguments) -> str:
+def prepare_resume(checkpoint: str, run_dir: Path, training_args: TrainingArguments, kept: dict | None = None) -> str:
     """`checkpoint`, with its recorded best checkpoint found by name next to it when the run folder was moved, and
     the options it must be resumed with checked before the data loads (`ResumeCheck` checks the rest)."""
     path = Path(checkpoint) / TRAINER_STATE_NAME
     state = TrainerState.load_from_json(str(path))
-    check_options_kept(state, {name: option(training_args, name) for name in KEPT_FROM_THE_START})
+    check_options_kept(state, {name: option(training_args, name) for name in KEPT_FROM_THE_START} | (kept or {}))
     # The Trainer records the best checkpoint as a path from where the run started; resumed from elsewhere (or after
     # the folder was moved) it would drop it with a warning and end with the last weights instead of the best.
     recorded, folder = state.best_model_checkpoint, Path(checkpoint).parent

@@ -165,8 +165,9 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
                 check_push_possible(f"{training_args.hub_model_id}-{model_type}", hub_token)
         lock_output_dir(training_args.output_dir, training_args)  # one run per folder; `main` releases it
         if training_args.do_train:
+            kept, both_models = {"layer_decay": model_args.layer_decay}, len(run_dirs) > 1
             checkpoints = {
-                t: resolve_checkpoint(run_dir, training_args, len(run_dirs) > 1) for t, run_dir in run_dirs.items()
+                t: resolve_checkpoint(run_dir, training_args, both_models, kept) for t, run_dir in run_dirs.items()
             }
             check_recipe_of_finished(run_dirs, checkpoints, training_args)
         else:
@@ -726,6 +727,8 @@ def make_trainer(
             "stored_image_size": list(data.train.image_size),  # the pixels trained and scored so far
             # A teacher retrained at the same path (or updated on the Hub) is another teacher.
             "teacher_weights": weights_fingerprint(teacher) if teacher is not None else None,
+            # The learning rate of each layer, which the saved optimizer state holds (as `learning_rate`).
+            "layer_decay": layer_decay,
             # Said when changed, not refused (`RECIPE_OPTIONS`).
             "augmentation": {
                 name: getattr(data_args, name) for name in ("random_resized_crop", *AUGMENTATION_OPTIONS)

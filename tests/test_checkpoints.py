@@ -734,3 +734,23 @@ def test_a_lock_in_a_folder_that_turned_read_only_does_not_hide_the_runs_error(t
         finally:
             checkpoints.release_output_dirs()
     assert lock not in checkpoints.HELD and not lock.held and (tmp_path / "run" / LOCK_NAME).exists()
+
+
+def test_a_resume_with_another_layer_decay_is_refused_before_the_data_loads(tmp_path, capsys):
+    """The saved optimizer state holds each layer's learning rate: resumed with another `layer_decay`, the run went
+    on with the old rates and exit 0 (the same weights as the first run), and from none to some failed on torch's
+    "loaded state dict has a different number of parameter groups"."""
+    out = tmp_path / "out"
+    first = [*TINY, "--max_steps", "4", "--save_strategy", "steps", "--eval_strategy", "steps", "--save_steps", "2"]
+    first += ["--eval_steps", "2", "--output_dir", str(out)]
+    run.main([*first, "--layer_decay", "0.5"])
+    shutil.rmtree(out / "checkpoint-4")
+    missing = ["--dataset_name", str(tmp_path / "missing.parquet")]  # said before the data loads, which would fail
+    for other, now in (("0.9", "0.9"), ("none", "None")):
+        resume = [*first, "--layer_decay", other, "--resume_from_checkpoint", "true", *missing]
+        assert run_command(run.main, resume) == 1
+        [line] = capsys.readouterr().err.strip().splitlines()
+        assert f"was trained with layer_decay 0.5 (now {now}): its optimizer and schedule states" in line, line
+    assert checkpoints(out) == ["checkpoint-2"]  # nothing trained
+    run.main([*first, "--layer_decay", "0.5", "--resume_from_checkpoint", "true"])  # the same one goes on
+    assert checkpoints(out) == ["checkpoint-2", "checkpoint-4"]

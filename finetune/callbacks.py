@@ -58,6 +58,7 @@ HELD_BY = {
     **dict.fromkeys(("seed", "data_seed"), "validation split (another one holds images it trained on)"),
     **dict.fromkeys(("metric_for_best_model", "greater_is_better"), "best model so far"),
     "ema_decay": "weights' average",
+    "finetune_method": "weights (the adapters, the head or all of them)",
     **dict.fromkeys((*DISTILLATION_OPTIONS, "teacher_weights"), "weights, taught so far by another teacher or mix,"),
     # Data moved since: a link at its old path takes it up again.
     "dataset": "weights, trained so far on other images (or on these at their old path), and evaluations so far",

@@ -165,7 +165,8 @@ def run_pipeline(argv: list[str] | None = None) -> dict[str, Results]:
                 check_push_possible(f"{training_args.hub_model_id}-{model_type}", hub_token)
         lock_output_dir(training_args.output_dir, training_args)  # one run per folder; `main` releases it
         if training_args.do_train:
-            kept, both_models = {"layer_decay": model_args.layer_decay}, len(run_dirs) > 1
+            kept = {name: getattr(model_args, name) for name in ("layer_decay", "finetune_method")}
+            both_models = len(run_dirs) > 1
             checkpoints = {
                 t: resolve_checkpoint(run_dir, training_args, both_models, kept) for t, run_dir in run_dirs.items()
             }
@@ -501,7 +502,7 @@ def train_and_evaluate(
         model, processor, prep = build_model(model_type, model_args, scratch_args, data)
         trainer = make_trainer(
             model, processor, prep, data_args, args, data, model_args.layer_decay, settings.compile,
-            model_args.convert_channels,
+            model_args.convert_channels, model_args.finetune_method,
         )  # fmt: skip
 
     # ---- Training. With `load_best_model_at_end` the best checkpoint by validation accuracy is reloaded here.
@@ -649,6 +650,7 @@ def make_trainer(
     layer_decay: float | None = None,
     compile_choice: hardware.CompileChoice | None = None,
     convert_channels: bool = True,
+    finetune_method: str = "full",
 ) -> ImageClassificationTrainer:
     """The Trainer of one model, with the batch transform that feeds it at its resolution and normalisation."""
     # A peft model's forward takes **kwargs, from which the Trainer cannot tell that `labels` are the labels.
@@ -727,8 +729,10 @@ def make_trainer(
             "stored_image_size": list(data.train.image_size),  # the pixels trained and scored so far
             # A teacher retrained at the same path (or updated on the Hub) is another teacher.
             "teacher_weights": weights_fingerprint(teacher) if teacher is not None else None,
-            # The learning rate of each layer, which the saved optimizer state holds (as `learning_rate`).
+            # The learning rate of each layer, which the saved optimizer state holds (as `learning_rate`), and the
+            # weights it trains, which the checkpoint holds (adapters, the head, or all).
             "layer_decay": layer_decay,
+            "finetune_method": finetune_method,
             # Said when changed, not refused (`RECIPE_OPTIONS`).
             "augmentation": {
                 name: getattr(data_args, name) for name in ("random_resized_crop", *AUGMENTATION_OPTIONS)

@@ -736,21 +736,32 @@ def test_a_lock_in_a_folder_that_turned_read_only_does_not_hide_the_runs_error(t
     assert lock not in checkpoints.HELD and not lock.held and (tmp_path / "run" / LOCK_NAME).exists()
 
 
-def test_a_resume_with_another_layer_decay_is_refused_before_the_data_loads(tmp_path, capsys):
+@pytest.mark.parametrize(
+    "option, trained, others",
+    [("--layer_decay", "0.5", [("0.9", "0.9"), ("none", "None")]),
+     ("--finetune_method", "lora", [("full", "full"), ("linear_probe", "linear_probe")])],
+)  # fmt: skip
+def test_a_resume_with_another_layer_decay_or_finetune_method_is_refused_before_the_data_loads(
+    tmp_path, capsys, option, trained, others
+):
     """The saved optimizer state holds each layer's learning rate: resumed with another `layer_decay`, the run went
     on with the old rates and exit 0 (the same weights as the first run), and from none to some failed on torch's
-    "loaded state dict has a different number of parameter groups"."""
+    "loaded state dict has a different number of parameter groups". Another `finetune_method` failed on torch's or
+    huggingface_hub's messages ("Missing key(s) in state_dict", "Repo id must be in the form ...")."""
+    from test_run import tiny_vit_checkpoint
+
+    base = tiny_vit_checkpoint(tmp_path / "base", num_labels=10)
     out = tmp_path / "out"
-    first = [*TINY, "--max_steps", "4", "--save_strategy", "steps", "--eval_strategy", "steps", "--save_steps", "2"]
-    first += ["--eval_steps", "2", "--output_dir", str(out)]
-    run.main([*first, "--layer_decay", "0.5"])
+    first = ["--model_type", "pretrained", "--model_name_or_path", str(base), *TINY[2:], "--max_steps", "4"]
+    first += ["--save_strategy", "steps", "--eval_strategy", "steps", "--save_steps", "2", "--eval_steps", "2"]
+    first += ["--output_dir", str(out)]
+    run.main([*first, option, trained])
     shutil.rmtree(out / "checkpoint-4")
     missing = ["--dataset_name", str(tmp_path / "missing.parquet")]  # said before the data loads, which would fail
-    for other, now in (("0.9", "0.9"), ("none", "None")):
-        resume = [*first, "--layer_decay", other, "--resume_from_checkpoint", "true", *missing]
-        assert run_command(run.main, resume) == 1
-        [line] = capsys.readouterr().err.strip().splitlines()
-        assert f"was trained with layer_decay 0.5 (now {now}): its optimizer and schedule states" in line, line
+    for other, now in others:
+        assert run_command(run.main, [*first, option, other, "--resume_from_checkpoint", "true", *missing]) == 1
+        [line] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+        assert f"was trained with {option[2:]} {trained} (now {now}): its " in line, line
     assert checkpoints(out) == ["checkpoint-2"]  # nothing trained
-    run.main([*first, "--layer_decay", "0.5", "--resume_from_checkpoint", "true"])  # the same one goes on
+    run.main([*first, option, trained, "--resume_from_checkpoint", "true"])  # the same one goes on
     assert checkpoints(out) == ["checkpoint-2", "checkpoint-4"]

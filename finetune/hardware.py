@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 
 
@@ -375,7 +376,9 @@ def launched_on_cpu(use_cpu: bool | None) -> list[str]:
             "`accelerate launch` without `--cpu` asks for a GPU, but torch sees none: training on the CPU. Fix: a "
             "machine with a GPU and torch's CUDA build, or `accelerate launch --cpu` to mean the CPU."
         )
+    # Physical cores, as accelerate counts them for `--cpu`: a second thread a core gains little.
     processes, cores = int(os.environ.get("LOCAL_WORLD_SIZE", "1")), usable_cpus()
+    cores = min(cores, psutil.cpu_count(logical=False) or cores)
     if torch.get_num_threads() * processes < cores:
         alone = ", or `python -m finetune.run` (every core)" if processes == 1 else ""
         warnings.append(

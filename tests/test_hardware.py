@@ -414,7 +414,8 @@ def test_a_gpu_launch_on_a_machine_without_one_says_it_trains_on_the_cpu(tmp_pat
     thread, with no word beside the device in the first line."""
     monkeypatch.setattr(hardware, "accelerator_type", lambda use_cpu: "cpu")  # a machine without a GPU
     monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda flags=None: False)
-    monkeypatch.setattr(hardware, "usable_cpus", lambda: 16)
+    monkeypatch.setattr(hardware, "usable_cpus", lambda: 32)
+    monkeypatch.setattr(hardware.psutil, "cpu_count", lambda logical=True: 32 if logical else 16)  # 2 threads a core
     options = {"output_dir": str(tmp_path)}
 
     def warned(env: str | None, threads: int = 16, processes: int = 1, **given) -> list[str]:

@@ -793,8 +793,7 @@ class InterruptCallback(TrainerCallback):
         self.restore_handlers()
         checkpoint = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
         raise Interrupted(
-            f"stopped by {signal_name(signum)} at step {state.global_step}; saved {checkpoint}. Resume with the same "
-            "command and `--resume_from_checkpoint true`.",
+            f"stopped by {signal_name(signum)} at step {state.global_step}; saved {checkpoint}. {resume_with(args)}.",
             signum,
         )
 
@@ -814,10 +813,18 @@ class InterruptCallback(TrainerCallback):
         elif signum:
             raise Interrupted(
                 f"stopped by {signal_name(signum)} after the last optimizer step ({state.global_step}); the "
-                f"checkpoints in {args.output_dir} are kept. Resume with the same command and "
-                "`--resume_from_checkpoint true` for the final evaluation and results.",
+                f"checkpoints in {args.output_dir} are kept. {resume_with(args)} for the final evaluation and "
+                "results.",
                 signum,
             )
+
+
+def resume_with(args) -> str:
+    """How to resume a stopped run: its own command where it resumes by itself (`resume_from_checkpoint: auto`, as
+    the quickstart's)."""
+    if str(args.resume_from_checkpoint).lower() == "auto":
+        return "Resume with the same command"
+    return "Resume with the same command and `--resume_from_checkpoint true`"
 
 
 class QuietProgress(ProgressCallback):

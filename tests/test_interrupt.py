@@ -271,6 +271,20 @@ def test_a_run_killed_during_its_first_save_starts_anew_under_auto(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_run_that_resumes_by_itself_is_told_to_rerun_its_command(tmp_path):
+    """Under `resume_from_checkpoint: auto` (the quickstart's) the stop named `--resume_from_checkpoint true`, which
+    the command needs no more than the quickstart's does."""
+    out = tmp_path / "run"
+    proc = train(out, *STEPS_SAVE, "--resume_from_checkpoint", "auto", env={"SIGNAL_AT": "5"}, script=SIGNALLED)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-3000:]
+    [line] = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert line.endswith(f"saved {out / 'checkpoint-5'}. Resume with the same command."), line
+    proc = train(out, *STEPS_SAVE, "--resume_from_checkpoint", "auto")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert results(out)["train"]["steps"] == 16
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["TERM", "INT"])
 def test_a_signal_during_start_up_ends_the_run_with_one_line_and_leaves_no_half_decoded_cache(tmp_path, name):
     """SIGTERM while the dataset is decoded used to end the run without a word, leaving a half-written cache folder."""

@@ -258,9 +258,8 @@ def load_saved_classifier(path: str | os.PathLike, **kwargs) -> PreTrainedModel:
     """A trained classifier as it was saved, every weight from its files: transformers starts missing ones at random,
     and the model would score, predict and teach with them. `kwargs` go to `from_pretrained`."""
     config = AutoConfig.from_pretrained(path, **{k: v for k, v in kwargs.items() if k != "attn_implementation"})
-    timm_args = getattr(config, "model_args", None) or {}
-    if "num_classes" in timm_args:  # timm's own save_for_hf records it; the wrapper passes `num_labels` as it too
-        config.model_args = {key: value for key, value in timm_args.items() if key != "num_classes"}
+    if getattr(config, "model_args", None):
+        config.model_args = timm_create_args(config)
     with transformers_errors_only():  # its load report, a table of warnings: the error below says it in one line
         model, info = AutoModelForImageClassification.from_pretrained(
             path, config=config, output_loading_info=True, **kwargs
@@ -482,6 +481,12 @@ def check_gives_logits(model_class: type, path: str) -> None:
         )
 
 
+def timm_create_args(config) -> dict:
+    """The `create_model` arguments of a TimmWrapper config ({} for other models), less `num_classes`: timm's own
+    save_for_hf records it, and the wrapper passes `num_labels` as it too ("got multiple values")."""
+    return {key: value for key, value in (getattr(config, "model_args", None) or {}).items() if key != "num_classes"}
+
+
 def check_label_ids(config, path: str) -> None:
     """Refuse an `id2label` whose ids are not the head's rows 0 to num_labels - 1 (0, 2, 5 for 3 rows): fine-tuning,
     evaluation, predict and `pipeline()` failed with `KeyError: 1`."""
@@ -538,13 +543,13 @@ def _load_pretrained(model_args: ModelArguments, data: ImageData, drop_path_rate
         )
     # Relabelled as `from_pretrained(path, num_labels=..., id2label=...)` would do it, without reading it again.
     overrides = {"num_labels": len(data.label_names), "id2label": data.id2label, "label2id": data.label2id}
-    timm_args = getattr(original, "model_args", None) or {}
-    if "num_classes" in timm_args:  # timm's own exports record it; the wrapper passes `num_labels` as it too
-        overrides["model_args"] = {key: value for key, value in timm_args.items() if key != "num_classes"}
+    timm_args = timm_create_args(original)
+    if getattr(original, "model_args", None):
+        overrides["model_args"] = timm_args
     if drop_path_rate is not None:
         check_stochastic_depth(model_args, drop_path_rate, original)
         if original.model_type == "timm_wrapper":  # `create_model`'s argument, which the wrapper passes on
-            overrides["model_args"] = {**overrides.get("model_args", timm_args), "drop_path_rate": drop_path_rate}
+            overrides["model_args"] = {**timm_args, "drop_path_rate": drop_path_rate}
         else:
             overrides["drop_path_rate"] = drop_path_rate
     # The old labels go (timm's config saves its class names as `label_names`): with the old `id2label` left in,

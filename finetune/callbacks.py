@@ -104,9 +104,14 @@ def effective(options: dict, name: str):
     return value
 
 
+def saved_attributes(stateful_callbacks: dict, callback: str = "ResumeCheck") -> dict:
+    """What `callback` saved in a checkpoint's trainer_state.json (`stateful_callbacks`), {} where it saved nothing."""
+    return stateful_callbacks.get(callback, {}).get("attributes", {})
+
+
 def saved_options(state: TrainerState) -> dict:
     """The options a checkpoint's run trained with, as `ResumeCheck` saved them ({} before they were recorded)."""
-    return state.stateful_callbacks.get("ResumeCheck", {}).get("attributes", {}).get("options") or {}
+    return saved_attributes(state.stateful_callbacks).get("options") or {}
 
 
 def check_options_kept(state: TrainerState, now: dict) -> None:
@@ -185,7 +190,7 @@ class ResumeCheck(TrainerCallback, ExportableState):
         self.max_steps = self.recipe = self.batch = self.processes = None
         restore_state(self, state)
         planned, self.max_steps = self.max_steps, state.max_steps
-        fitted = state.stateful_callbacks.get("TrainingBudgetCallback", {}).get("attributes", {}).get("planned_steps")
+        fitted = saved_attributes(state.stateful_callbacks, "TrainingBudgetCallback").get("planned_steps")
         trained_in, self.precision = self.precision, str(args.mixed_precision)  # bf16, fp16 or no
         if trained_in == "fp16" and args.device.type == "cpu":  # recorded before fp16 on a CPU was refused: float32
             trained_in = "no"

@@ -22,7 +22,7 @@ from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_pt_utils import safe_globals
 from transformers.utils import logging
 
-from finetune.callbacks import EMA_STATE_NAME, KEPT_FROM_THE_START, check_options_kept, option
+from finetune.callbacks import EMA_STATE_NAME, KEPT_FROM_THE_START, check_options_kept, option, saved_attributes
 from finetune.errors import one_line
 from finetune.locations import ADAPTER_CONFIG_NAME
 from finetune.results import RESULTS_NAME
@@ -270,7 +270,7 @@ def checkpoint_problem(checkpoint: Path, training_args: TrainingArguments) -> st
     if training_args.fp16 and not training_args.use_cpu and not training_args.deepspeed:
         required += [("scaler.pt", read_torch)]  # accelerate's loss scaler exists for fp16 on accelerators only
     state = json.loads((checkpoint / TRAINER_STATE_NAME).read_text())  # whole: `cut_short` read it
-    processes = state.get("stateful_callbacks", {}).get("ResumeCheck", {}).get("attributes", {}).get("processes")
+    processes = saved_attributes(state.get("stateful_callbacks", {})).get("processes")
     required += [(name, read_torch) for name in rng_state_files(files, processes)]
     ema = getattr(training_args, "ema_decay", None) is not None
     if ema != (EMA_STATE_NAME in files):
